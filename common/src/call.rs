@@ -1,0 +1,303 @@
+//! One tool call: its normalized form, its states, its error and its result.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A tool call normalized from any decision shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call id the model produced (or one generated when it produced none).
+    pub id: String,
+    /// The tool name.
+    pub name: String,
+    /// The arguments, always a JSON value (an object for well-formed calls).
+    #[serde(default)]
+    pub arguments: Value,
+    /// For calls flattened out of the `parallel` meta-tool: the meta-call's id, which is
+    /// the id the model's history knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+}
+
+/// The life of a call as the frontend sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallState {
+    /// Accepted and queued, not yet picked up by a worker.
+    Pending,
+    /// A worker is executing it.
+    Running,
+    /// Finished with a result.
+    Done,
+    /// Finished with an error (including every validation error).
+    Error,
+    /// No result before the tool's timeout or the turn's deadline.
+    Timeout,
+    /// Never dispatched (the turn ended first).
+    Skipped,
+}
+
+impl CallState {
+    /// Whether the call is over.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Done | Self::Error | Self::Timeout | Self::Skipped
+        )
+    }
+
+    /// The lowercase wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::Done => "done",
+            Self::Error => "error",
+            Self::Timeout => "timeout",
+            Self::Skipped => "skipped",
+        }
+    }
+}
+
+/// Stable error codes used by toolfleet itself. Tools may use codes of their own.
+pub mod codes {
+    /// A call entry in the decision had no usable name or was not an object.
+    pub const MALFORMED_CALL: &str = "malformed_call";
+    /// The call's `arguments` string is not valid JSON, or not an object.
+    pub const MALFORMED_ARGUMENTS: &str = "malformed_arguments";
+    /// No tool of that name is registered.
+    pub const UNKNOWN_TOOL: &str = "unknown_tool";
+    /// The arguments fail the tool's input JSON Schema.
+    pub const INVALID_ARGUMENTS: &str = "invalid_arguments";
+    /// Another call earlier in the decision has the same id.
+    pub const DUPLICATE_CALL_ID: &str = "duplicate_call_id";
+    /// The call is past the turn's call cap.
+    pub const TOO_MANY_CALLS: &str = "too_many_calls";
+    /// The tenant's allowlist does not include this tool.
+    pub const TOOL_NOT_ALLOWED: &str = "tool_not_allowed";
+    /// The arguments name a tenant other than the turn's.
+    pub const TENANT_MISMATCH: &str = "tenant_mismatch";
+    /// The arguments are larger than the coordinator accepts.
+    pub const ARGUMENTS_TOO_LARGE: &str = "arguments_too_large";
+    /// The tool is registered but no worker serving it is alive.
+    pub const NO_LIVE_WORKER: &str = "no_live_worker";
+    /// The job could not be published to JetStream.
+    pub const DISPATCH_FAILED: &str = "dispatch_failed";
+    /// The tool returned an error without a code of its own.
+    pub const TOOL_ERROR: &str = "tool_error";
+    /// The tool panicked.
+    pub const TOOL_PANICKED: &str = "tool_panicked";
+    /// The tool ran past its own timeout.
+    pub const TOOL_TIMEOUT: &str = "tool_timeout";
+    /// The turn's deadline passed before the call's result arrived.
+    pub const DEADLINE_EXCEEDED: &str = "deadline_exceeded";
+    /// A non-idempotent call was interrupted (its worker died) and is not re-run.
+    pub const CALL_INTERRUPTED: &str = "call_interrupted";
+    /// The tool's result failed its output schema.
+    pub const INVALID_RESULT: &str = "invalid_result";
+    /// The tool's result is larger than the worker may publish.
+    pub const RESULT_TOO_LARGE: &str = "result_too_large";
+    /// The turn ended before the call was dispatched.
+    pub const NOT_DISPATCHED: &str = "not_dispatched";
+    /// The worker's arguments did not deserialize into the tool's argument type.
+    pub const BAD_ARGUMENTS: &str = "bad_arguments";
+}
+
+/// An error that crosses the wire: a stable code, a human message, and whether trying
+/// again later could succeed. Nobody parses `message`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallError {
+    /// Stable machine-readable code (see [`codes`]).
+    pub code: String,
+    /// Human-readable explanation.
+    pub message: String,
+    /// Whether the same call could succeed if tried again.
+    #[serde(default)]
+    pub retryable: bool,
+}
+
+impl CallError {
+    /// An error that will fail again if retried.
+    pub fn fatal(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+            retryable: false,
+        }
+    }
+
+    /// An error that may pass if retried.
+    pub fn retryable(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+            retryable: true,
+        }
+    }
+}
+
+/// The outcome of one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallResult {
+    /// The model's call id.
+    pub tool_call_id: String,
+    /// The tool name.
+    pub name: String,
+    /// `true` exactly when `state` is `done`.
+    pub ok: bool,
+    /// Terminal state: `done`, `error`, `timeout` or `skipped`.
+    pub state: CallState,
+    /// The tool's JSON result when `ok`.
+    #[serde(default)]
+    pub result: Option<Value>,
+    /// The error when not `ok`.
+    #[serde(default)]
+    pub error: Option<CallError>,
+    /// RFC 3339 time the worker started the call (absent if it never ran).
+    #[serde(default)]
+    pub started_at: Option<String>,
+    /// RFC 3339 time the call ended.
+    #[serde(default)]
+    pub ended_at: Option<String>,
+    /// Execution time in milliseconds (0 if it never ran).
+    #[serde(default)]
+    pub duration_ms: u64,
+    /// How many deliveries the call took (0 if never dispatched).
+    #[serde(default)]
+    pub attempts: u32,
+    /// The tool's own one-sentence spoken summary of its result, used by narrators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// The id of the worker that produced the result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// The id of the `parallel` meta-call this call was flattened out of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+}
+
+impl CallResult {
+    /// A successful result.
+    pub fn success(call: &ToolCall, result: Value) -> Self {
+        Self {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            ok: true,
+            state: CallState::Done,
+            result: Some(result),
+            error: None,
+            started_at: None,
+            ended_at: None,
+            duration_ms: 0,
+            attempts: 0,
+            summary: None,
+            worker_id: None,
+            parent_id: call.parent_id.clone(),
+        }
+    }
+
+    /// A failed result in `state` (`error`, `timeout` or `skipped`).
+    pub fn failure(call: &ToolCall, state: CallState, error: CallError) -> Self {
+        Self {
+            tool_call_id: call.id.clone(),
+            name: call.name.clone(),
+            ok: false,
+            state,
+            result: None,
+            error: Some(error),
+            started_at: None,
+            ended_at: None,
+            duration_ms: 0,
+            attempts: 0,
+            summary: None,
+            worker_id: None,
+            parent_id: call.parent_id.clone(),
+        }
+    }
+}
+
+/// Counts over a turn's results.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Every call the decision held.
+    pub total: usize,
+    /// Calls that ended `done`.
+    pub ok: usize,
+    /// Calls that ended `error`.
+    pub errors: usize,
+    /// Calls that ended `timeout`.
+    pub timeouts: usize,
+    /// Calls that ended `skipped`.
+    pub skipped: usize,
+}
+
+impl Summary {
+    /// Counts `results` by state.
+    pub fn of(results: &[CallResult]) -> Self {
+        let mut s = Self {
+            total: results.len(),
+            ..Self::default()
+        };
+        for r in results {
+            match r.state {
+                CallState::Done => s.ok += 1,
+                CallState::Timeout => s.timeouts += 1,
+                CallState::Skipped => s.skipped += 1,
+                CallState::Error | CallState::Pending | CallState::Running => s.errors += 1,
+            }
+        }
+        s
+    }
+}
+
+/// Current time as an RFC 3339 string with millisecond precision.
+pub fn now_rfc3339() -> String {
+    rfc3339(time::OffsetDateTime::now_utc())
+}
+
+/// Formats `t` as RFC 3339 with millisecond precision, in UTC.
+pub fn rfc3339(t: time::OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    let fmt = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    t.format(&fmt).unwrap_or_default()
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    let now = time::OffsetDateTime::now_utc();
+    u64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_counts_states() {
+        let call = ToolCall {
+            id: "a".into(),
+            name: "t".into(),
+            arguments: Value::Null,
+            parent_id: None,
+        };
+        let results = vec![
+            CallResult::success(&call, Value::Null),
+            CallResult::failure(&call, CallState::Timeout, CallError::fatal("x", "y")),
+            CallResult::failure(&call, CallState::Error, CallError::fatal("x", "y")),
+            CallResult::failure(&call, CallState::Skipped, CallError::fatal("x", "y")),
+        ];
+        let s = Summary::of(&results);
+        assert_eq!(
+            (s.total, s.ok, s.timeouts, s.errors, s.skipped),
+            (4, 1, 1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let t = time::macros::datetime!(2026-01-20 14:00:00.5 UTC);
+        assert_eq!(rfc3339(t), "2026-01-20T14:00:00.500Z");
+    }
+}

@@ -1,0 +1,263 @@
+//! The frontend client: submit a turn, stream its events to `final`, list the catalog.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use futures::StreamExt;
+use serde_json::Value;
+
+use crate::names::{self, Names};
+use crate::tool::{CatalogFormat, CatalogRequest, CatalogResponse};
+use crate::turn::{valid_turn_id, FinalEvent, TurnEvent, TurnRequest};
+
+/// What went wrong in a client operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientErrorKind {
+    /// The NATS connection could not be made.
+    Connect,
+    /// The request could not be encoded or is invalid (e.g. a bad turn id).
+    InvalidRequest,
+    /// The request is larger than the server's `max_payload`.
+    PayloadTooLarge,
+    /// Publishing or subscribing failed.
+    Publish,
+    /// No event (or reply) arrived in time.
+    Timeout,
+    /// No coordinator is listening.
+    NoResponders,
+    /// An event or reply could not be decoded.
+    Decode,
+    /// The event stream ended before `final`.
+    Closed,
+    /// The turn ended with an `error` event.
+    TurnFailed,
+}
+
+/// A client error with its kind; match on [`ClientError::kind`], not on the message.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct ClientError {
+    kind: ClientErrorKind,
+    message: String,
+}
+
+impl ClientError {
+    fn new(kind: ClientErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> ClientErrorKind {
+        self.kind
+    }
+}
+
+/// A cheap, cloneable handle for frontends.
+#[derive(Debug, Clone)]
+pub struct FleetClient {
+    nats: async_nats::Client,
+    names: Names,
+}
+
+impl FleetClient {
+    /// Wraps an existing NATS connection.
+    pub fn new(nats: async_nats::Client, names: Names) -> Self {
+        Self { nats, names }
+    }
+
+    /// Connects to NATS at `url`, using names under `prefix`.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, ClientError> {
+        let nats = async_nats::ConnectOptions::new()
+            .name("toolfleet-client")
+            .connect(url)
+            .await
+            .map_err(|e| ClientError::new(ClientErrorKind::Connect, e.to_string()))?;
+        Ok(Self::new(nats, Names::new(prefix)))
+    }
+
+    /// The underlying NATS client.
+    pub fn nats(&self) -> &async_nats::Client {
+        &self.nats
+    }
+
+    /// Submits a turn and returns the stream of its events. A turn id is generated when
+    /// the request has none.
+    pub async fn submit(&self, request: TurnRequest) -> Result<TurnStream, ClientError> {
+        self.submit_with_headers(request, HeaderMap::new()).await
+    }
+
+    /// Like [`FleetClient::submit`], with extra NATS headers (trace context, for one).
+    pub async fn submit_with_headers(
+        &self,
+        mut request: TurnRequest,
+        mut headers: HeaderMap,
+    ) -> Result<TurnStream, ClientError> {
+        let turn_id = match request.turn_id.take() {
+            Some(id) if valid_turn_id(&id) => id,
+            Some(id) => {
+                return Err(ClientError::new(
+                    ClientErrorKind::InvalidRequest,
+                    format!("turn id {id:?} must be 1-64 characters of [A-Za-z0-9_-]"),
+                ))
+            }
+            None => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        request.turn_id = Some(turn_id.clone());
+        let payload = serde_json::to_vec(&request)
+            .map_err(|e| ClientError::new(ClientErrorKind::InvalidRequest, e.to_string()))?;
+        let max = self.nats.server_info().max_payload;
+        if max > 0 && payload.len() > max {
+            return Err(ClientError::new(
+                ClientErrorKind::PayloadTooLarge,
+                format!(
+                    "turn request is {} bytes, server max_payload is {max}",
+                    payload.len()
+                ),
+            ));
+        }
+        let inbox = self.nats.new_inbox();
+        let subscriber = self
+            .nats
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
+        headers.insert(names::HEADER_TURN_ID, turn_id.as_str());
+        self.nats
+            .publish_with_reply_and_headers(
+                self.names.turn_submit(),
+                inbox,
+                headers,
+                payload.into(),
+            )
+            .await
+            .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
+        self.nats
+            .flush()
+            .await
+            .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
+        Ok(TurnStream {
+            turn_id,
+            subscriber,
+            finished: false,
+        })
+    }
+
+    /// Submits a turn and waits for its `final` event, collecting every event.
+    /// `timeout` bounds the wait for each event.
+    pub async fn run_turn(
+        &self,
+        request: TurnRequest,
+        timeout: Duration,
+    ) -> Result<TurnOutcome, ClientError> {
+        let mut stream = self.submit(request).await?;
+        let mut events = Vec::new();
+        loop {
+            let event = stream.next_event(timeout).await?;
+            match event {
+                TurnEvent::Final(fin) => {
+                    let fin = fin.clone();
+                    events.push(TurnEvent::Final(fin.clone()));
+                    return Ok(TurnOutcome {
+                        turn_id: stream.turn_id,
+                        events,
+                        final_event: fin,
+                    });
+                }
+                TurnEvent::Error { error, .. } => {
+                    return Err(ClientError::new(
+                        ClientErrorKind::TurnFailed,
+                        format!("{}: {}", error.code, error.message),
+                    ));
+                }
+                other => events.push(other),
+            }
+        }
+    }
+
+    /// The tool catalog in `format`, optionally restricted to one tenant's tools.
+    pub async fn catalog(
+        &self,
+        format: CatalogFormat,
+        tenant_id: Option<String>,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, ClientError> {
+        let body = serde_json::to_vec(&CatalogRequest { format, tenant_id })
+            .map_err(|e| ClientError::new(ClientErrorKind::InvalidRequest, e.to_string()))?;
+        let reply = tokio::time::timeout(
+            timeout,
+            self.nats.request(self.names.catalog(), body.into()),
+        )
+        .await
+        .map_err(|_| ClientError::new(ClientErrorKind::Timeout, "no catalog reply in time"))?
+        .map_err(|e| {
+            let kind = match e.kind() {
+                async_nats::RequestErrorKind::NoResponders => ClientErrorKind::NoResponders,
+                async_nats::RequestErrorKind::TimedOut => ClientErrorKind::Timeout,
+                async_nats::RequestErrorKind::MaxPayloadExceeded => {
+                    ClientErrorKind::PayloadTooLarge
+                }
+                _ => ClientErrorKind::Publish,
+            };
+            ClientError::new(kind, e.to_string())
+        })?;
+        let response: CatalogResponse = serde_json::from_slice(&reply.payload)
+            .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;
+        Ok(response.tools)
+    }
+}
+
+/// Every event of a finished turn.
+#[derive(Debug, Clone)]
+pub struct TurnOutcome {
+    /// The turn id.
+    pub turn_id: String,
+    /// Every event in arrival order, `final` last.
+    pub events: Vec<TurnEvent>,
+    /// The `final` event.
+    pub final_event: FinalEvent,
+}
+
+/// The events of one submitted turn.
+#[derive(Debug)]
+pub struct TurnStream {
+    turn_id: String,
+    subscriber: async_nats::Subscriber,
+    finished: bool,
+}
+
+impl TurnStream {
+    /// The turn's id.
+    pub fn turn_id(&self) -> &str {
+        &self.turn_id
+    }
+
+    /// The next event, waiting at most `timeout`. After `final` or `error` the stream is
+    /// finished and further calls return a `Closed` error.
+    pub async fn next_event(&mut self, timeout: Duration) -> Result<TurnEvent, ClientError> {
+        if self.finished {
+            return Err(ClientError::new(
+                ClientErrorKind::Closed,
+                "turn already ended",
+            ));
+        }
+        let message = tokio::time::timeout(timeout, self.subscriber.next())
+            .await
+            .map_err(|_| {
+                ClientError::new(
+                    ClientErrorKind::Timeout,
+                    format!("no event for turn {} within {timeout:?}", self.turn_id),
+                )
+            })?
+            .ok_or_else(|| ClientError::new(ClientErrorKind::Closed, "subscription closed"))?;
+        let event: TurnEvent = serde_json::from_slice(&message.payload)
+            .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;
+        if event.is_last() {
+            self.finished = true;
+            let _ = self.subscriber.unsubscribe().await;
+        }
+        Ok(event)
+    }
+}

@@ -1,0 +1,289 @@
+//! Rendering a turn's results as history the frontend appends to its session: OpenAI
+//! `role: "tool"` messages and one Anthropic `user` message of `tool_result` blocks.
+//!
+//! The model must see exactly one result per call id it produced. Calls flattened out
+//! of a `parallel` meta-call carry the meta-call's id as `parent_id`; the model only
+//! knows that id, so their results are rendered together as one entry under it.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Map, Value};
+
+use crate::call::{codes, CallError, CallResult, CallState};
+use crate::turn::History;
+
+/// Renders `results` (in decision order) as ready-to-append history.
+///
+/// Results without a `parent_id` are one entry each. Results sharing a `parent_id`
+/// become one entry under that id, at the position of the first of them, whose content
+/// is a JSON array of `{tool_call_id, name, ok, result | error}`; the entry is an error
+/// only when every one of them failed.
+pub fn render_history(results: &[CallResult]) -> History {
+    let entries = group(results);
+    let mut openai = Vec::with_capacity(entries.len());
+    let mut blocks = Vec::with_capacity(entries.len());
+    for entry in &entries {
+        let (id, content, is_error) = match entry {
+            Entry::Single(result) => (
+                result.tool_call_id.as_str(),
+                result_content(result),
+                !result.ok,
+            ),
+            Entry::Group {
+                parent_id,
+                children,
+            } => (
+                *parent_id,
+                group_content(children),
+                children.iter().all(|r| !r.ok),
+            ),
+        };
+        openai.push(json!({
+            "role": "tool",
+            "tool_call_id": id,
+            "content": content,
+        }));
+        blocks.push(json!({
+            "type": "tool_result",
+            "tool_use_id": id,
+            "content": content,
+            "is_error": is_error,
+        }));
+    }
+    let anthropic = if blocks.is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({"role": "user", "content": blocks})]
+    };
+    History { openai, anthropic }
+}
+
+/// The content the model sees for one call, as JSON text: the tool's result when the
+/// call succeeded, otherwise `{"error": {"code", "message", "retryable"}, "state": ...}`.
+pub fn result_content(result: &CallResult) -> String {
+    if result.ok {
+        return result.result.clone().unwrap_or(Value::Null).to_string();
+    }
+    json!({
+        "error": error_value(result),
+        "state": result.state.as_str(),
+    })
+    .to_string()
+}
+
+/// One history entry: a call the model made.
+enum Entry<'a> {
+    /// A call of the model's own.
+    Single(&'a CallResult),
+    /// The calls of one `parallel` meta-call, under the meta-call's id.
+    Group {
+        parent_id: &'a str,
+        children: Vec<&'a CallResult>,
+    },
+}
+
+fn group(results: &[CallResult]) -> Vec<Entry<'_>> {
+    let mut entries = Vec::new();
+    let mut groups: HashMap<&str, usize> = HashMap::new();
+    for result in results {
+        let Some(parent_id) = result.parent_id.as_deref() else {
+            entries.push(Entry::Single(result));
+            continue;
+        };
+        if let Some(Entry::Group { children, .. }) =
+            groups.get(parent_id).and_then(|&i| entries.get_mut(i))
+        {
+            children.push(result);
+            continue;
+        }
+        groups.insert(parent_id, entries.len());
+        entries.push(Entry::Group {
+            parent_id,
+            children: vec![result],
+        });
+    }
+    entries
+}
+
+fn group_content(children: &[&CallResult]) -> String {
+    let items: Vec<Value> = children
+        .iter()
+        .map(|child| {
+            let mut item = Map::new();
+            item.insert("tool_call_id".into(), child.tool_call_id.clone().into());
+            item.insert("name".into(), child.name.clone().into());
+            item.insert("ok".into(), child.ok.into());
+            if child.ok {
+                item.insert("result".into(), child.result.clone().unwrap_or(Value::Null));
+            } else {
+                item.insert("error".into(), error_value(child));
+            }
+            Value::Object(item)
+        })
+        .collect();
+    Value::Array(items).to_string()
+}
+
+/// The error of a failed result, or one describing its state when it carries none.
+fn error_value(result: &CallResult) -> Value {
+    let error = result.error.clone().unwrap_or_else(|| {
+        let (code, message) = match result.state {
+            CallState::Timeout => (codes::DEADLINE_EXCEEDED, "the call timed out"),
+            CallState::Skipped => (codes::NOT_DISPATCHED, "the call was not run"),
+            _ => (codes::TOOL_ERROR, "the call failed"),
+        };
+        CallError::fatal(code, message)
+    });
+    json!({
+        "code": error.code,
+        "message": error.message,
+        "retryable": error.retryable,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::call::ToolCall;
+
+    fn call(id: &str, name: &str, parent: Option<&str>) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: json!({}),
+            parent_id: parent.map(str::to_string),
+        }
+    }
+
+    fn ok(id: &str, parent: Option<&str>, result: Value) -> CallResult {
+        CallResult::success(&call(id, "tool", parent), result)
+    }
+
+    fn failed(id: &str, parent: Option<&str>) -> CallResult {
+        CallResult::failure(
+            &call(id, "tool", parent),
+            CallState::Error,
+            CallError::retryable(codes::TOOL_ERROR, "upstream 503"),
+        )
+    }
+
+    fn parse(text: &Value) -> Value {
+        text.as_str()
+            .and_then(|s| serde_json::from_str(s).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn empty_results_render_nothing() {
+        let h = render_history(&[]);
+        assert!(h.openai.is_empty());
+        assert!(h.anthropic.is_empty());
+    }
+
+    #[test]
+    fn result_content_is_json_text() {
+        assert_eq!(
+            result_content(&ok("a", None, json!({"balance": 12.5}))),
+            r#"{"balance":12.5}"#
+        );
+        assert_eq!(result_content(&ok("a", None, json!("hi"))), r#""hi""#);
+        let mut no_value = ok("a", None, Value::Null);
+        no_value.result = None;
+        assert_eq!(result_content(&no_value), "null");
+        let content: Value =
+            serde_json::from_str(&result_content(&failed("b", None))).unwrap_or_default();
+        assert_eq!(
+            content,
+            json!({"error": {"code": "tool_error", "message": "upstream 503", "retryable": true},
+                   "state": "error"})
+        );
+    }
+
+    #[test]
+    fn failures_without_an_error_get_one() {
+        let mut r = CallResult::failure(
+            &call("t", "tool", None),
+            CallState::Timeout,
+            CallError::fatal("x", "y"),
+        );
+        r.error = None;
+        let content: Value = serde_json::from_str(&result_content(&r)).unwrap_or_default();
+        assert_eq!(content["error"]["code"], codes::DEADLINE_EXCEEDED);
+        assert_eq!(content["state"], "timeout");
+    }
+
+    #[test]
+    fn one_entry_per_call_in_order() {
+        let results = [
+            ok("a", None, json!(1)),
+            failed("b", None),
+            ok("c", None, json!(3)),
+        ];
+        let h = render_history(&results);
+        assert_eq!(h.openai.len(), 3);
+        assert_eq!(
+            h.openai[0],
+            json!({"role": "tool", "tool_call_id": "a", "content": "1"})
+        );
+        assert_eq!(h.openai[1]["tool_call_id"], "b");
+        assert_eq!(h.openai[2]["content"], "3");
+
+        assert_eq!(h.anthropic.len(), 1);
+        assert_eq!(h.anthropic[0]["role"], "user");
+        let blocks = h.anthropic[0]["content"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(blocks.len(), 3);
+        assert_eq!(
+            blocks[0],
+            json!({"type": "tool_result", "tool_use_id": "a", "content": "1", "is_error": false})
+        );
+        assert_eq!(blocks[1]["tool_use_id"], "b");
+        assert_eq!(blocks[1]["is_error"], true);
+        assert_eq!(parse(&blocks[1]["content"])["error"]["code"], "tool_error");
+        assert_eq!(blocks[2]["tool_use_id"], "c");
+    }
+
+    #[test]
+    fn parallel_children_become_one_entry_under_the_parent() {
+        let results = [
+            ok("first", None, json!("x")),
+            ok("p.0", Some("p"), json!({"n": 1})),
+            failed("p.1", Some("p")),
+            ok("middle", None, json!(null)),
+            ok("p.2", Some("p"), json!(true)),
+            failed("q.0", Some("q")),
+            failed("q.1", Some("q")),
+        ];
+        let h = render_history(&results);
+        let ids: Vec<&str> = h
+            .openai
+            .iter()
+            .filter_map(|m| m["tool_call_id"].as_str())
+            .collect();
+        assert_eq!(ids, ["first", "p", "middle", "q"]);
+
+        let p = parse(&h.openai[1]["content"]);
+        assert_eq!(
+            p,
+            json!([
+                {"tool_call_id": "p.0", "name": "tool", "ok": true, "result": {"n": 1}},
+                {"tool_call_id": "p.1", "name": "tool", "ok": false,
+                 "error": {"code": "tool_error", "message": "upstream 503", "retryable": true}},
+                {"tool_call_id": "p.2", "name": "tool", "ok": true, "result": true},
+            ])
+        );
+
+        let blocks = h.anthropic[0]["content"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(blocks.len(), 4);
+        assert_eq!(blocks[1]["tool_use_id"], "p");
+        assert_eq!(blocks[1]["is_error"], false);
+        assert_eq!(blocks[3]["tool_use_id"], "q");
+        assert_eq!(blocks[3]["is_error"], true);
+        assert_eq!(blocks[1]["content"], h.openai[1]["content"]);
+    }
+}

@@ -1,0 +1,65 @@
+//! The job envelope: one call, published on `<prefix>.jobs.<tool>`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::call::ToolCall;
+
+/// What a worker receives for one call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobEnvelope {
+    /// The turn the call belongs to.
+    pub turn_id: String,
+    /// The tenant, from the turn (never from the model's arguments).
+    pub tenant_id: String,
+    /// The frontend's session id, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// The call: id, tool name, arguments.
+    pub call: ToolCall,
+    /// The turn's deadline in Unix milliseconds: a result after it is late.
+    pub deadline_unix_ms: u64,
+    /// The tool's timeout in milliseconds.
+    pub timeout_ms: u64,
+    /// When the coordinator published the job, in Unix milliseconds.
+    pub dispatched_unix_ms: u64,
+    /// Free-form turn context (customer id, caller phone, ...).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub context: Map<String, Value>,
+}
+
+impl JobEnvelope {
+    /// The JetStream de-duplication id of this job: `<turn_id>.<call_id>`, so a
+    /// re-publish of the same call is dropped while equal call ids of different turns
+    /// are not.
+    pub fn msg_id(&self) -> String {
+        job_msg_id(&self.turn_id, &self.call.id)
+    }
+}
+
+/// The JetStream de-duplication id of a call's job.
+pub fn job_msg_id(turn_id: &str, call_id: &str) -> String {
+    format!("{turn_id}.{call_id}")
+}
+
+/// A core NATS notice on `<prefix>.progress.<turn_id>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ProgressNotice {
+    /// A worker started executing the call.
+    Started {
+        /// The call id.
+        tool_call_id: String,
+        /// The tool name.
+        name: String,
+        /// The delivery attempt.
+        attempt: u32,
+        /// The worker's id.
+        worker_id: String,
+    },
+    /// A coordinator recorded the call's result (frees a concurrency slot).
+    Recorded {
+        /// The call id.
+        tool_call_id: String,
+    },
+}

@@ -1,0 +1,38 @@
+//! # toolfleet-common
+//!
+//! The wire protocol of toolfleet and what every binary shares.
+//!
+//! # Layout
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | [`config`] | typed settings from environment variables |
+//! | [`names`] | every subject, stream, consumer, header and Redis key name |
+//! | [`turn`] | `TurnRequest`, `TurnEvent` (`ack`, `tool_state`, `narration`, `final`, `error`) |
+//! | [`call`] | `ToolCall`, `CallState`, `CallError` and its codes, `CallResult`, `Summary` |
+//! | [`tool`] | `ToolDefinition`, retry policy, catalog formats (OpenAI, Anthropic, MCP) |
+//! | [`job`] | `JobEnvelope` (what a worker receives) and progress notices |
+//! | [`decision`] | parsing every supported model-decision shape into calls |
+//! | [`ack`] | composing the acknowledgement from waiting hints |
+//! | [`history`] | rendering results as OpenAI and Anthropic history |
+//! | [`streams`] | creating the jobs and results JetStream streams |
+//! | [`client`] | `FleetClient`: submit a turn, stream its events, list the catalog |
+
+pub mod ack;
+pub mod call;
+pub mod client;
+pub mod config;
+pub mod decision;
+pub mod history;
+pub mod job;
+pub mod names;
+pub mod streams;
+pub mod tool;
+pub mod turn;
+
+pub use call::{CallError, CallResult, CallState, Summary, ToolCall};
+pub use client::FleetClient;
+pub use job::JobEnvelope;
+pub use names::Names;
+pub use tool::{CatalogFormat, RetryPolicy, ToolDefinition};
+pub use turn::{FinalEvent, History, TurnEvent, TurnOptions, TurnRequest};

@@ -1,0 +1,213 @@
+//! Every NATS subject, JetStream stream and consumer name, header name and Redis key
+//! used by toolfleet. No other module spells one of these strings.
+//!
+//! All names hang off a configurable prefix (default [`DEFAULT_PREFIX`]), so several
+//! fleets can share one NATS account and one Redis database.
+
+/// Prefix used when none is configured.
+pub const DEFAULT_PREFIX: &str = "fleet";
+
+/// Queue group shared by coordinator replicas on the turn subject.
+pub const COORDINATOR_QUEUE_GROUP: &str = "toolfleet-coordinators";
+
+/// Header carrying the JetStream de-duplication id.
+pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
+/// Header carrying the turn id on jobs, results and progress notices.
+pub const HEADER_TURN_ID: &str = "Fleet-Turn-Id";
+/// Header carrying the call id on jobs, results and progress notices.
+pub const HEADER_CALL_ID: &str = "Fleet-Call-Id";
+/// Header carrying the tenant id on jobs.
+pub const HEADER_TENANT_ID: &str = "Fleet-Tenant-Id";
+/// W3C trace context header.
+pub const HEADER_TRACEPARENT: &str = "traceparent";
+/// W3C trace state header.
+pub const HEADER_TRACESTATE: &str = "tracestate";
+
+/// The name of the explicit parallel meta-tool, flattened into its calls.
+pub const PARALLEL_TOOL: &str = "parallel";
+
+/// Names derived from one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    prefix: String,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Self::new(DEFAULT_PREFIX)
+    }
+}
+
+impl Names {
+    /// Names under `prefix` (a single NATS subject token such as `fleet`).
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The prefix these names hang off.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    // ----- NATS subjects -------------------------------------------------------------
+
+    /// Frontends publish a `TurnRequest` here, with their inbox as the reply subject.
+    pub fn turn_submit(&self) -> String {
+        format!("{}.turns.submit", self.prefix)
+    }
+
+    /// Frontends request the tool catalog here (core NATS request/reply).
+    pub fn catalog(&self) -> String {
+        format!("{}.catalog", self.prefix)
+    }
+
+    /// The subject one tool's jobs are published on.
+    pub fn job_subject(&self, tool: &str) -> String {
+        format!("{}.jobs.{tool}", self.prefix)
+    }
+
+    /// Wildcard covering every job subject (the jobs stream's subject).
+    pub fn jobs_wildcard(&self) -> String {
+        format!("{}.jobs.>", self.prefix)
+    }
+
+    /// Workers publish a call's `CallResult` here (JetStream).
+    pub fn result_subject(&self, turn_id: &str) -> String {
+        format!("{}.results.{turn_id}", self.prefix)
+    }
+
+    /// Wildcard covering every result subject (the results stream's subject).
+    pub fn results_wildcard(&self) -> String {
+        format!("{}.results.>", self.prefix)
+    }
+
+    /// Extracts the turn id from a result subject.
+    pub fn turn_id_from_result_subject<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".results.")
+    }
+
+    /// Core NATS progress notices about one turn's calls (`running`, slot freed).
+    pub fn progress_subject(&self, turn_id: &str) -> String {
+        format!("{}.progress.{turn_id}", self.prefix)
+    }
+
+    /// Wildcard covering every progress subject.
+    pub fn progress_wildcard(&self) -> String {
+        format!("{}.progress.>", self.prefix)
+    }
+
+    /// Workers publish here after (de)registering tools, so coordinators refresh at once.
+    pub fn registry_changed(&self) -> String {
+        format!("{}.registry.changed", self.prefix)
+    }
+
+    // ----- JetStream -----------------------------------------------------------------
+
+    /// The work-queue stream holding every job.
+    pub fn jobs_stream(&self) -> String {
+        format!("{}_JOBS", self.prefix.to_uppercase())
+    }
+
+    /// The work-queue stream holding results until a coordinator records them.
+    pub fn results_stream(&self) -> String {
+        format!("{}_RESULTS", self.prefix.to_uppercase())
+    }
+
+    /// The durable pull consumer shared by every coordinator replica on the results stream.
+    pub fn results_consumer(&self) -> String {
+        "coordinators".to_string()
+    }
+
+    /// The durable pull consumer shared by every worker replica serving `tool`.
+    ///
+    /// Consumer names may not contain `.`, `*`, `>` or whitespace, so those become `_`.
+    pub fn tool_consumer(&self, tool: &str) -> String {
+        let safe: String = tool
+            .chars()
+            .map(|c| match c {
+                '.' | '*' | '>' => '_',
+                c if c.is_whitespace() => '_',
+                c => c,
+            })
+            .collect();
+        format!("tool_{safe}")
+    }
+
+    // ----- Redis ---------------------------------------------------------------------
+
+    /// Hash of a turn's metadata. Shares the `{turn_id}` hash tag with the turn's other keys.
+    pub fn turn_meta_key(&self, turn_id: &str) -> String {
+        format!("{}:turn:{{{turn_id}}}:meta", self.prefix)
+    }
+
+    /// Hash of a turn's results, field = call key, value = `CallResult` JSON.
+    pub fn turn_results_key(&self, turn_id: &str) -> String {
+        format!("{}:turn:{{{turn_id}}}:results", self.prefix)
+    }
+
+    /// Hash of a turn's calls, field = call key, value = call index and name.
+    pub fn turn_calls_key(&self, turn_id: &str) -> String {
+        format!("{}:turn:{{{turn_id}}}:calls", self.prefix)
+    }
+
+    /// Sorted set of open turns scored by deadline (unix ms); any replica sweeps it.
+    pub fn deadlines_key(&self) -> String {
+        format!("{}:deadlines", self.prefix)
+    }
+
+    /// Hash of tool definitions, field = tool name, value = `ToolDefinition` JSON.
+    /// Registry keys share the `{registry}` hash tag.
+    pub fn tools_key(&self) -> String {
+        format!("{}:{{registry}}:tools", self.prefix)
+    }
+
+    /// Sorted set of live workers for one tool, member = worker id, score = expiry (unix ms).
+    pub fn tool_workers_key(&self, tool: &str) -> String {
+        format!("{}:{{registry}}:workers:{tool}", self.prefix)
+    }
+}
+
+/// Span names.
+pub mod spans {
+    /// The whole turn, from request to `final`.
+    pub const TURN: &str = "turn";
+    /// Joining results and finalizing.
+    pub const JOIN: &str = "join";
+    /// Narrating the answer.
+    pub const NARRATE: &str = "narrate";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_the_turn_hash_tag() {
+        let n = Names::default();
+        for key in [
+            n.turn_meta_key("t1"),
+            n.turn_results_key("t1"),
+            n.turn_calls_key("t1"),
+        ] {
+            assert!(key.contains("{t1}"), "{key}");
+        }
+    }
+
+    #[test]
+    fn consumer_names_are_legal() {
+        let n = Names::default();
+        assert_eq!(
+            n.tool_consumer("crm.getOpenInvoices"),
+            "tool_crm_getOpenInvoices"
+        );
+        assert_eq!(
+            n.turn_id_from_result_subject("fleet.results.abc"),
+            Some("abc")
+        );
+        assert_eq!(n.turn_id_from_result_subject("other.results.abc"), None);
+    }
+}

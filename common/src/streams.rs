@@ -1,0 +1,55 @@
+//! Creating the JetStream streams toolfleet uses. Coordinators and workers both call
+//! [`ensure_streams`]; whichever starts first creates them.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+
+use crate::names::Names;
+
+/// How long JetStream remembers a message id for de-duplication.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long an unconsumed job or result is kept.
+pub const MAX_AGE: Duration = Duration::from_secs(3600);
+
+/// Failure to create or look up a stream.
+#[derive(Debug, thiserror::Error)]
+#[error("stream {stream}: {source}")]
+pub struct EnsureStreamsError {
+    /// The stream's name.
+    pub stream: String,
+    /// The JetStream error.
+    #[source]
+    pub source: jetstream::context::CreateStreamError,
+}
+
+/// Creates the jobs and results streams when missing and returns them.
+pub async fn ensure_streams(
+    js: &jetstream::Context,
+    names: &Names,
+) -> Result<(stream::Stream, stream::Stream), EnsureStreamsError> {
+    let jobs = ensure(js, names.jobs_stream(), names.jobs_wildcard()).await?;
+    let results = ensure(js, names.results_stream(), names.results_wildcard()).await?;
+    Ok((jobs, results))
+}
+
+async fn ensure(
+    js: &jetstream::Context,
+    name: String,
+    subject: String,
+) -> Result<stream::Stream, EnsureStreamsError> {
+    js.get_or_create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![subject],
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        duplicate_window: DUPLICATE_WINDOW,
+        max_age: MAX_AGE,
+        ..Default::default()
+    })
+    .await
+    .map_err(|source| EnsureStreamsError {
+        stream: name,
+        source,
+    })
+}

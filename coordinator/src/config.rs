@@ -1,0 +1,215 @@
+//! Coordinator configuration: environment variables plus an optional tenants file.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use toolfleet_common::config::{
+    env_ms, env_or, env_string, ConfigError, DEFAULT_NATS_URL, DEFAULT_REDIS_URL,
+};
+use toolfleet_common::names::DEFAULT_PREFIX;
+
+/// Everything a coordinator needs to run.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// NATS URL (`TOOLFLEET_NATS_URL`).
+    pub nats_url: String,
+    /// Redis URL (`TOOLFLEET_REDIS_URL`).
+    pub redis_url: String,
+    /// Subject and key prefix (`TOOLFLEET_PREFIX`).
+    pub prefix: String,
+    /// Deadline of a turn that names none (`TOOLFLEET_DEFAULT_DEADLINE_MS`).
+    pub default_deadline: Duration,
+    /// Longest deadline a turn may ask for (`TOOLFLEET_MAX_DEADLINE_MS`).
+    pub max_deadline: Duration,
+    /// Calls per turn that run; later ones get `too_many_calls` (`TOOLFLEET_MAX_CALLS`).
+    pub max_calls: usize,
+    /// Decisions with more calls than this are refused whole (`TOOLFLEET_MAX_DECISION_CALLS`).
+    pub max_decision_calls: usize,
+    /// Calls of one turn in flight at once (`TOOLFLEET_CONCURRENCY`).
+    pub concurrency: usize,
+    /// Largest serialized arguments accepted per call (`TOOLFLEET_MAX_ARGUMENT_BYTES`).
+    pub max_argument_bytes: usize,
+    /// Argument names that identify a tenant; a call whose argument of one of these
+    /// names differs from the turn's tenant is refused (`TOOLFLEET_TENANT_ARGUMENT_KEYS`,
+    /// comma-separated).
+    pub tenant_argument_keys: Vec<String>,
+    /// How often every replica looks for turns past their deadline
+    /// (`TOOLFLEET_SWEEP_INTERVAL_MS`).
+    pub sweep_interval: Duration,
+    /// How long after a deadline another replica steps in for a turn's owner
+    /// (`TOOLFLEET_SWEEP_GRACE_MS`).
+    pub sweep_grace: Duration,
+    /// How often the tool registry is re-read (`TOOLFLEET_REGISTRY_REFRESH_MS`).
+    pub registry_refresh: Duration,
+    /// How long a turn's keys stay in Redis after its deadline, for late results
+    /// (`TOOLFLEET_RETENTION_MS`).
+    pub retention: Duration,
+    /// Results recorded at once by this replica (`TOOLFLEET_RESULT_CONCURRENCY`).
+    pub result_concurrency: usize,
+    /// How long owned turns may run on after a shutdown request
+    /// (`TOOLFLEET_SHUTDOWN_GRACE_MS`).
+    pub shutdown_grace: Duration,
+    /// Per-tenant policies (`TOOLFLEET_TENANTS_FILE`, JSON).
+    pub tenants: TenantPolicies,
+}
+
+impl CoordinatorConfig {
+    /// Defaults against local servers.
+    pub fn local() -> Self {
+        Self {
+            nats_url: DEFAULT_NATS_URL.to_string(),
+            redis_url: DEFAULT_REDIS_URL.to_string(),
+            prefix: DEFAULT_PREFIX.to_string(),
+            default_deadline: Duration::from_secs(15),
+            max_deadline: Duration::from_secs(300),
+            max_calls: 16,
+            max_decision_calls: 256,
+            concurrency: 16,
+            max_argument_bytes: 256 * 1024,
+            tenant_argument_keys: ["tenant_id", "tenantId", "business_id", "businessId"]
+                .map(String::from)
+                .to_vec(),
+            sweep_interval: Duration::from_millis(500),
+            sweep_grace: Duration::from_millis(1000),
+            registry_refresh: Duration::from_secs(1),
+            retention: Duration::from_secs(600),
+            result_concurrency: 256,
+            shutdown_grace: Duration::from_secs(10),
+            tenants: TenantPolicies::default(),
+        }
+    }
+
+    /// Reads the configuration from the environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::local();
+        let keys = env_string(
+            "TOOLFLEET_TENANT_ARGUMENT_KEYS",
+            &d.tenant_argument_keys.join(","),
+        );
+        let tenants = match std::env::var("TOOLFLEET_TENANTS_FILE") {
+            Ok(path) if !path.trim().is_empty() => {
+                TenantPolicies::from_file(Path::new(path.trim())).map_err(|reason| ConfigError {
+                    name: "TOOLFLEET_TENANTS_FILE".into(),
+                    value: path.clone(),
+                    reason,
+                })?
+            }
+            _ => TenantPolicies::default(),
+        };
+        Ok(Self {
+            nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
+            redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
+            prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
+            default_deadline: env_ms("TOOLFLEET_DEFAULT_DEADLINE_MS", d.default_deadline)?,
+            max_deadline: env_ms("TOOLFLEET_MAX_DEADLINE_MS", d.max_deadline)?,
+            max_calls: env_or("TOOLFLEET_MAX_CALLS", d.max_calls)?,
+            max_decision_calls: env_or("TOOLFLEET_MAX_DECISION_CALLS", d.max_decision_calls)?,
+            concurrency: env_or("TOOLFLEET_CONCURRENCY", d.concurrency)?.max(1),
+            max_argument_bytes: env_or("TOOLFLEET_MAX_ARGUMENT_BYTES", d.max_argument_bytes)?,
+            tenant_argument_keys: keys
+                .split(',')
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .map(String::from)
+                .collect(),
+            sweep_interval: env_ms("TOOLFLEET_SWEEP_INTERVAL_MS", d.sweep_interval)?,
+            sweep_grace: env_ms("TOOLFLEET_SWEEP_GRACE_MS", d.sweep_grace)?,
+            registry_refresh: env_ms("TOOLFLEET_REGISTRY_REFRESH_MS", d.registry_refresh)?,
+            retention: env_ms("TOOLFLEET_RETENTION_MS", d.retention)?,
+            result_concurrency: env_or("TOOLFLEET_RESULT_CONCURRENCY", d.result_concurrency)?
+                .max(1),
+            shutdown_grace: env_ms("TOOLFLEET_SHUTDOWN_GRACE_MS", d.shutdown_grace)?,
+            tenants,
+        })
+    }
+}
+
+/// Limits and allowlist of one tenant. Unset fields fall back to the coordinator's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantPolicy {
+    /// Tools the tenant may call: exact names, or prefixes ending in `*`
+    /// (`crm.*`). Absent means every tool.
+    #[serde(default)]
+    pub allowed_tools: Option<Vec<String>>,
+    /// Calls per turn.
+    #[serde(default)]
+    pub max_calls: Option<usize>,
+    /// Calls in flight per turn.
+    #[serde(default)]
+    pub concurrency: Option<usize>,
+    /// Per-call timeout cap in milliseconds.
+    #[serde(default)]
+    pub tool_timeout_ms: Option<u64>,
+    /// Turn deadline in milliseconds (default and cap).
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+impl TenantPolicy {
+    /// Whether `tool` is on the allowlist.
+    pub fn allows(&self, tool: &str) -> bool {
+        match &self.allowed_tools {
+            None => true,
+            Some(list) => list.iter().any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => tool.starts_with(prefix),
+                None => pattern == tool,
+            }),
+        }
+    }
+}
+
+/// Policies by tenant id, with a default for tenants not listed.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantPolicies {
+    /// Policy of tenants without their own entry.
+    #[serde(default)]
+    pub default: TenantPolicy,
+    /// Policies by tenant id.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantPolicy>,
+}
+
+impl TenantPolicies {
+    /// Reads policies from a JSON file.
+    pub fn from_file(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    }
+
+    /// The policy of `tenant`.
+    pub fn get(&self, tenant: &str) -> &TenantPolicy {
+        self.tenants.get(tenant).unwrap_or(&self.default)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allowlist_patterns() {
+        let p = TenantPolicy {
+            allowed_tools: Some(vec!["crm.*".into(), "get_faqs".into()]),
+            ..Default::default()
+        };
+        assert!(p.allows("crm.getOpenInvoices"));
+        assert!(p.allows("get_faqs"));
+        assert!(!p.allows("get_faqs_v2"));
+        assert!(!p.allows("test.behave"));
+        assert!(TenantPolicy::default().allows("anything"));
+    }
+
+    #[test]
+    fn tenants_file_shape() {
+        let parsed: Result<TenantPolicies, _> = serde_json::from_str(
+            r#"{"tenants": {"acme": {"max_calls": 2, "tool_timeout_ms": 400, "deadline_ms": 1000}}}"#,
+        );
+        let parsed = parsed.unwrap_or_default();
+        assert_eq!(parsed.get("acme").max_calls, Some(2));
+        assert_eq!(parsed.get("other").max_calls, None);
+    }
+}

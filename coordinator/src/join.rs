@@ -1,0 +1,371 @@
+//! Where results are joined: a turn's calls and results in Redis, recorded and finalized
+//! by Lua scripts so that a result counts once and a turn ends once, whichever replica
+//! runs them.
+//!
+//! Keys of one turn share the `{turn_id}` hash tag (see `Names`), so each script touches a
+//! single slot and runs unchanged on Redis Cluster. The deadline index is a separate key,
+//! updated with separate commands.
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionManager;
+use redis::{FromRedisValue, Script, Value as RedisValue};
+use serde::{Deserialize, Serialize};
+use toolfleet_common::{CallResult, Names};
+
+/// Creates a turn unless it exists. KEYS: meta, calls, results.
+/// ARGV: ttl_ms, total, reply, tenant, deadline, paced, n_calls, (key, call)*, n_results,
+/// (key, result)*.
+const CREATE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'open', 'total', ARGV[2], 'reply', ARGV[3],
+  'tenant', ARGV[4], 'deadline', ARGV[5], 'paced', ARGV[6], 'late', 0, 'duplicates', 0)
+local i = 7
+local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]); i = i + 2 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]); i = i + 2 end
+for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
+return 1
+"#;
+
+/// Records one result, write-once per call key. KEYS: meta, calls, results.
+/// ARGV: call key, result JSON.
+const RECORD: &str = r#"
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {'unknown'} end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return {'unknown_call'} end
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
+  return {'duplicate'}
+end
+if state ~= 'open' then
+  redis.call('HINCRBY', KEYS[1], 'late', 1)
+  return {'late'}
+end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+if redis.call('PTTL', KEYS[3]) < 0 then
+  redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 1000))
+end
+local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'total')
+if redis.call('HLEN', KEYS[3]) >= tonumber(meta[3]) then
+  redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete')
+  return {'complete', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
+end
+return {'recorded', meta[1], meta[2]}
+"#;
+
+/// Ends a turn unless it already ended. KEYS: meta, calls, results. ARGV: reason.
+const FINALIZE: &str = r#"
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {'unknown'} end
+if state ~= 'open' then return {'already'} end
+redis.call('HSET', KEYS[1], 'state', 'final', 'ended', ARGV[1])
+local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced')
+return {'finalized', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
+"#;
+
+/// A call as stored in the turn's `calls` hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallEntry {
+    /// Position in the decision.
+    pub index: usize,
+    /// The model's call id.
+    pub id: String,
+    /// The tool name.
+    pub name: String,
+    /// The `parallel` meta-call it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    /// Held back by the turn's concurrency bound and not yet dispatched.
+    #[serde(default)]
+    pub queued: bool,
+}
+
+/// Everything needed to build a turn's `final` event.
+#[derive(Debug, Clone)]
+pub struct Closing {
+    /// Where the turn's events go.
+    pub reply: String,
+    /// Calls by key.
+    pub calls: HashMap<String, CallEntry>,
+    /// Results by call key.
+    pub results: HashMap<String, CallResult>,
+}
+
+/// What recording a result did.
+#[derive(Debug, Clone)]
+pub enum Recorded {
+    /// No such turn (expired or never created).
+    UnknownTurn,
+    /// The turn has no call with that key.
+    UnknownCall,
+    /// The call already had a result; this one is ignored.
+    Duplicate,
+    /// The turn had already ended; counted as late.
+    Late,
+    /// Recorded; the turn is still waiting for others.
+    Recorded {
+        /// Where the turn's events go.
+        reply: String,
+        /// Whether the turn's owner paces dispatch by completions.
+        paced: bool,
+    },
+    /// Recorded, and it was the last one: this caller finalizes the turn.
+    Complete {
+        /// The turn's calls and results.
+        closing: Closing,
+        /// Whether the turn's owner paces dispatch by completions.
+        paced: bool,
+    },
+}
+
+/// What finalizing did.
+#[derive(Debug, Clone)]
+pub enum Finalized {
+    /// No such turn.
+    UnknownTurn,
+    /// Someone else ended it first.
+    AlreadyEnded,
+    /// This caller ended it.
+    Ended(Closing),
+}
+
+/// A new turn for [`JoinStore::create`].
+pub struct NewTurn<'a> {
+    /// The turn id.
+    pub turn_id: &'a str,
+    /// Where the turn's events go.
+    pub reply: &'a str,
+    /// The tenant.
+    pub tenant: &'a str,
+    /// Deadline in Unix milliseconds.
+    pub deadline_unix_ms: u64,
+    /// Whether dispatch is paced by the concurrency bound.
+    pub paced: bool,
+    /// Every call by key.
+    pub calls: Vec<(String, CallEntry)>,
+    /// Results known up front (refused calls), by key.
+    pub results: Vec<(String, CallResult)>,
+    /// How long the keys live.
+    pub ttl_ms: u64,
+}
+
+/// Failure to talk to Redis or to decode what it returned.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Stored data did not decode.
+    #[error("stored data: {0}")]
+    Decode(String),
+}
+
+/// The turn store.
+#[derive(Clone)]
+pub struct JoinStore {
+    redis: ConnectionManager,
+    names: Names,
+    create: Script,
+    record: Script,
+    finalize: Script,
+}
+
+impl JoinStore {
+    /// A store over `redis`.
+    pub fn new(redis: ConnectionManager, names: Names) -> Self {
+        Self {
+            redis,
+            names,
+            create: Script::new(CREATE),
+            record: Script::new(RECORD),
+            finalize: Script::new(FINALIZE),
+        }
+    }
+
+    fn keys(&self, turn_id: &str) -> [String; 3] {
+        [
+            self.names.turn_meta_key(turn_id),
+            self.names.turn_calls_key(turn_id),
+            self.names.turn_results_key(turn_id),
+        ]
+    }
+
+    /// Creates the turn and indexes its deadline; `false` if it already exists.
+    pub async fn create(&self, turn: NewTurn<'_>) -> Result<bool, JoinError> {
+        let mut invocation = self.create.prepare_invoke();
+        for key in self.keys(turn.turn_id) {
+            invocation.key(key);
+        }
+        invocation
+            .arg(turn.ttl_ms)
+            .arg(turn.calls.len())
+            .arg(turn.reply)
+            .arg(turn.tenant)
+            .arg(turn.deadline_unix_ms)
+            .arg(u8::from(turn.paced))
+            .arg(turn.calls.len());
+        for (key, entry) in &turn.calls {
+            invocation.arg(key).arg(encode(entry)?);
+        }
+        invocation.arg(turn.results.len());
+        for (key, result) in &turn.results {
+            invocation.arg(key).arg(encode(result)?);
+        }
+        let mut redis = self.redis.clone();
+        let created: i64 = invocation.invoke_async(&mut redis).await?;
+        if created == 1 {
+            let _: () = redis::cmd("ZADD")
+                .arg(self.names.deadlines_key())
+                .arg(turn.deadline_unix_ms)
+                .arg(turn.turn_id)
+                .query_async(&mut redis)
+                .await?;
+        }
+        Ok(created == 1)
+    }
+
+    /// Records `result` under `call_key`.
+    pub async fn record(
+        &self,
+        turn_id: &str,
+        call_key: &str,
+        result: &CallResult,
+    ) -> Result<Recorded, JoinError> {
+        let mut invocation = self.record.prepare_invoke();
+        for key in self.keys(turn_id) {
+            invocation.key(key);
+        }
+        invocation.arg(call_key).arg(encode(result)?);
+        let mut redis = self.redis.clone();
+        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        let tag = string_at(&reply, 0)?;
+        Ok(match tag.as_str() {
+            "unknown" => Recorded::UnknownTurn,
+            "unknown_call" => Recorded::UnknownCall,
+            "duplicate" => Recorded::Duplicate,
+            "late" => Recorded::Late,
+            "recorded" => Recorded::Recorded {
+                reply: string_at(&reply, 1)?,
+                paced: string_at(&reply, 2)? == "1",
+            },
+            "complete" => Recorded::Complete {
+                paced: string_at(&reply, 2)? == "1",
+                closing: closing_from(&reply)?,
+            },
+            other => return Err(JoinError::Decode(format!("record returned {other:?}"))),
+        })
+    }
+
+    /// Ends the turn (at its deadline, or with every result in) unless it already ended.
+    pub async fn finalize(&self, turn_id: &str, reason: &str) -> Result<Finalized, JoinError> {
+        let mut invocation = self.finalize.prepare_invoke();
+        for key in self.keys(turn_id) {
+            invocation.key(key);
+        }
+        invocation.arg(reason);
+        let mut redis = self.redis.clone();
+        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        Ok(match string_at(&reply, 0)?.as_str() {
+            "unknown" => Finalized::UnknownTurn,
+            "already" => Finalized::AlreadyEnded,
+            "finalized" => Finalized::Ended(closing_from(&reply)?),
+            other => return Err(JoinError::Decode(format!("finalize returned {other:?}"))),
+        })
+    }
+
+    /// Marks a queued call dispatched, so the deadline reports it as `timeout`, not
+    /// `skipped`.
+    pub async fn mark_dispatched(
+        &self,
+        turn_id: &str,
+        key: &str,
+        entry: &CallEntry,
+    ) -> Result<(), JoinError> {
+        let mut redis = self.redis.clone();
+        let _: () = redis::cmd("HSET")
+            .arg(self.names.turn_calls_key(turn_id))
+            .arg(key)
+            .arg(encode(entry)?)
+            .query_async(&mut redis)
+            .await?;
+        Ok(())
+    }
+
+    /// Removes the turn from the deadline index.
+    pub async fn forget_deadline(&self, turn_id: &str) -> Result<(), JoinError> {
+        let mut redis = self.redis.clone();
+        let _: () = redis::cmd("ZREM")
+            .arg(self.names.deadlines_key())
+            .arg(turn_id)
+            .query_async(&mut redis)
+            .await?;
+        Ok(())
+    }
+
+    /// Turns whose deadline is at or before `unix_ms`, at most `limit`.
+    pub async fn due(&self, unix_ms: u64, limit: usize) -> Result<Vec<String>, JoinError> {
+        let mut redis = self.redis.clone();
+        Ok(redis::cmd("ZRANGEBYSCORE")
+            .arg(self.names.deadlines_key())
+            .arg("-inf")
+            .arg(unix_ms)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut redis)
+            .await?)
+    }
+
+    /// The turn's late-result and duplicate counters: `(late, duplicates)`.
+    pub async fn counters(&self, turn_id: &str) -> Result<(u64, u64), JoinError> {
+        let mut redis = self.redis.clone();
+        let values: Vec<Option<u64>> = redis::cmd("HMGET")
+            .arg(self.names.turn_meta_key(turn_id))
+            .arg("late")
+            .arg("duplicates")
+            .query_async(&mut redis)
+            .await?;
+        Ok((
+            values.first().copied().flatten().unwrap_or(0),
+            values.get(1).copied().flatten().unwrap_or(0),
+        ))
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<String, JoinError> {
+    serde_json::to_string(value).map_err(|e| JoinError::Decode(e.to_string()))
+}
+
+fn string_at(reply: &[RedisValue], i: usize) -> Result<String, JoinError> {
+    let value = reply
+        .get(i)
+        .ok_or_else(|| JoinError::Decode(format!("script reply has no element {i}")))?;
+    String::from_redis_value(value.clone()).map_err(|e| JoinError::Decode(e.to_string()))
+}
+
+fn pairs<T: serde::de::DeserializeOwned>(
+    value: Option<&RedisValue>,
+) -> Result<HashMap<String, T>, JoinError> {
+    let flat: Vec<String> = match value {
+        Some(v) => Vec::<String>::from_redis_value(v.clone())
+            .map_err(|e| JoinError::Decode(e.to_string()))?,
+        None => Vec::new(),
+    };
+    let mut map = HashMap::with_capacity(flat.len() / 2);
+    let mut it = flat.into_iter();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        let parsed = serde_json::from_str(&v).map_err(|e| JoinError::Decode(e.to_string()))?;
+        map.insert(k, parsed);
+    }
+    Ok(map)
+}
+
+fn closing_from(reply: &[RedisValue]) -> Result<Closing, JoinError> {
+    Ok(Closing {
+        reply: string_at(reply, 1)?,
+        calls: pairs(reply.get(3))?,
+        results: pairs(reply.get(4))?,
+    })
+}

@@ -1,0 +1,58 @@
+//! Progress notices: workers announce that a call started; coordinators announce that a
+//! paced turn's call ended. The turn's owner relays `running` to the frontend and
+//! dispatches the next queued call. Notices are best effort: a lost one delays nothing
+//! but a `running` event.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use toolfleet_common::job::ProgressNotice;
+use toolfleet_common::CallState;
+
+use crate::events;
+use crate::intake::release_slot;
+use crate::Inner;
+
+/// Relays notices until `shutdown`.
+pub(crate) async fn relay(
+    inner: Arc<Inner>,
+    mut subscriber: async_nats::Subscriber,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = subscriber.next() => match m { Some(m) => m, None => break },
+        };
+        let Some(turn_id) = message.subject.rsplit('.').next().map(String::from) else {
+            continue;
+        };
+        let Ok(notice) = serde_json::from_slice::<ProgressNotice>(&message.payload) else {
+            continue;
+        };
+        match notice {
+            ProgressNotice::Started {
+                tool_call_id, name, ..
+            } => {
+                if let Some(reply) = inner.owner_reply(&turn_id) {
+                    events::publish(
+                        &inner.nats,
+                        &reply,
+                        &events::tool_state(&turn_id, &tool_call_id, &name, CallState::Running, None),
+                    )
+                    .await;
+                }
+            }
+            ProgressNotice::Recorded { .. } => {
+                if inner.owns(&turn_id) {
+                    let inner = Arc::clone(&inner);
+                    inner.tasks.clone().spawn(async move {
+                        release_slot(&inner, &turn_id).await;
+                    });
+                }
+            }
+        }
+    }
+    let _ = subscriber.unsubscribe().await;
+}

@@ -1,0 +1,128 @@
+//! The coordinator's view of the tool registry: definitions, compiled input schemas and
+//! live-worker counts, re-read from Redis periodically and whenever a worker announces a
+//! change.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use redis::aio::ConnectionManager;
+use toolfleet_common::call::unix_ms;
+use toolfleet_common::{Names, ToolDefinition};
+use tracing::warn;
+
+/// One known tool.
+pub struct KnownTool {
+    /// Its definition.
+    pub definition: ToolDefinition,
+    /// Its compiled input schema (`None` if the schema does not compile; calls are then
+    /// refused as `invalid_arguments`).
+    pub validator: Option<Arc<jsonschema::Validator>>,
+    /// Why the schema did not compile.
+    pub schema_error: Option<String>,
+    /// Workers alive at the last refresh.
+    pub live_workers: usize,
+    source: String,
+}
+
+/// A snapshot of the registry.
+#[derive(Default)]
+pub struct Snapshot {
+    tools: HashMap<String, Arc<KnownTool>>,
+}
+
+impl Snapshot {
+    /// The tool named `name` (registry spelling).
+    pub fn get(&self, name: &str) -> Option<&Arc<KnownTool>> {
+        self.tools.get(name)
+    }
+
+    /// Every known tool, sorted by name.
+    pub fn sorted(&self) -> Vec<&Arc<KnownTool>> {
+        let mut v: Vec<_> = self.tools.values().collect();
+        v.sort_by(|a, b| a.definition.name.cmp(&b.definition.name));
+        v
+    }
+}
+
+/// Shared, cheaply readable registry cache.
+#[derive(Clone, Default)]
+pub struct Registry {
+    current: Arc<RwLock<Arc<Snapshot>>>,
+}
+
+impl Registry {
+    /// The latest snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        match self.current.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Re-reads definitions and liveness from Redis.
+    pub async fn refresh(
+        &self,
+        redis: &mut ConnectionManager,
+        names: &Names,
+    ) -> redis::RedisResult<()> {
+        let raw: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(names.tools_key())
+            .query_async(redis)
+            .await?;
+        let now = unix_ms();
+        let mut pipe = redis::pipe();
+        let tool_names: Vec<&String> = raw.keys().collect();
+        for name in &tool_names {
+            pipe.cmd("ZCOUNT")
+                .arg(names.tool_workers_key(name))
+                .arg(now)
+                .arg("+inf");
+        }
+        let counts: Vec<usize> = if tool_names.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query_async(redis).await?
+        };
+        let previous = self.snapshot();
+        let mut tools = HashMap::with_capacity(raw.len());
+        for (name, live) in tool_names.into_iter().zip(counts) {
+            let Some(source) = raw.get(name) else { continue };
+            let known = match previous.get(name) {
+                Some(old) if old.source == *source => Arc::new(KnownTool {
+                    definition: old.definition.clone(),
+                    validator: old.validator.clone(),
+                    schema_error: old.schema_error.clone(),
+                    live_workers: live,
+                    source: source.clone(),
+                }),
+                _ => match serde_json::from_str::<ToolDefinition>(source) {
+                    Ok(definition) => {
+                        let (validator, schema_error) =
+                            match jsonschema::validator_for(&definition.input_schema) {
+                                Ok(v) => (Some(Arc::new(v)), None),
+                                Err(e) => (None, Some(e.to_string())),
+                            };
+                        Arc::new(KnownTool {
+                            definition,
+                            validator,
+                            schema_error,
+                            live_workers: live,
+                            source: source.clone(),
+                        })
+                    }
+                    Err(error) => {
+                        warn!(tool = %name, %error, "undecodable tool definition ignored");
+                        continue;
+                    }
+                },
+            };
+            tools.insert(name.clone(), known);
+        }
+        let snapshot = Arc::new(Snapshot { tools });
+        match self.current.write() {
+            Ok(mut guard) => *guard = snapshot,
+            Err(poisoned) => *poisoned.into_inner() = snapshot,
+        }
+        Ok(())
+    }
+}

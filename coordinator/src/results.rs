@@ -1,0 +1,190 @@
+//! Consuming results: every replica pulls from the shared results consumer, records each
+//! result in the join, reports the call's state, and finalizes the turn when it was the
+//! last one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
+use futures::StreamExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use toolfleet_common::job::ProgressNotice;
+use toolfleet_common::CallResult;
+use tracing::{debug, warn};
+
+use crate::events;
+use crate::finalize::close_turn;
+use crate::join::{JoinError, Recorded};
+use crate::Inner;
+
+/// Ack wait of the results consumer: a result whose coordinator died is redelivered to
+/// another replica after this long.
+pub const RESULTS_ACK_WAIT: Duration = Duration::from_secs(10);
+
+/// Creates (or opens) the results consumer shared by every replica.
+pub(crate) async fn results_consumer(
+    stream: &jetstream::stream::Stream,
+    durable: &str,
+) -> Result<PullConsumer, String> {
+    stream
+        .get_or_create_consumer(
+            durable,
+            jetstream::consumer::pull::Config {
+                durable_name: Some(durable.to_string()),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_wait: RESULTS_ACK_WAIT,
+                max_ack_pending: 20_000,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Pulls results until `shutdown`, handling up to `concurrency` at once.
+pub(crate) async fn consume(
+    inner: Arc<Inner>,
+    consumer: PullConsumer,
+    concurrency: usize,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(concurrency));
+    while !shutdown.is_cancelled() {
+        let mut messages = match consumer
+            .stream()
+            .max_messages_per_batch(concurrency.min(512))
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+        {
+            Ok(m) => m,
+            Err(error) => {
+                warn!(%error, "results pull failed");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+                }
+            }
+        };
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                next = messages.next() => next,
+            };
+            match next {
+                Some(Ok(message)) => {
+                    let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                        return;
+                    };
+                    let inner = Arc::clone(&inner);
+                    inner.tasks.clone().spawn(async move {
+                        handle_result_message(&inner, message).await;
+                        drop(permit);
+                    });
+                }
+                Some(Err(error)) => {
+                    debug!(%error, "results stream error; re-subscribing");
+                    break;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+async fn handle_result_message(inner: &Arc<Inner>, message: jetstream::Message) {
+    let Some(turn_id) = inner
+        .names
+        .turn_id_from_result_subject(&message.subject)
+        .map(String::from)
+    else {
+        let _ = message.ack_with(AckKind::Term).await;
+        return;
+    };
+    let result: CallResult = match serde_json::from_slice(&message.payload) {
+        Ok(r) => r,
+        Err(error) => {
+            warn!(%turn_id, %error, "undecodable result dropped");
+            let _ = message.ack_with(AckKind::Term).await;
+            return;
+        }
+    };
+    let key = result.tool_call_id.clone();
+    match try_record(inner, &turn_id, &key, result).await {
+        Ok(()) => {
+            if let Err(error) = message.ack().await {
+                debug!(%error, "result ack failed; a duplicate will be ignored");
+            }
+        }
+        Err(error) => {
+            warn!(%turn_id, %error, "recording a result failed; it will be redelivered");
+            let _ = message
+                .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
+                .await;
+        }
+    }
+}
+
+/// Records a result produced inside the coordinator (a dispatch failure); errors are
+/// logged, and the turn's deadline still ends it.
+pub(crate) async fn record_result(inner: &Arc<Inner>, turn_id: &str, key: &str, result: CallResult) {
+    if let Err(error) = try_record(inner, turn_id, key, result).await {
+        warn!(%turn_id, %error, "recording a result failed");
+    }
+}
+
+async fn try_record(
+    inner: &Arc<Inner>,
+    turn_id: &str,
+    key: &str,
+    result: CallResult,
+) -> Result<(), JoinError> {
+    let outcome = inner.join.record(turn_id, key, &result).await?;
+    match outcome {
+        Recorded::UnknownTurn | Recorded::UnknownCall => {
+            debug!(%turn_id, call = %key, "result for no known call ignored");
+        }
+        Recorded::Duplicate => debug!(%turn_id, call = %key, "duplicate result ignored"),
+        Recorded::Late => debug!(%turn_id, call = %key, "late result counted"),
+        Recorded::Recorded { reply, paced } => {
+            report_state(inner, turn_id, &reply, &result).await;
+            if paced {
+                notify_recorded(inner, turn_id, key).await;
+            }
+        }
+        Recorded::Complete { closing, .. } => {
+            report_state(inner, turn_id, &closing.reply, &result).await;
+            close_turn(inner, turn_id, closing, false).await;
+        }
+    }
+    Ok(())
+}
+
+async fn report_state(inner: &Inner, turn_id: &str, reply: &str, result: &CallResult) {
+    events::publish(
+        &inner.nats,
+        reply,
+        &events::tool_state(
+            turn_id,
+            &result.tool_call_id,
+            &result.name,
+            result.state,
+            result.error.clone(),
+        ),
+    )
+    .await;
+}
+
+async fn notify_recorded(inner: &Inner, turn_id: &str, key: &str) {
+    let notice = ProgressNotice::Recorded {
+        tool_call_id: key.to_string(),
+    };
+    if let Ok(body) = serde_json::to_vec(&notice) {
+        let _ = inner
+            .nats
+            .publish(inner.names.progress_subject(turn_id), body.into())
+            .await;
+    }
+}

@@ -1,0 +1,232 @@
+//! Checking every call of a decision against the registry and the tenant's policy.
+//! Each refused call gets its own error; the rest still run.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::sync::Arc;
+
+use serde_json::Value;
+use toolfleet_common::call::codes;
+use toolfleet_common::decision::DecisionCall;
+use toolfleet_common::tool::canonical_tool_name;
+use toolfleet_common::{CallError, ToolCall};
+
+use crate::config::TenantPolicy;
+use crate::registry::{KnownTool, Snapshot};
+
+/// What happens to one call.
+pub enum Verdict {
+    /// The call is published as a job.
+    Dispatch {
+        /// Its tool.
+        tool: Arc<KnownTool>,
+        /// Its timeout in milliseconds (tool timeout capped by the tenant's).
+        timeout_ms: u64,
+    },
+    /// The call is refused with this error.
+    Refuse(CallError),
+}
+
+/// One call of the decision with its verdict.
+pub struct PlannedCall {
+    /// Position in the decision.
+    pub index: usize,
+    /// The call, with its tool name in registry spelling when the tool is known.
+    pub call: ToolCall,
+    /// Key of the call in the turn's Redis hashes: the call id for dispatched calls,
+    /// `#<index>` for refused ones (their ids may be duplicates).
+    pub key: String,
+    /// What happens to it.
+    pub verdict: Verdict,
+}
+
+impl PlannedCall {
+    /// Whether the call is dispatched.
+    pub fn dispatched(&self) -> bool {
+        matches!(self.verdict, Verdict::Dispatch { .. })
+    }
+}
+
+/// Limits applied while validating.
+pub struct Limits<'a> {
+    /// Calls that may run; later ones are refused.
+    pub max_calls: usize,
+    /// Largest serialized arguments.
+    pub max_argument_bytes: usize,
+    /// The tenant's per-call timeout cap.
+    pub tool_timeout_cap_ms: Option<u64>,
+    /// Argument names that identify a tenant.
+    pub tenant_argument_keys: &'a [String],
+}
+
+/// Validates every call in order.
+pub fn plan(
+    calls: Vec<DecisionCall>,
+    tenant: &str,
+    policy: &TenantPolicy,
+    limits: &Limits<'_>,
+    registry: &Snapshot,
+) -> Vec<PlannedCall> {
+    let mut seen = HashSet::with_capacity(calls.len());
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(index, decided)| {
+            let mut call = decided.call;
+            let first_use = seen.insert(call.id.clone());
+            let verdict = judge(
+                &mut call,
+                decided.problem,
+                first_use,
+                index,
+                tenant,
+                policy,
+                limits,
+                registry,
+            );
+            let key = match verdict {
+                Verdict::Dispatch { .. } => call.id.clone(),
+                Verdict::Refuse(_) => format!("#{index}"),
+            };
+            PlannedCall {
+                index,
+                call,
+                key,
+                verdict,
+            }
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn judge(
+    call: &mut ToolCall,
+    problem: Option<CallError>,
+    first_use: bool,
+    index: usize,
+    tenant: &str,
+    policy: &TenantPolicy,
+    limits: &Limits<'_>,
+    registry: &Snapshot,
+) -> Verdict {
+    if let Some(problem) = problem {
+        return Verdict::Refuse(problem);
+    }
+    if !first_use {
+        return Verdict::Refuse(CallError::fatal(
+            codes::DUPLICATE_CALL_ID,
+            format!("call id {:?} appears earlier in the decision", call.id),
+        ));
+    }
+    if index >= limits.max_calls {
+        return Verdict::Refuse(CallError::fatal(
+            codes::TOO_MANY_CALLS,
+            format!("only {} calls per turn run", limits.max_calls),
+        ));
+    }
+    let tool = match registry.get(&call.name) {
+        Some(t) => Arc::clone(t),
+        None => {
+            let canonical = canonical_tool_name(&call.name);
+            match registry.get(&canonical) {
+                Some(t) => {
+                    call.name = canonical;
+                    Arc::clone(t)
+                }
+                None => {
+                    return Verdict::Refuse(CallError::fatal(
+                        codes::UNKNOWN_TOOL,
+                        format!("no tool named {:?}", call.name),
+                    ))
+                }
+            }
+        }
+    };
+    if !policy.allows(&call.name) {
+        return Verdict::Refuse(CallError::fatal(
+            codes::TOOL_NOT_ALLOWED,
+            format!("tenant {tenant:?} may not call {:?}", call.name),
+        ));
+    }
+    let size = serialized_len(&call.arguments);
+    if size > limits.max_argument_bytes {
+        return Verdict::Refuse(CallError::fatal(
+            codes::ARGUMENTS_TOO_LARGE,
+            format!(
+                "arguments are {size} bytes, the limit is {}",
+                limits.max_argument_bytes
+            ),
+        ));
+    }
+    if let Some(obj) = call.arguments.as_object() {
+        for key in limits.tenant_argument_keys {
+            if let Some(Value::String(named)) = obj.get(key) {
+                if named != tenant {
+                    return Verdict::Refuse(CallError::fatal(
+                        codes::TENANT_MISMATCH,
+                        format!("argument {key:?} names another tenant"),
+                    ));
+                }
+            }
+        }
+    }
+    match &tool.validator {
+        Some(validator) => {
+            let errors: Vec<String> = validator
+                .iter_errors(&call.arguments)
+                .take(3)
+                .map(|e| {
+                    let at = e.instance_path().to_string();
+                    if at.is_empty() {
+                        e.to_string()
+                    } else {
+                        format!("{at}: {e}")
+                    }
+                })
+                .collect();
+            if !errors.is_empty() {
+                return Verdict::Refuse(CallError::fatal(
+                    codes::INVALID_ARGUMENTS,
+                    errors.join("; "),
+                ));
+            }
+        }
+        None => {
+            return Verdict::Refuse(CallError::fatal(
+                codes::INVALID_ARGUMENTS,
+                format!(
+                    "the tool's input schema does not compile: {}",
+                    tool.schema_error.as_deref().unwrap_or("unknown error")
+                ),
+            ))
+        }
+    }
+    if tool.live_workers == 0 {
+        return Verdict::Refuse(CallError::retryable(
+            codes::NO_LIVE_WORKER,
+            format!("no live worker serves {:?}", call.name),
+        ));
+    }
+    let timeout_ms = match limits.tool_timeout_cap_ms {
+        Some(cap) => tool.definition.timeout_ms.min(cap),
+        None => tool.definition.timeout_ms,
+    };
+    Verdict::Dispatch { tool, timeout_ms }
+}
+
+/// Length of `value` as JSON without building the string.
+fn serialized_len(value: &Value) -> usize {
+    struct Counter(usize);
+    impl Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    let _ = serde_json::to_writer(&mut counter, value);
+    counter.0
+}

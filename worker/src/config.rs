@@ -1,0 +1,73 @@
+//! Worker configuration from environment variables.
+
+use std::time::Duration;
+
+use toolfleet_common::config::{
+    env_ms, env_or, env_string, ConfigError, DEFAULT_NATS_URL, DEFAULT_REDIS_URL,
+};
+use toolfleet_common::names::DEFAULT_PREFIX;
+
+/// Everything a worker needs to run.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// NATS URL (`TOOLFLEET_NATS_URL`).
+    pub nats_url: String,
+    /// Redis URL (`TOOLFLEET_REDIS_URL`), for tool registration and liveness.
+    pub redis_url: String,
+    /// Subject and key prefix (`TOOLFLEET_PREFIX`).
+    pub prefix: String,
+    /// This worker's id (`TOOLFLEET_WORKER_ID`; generated when unset).
+    pub worker_id: String,
+    /// Calls of one tool this worker runs at once (`TOOLFLEET_WORKER_CONCURRENCY`).
+    pub concurrency: usize,
+    /// Liveness heartbeat period (`TOOLFLEET_HEARTBEAT_MS`); a worker is dead after
+    /// three missed beats.
+    pub heartbeat: Duration,
+    /// JetStream ack wait of the tool consumers (`TOOLFLEET_ACK_WAIT_MS`): how long after
+    /// a worker's last sign of life its call is redelivered.
+    pub ack_wait: Duration,
+    /// Largest result a tool may return, in bytes (`TOOLFLEET_MAX_RESULT_BYTES`).
+    pub max_result_bytes: usize,
+    /// How long in-flight calls may run on after a shutdown request
+    /// (`TOOLFLEET_SHUTDOWN_GRACE_MS`).
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerConfig {
+    /// Default settings against local servers.
+    pub fn local() -> Self {
+        Self {
+            nats_url: DEFAULT_NATS_URL.to_string(),
+            redis_url: DEFAULT_REDIS_URL.to_string(),
+            prefix: DEFAULT_PREFIX.to_string(),
+            worker_id: default_worker_id(),
+            concurrency: 8,
+            heartbeat: Duration::from_secs(2),
+            ack_wait: Duration::from_secs(5),
+            max_result_bytes: 512 * 1024,
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+
+    /// Reads the configuration from the environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::local();
+        Ok(Self {
+            nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
+            redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
+            prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
+            worker_id: env_string("TOOLFLEET_WORKER_ID", &d.worker_id),
+            concurrency: env_or("TOOLFLEET_WORKER_CONCURRENCY", d.concurrency)?.max(1),
+            heartbeat: env_ms("TOOLFLEET_HEARTBEAT_MS", d.heartbeat)?,
+            ack_wait: env_ms("TOOLFLEET_ACK_WAIT_MS", d.ack_wait)?,
+            max_result_bytes: env_or("TOOLFLEET_MAX_RESULT_BYTES", d.max_result_bytes)?,
+            shutdown_grace: env_ms("TOOLFLEET_SHUTDOWN_GRACE_MS", d.shutdown_grace)?,
+        })
+    }
+}
+
+fn default_worker_id() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_string());
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}-{}", std::process::id(), &suffix[..6])
+}

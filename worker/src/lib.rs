@@ -1,0 +1,248 @@
+//! # toolfleet-worker
+//!
+//! The worker SDK: a tool is one async fn with typed arguments; [`run`] serves a set of
+//! tools from their JetStream pull consumers until shut down.
+//!
+//! ```no_run
+//! # use toolfleet_worker::{Tool, ToolContext, ToolOutput, ToolError, WorkerConfig};
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! struct Args { #[serde(rename = "customerId")] customer_id: String }
+//!
+//! # async fn demo() -> Result<(), toolfleet_worker::WorkerError> {
+//! let tool = Tool::builder("crm.getOpenInvoices", "The customer's open invoices")
+//!     .waiting_hint("checking your billing")
+//!     .idempotent(3)
+//!     .handler(|_ctx: ToolContext, args: Args| async move {
+//!         Ok::<_, ToolError>(ToolOutput::new(serde_json::json!({"customer": args.customer_id})))
+//!     });
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! toolfleet_worker::run(WorkerConfig::from_env()?, vec![tool], shutdown).await
+//! # }
+//! ```
+//!
+//! # Layout
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | [`tool`] | `Tool`, its builder, `ToolContext`, `ToolOutput`, `ToolError` |
+//! | [`config`] | `WorkerConfig` from environment variables |
+//! | [`registry`] | announcing tools and liveness in Redis |
+//! | `runner` | pulling jobs, running calls, publishing results, acking |
+//! | [`packs`] | the tool packs the binary hosts: `demo` (CRM) and `test` |
+
+pub mod config;
+pub mod packs;
+pub mod registry;
+mod runner;
+pub mod tool;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use toolfleet_common::streams::{ensure_streams, EnsureStreamsError};
+use toolfleet_common::tool::{validate_tool_name, ToolNameError};
+use toolfleet_common::Names;
+use tracing::{info, warn};
+
+pub use config::WorkerConfig;
+pub use tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+use registry::Registration;
+use runner::{serve_tool, ServedTool, Shared};
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A setting is malformed.
+    #[error("configuration: {0}")]
+    Config(#[from] toolfleet_common::config::ConfigError),
+    /// A tool's name is unusable.
+    #[error(transparent)]
+    ToolName(#[from] ToolNameError),
+    /// Two tools share a name, or there are none.
+    #[error("tools: {0}")]
+    Tools(String),
+    /// A tool's output schema does not compile.
+    #[error("tool {tool}: output schema: {message}")]
+    OutputSchema {
+        /// The tool.
+        tool: String,
+        /// The compiler's complaint.
+        message: String,
+    },
+    /// NATS could not be reached.
+    #[error("nats: {0}")]
+    Nats(#[from] async_nats::ConnectError),
+    /// The streams could not be created.
+    #[error(transparent)]
+    Streams(#[from] EnsureStreamsError),
+    /// A tool consumer could not be created.
+    #[error("consumer {consumer}: {message}")]
+    Consumer {
+        /// The consumer name.
+        consumer: String,
+        /// The JetStream error.
+        message: String,
+    },
+    /// Redis could not be reached.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A definition does not serialize.
+    #[error("definition: {0}")]
+    Definition(#[from] serde_json::Error),
+}
+
+/// Serves `tools` until `shutdown` is cancelled, then stops pulling, lets in-flight calls
+/// finish within the grace period, withdraws the worker from the registry and flushes.
+pub async fn run(
+    config: WorkerConfig,
+    tools: Vec<Tool>,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    if tools.is_empty() {
+        return Err(WorkerError::Tools("no tools to serve".into()));
+    }
+    let mut seen = HashSet::new();
+    let mut served = Vec::with_capacity(tools.len());
+    for tool in tools {
+        let def = tool.definition();
+        validate_tool_name(&def.name)?;
+        if !seen.insert(def.name.clone()) {
+            return Err(WorkerError::Tools(format!("tool {} registered twice", def.name)));
+        }
+        let output_validator = match &def.output_schema {
+            Some(schema) => Some(jsonschema::validator_for(schema).map_err(|e| {
+                WorkerError::OutputSchema {
+                    tool: def.name.clone(),
+                    message: e.to_string(),
+                }
+            })?),
+            None => None,
+        };
+        served.push(Arc::new(ServedTool {
+            tool,
+            output_validator,
+        }));
+    }
+
+    let names = Names::new(config.prefix.clone());
+    let nats = async_nats::ConnectOptions::new()
+        .name(format!("toolfleet-worker {}", config.worker_id))
+        .retry_on_initial_connect()
+        .connect(&config.nats_url)
+        .await?;
+    let js = jetstream::new(nats.clone());
+    let (jobs_stream, _) = ensure_streams(&js, &names).await?;
+
+    let mut consumers = Vec::with_capacity(served.len());
+    for tool in &served {
+        let def = tool.tool.definition();
+        let durable = names.tool_consumer(&def.name);
+        let max_deliver = if def.retry.idempotent {
+            i64::from(def.retry.max_attempts.max(1))
+        } else {
+            // The second delivery reports the interruption instead of running the call.
+            2
+        };
+        let consumer: consumer::PullConsumer = jobs_stream
+            .get_or_create_consumer(
+                &durable,
+                consumer::pull::Config {
+                    durable_name: Some(durable.clone()),
+                    filter_subject: names.job_subject(&def.name),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: config.ack_wait,
+                    max_deliver,
+                    max_ack_pending: 10_000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| WorkerError::Consumer {
+                consumer: durable.clone(),
+                message: e.to_string(),
+            })?;
+        consumers.push(consumer);
+    }
+
+    let redis_client = redis::Client::open(config.redis_url.as_str())?;
+    let redis = redis::aio::ConnectionManager::new(redis_client).await?;
+    let definitions: Vec<_> = served.iter().map(|t| t.tool.definition().clone()).collect();
+    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
+    let mut registration = Registration::new(
+        redis,
+        names.clone(),
+        config.worker_id.clone(),
+        &definitions,
+        ttl_ms,
+    )?;
+    registration.beat().await?;
+    let _ = nats.publish(names.registry_changed(), "".into()).await;
+    info!(worker_id = %config.worker_id, tools = definitions.len(), "worker serving");
+
+    let shared = Arc::new(Shared {
+        nats: nats.clone(),
+        js,
+        names: names.clone(),
+        worker_id: config.worker_id.clone(),
+        ack_wait: config.ack_wait,
+        max_result_bytes: config.max_result_bytes,
+    });
+    let calls = TaskTracker::new();
+    let loops = TaskTracker::new();
+    for (tool, consumer) in served.into_iter().zip(consumers) {
+        loops.spawn(serve_tool(
+            Arc::clone(&shared),
+            tool,
+            consumer,
+            config.concurrency,
+            shutdown.clone(),
+            calls.clone(),
+        ));
+    }
+    loops.close();
+
+    let heartbeat_stop = CancellationToken::new();
+    let heartbeat = {
+        let stop = heartbeat_stop.clone();
+        let period = config.heartbeat;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(period) => {
+                        if let Err(error) = registration.beat().await {
+                            warn!(%error, "heartbeat failed");
+                        }
+                    }
+                }
+            }
+            registration
+        })
+    };
+
+    shutdown.cancelled().await;
+    info!("worker stopping: no new jobs");
+    loops.wait().await;
+    calls.close();
+    if tokio::time::timeout(config.shutdown_grace, calls.wait())
+        .await
+        .is_err()
+    {
+        warn!(grace = ?config.shutdown_grace, "in-flight calls did not finish within the grace period");
+    }
+    heartbeat_stop.cancel();
+    if let Ok(mut registration) = heartbeat.await {
+        if let Err(error) = registration.withdraw().await {
+            warn!(%error, "could not withdraw from the registry");
+        }
+    }
+    let _ = nats.publish(names.registry_changed(), "".into()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), nats.flush()).await;
+    info!("worker stopped");
+    Ok(())
+}

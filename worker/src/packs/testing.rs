@@ -1,0 +1,83 @@
+//! The test pack: tools that sleep, fail or panic on request, for tests, fault drills
+//! and benchmarks.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+/// What `test.behave` should do.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BehaveArgs {
+    /// Milliseconds to sleep before answering.
+    #[serde(default)]
+    pub sleep_ms: u64,
+    /// Fail with this error code instead of answering.
+    #[serde(default)]
+    pub fail: Option<String>,
+    /// Whether the failure is retryable.
+    #[serde(default)]
+    pub retryable: bool,
+    /// Panic instead of answering.
+    #[serde(default)]
+    pub panic: bool,
+    /// Value echoed back in the result.
+    #[serde(default)]
+    pub value: Option<Value>,
+}
+
+/// Arguments of `test.noop`.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+pub struct NoopArgs {}
+
+async fn behave(ctx: ToolContext, args: BehaveArgs) -> Result<ToolOutput, ToolError> {
+    if args.sleep_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(args.sleep_ms)).await;
+    }
+    if args.panic {
+        panic!("test.behave was asked to panic");
+    }
+    if let Some(code) = args.fail {
+        let message = format!("test.behave was asked to fail with {code}");
+        return Err(if args.retryable {
+            ToolError::retryable(code, message)
+        } else {
+            ToolError::fatal(code, message)
+        });
+    }
+    Ok(ToolOutput::new(json!({
+        "slept_ms": args.sleep_ms,
+        "value": args.value,
+        "attempt": ctx.attempt,
+        "tenant_id": ctx.tenant_id,
+    })))
+}
+
+/// `test.behave` (idempotent), `test.behave_once` (not idempotent) and `test.noop`.
+pub fn tools() -> Vec<Tool> {
+    vec![
+        Tool::builder(
+            "test.behave",
+            "Sleeps, fails or panics on request; idempotent",
+        )
+        .waiting_hint("running the test tool")
+        .timeout(Duration::from_secs(30))
+        .idempotent(3)
+        .handler(behave),
+        Tool::builder(
+            "test.behave_once",
+            "Sleeps, fails or panics on request; never run twice",
+        )
+        .waiting_hint("running the one-shot test tool")
+        .timeout(Duration::from_secs(30))
+        .handler(behave),
+        Tool::builder("test.noop", "Answers at once")
+            .idempotent(3)
+            .handler(|_ctx: ToolContext, _args: NoopArgs| async move {
+                Ok::<_, ToolError>(ToolOutput::new(json!({"ok": true})))
+            }),
+    ]
+}

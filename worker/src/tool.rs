@@ -1,0 +1,172 @@
+//! A tool: one async fn with typed arguments, plus its definition.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use toolfleet_common::call::codes;
+use toolfleet_common::{CallError, RetryPolicy, ToolDefinition};
+
+/// What a tool knows about the call it serves.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The tenant, from the turn; never from the model's arguments.
+    pub tenant_id: String,
+    /// The turn id.
+    pub turn_id: String,
+    /// The call id.
+    pub call_id: String,
+    /// The frontend's session id.
+    pub session_id: Option<String>,
+    /// The turn's deadline in Unix milliseconds.
+    pub deadline_unix_ms: u64,
+    /// Delivery attempt, starting at 1.
+    pub attempt: u32,
+    /// The turn's free-form context (customer id, caller phone, ...).
+    pub context: Map<String, Value>,
+}
+
+/// A tool's successful output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutput {
+    /// The JSON result handed to the model.
+    pub value: Value,
+    /// One spoken sentence summarising the result, used by the template narrator.
+    pub summary: Option<String>,
+}
+
+impl ToolOutput {
+    /// A result without a summary.
+    pub fn new(value: Value) -> Self {
+        Self {
+            value,
+            summary: None,
+        }
+    }
+
+    /// Adds a spoken summary.
+    pub fn with_summary(mut self, summary: impl Into<String>) -> Self {
+        self.summary = Some(summary.into());
+        self
+    }
+}
+
+/// A tool's failure: a stable code, a message and whether a retry could succeed.
+pub type ToolError = CallError;
+
+/// The future a tool returns.
+pub type ToolFuture = BoxFuture<'static, Result<ToolOutput, ToolError>>;
+
+type Handler = dyn Fn(ToolContext, Value) -> ToolFuture + Send + Sync;
+
+/// A registered tool: its definition and its handler.
+#[derive(Clone)]
+pub struct Tool {
+    definition: ToolDefinition,
+    handler: Arc<Handler>,
+}
+
+impl std::fmt::Debug for Tool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.definition.name)
+            .finish()
+    }
+}
+
+impl Tool {
+    /// Starts a tool definition.
+    pub fn builder(name: impl Into<String>, description: impl Into<String>) -> ToolBuilder {
+        ToolBuilder {
+            definition: ToolDefinition::new(name, description),
+        }
+    }
+
+    /// The tool's definition.
+    pub fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+
+    /// Runs the handler.
+    pub fn call(&self, ctx: ToolContext, arguments: Value) -> ToolFuture {
+        (self.handler)(ctx, arguments)
+    }
+}
+
+/// Builds a [`Tool`].
+#[derive(Debug, Clone)]
+pub struct ToolBuilder {
+    definition: ToolDefinition,
+}
+
+impl ToolBuilder {
+    /// What the assistant is doing while the tool runs ("checking your billing").
+    pub fn waiting_hint(mut self, hint: impl Into<String>) -> Self {
+        self.definition.waiting_hint = Some(hint.into());
+        self
+    }
+
+    /// Per-call timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.definition.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Marks the tool idempotent: a call is redelivered to another worker when its
+    /// worker dies, up to `max_attempts` deliveries.
+    pub fn idempotent(mut self, max_attempts: u32) -> Self {
+        self.definition.retry = RetryPolicy {
+            idempotent: true,
+            max_attempts: max_attempts.max(1),
+        };
+        self
+    }
+
+    /// Marks the tool as reading tenant data.
+    pub fn tenant_scoped(mut self) -> Self {
+        self.definition.tenant_scoped = true;
+        self
+    }
+
+    /// Sets the JSON Schema of the result, checked before the result is published.
+    pub fn output_schema(mut self, schema: Value) -> Self {
+        self.definition.output_schema = Some(schema);
+        self
+    }
+
+    /// Finishes the tool with `handler`; the input schema is generated from `A`.
+    pub fn handler<A, F, Fut>(mut self, handler: F) -> Tool
+    where
+        A: DeserializeOwned + schemars::JsonSchema + Send + 'static,
+        F: Fn(ToolContext, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<ToolOutput, ToolError>> + Send + 'static,
+    {
+        self.definition.input_schema = schema_of::<A>();
+        let handler = Arc::new(handler);
+        let erased = move |ctx: ToolContext, arguments: Value| -> ToolFuture {
+            let handler = Arc::clone(&handler);
+            Box::pin(async move {
+                let args: A = serde_json::from_value(arguments).map_err(|e| {
+                    CallError::fatal(codes::BAD_ARGUMENTS, format!("arguments: {e}"))
+                })?;
+                handler(ctx, args).await
+            })
+        };
+        Tool {
+            definition: self.definition,
+            handler: Arc::new(erased),
+        }
+    }
+}
+
+/// The JSON Schema of `A`, without the `$schema` meta key.
+pub fn schema_of<A: schemars::JsonSchema>() -> Value {
+    let mut value = serde_json::to_value(schemars::schema_for!(A)).unwrap_or(Value::Null);
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("$schema");
+    }
+    value
+}
