@@ -20,6 +20,8 @@
 //! If the dropping thread is panicking (a failed test), the log tail is printed
 //! to stderr so it shows up in the test's captured output.
 
+pub mod fleet;
+
 use std::ffi::OsString;
 use std::fs::OpenOptions;
 use std::future::Future;

@@ -1,0 +1,44 @@
+//! `fleet-node coordinator|worker`: a coordinator, or a worker with the demo and test
+//! packs, configured from the environment, so tests can kill or signal a real process.
+
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let role = std::env::args().nth(1).unwrap_or_default();
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            shutdown.cancel();
+            Ok::<_, std::io::Error>(())
+        });
+    }
+    match role.as_str() {
+        "coordinator" => {
+            let config = toolfleet_coordinator::CoordinatorConfig::from_env()?;
+            toolfleet_coordinator::run(config, shutdown).await?;
+        }
+        "worker" => {
+            let config = toolfleet_worker::WorkerConfig::from_env()?;
+            let tools = toolfleet_worker::packs::tools_for(&["demo", "test"])
+                .map_err(anyhow::Error::msg)?;
+            toolfleet_worker::run(config, tools, shutdown).await?;
+        }
+        other => anyhow::bail!("usage: fleet-node coordinator|worker (got {other:?})"),
+    }
+    Ok(())
+}

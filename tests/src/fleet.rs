@@ -1,0 +1,247 @@
+//! A whole fleet for one test: private `nats-server` and `redis-server`, coordinators and
+//! workers in-process (stoppable by token) or as child processes (killable), and a
+//! frontend client.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use toolfleet_common::{CatalogFormat, FleetClient, Names, TurnRequest};
+use toolfleet_coordinator::CoordinatorConfig;
+use toolfleet_worker::{packs, Tool, WorkerConfig};
+
+use crate::{eventually_named, NatsServer, RedisServer};
+
+/// Path of the `fleet-node` test binary (coordinator or worker in a child process):
+/// beside the running test executable's `deps/` directory.
+pub fn fleet_node_path() -> Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .context("test executable has no target directory")?;
+    let path = dir.join(format!("fleet-node{}", std::env::consts::EXE_SUFFIX));
+    anyhow::ensure!(path.exists(), "{} is not built", path.display());
+    Ok(path)
+}
+
+/// An in-process component: cancel its token to stop it gracefully, abort to stop it
+/// without any cleanup.
+pub struct Running {
+    /// Cancels the component gracefully.
+    pub shutdown: CancellationToken,
+    /// The component's task.
+    pub handle: JoinHandle<()>,
+}
+
+impl Running {
+    /// Graceful stop, bounded.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(15), self.handle).await;
+    }
+}
+
+/// A fleet under test.
+pub struct Fleet {
+    /// The NATS server.
+    pub nats: NatsServer,
+    /// The Redis server.
+    pub redis: RedisServer,
+    /// The names in use.
+    pub names: Names,
+    /// A frontend client.
+    pub client: FleetClient,
+    children: Vec<Child>,
+}
+
+impl Fleet {
+    /// Starts the servers and a client (no coordinator or worker yet).
+    pub async fn start() -> Result<Self> {
+        crate::init_test_tracing();
+        let nats = NatsServer::start().await?;
+        let redis = RedisServer::start().await?;
+        let names = Names::default();
+        let client = FleetClient::connect(&nats.url(), names.prefix()).await?;
+        Ok(Self {
+            nats,
+            redis,
+            names,
+            client,
+            children: Vec::new(),
+        })
+    }
+
+    /// Coordinator settings for this fleet, with short sweeps for tests.
+    pub fn coordinator_config(&self) -> CoordinatorConfig {
+        CoordinatorConfig {
+            nats_url: self.nats.url(),
+            redis_url: self.redis.url(),
+            prefix: self.names.prefix().to_string(),
+            sweep_interval: Duration::from_millis(100),
+            sweep_grace: Duration::from_millis(300),
+            registry_refresh: Duration::from_millis(250),
+            shutdown_grace: Duration::from_secs(2),
+            ..CoordinatorConfig::local()
+        }
+    }
+
+    /// Worker settings for this fleet, with a short ack wait so redelivery is quick.
+    pub fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig {
+            nats_url: self.nats.url(),
+            redis_url: self.redis.url(),
+            prefix: self.names.prefix().to_string(),
+            heartbeat: Duration::from_millis(500),
+            ack_wait: Duration::from_millis(1000),
+            ..WorkerConfig::local()
+        }
+    }
+
+    /// Starts an in-process coordinator.
+    pub fn coordinator(&self, config: CoordinatorConfig) -> Running {
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let handle = tokio::spawn(async move {
+            if let Err(error) = toolfleet_coordinator::run(config, token).await {
+                tracing::error!(%error, "coordinator failed");
+            }
+        });
+        Running { shutdown, handle }
+    }
+
+    /// Starts an in-process worker serving `tools`.
+    pub fn worker(&self, config: WorkerConfig, tools: Vec<Tool>) -> Running {
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let handle = tokio::spawn(async move {
+            if let Err(error) = toolfleet_worker::run(config, tools, token).await {
+                tracing::error!(%error, "worker failed");
+            }
+        });
+        Running { shutdown, handle }
+    }
+
+    /// Starts an in-process coordinator and a worker with the demo and test packs, and
+    /// waits until the catalog lists the tools.
+    pub async fn start_default(&self) -> Result<(Running, Running)> {
+        let c = self.coordinator(self.coordinator_config());
+        let tools = packs::tools_for(&["demo", "test"]).map_err(anyhow::Error::msg)?;
+        let w = self.worker(self.worker_config(), tools);
+        self.wait_for_tools(&["crm.getOpenInvoices", "test.behave", "test.behave_once"])
+            .await?;
+        Ok((c, w))
+    }
+
+    /// Spawns `fleet-node <role>` as a child process with this fleet's settings and
+    /// `extra` environment.
+    pub fn spawn_node(&mut self, role: &str, extra: &[(&str, &str)]) -> Result<u32> {
+        let mut cmd = Command::new(fleet_node_path()?);
+        cmd.arg(role)
+            .env("TOOLFLEET_NATS_URL", self.nats.url())
+            .env("TOOLFLEET_REDIS_URL", self.redis.url())
+            .env("TOOLFLEET_PREFIX", self.names.prefix())
+            .env("TOOLFLEET_HEARTBEAT_MS", "500")
+            .env("TOOLFLEET_ACK_WAIT_MS", "1000")
+            .env("TOOLFLEET_SWEEP_INTERVAL_MS", "100")
+            .env("TOOLFLEET_SWEEP_GRACE_MS", "300")
+            .env("TOOLFLEET_REGISTRY_REFRESH_MS", "250")
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for (k, v) in extra {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().context("spawning fleet-node")?;
+        let pid = child.id().context("child has no pid")?;
+        self.children.push(child);
+        Ok(pid)
+    }
+
+    /// Kills the child process `pid` with SIGKILL (no cleanup, no acks).
+    pub async fn kill_node(&mut self, pid: u32) -> Result<()> {
+        if let Some(pos) = self.children.iter().position(|c| c.id() == Some(pid)) {
+            let mut child = self.children.remove(pos);
+            child.start_kill()?;
+            tokio::time::timeout(Duration::from_secs(5), child.wait()).await??;
+        }
+        Ok(())
+    }
+
+    /// Sends SIGTERM to the child `pid` and waits (bounded) for it to exit.
+    pub async fn terminate_node(&mut self, pid: u32, wait: Duration) -> Result<()> {
+        if let Some(pos) = self.children.iter().position(|c| c.id() == Some(pid)) {
+            let mut child = self.children.remove(pos);
+            let raw = i32::try_from(pid)?;
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(raw),
+                nix::sys::signal::Signal::SIGTERM,
+            )?;
+            tokio::time::timeout(wait, child.wait()).await??;
+        }
+        Ok(())
+    }
+
+    /// Waits until the catalog (native format) lists every tool in `names`.
+    pub async fn wait_for_tools(&self, names: &[&str]) -> Result<()> {
+        let client = self.client.clone();
+        eventually_named("tools in the catalog", Duration::from_secs(15), || {
+            let client = client.clone();
+            async move {
+                let tools = client
+                    .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
+                    .await
+                    .ok()?;
+                let listed: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+                names.iter().all(|n| listed.contains(n)).then_some(())
+            }
+        })
+        .await
+    }
+
+    /// Waits until the catalog no longer lists `name`.
+    pub async fn wait_for_tool_gone(&self, name: &str) -> Result<()> {
+        let client = self.client.clone();
+        eventually_named("tool gone from the catalog", Duration::from_secs(15), || {
+            let client = client.clone();
+            async move {
+                let tools = client
+                    .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
+                    .await
+                    .ok()?;
+                (!tools.iter().any(|t| t["name"] == name)).then_some(())
+            }
+        })
+        .await
+    }
+
+    /// The turn's late-result and duplicate counters in Redis.
+    pub async fn counters(&self, turn_id: &str) -> Result<HashMap<String, String>> {
+        let mut conn = self.redis.client()?.get_multiplexed_async_connection().await?;
+        let map: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.names.turn_meta_key(turn_id))
+            .query_async(&mut conn)
+            .await?;
+        Ok(map)
+    }
+}
+
+/// A turn request for `tenant` with `decision`.
+pub fn turn(tenant: &str, decision: serde_json::Value) -> TurnRequest {
+    TurnRequest {
+        turn_id: None,
+        tenant_id: tenant.to_string(),
+        session_id: Some("session-1".into()),
+        user_message: None,
+        decision,
+        deadline_ms: Some(10_000),
+        options: Default::default(),
+        context: Default::default(),
+    }
+}
