@@ -1,1 +1,256 @@
-fn main() {}
+//! `toolfleet`: run a local fleet, send the demo turn, submit a decision from a file,
+//! list the tool catalog.
+//!
+//! # Layout
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | `local` | starting a local fleet (servers when none answer, coordinator, worker) |
+//! | `print` | rendering turn events for a terminal |
+
+mod local;
+mod print;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use serde_json::{json, Map, Value};
+use toolfleet_common::config::{DEFAULT_NATS_URL, DEFAULT_REDIS_URL};
+use toolfleet_common::names::DEFAULT_PREFIX;
+use toolfleet_common::{CatalogFormat, FleetClient, TurnEvent, TurnRequest};
+
+use local::LocalFleet;
+
+/// The demo's model decision: a recorded OpenAI Chat Completions response for
+/// "Show me my appointments and my billing".
+const DEMO_DECISION: &str =
+    include_str!("../../examples/decisions/appointments_and_billing.openai.json");
+const DEMO_MESSAGE: &str = "Show me my appointments and my billing";
+
+#[derive(Parser)]
+#[command(name = "toolfleet", version, about = "Run LLM tool calls on a NATS + Redis worker fleet")]
+struct Cli {
+    /// NATS URL.
+    #[arg(long, global = true, env = "TOOLFLEET_NATS_URL", default_value = DEFAULT_NATS_URL)]
+    nats: String,
+    /// Redis URL (for commands that start a local fleet).
+    #[arg(long, global = true, env = "TOOLFLEET_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    redis: String,
+    /// Subject and key prefix.
+    #[arg(long, global = true, env = "TOOLFLEET_PREFIX", default_value = DEFAULT_PREFIX)]
+    prefix: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a local fleet and send the turn "Show me my appointments and my billing".
+    Demo {
+        /// CRM customer id of the caller.
+        #[arg(long, default_value = "cust_001")]
+        customer: String,
+        /// Print raw events as JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a local fleet (coordinator and worker) until Ctrl-C.
+    Up {
+        /// Tool packs the worker serves.
+        #[arg(long, value_delimiter = ',', default_value = "demo,test")]
+        packs: Vec<String>,
+    },
+    /// Submit a model decision (any supported shape) from a JSON file and stream the turn.
+    Submit {
+        /// The decision file (`-` for stdin).
+        file: PathBuf,
+        /// Tenant id.
+        #[arg(long, default_value = "demo")]
+        tenant: String,
+        /// What the user said.
+        #[arg(long)]
+        message: Option<String>,
+        /// Turn deadline in milliseconds.
+        #[arg(long)]
+        deadline_ms: Option<u64>,
+        /// Context entries `key=value` handed to every tool.
+        #[arg(long = "context", value_parser = parse_kv)]
+        context: Vec<(String, String)>,
+        /// Start a local fleet for this turn instead of using a running one.
+        #[arg(long)]
+        local: bool,
+        /// Print raw events as JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the tool catalog.
+    Catalog {
+        /// openai, anthropic, mcp or native.
+        #[arg(long, default_value = "openai")]
+        format: CatalogFormat,
+        /// Only the tools this tenant may call.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Start a local fleet to list its tools.
+        #[arg(long)]
+        local: bool,
+    },
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected key=value, got {s:?}"))
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Demo { customer, json } => {
+            let fleet = LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo"]).await?;
+            let decision: Value = serde_json::from_str(DEMO_DECISION)?;
+            let decision = retarget_customer(decision, &customer);
+            let mut context = Map::new();
+            context.insert("customerId".into(), json!(customer));
+            println!("user: {DEMO_MESSAGE}");
+            let request = TurnRequest {
+                turn_id: None,
+                tenant_id: "demo".into(),
+                session_id: Some("demo-session".into()),
+                user_message: Some(DEMO_MESSAGE.into()),
+                decision,
+                deadline_ms: Some(5_000),
+                options: Default::default(),
+                context,
+            };
+            let outcome = stream_turn(&fleet.client, request, json).await;
+            fleet.stop().await;
+            outcome
+        }
+        Command::Up { packs } => {
+            let names: Vec<&str> = packs.iter().map(String::as_str).collect();
+            let fleet = LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &names).await?;
+            println!(
+                "fleet up: nats {} redis {} prefix {} (Ctrl-C to stop)",
+                fleet.nats_url, fleet.redis_url, cli.prefix
+            );
+            fleet.wait_for_signal().await;
+            fleet.stop().await;
+            Ok(())
+        }
+        Command::Submit {
+            file,
+            tenant,
+            message,
+            deadline_ms,
+            context,
+            local,
+            json,
+        } => {
+            let text = if file.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())?
+            } else {
+                std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?
+            };
+            let decision: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            let request = TurnRequest {
+                turn_id: None,
+                tenant_id: tenant,
+                session_id: None,
+                user_message: message,
+                decision,
+                deadline_ms,
+                options: Default::default(),
+                context: context
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect(),
+            };
+            if local {
+                let fleet =
+                    LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo", "test"])
+                        .await?;
+                let outcome = stream_turn(&fleet.client, request, json).await;
+                fleet.stop().await;
+                outcome
+            } else {
+                let client = FleetClient::connect(&cli.nats, &cli.prefix).await?;
+                stream_turn(&client, request, json).await
+            }
+        }
+        Command::Catalog {
+            format,
+            tenant,
+            local,
+        } => {
+            let fleet = if local {
+                Some(LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo", "test"]).await?)
+            } else {
+                None
+            };
+            let client = match &fleet {
+                Some(f) => f.client.clone(),
+                None => FleetClient::connect(&cli.nats, &cli.prefix).await?,
+            };
+            let tools = client
+                .catalog(format, tenant, Duration::from_secs(5))
+                .await?;
+            println!("{}", serde_json::to_string_pretty(&tools)?);
+            if let Some(f) = fleet {
+                f.stop().await;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Points every call's `customerId` argument at `customer`.
+fn retarget_customer(mut decision: Value, customer: &str) -> Value {
+    let arguments = json!({ "customerId": customer }).to_string();
+    if let Some(calls) = decision
+        .pointer_mut("/choices/0/message/tool_calls")
+        .and_then(Value::as_array_mut)
+    {
+        for call in calls {
+            if let Some(f) = call.get_mut("function") {
+                f["arguments"] = Value::String(arguments.clone());
+            }
+        }
+    }
+    decision
+}
+
+async fn stream_turn(client: &FleetClient, request: TurnRequest, json: bool) -> Result<()> {
+    let started = Instant::now();
+    let mut stream = client.submit(request).await?;
+    if !json {
+        println!("turn {}", stream.turn_id());
+    }
+    loop {
+        let event = stream.next_event(Duration::from_secs(30)).await?;
+        if json {
+            println!("{}", serde_json::to_string(&event)?);
+        } else {
+            print::event(&event, started.elapsed());
+        }
+        match event {
+            TurnEvent::Final(_) => return Ok(()),
+            TurnEvent::Error { error, .. } => {
+                anyhow::bail!("turn failed: {}: {}", error.code, error.message)
+            }
+            _ => {}
+        }
+    }
+}
