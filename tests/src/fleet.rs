@@ -10,7 +10,11 @@ use anyhow::{Context, Result};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use toolfleet_common::{CatalogFormat, FleetClient, Names, TurnRequest};
+use serde_json::{json, Value};
+use toolfleet_common::client::TurnStream;
+use toolfleet_common::{
+    CallResult, CatalogFormat, FinalEvent, FleetClient, Names, TurnEvent, TurnRequest,
+};
 use toolfleet_coordinator::CoordinatorConfig;
 use toolfleet_worker::{packs, Tool, WorkerConfig};
 
@@ -233,7 +237,7 @@ impl Fleet {
 }
 
 /// A turn request for `tenant` with `decision`.
-pub fn turn(tenant: &str, decision: serde_json::Value) -> TurnRequest {
+pub fn turn(tenant: &str, decision: Value) -> TurnRequest {
     TurnRequest {
         turn_id: None,
         tenant_id: tenant.to_string(),
@@ -244,4 +248,58 @@ pub fn turn(tenant: &str, decision: serde_json::Value) -> TurnRequest {
         options: Default::default(),
         context: Default::default(),
     }
+}
+
+/// A simple-form call `{id, toolName, arguments}`.
+pub fn call(id: &str, tool: &str, arguments: Value) -> Value {
+    json!({"id": id, "toolName": tool, "arguments": arguments})
+}
+
+/// A simple-form decision holding `calls`.
+pub fn tool_calls(calls: Vec<Value>) -> Value {
+    json!({"type": "tool_calls", "calls": calls})
+}
+
+/// Reads `stream` until its last event (`final` or `error`), each read bounded by
+/// `wait`; returns every event, the last one last.
+pub async fn read_to_end(
+    stream: &mut TurnStream,
+    wait: Duration,
+) -> Result<Vec<TurnEvent>> {
+    let mut events = Vec::new();
+    loop {
+        let event = stream.next_event(wait).await?;
+        let last = event.is_last();
+        events.push(event);
+        if last {
+            return Ok(events);
+        }
+    }
+}
+
+/// The `final` event among `events`.
+pub fn final_of(events: &[TurnEvent]) -> Result<&FinalEvent> {
+    events
+        .iter()
+        .find_map(|e| match e {
+            TurnEvent::Final(fin) => Some(fin),
+            _ => None,
+        })
+        .context("no final event")
+}
+
+/// The result of call `id` in `fin`.
+pub fn result_of<'a>(
+    fin: &'a FinalEvent,
+    id: &str,
+) -> Result<&'a CallResult> {
+    fin.results
+        .iter()
+        .find(|r| r.tool_call_id == id)
+        .with_context(|| format!("no result for call {id}"))
+}
+
+/// The error code of a result, if it has an error.
+pub fn code_of(result: &CallResult) -> Option<&str> {
+    result.error.as_ref().map(|e| e.code.as_str())
 }
