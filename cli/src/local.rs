@@ -99,7 +99,10 @@ fn find_binary(name: &str) -> Option<PathBuf> {
 async fn wait_port(port: u16, what: &str) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::time::Instant::now() < deadline {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -109,7 +112,12 @@ async fn wait_port(port: u16, what: &str) -> Result<()> {
 
 impl LocalFleet {
     /// Starts (or reuses) the servers and runs a coordinator and a worker with `packs`.
-    pub async fn start(nats_url: &str, redis_url: &str, prefix: &str, pack_names: &[&str]) -> Result<Self> {
+    pub async fn start(
+        nats_url: &str,
+        redis_url: &str,
+        prefix: &str,
+        pack_names: &[&str],
+    ) -> Result<Self> {
         let mut servers = Vec::new();
         let mut dirs = Vec::new();
         let nats_url = if answers(nats_url, 4222).await {
@@ -141,7 +149,17 @@ impl LocalFleet {
             let port = free_port()?;
             let dir = tempdir::Dir::new("redis")?;
             let child = Command::new(bin)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"])
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                ])
                 .arg(dir.path())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

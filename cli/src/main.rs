@@ -30,7 +30,11 @@ const DEMO_DECISION: &str =
 const DEMO_MESSAGE: &str = "Show me my appointments and my billing";
 
 #[derive(Parser)]
-#[command(name = "toolfleet", version, about = "Run LLM tool calls on a NATS + Redis worker fleet")]
+#[command(
+    name = "toolfleet",
+    version,
+    about = "Run LLM tool calls on a NATS + Redis worker fleet"
+)]
 struct Cli {
     /// NATS URL.
     #[arg(long, global = true, env = "TOOLFLEET_NATS_URL", default_value = DEFAULT_NATS_URL)]
@@ -109,8 +113,7 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -196,7 +199,10 @@ async fn main() -> Result<()> {
             local,
         } => {
             let fleet = if local {
-                Some(LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo", "test"]).await?)
+                Some(
+                    LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo", "test"])
+                        .await?,
+                )
             } else {
                 None
             };

@@ -42,7 +42,11 @@ pub fn event(event: &TurnEvent, at: Duration) {
                 s.errors,
                 s.timeouts,
                 s.skipped,
-                if f.deadline_hit { " (deadline hit)" } else { "" }
+                if f.deadline_hit {
+                    " (deadline hit)"
+                } else {
+                    ""
+                }
             );
             for r in &f.results {
                 let outcome = match (&r.error, r.ok) {
@@ -57,7 +61,10 @@ pub fn event(event: &TurnEvent, at: Duration) {
             }
         }
         TurnEvent::Error { error, .. } => {
-            println!("{ms:>8.1} ms  error      [{}] {}", error.code, error.message)
+            println!(
+                "{ms:>8.1} ms  error      [{}] {}",
+                error.code, error.message
+            )
         }
     }
 }

@@ -89,7 +89,9 @@ impl FleetClient {
         self.submit_with_headers(request, HeaderMap::new()).await
     }
 
-    /// Like [`FleetClient::submit`], with extra NATS headers (trace context, for one).
+    /// Like [`FleetClient::submit`], with extra NATS headers. Unless `headers` already
+    /// carry a `traceparent`, the current span's trace context is injected, so the turn
+    /// becomes a child of the caller's span.
     pub async fn submit_with_headers(
         &self,
         mut request: TurnRequest,
@@ -125,6 +127,9 @@ impl FleetClient {
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
         headers.insert(names::HEADER_TURN_ID, turn_id.as_str());
+        if headers.get(names::HEADER_TRACEPARENT).is_none() {
+            crate::telemetry::inject_current(&mut headers);
+        }
         self.nats
             .publish_with_reply_and_headers(
                 self.names.turn_submit(),

@@ -7,15 +7,18 @@
 //! | module | what lives there |
 //! |---|---|
 //! | [`config`] | typed settings from environment variables |
+//! | [`metrics`] | the fleet's OpenTelemetry instruments and metric names |
 //! | [`names`] | every subject, stream, consumer, header and Redis key name |
 //! | [`turn`] | `TurnRequest`, `TurnEvent` (`ack`, `tool_state`, `narration`, `final`, `error`) |
 //! | [`call`] | `ToolCall`, `CallState`, `CallError` and its codes, `CallResult`, `Summary` |
 //! | [`tool`] | `ToolDefinition`, retry policy, catalog formats (OpenAI, Anthropic, MCP) |
+//! | [`http`] | the operational HTTP endpoint server (`/healthz`, `/readyz`, `/metrics`) |
 //! | [`job`] | `JobEnvelope` (what a worker receives) and progress notices |
 //! | [`decision`] | parsing every supported model-decision shape into calls |
 //! | [`ack`] | composing the acknowledgement from waiting hints |
 //! | [`history`] | rendering results as OpenAI and Anthropic history |
 //! | [`streams`] | creating the jobs and results JetStream streams |
+//! | [`telemetry`] | logs, OTLP traces and metrics, Prometheus text, trace context in NATS headers |
 //! | [`client`] | `FleetClient`: submit a turn, stream its events, list the catalog |
 
 pub mod ack;
@@ -24,9 +27,12 @@ pub mod client;
 pub mod config;
 pub mod decision;
 pub mod history;
+pub mod http;
 pub mod job;
+pub mod metrics;
 pub mod names;
 pub mod streams;
+pub mod telemetry;
 pub mod tool;
 pub mod turn;
 

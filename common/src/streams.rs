@@ -38,7 +38,7 @@ async fn ensure(
     name: String,
     subject: String,
 ) -> Result<stream::Stream, EnsureStreamsError> {
-    js.get_or_create_stream(stream::Config {
+    let config = stream::Config {
         name: name.clone(),
         subjects: vec![subject],
         retention: stream::RetentionPolicy::WorkQueue,
@@ -46,10 +46,14 @@ async fn ensure(
         duplicate_window: DUPLICATE_WINDOW,
         max_age: MAX_AGE,
         ..Default::default()
-    })
-    .await
-    .map_err(|source| EnsureStreamsError {
-        stream: name,
-        source,
-    })
+    };
+    match js.get_or_create_stream(config).await {
+        Ok(stream) => Ok(stream),
+        // Another process may have created the stream between the lookup and the
+        // create, which then fails; use the stream that now exists.
+        Err(source) => js.get_stream(&name).await.map_err(|_| EnsureStreamsError {
+            stream: name,
+            source,
+        }),
+    }
 }

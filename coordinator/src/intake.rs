@@ -6,15 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use tokio_util::sync::CancellationToken;
 use toolfleet_common::ack::compose_acknowledgement;
 use toolfleet_common::call::{codes, unix_ms};
 use toolfleet_common::decision::{parse_decision, Decision, DecisionErrorKind};
 use toolfleet_common::names::{HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID};
 use toolfleet_common::turn::{turn_codes, valid_turn_id, AckCall};
-use toolfleet_common::{
-    CallError, CallResult, CallState, JobEnvelope, TurnEvent, TurnRequest,
-};
-use tokio_util::sync::CancellationToken;
+use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnEvent, TurnRequest};
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::events;
@@ -360,6 +358,12 @@ fn arm_deadline(inner: &Arc<Inner>, turn_id: String, deadline: u64, cancel: Canc
 
 /// Ends `turn_id` at its deadline if nobody did.
 pub(crate) async fn finalize_at_deadline(inner: &Arc<Inner>, turn_id: &str) {
+    inner
+        .serialized(turn_id, end_at_deadline(inner, turn_id))
+        .await;
+}
+
+async fn end_at_deadline(inner: &Arc<Inner>, turn_id: &str) {
     match inner.join.finalize(turn_id, "deadline").await {
         Ok(Finalized::Ended(closing)) => close_turn(inner, turn_id, closing, true).await,
         Ok(Finalized::AlreadyEnded | Finalized::UnknownTurn) => {
@@ -393,7 +397,10 @@ pub(crate) async fn dispatch(inner: &Arc<Inner>, turn_id: &str, jobs: Vec<(Strin
         let mut result = CallResult::failure(
             &job.call,
             CallState::Error,
-            CallError::retryable(codes::DISPATCH_FAILED, format!("job publish failed: {error}")),
+            CallError::retryable(
+                codes::DISPATCH_FAILED,
+                format!("job publish failed: {error}"),
+            ),
         );
         result.ended_at = Some(toolfleet_common::call::now_rfc3339());
         record_result(inner, turn_id, &key, result).await;
@@ -412,7 +419,11 @@ async fn publish_job(
     headers.insert(HEADER_TENANT_ID, job.tenant_id.as_str());
     inner
         .js
-        .publish_with_headers(inner.names.job_subject(&job.call.name), headers, body.into())
+        .publish_with_headers(
+            inner.names.job_subject(&job.call.name),
+            headers,
+            body.into(),
+        )
         .await
         .map_err(|e| e.to_string())
 }

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, Value as RedisValue};
 use serde::{Deserialize, Serialize};
+use toolfleet_common::call::unix_ms;
 use toolfleet_common::{CallResult, Names};
 
 /// Creates a turn unless it exists. KEYS: meta, calls, results.
@@ -29,8 +30,10 @@ for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
 return 1
 "#;
 
-/// Records one result, write-once per call key. KEYS: meta, calls, results.
-/// ARGV: call key, result JSON.
+/// Records one result, write-once per call key. A result recorded at or after the
+/// turn's deadline is late even while the turn is still open, so the deadline alone
+/// decides the turn's end. KEYS: meta, calls, results.
+/// ARGV: call key, result JSON, now (Unix ms).
 const RECORD: &str = r#"
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'unknown'} end
@@ -39,7 +42,8 @@ if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
   return {'duplicate'}
 end
-if state ~= 'open' then
+local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline'))
+if state ~= 'open' or (deadline and tonumber(ARGV[3]) >= deadline) then
   redis.call('HINCRBY', KEYS[1], 'late', 1)
   return {'late'}
 end
@@ -102,7 +106,7 @@ pub enum Recorded {
     UnknownCall,
     /// The call already had a result; this one is ignored.
     Duplicate,
-    /// The turn had already ended; counted as late.
+    /// The turn had already ended, or its deadline had passed; counted as late.
     Late,
     /// Recorded; the turn is still waiting for others.
     Recorded {
@@ -237,7 +241,7 @@ impl JoinStore {
         for key in self.keys(turn_id) {
             invocation.key(key);
         }
-        invocation.arg(call_key).arg(encode(result)?);
+        invocation.arg(call_key).arg(encode(result)?).arg(unix_ms());
         let mut redis = self.redis.clone();
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         let tag = string_at(&reply, 0)?;
@@ -291,6 +295,16 @@ impl JoinStore {
             .query_async(&mut redis)
             .await?;
         Ok(())
+    }
+
+    /// Whether the call `call_key` of `turn_id` has a recorded result.
+    pub async fn has_result(&self, turn_id: &str, call_key: &str) -> Result<bool, JoinError> {
+        let mut redis = self.redis.clone();
+        Ok(redis::cmd("HEXISTS")
+            .arg(self.names.turn_results_key(turn_id))
+            .arg(call_key)
+            .query_async(&mut redis)
+            .await?)
     }
 
     /// Removes the turn from the deadline index.

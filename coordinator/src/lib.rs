@@ -36,6 +36,7 @@ mod sweeper;
 pub mod validate;
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -107,6 +108,9 @@ pub(crate) struct Inner {
     pub tasks: TaskTracker,
     /// Turns taken by this replica and not yet ended.
     owned: Mutex<HashMap<String, OwnedTurn>>,
+    /// One lock per turn whose results are being recorded here, so that a call's
+    /// `tool_state` is published before the `final` of a turn recorded after it.
+    turn_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Inner {
@@ -142,6 +146,31 @@ impl Inner {
 
     fn owned_count(&self) -> usize {
         self.owned().len()
+    }
+
+    fn turn_locks(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
+        match self.turn_locks.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Runs `work` (recording a result or ending the turn, and publishing what follows)
+    /// while no other such work of `turn_id` runs on this replica.
+    pub(crate) async fn serialized<T>(&self, turn_id: &str, work: impl Future<Output = T>) -> T {
+        let lock = Arc::clone(self.turn_locks().entry(turn_id.to_string()).or_default());
+        let out = {
+            let _held = lock.lock().await;
+            work.await
+        };
+        let mut locks = self.turn_locks();
+        // Only the map and this call hold the lock: nobody waits for it.
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(turn_id);
+        }
+        out
     }
 }
 
@@ -188,6 +217,7 @@ pub async fn run_with_narrator(
         narrator,
         tasks: TaskTracker::new(),
         owned: Mutex::new(HashMap::new()),
+        turn_locks: Mutex::new(HashMap::new()),
     });
 
     let background = TaskTracker::new();

@@ -9,6 +9,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::CallState;
+use tracing::debug;
 
 use crate::events;
 use crate::intake::release_slot;
@@ -35,13 +36,12 @@ pub(crate) async fn relay(
             ProgressNotice::Started {
                 tool_call_id, name, ..
             } => {
-                if let Some(reply) = inner.owner_reply(&turn_id) {
-                    events::publish(
-                        &inner.nats,
-                        &reply,
-                        &events::tool_state(&turn_id, &tool_call_id, &name, CallState::Running, None),
-                    )
-                    .await;
+                if inner.owns(&turn_id) {
+                    let inner = Arc::clone(&inner);
+                    inner.tasks.clone().spawn(async move {
+                        let relayed = relay_running(&inner, &turn_id, &tool_call_id, &name);
+                        inner.serialized(&turn_id, relayed).await;
+                    });
                 }
             }
             ProgressNotice::Recorded { .. } => {
@@ -55,4 +55,24 @@ pub(crate) async fn relay(
         }
     }
     let _ = subscriber.unsubscribe().await;
+}
+
+/// Publishes `running` for a call of an owned turn unless the call's result is already
+/// recorded (its terminal state was then published first) or the turn has ended. Runs
+/// under the turn's lock, like recording, so `running` never follows `done`.
+async fn relay_running(inner: &Inner, turn_id: &str, tool_call_id: &str, name: &str) {
+    let Some(reply) = inner.owner_reply(turn_id) else {
+        return;
+    };
+    match inner.join.has_result(turn_id, tool_call_id).await {
+        Ok(true) => return,
+        Ok(false) => {}
+        Err(error) => debug!(%turn_id, %error, "could not check for a result; relaying running"),
+    }
+    events::publish(
+        &inner.nats,
+        &reply,
+        &events::tool_state(turn_id, tool_call_id, name, CallState::Running, None),
+    )
+    .await;
 }

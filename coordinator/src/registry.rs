@@ -86,7 +86,9 @@ impl Registry {
         let previous = self.snapshot();
         let mut tools = HashMap::with_capacity(raw.len());
         for (name, live) in tool_names.into_iter().zip(counts) {
-            let Some(source) = raw.get(name) else { continue };
+            let Some(source) = raw.get(name) else {
+                continue;
+            };
             let known = match previous.get(name) {
                 Some(old) if old.source == *source => Arc::new(KnownTool {
                     definition: old.definition.clone(),

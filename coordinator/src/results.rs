@@ -129,13 +129,29 @@ async fn handle_result_message(inner: &Arc<Inner>, message: jetstream::Message) 
 
 /// Records a result produced inside the coordinator (a dispatch failure); errors are
 /// logged, and the turn's deadline still ends it.
-pub(crate) async fn record_result(inner: &Arc<Inner>, turn_id: &str, key: &str, result: CallResult) {
+pub(crate) async fn record_result(
+    inner: &Arc<Inner>,
+    turn_id: &str,
+    key: &str,
+    result: CallResult,
+) {
     if let Err(error) = try_record(inner, turn_id, key, result).await {
         warn!(%turn_id, %error, "recording a result failed");
     }
 }
 
 async fn try_record(
+    inner: &Arc<Inner>,
+    turn_id: &str,
+    key: &str,
+    result: CallResult,
+) -> Result<(), JoinError> {
+    inner
+        .serialized(turn_id, record_and_report(inner, turn_id, key, result))
+        .await
+}
+
+async fn record_and_report(
     inner: &Arc<Inner>,
     turn_id: &str,
     key: &str,

@@ -7,10 +7,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use futures::StreamExt;
+use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use serde_json::{json, Value};
 use toolfleet_common::client::TurnStream;
 use toolfleet_common::{
     CallResult, CatalogFormat, FinalEvent, FleetClient, Names, TurnEvent, TurnRequest,
@@ -154,7 +155,10 @@ impl Fleet {
             .env("TOOLFLEET_SWEEP_INTERVAL_MS", "100")
             .env("TOOLFLEET_SWEEP_GRACE_MS", "300")
             .env("TOOLFLEET_REGISTRY_REFRESH_MS", "250")
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -212,22 +216,58 @@ impl Fleet {
     /// Waits until the catalog no longer lists `name`.
     pub async fn wait_for_tool_gone(&self, name: &str) -> Result<()> {
         let client = self.client.clone();
-        eventually_named("tool gone from the catalog", Duration::from_secs(15), || {
-            let client = client.clone();
-            async move {
-                let tools = client
-                    .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
-                    .await
-                    .ok()?;
-                (!tools.iter().any(|t| t["name"] == name)).then_some(())
-            }
-        })
+        eventually_named(
+            "tool gone from the catalog",
+            Duration::from_secs(15),
+            || {
+                let client = client.clone();
+                async move {
+                    let tools = client
+                        .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
+                        .await
+                        .ok()?;
+                    (!tools.iter().any(|t| t["name"] == name)).then_some(())
+                }
+            },
+        )
         .await
+    }
+
+    /// Publishes raw `payload` on the turn subject with a fresh inbox as the reply
+    /// subject, and returns the inbox's subscription (it stays open after `final`).
+    pub async fn submit_raw(&self, payload: Vec<u8>) -> Result<async_nats::Subscriber> {
+        let nats = self.client.nats();
+        let inbox = nats.new_inbox();
+        let subscriber = nats.subscribe(inbox.clone()).await?;
+        nats.publish_with_reply(self.names.turn_submit(), inbox, payload.into())
+            .await?;
+        nats.flush().await?;
+        Ok(subscriber)
+    }
+
+    /// The results recorded in Redis for `turn_id`, by call key.
+    pub async fn recorded_results(&self, turn_id: &str) -> Result<HashMap<String, CallResult>> {
+        let mut conn = self
+            .redis
+            .client()?
+            .get_multiplexed_async_connection()
+            .await?;
+        let raw: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.names.turn_results_key(turn_id))
+            .query_async(&mut conn)
+            .await?;
+        raw.into_iter()
+            .map(|(k, v)| Ok((k, serde_json::from_str(&v)?)))
+            .collect()
     }
 
     /// The turn's late-result and duplicate counters in Redis.
     pub async fn counters(&self, turn_id: &str) -> Result<HashMap<String, String>> {
-        let mut conn = self.redis.client()?.get_multiplexed_async_connection().await?;
+        let mut conn = self
+            .redis
+            .client()?
+            .get_multiplexed_async_connection()
+            .await?;
         let map: HashMap<String, String> = redis::cmd("HGETALL")
             .arg(self.names.turn_meta_key(turn_id))
             .query_async(&mut conn)
@@ -262,10 +302,7 @@ pub fn tool_calls(calls: Vec<Value>) -> Value {
 
 /// Reads `stream` until its last event (`final` or `error`), each read bounded by
 /// `wait`; returns every event, the last one last.
-pub async fn read_to_end(
-    stream: &mut TurnStream,
-    wait: Duration,
-) -> Result<Vec<TurnEvent>> {
+pub async fn read_to_end(stream: &mut TurnStream, wait: Duration) -> Result<Vec<TurnEvent>> {
     let mut events = Vec::new();
     loop {
         let event = stream.next_event(wait).await?;
@@ -289,10 +326,7 @@ pub fn final_of(events: &[TurnEvent]) -> Result<&FinalEvent> {
 }
 
 /// The result of call `id` in `fin`.
-pub fn result_of<'a>(
-    fin: &'a FinalEvent,
-    id: &str,
-) -> Result<&'a CallResult> {
+pub fn result_of<'a>(fin: &'a FinalEvent, id: &str) -> Result<&'a CallResult> {
     fin.results
         .iter()
         .find(|r| r.tool_call_id == id)
@@ -302,4 +336,17 @@ pub fn result_of<'a>(
 /// The error code of a result, if it has an error.
 pub fn code_of(result: &CallResult) -> Option<&str> {
     result.error.as_ref().map(|e| e.code.as_str())
+}
+
+/// The next event on a raw subscription (see [`Fleet::submit_raw`]), waiting at most
+/// `wait`.
+pub async fn next_raw_event(
+    subscriber: &mut async_nats::Subscriber,
+    wait: Duration,
+) -> Result<TurnEvent> {
+    let message = tokio::time::timeout(wait, subscriber.next())
+        .await
+        .map_err(|_| anyhow::anyhow!("no event within {wait:?}"))?
+        .context("subscription closed")?;
+    Ok(serde_json::from_slice(&message.payload)?)
 }

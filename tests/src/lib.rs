@@ -21,6 +21,7 @@
 //! to stderr so it shows up in the test's captured output.
 
 pub mod fleet;
+pub mod otlp;
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;

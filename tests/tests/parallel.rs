@@ -17,7 +17,13 @@ async fn three_sleeping_calls_overlap() -> anyhow::Result<()> {
     let ids = ["p1", "p2", "p3"];
     let decision = tool_calls(
         ids.iter()
-            .map(|id| call(id, "test.behave", json!({"sleep_ms": SLEEP_MS, "value": id})))
+            .map(|id| {
+                call(
+                    id,
+                    "test.behave",
+                    json!({"sleep_ms": SLEEP_MS, "value": id}),
+                )
+            })
             .collect(),
     );
 
@@ -36,7 +42,11 @@ async fn three_sleeping_calls_overlap() -> anyhow::Result<()> {
     assert!(!fin.deadline_hit);
     assert_eq!(fin.summary.total, 3);
     assert_eq!(fin.summary.ok, 3);
-    let got: Vec<&str> = fin.results.iter().map(|r| r.tool_call_id.as_str()).collect();
+    let got: Vec<&str> = fin
+        .results
+        .iter()
+        .map(|r| r.tool_call_id.as_str())
+        .collect();
     assert_eq!(got, ids);
     for r in &fin.results {
         assert!(r.ok, "{r:?}");

@@ -105,20 +105,33 @@ async fn every_shape_runs_three_calls_in_order() -> anyhow::Result<()> {
             .run_turn(turn("acme", decision), EVENT_WAIT)
             .await?;
         let fin = &outcome.final_event;
-        let got: Vec<&str> = fin.results.iter().map(|r| r.tool_call_id.as_str()).collect();
+        let got: Vec<&str> = fin
+            .results
+            .iter()
+            .map(|r| r.tool_call_id.as_str())
+            .collect();
         assert_eq!(got, ids, "{shape}: results in call order");
-        assert!(fin.results.iter().all(|r| r.ok), "{shape}: {:?}", fin.results);
+        assert!(
+            fin.results.iter().all(|r| r.ok),
+            "{shape}: {:?}",
+            fin.results
+        );
         assert_eq!(fin.summary.total, 3, "{shape}");
         assert_eq!(fin.summary.ok, 3, "{shape}");
-        assert!(fin.text.contains("upcoming appointments"), "{shape}: {}", fin.text);
+        assert!(
+            fin.text.contains("upcoming appointments"),
+            "{shape}: {}",
+            fin.text
+        );
         assert!(fin.text.contains("open invoice"), "{shape}: {}", fin.text);
 
         // ack first, before any call is done.
         let first = outcome.events.first().map(TurnEvent::kind);
         assert_eq!(first, Some("ack"), "{shape}");
-        let first_done = outcome.events.iter().position(|e| {
-            matches!(e, TurnEvent::ToolState { state, .. } if state.is_terminal())
-        });
+        let first_done = outcome
+            .events
+            .iter()
+            .position(|e| matches!(e, TurnEvent::ToolState { state, .. } if state.is_terminal()));
         assert!(first_done.is_some_and(|i| i > 0), "{shape}");
         // every call went pending -> done
         for id in ids {
@@ -126,17 +139,31 @@ async fn every_shape_runs_three_calls_in_order() -> anyhow::Result<()> {
                 .events
                 .iter()
                 .filter_map(|e| match e {
-                    TurnEvent::ToolState { tool_call_id, state, .. } if tool_call_id == id => {
-                        Some(*state)
-                    }
+                    TurnEvent::ToolState {
+                        tool_call_id,
+                        state,
+                        ..
+                    } if tool_call_id == id => Some(*state),
                     _ => None,
                 })
                 .collect();
-            assert_eq!(states.first(), Some(&CallState::Pending), "{shape} {id}: {states:?}");
-            assert_eq!(states.last(), Some(&CallState::Done), "{shape} {id}: {states:?}");
+            assert_eq!(
+                states.first(),
+                Some(&CallState::Pending),
+                "{shape} {id}: {states:?}"
+            );
+            assert_eq!(
+                states.last(),
+                Some(&CallState::Done),
+                "{shape} {id}: {states:?}"
+            );
         }
         if shape == "parallel meta-tool" {
-            assert_eq!(fin.history.openai.len(), 1, "one history entry for the meta-call");
+            assert_eq!(
+                fin.history.openai.len(),
+                1,
+                "one history entry for the meta-call"
+            );
             assert_eq!(fin.history.openai[0]["tool_call_id"], "p");
         } else {
             assert_eq!(fin.history.openai.len(), 3, "{shape}");

@@ -112,17 +112,21 @@ pub async fn run(
         let def = tool.definition();
         validate_tool_name(&def.name)?;
         if !seen.insert(def.name.clone()) {
-            return Err(WorkerError::Tools(format!("tool {} registered twice", def.name)));
+            return Err(WorkerError::Tools(format!(
+                "tool {} registered twice",
+                def.name
+            )));
         }
-        let output_validator = match &def.output_schema {
-            Some(schema) => Some(jsonschema::validator_for(schema).map_err(|e| {
-                WorkerError::OutputSchema {
-                    tool: def.name.clone(),
-                    message: e.to_string(),
-                }
-            })?),
-            None => None,
-        };
+        let output_validator =
+            match &def.output_schema {
+                Some(schema) => Some(jsonschema::validator_for(schema).map_err(|e| {
+                    WorkerError::OutputSchema {
+                        tool: def.name.clone(),
+                        message: e.to_string(),
+                    }
+                })?),
+                None => None,
+            };
         served.push(Arc::new(ServedTool {
             tool,
             output_validator,

@@ -343,5 +343,7 @@ async fn finish(
             }
         }
     }
-    let _ = message.ack_with(AckKind::Nak(Some(Duration::from_millis(500)))).await;
+    let _ = message
+        .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
+        .await;
 }

@@ -64,9 +64,10 @@ fn data() -> Result<&'static Data, ToolError> {
 }
 
 fn customer(id: &str) -> Result<&'static Customer, ToolError> {
-    data()?.customers.get(id).ok_or_else(|| {
-        ToolError::fatal(CUSTOMER_NOT_FOUND, format!("no customer with id {id:?}"))
-    })
+    data()?
+        .customers
+        .get(id)
+        .ok_or_else(|| ToolError::fatal(CUSTOMER_NOT_FOUND, format!("no customer with id {id:?}")))
 }
 
 fn today() -> Date {
@@ -278,7 +279,9 @@ mod tests {
         )
         .await;
         let out = out.map_err(|e| e.message);
-        assert!(matches!(&out, Ok(o) if o.value["appointments"].as_array().map(Vec::len) == Some(2)));
+        assert!(
+            matches!(&out, Ok(o) if o.value["appointments"].as_array().map(Vec::len) == Some(2))
+        );
         let summary = out.ok().and_then(|o| o.summary).unwrap_or_default();
         assert!(summary.starts_with("You have 2 upcoming appointments: a dental cleaning on "));
     }
@@ -300,7 +303,13 @@ mod tests {
     #[test]
     fn spoken_forms() {
         assert_eq!(spoken_amount(15000, "USD"), "$150.00");
-        assert_eq!(spoken_time(Time::from_hms(14, 0, 0).unwrap_or(Time::MIDNIGHT)), "2:00 PM");
-        assert_eq!(spoken_time(Time::from_hms(0, 5, 0).unwrap_or(Time::MIDNIGHT)), "12:05 AM");
+        assert_eq!(
+            spoken_time(Time::from_hms(14, 0, 0).unwrap_or(Time::MIDNIGHT)),
+            "2:00 PM"
+        );
+        assert_eq!(
+            spoken_time(Time::from_hms(0, 5, 0).unwrap_or(Time::MIDNIGHT)),
+            "12:05 AM"
+        );
     }
 }

@@ -1,0 +1,423 @@
+//! Telemetry set-up shared by every binary: `tracing` logs (text or JSON with trace and
+//! span ids), OpenTelemetry traces and metrics over OTLP configured by the standard
+//! `OTEL_*` variables, a Prometheus text rendering of the same metrics, and W3C trace
+//! context carried in NATS headers.
+//!
+//! Without `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`)
+//! nothing is exported and no OpenTelemetry layer is installed.
+
+use std::fmt;
+
+use async_nats::HeaderMap;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::EnvFilter;
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, with `trace_id` and `span_id` when inside a span.
+    Json,
+}
+
+/// OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OtlpProtocol {
+    /// HTTP with protobuf bodies (`http/protobuf`, the default).
+    #[default]
+    HttpProtobuf,
+    /// gRPC (`grpc`; needs the `otlp-grpc` feature).
+    Grpc,
+}
+
+/// Telemetry settings, from the environment.
+#[derive(Debug, Clone)]
+pub struct TelemetryConfig {
+    /// `service.name` when `OTEL_SERVICE_NAME` is unset.
+    pub default_service_name: String,
+    /// Whether an OTLP endpoint is configured.
+    pub export: bool,
+    /// OTLP transport (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+    pub protocol: OtlpProtocol,
+    /// Log format (`TOOLFLEET_LOG_FORMAT`: `text` or `json`).
+    pub log_format: LogFormat,
+    /// Log filter (`RUST_LOG`), `info` by default.
+    pub log_filter: String,
+}
+
+/// Telemetry could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// A setting is malformed.
+    #[error("{0}")]
+    Config(String),
+    /// An exporter could not be built.
+    #[error("exporter: {0}")]
+    Exporter(String),
+    /// A global subscriber is already installed.
+    #[error("subscriber: {0}")]
+    Subscriber(String),
+}
+
+impl TelemetryConfig {
+    /// Reads the configuration for a binary whose default service name is `service`.
+    pub fn from_env(service: &str) -> Result<Self, TelemetryError> {
+        let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+        let export =
+            set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+        let protocol = match std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .unwrap_or_default()
+            .trim()
+        {
+            "" | "http/protobuf" => OtlpProtocol::HttpProtobuf,
+            "grpc" => OtlpProtocol::Grpc,
+            other => {
+                return Err(TelemetryError::Config(format!(
+                    "OTEL_EXPORTER_OTLP_PROTOCOL={other:?}: use http/protobuf or grpc"
+                )))
+            }
+        };
+        let log_format = match std::env::var("TOOLFLEET_LOG_FORMAT")
+            .unwrap_or_default()
+            .trim()
+        {
+            "" | "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return Err(TelemetryError::Config(format!(
+                    "TOOLFLEET_LOG_FORMAT={other:?}: use text or json"
+                )))
+            }
+        };
+        Ok(Self {
+            default_service_name: service.to_string(),
+            export,
+            protocol,
+            log_format,
+            log_filter: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        })
+    }
+}
+
+/// Installed telemetry; call [`Telemetry::shutdown`] before exit to flush.
+pub struct Telemetry {
+    tracer_provider: Option<SdkTracerProvider>,
+    meter_provider: SdkMeterProvider,
+    prometheus: prometheus::Registry,
+}
+
+impl fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Telemetry")
+            .field("exporting", &self.tracer_provider.is_some())
+            .finish()
+    }
+}
+
+fn resource(config: &TelemetryConfig) -> Resource {
+    let builder = Resource::builder();
+    if std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.trim().is_empty()) {
+        builder.build()
+    } else {
+        builder
+            .with_service_name(config.default_service_name.clone())
+            .build()
+    }
+}
+
+/// Builds the tracer provider exporting over OTLP (`None` when no endpoint is set).
+pub fn tracer_provider(
+    config: &TelemetryConfig,
+) -> Result<Option<SdkTracerProvider>, TelemetryError> {
+    if !config.export {
+        return Ok(None);
+    }
+    let exporter = match config.protocol {
+        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?,
+        #[cfg(feature = "otlp-grpc")]
+        OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?,
+        #[cfg(not(feature = "otlp-grpc"))]
+        OtlpProtocol::Grpc => {
+            return Err(TelemetryError::Config(
+                "OTLP over gRPC needs the otlp-grpc feature".into(),
+            ))
+        }
+    };
+    Ok(Some(
+        SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource(config))
+            .build(),
+    ))
+}
+
+fn meter_provider(
+    config: &TelemetryConfig,
+    registry: &prometheus::Registry,
+) -> Result<SdkMeterProvider, TelemetryError> {
+    let prometheus_reader = opentelemetry_prometheus::exporter()
+        .with_registry(registry.clone())
+        .without_target_info()
+        .build()
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let mut builder = SdkMeterProvider::builder()
+        .with_resource(resource(config))
+        .with_reader(prometheus_reader);
+    if config.export && config.protocol == OtlpProtocol::HttpProtobuf {
+        let exporter = opentelemetry_otlp::MetricExporter::builder()
+            .with_http()
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        builder = builder.with_periodic_exporter(exporter);
+    }
+    Ok(builder.build())
+}
+
+/// Installs logging, tracing export and metrics for this process.
+pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
+    let filter = EnvFilter::try_new(&config.log_filter)
+        .map_err(|e| TelemetryError::Config(format!("RUST_LOG: {e}")))?;
+    let tracer_provider = tracer_provider(config)?;
+    let otel_layer = tracer_provider
+        .as_ref()
+        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("toolfleet")));
+    let registry = prometheus::Registry::new();
+    let meter_provider = meter_provider(config, &registry)?;
+    let _ = PROMETHEUS.set(registry.clone());
+    opentelemetry::global::set_meter_provider(meter_provider.clone());
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+
+    let fmt_layer = match config.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .event_format(JsonWithTrace)
+            .boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(otel_layer)
+        .with(fmt_layer)
+        .with(filter)
+        .try_init()
+        .map_err(|e| TelemetryError::Subscriber(e.to_string()))?;
+    Ok(Telemetry {
+        tracer_provider,
+        meter_provider,
+        prometheus: registry,
+    })
+}
+
+use tracing_subscriber::Layer as _;
+
+impl Telemetry {
+    /// The metrics in Prometheus text exposition format.
+    pub fn prometheus_text(&self) -> String {
+        render_prometheus(&self.prometheus)
+    }
+
+    /// A cheap handle for rendering metrics from an HTTP handler.
+    pub fn prometheus_registry(&self) -> prometheus::Registry {
+        self.prometheus.clone()
+    }
+
+    /// Flushes and stops the exporters. Blocks; call it from a blocking context or at the
+    /// very end of `main`.
+    pub fn shutdown(self) {
+        if let Some(p) = self.tracer_provider {
+            let _ = p.force_flush();
+            let _ = p.shutdown();
+        }
+        let _ = self.meter_provider.force_flush();
+        let _ = self.meter_provider.shutdown();
+    }
+}
+
+static PROMETHEUS: std::sync::OnceLock<prometheus::Registry> = std::sync::OnceLock::new();
+
+/// This process's metrics in Prometheus text format (empty before [`init`]).
+pub fn prometheus_text() -> String {
+    PROMETHEUS.get().map(render_prometheus).unwrap_or_default()
+}
+
+/// Renders a Prometheus registry as text.
+pub fn render_prometheus(registry: &prometheus::Registry) -> String {
+    use prometheus::Encoder;
+    let mut out = Vec::new();
+    let _ = prometheus::TextEncoder::new().encode(&registry.gather(), &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+// ----- trace context in NATS headers ------------------------------------------------
+
+struct HeaderInjector<'a>(&'a mut HeaderMap);
+
+impl Injector for HeaderInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key, value.as_str());
+    }
+}
+
+struct HeaderExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|v| v.as_str())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(k, _)| k.as_ref()).collect()
+    }
+}
+
+/// Writes `span`'s W3C trace context (`traceparent`, `tracestate`) into `headers`.
+/// Does nothing when the span is not recorded by OpenTelemetry.
+pub fn inject_span(span: &tracing::Span, headers: &mut HeaderMap) {
+    let cx = span.context();
+    if cx.span().span_context().is_valid() {
+        TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
+    }
+}
+
+/// Writes the current span's trace context into `headers`.
+pub fn inject_current(headers: &mut HeaderMap) {
+    inject_span(&tracing::Span::current(), headers);
+}
+
+/// The remote parent carried in `headers` (an empty context when absent).
+pub fn extract(headers: Option<&HeaderMap>) -> opentelemetry::Context {
+    match headers {
+        Some(h) => TraceContextPropagator::new().extract(&HeaderExtractor(h)),
+        None => opentelemetry::Context::new(),
+    }
+}
+
+/// Parents `span` under the context carried in `headers`, when there is one.
+pub fn set_remote_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
+    let cx = extract(headers);
+    if cx.span().span_context().is_valid() {
+        let _ = span.set_parent(cx);
+    }
+}
+
+/// The trace id of `span` as 32 hex digits, when it is recorded.
+pub fn trace_id(span: &tracing::Span) -> Option<String> {
+    let cx = span.context();
+    let sc = cx.span().span_context().clone();
+    sc.is_valid().then(|| sc.trace_id().to_string())
+}
+
+/// The W3C `traceparent` of `span`, when it is recorded.
+pub fn traceparent(span: &tracing::Span) -> Option<String> {
+    let mut headers = HeaderMap::new();
+    inject_span(span, &mut headers);
+    headers
+        .get(crate::names::HEADER_TRACEPARENT)
+        .map(|v| v.to_string())
+}
+
+/// Parents `span` under a stored `traceparent`.
+pub fn set_parent_from_traceparent(span: &tracing::Span, traceparent: &str) {
+    let mut headers = HeaderMap::new();
+    headers.insert(crate::names::HEADER_TRACEPARENT, traceparent);
+    set_remote_parent(span, Some(&headers));
+}
+
+// ----- JSON log lines with trace ids ------------------------------------------------
+
+struct JsonWithTrace;
+
+struct FieldVisitor<'a>(&'a mut Map<String, Value>);
+
+impl Visit for FieldVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0
+            .insert(field.name().into(), Value::String(value.into()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().into(), Value::String(format!("{value:?}")));
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for JsonWithTrace
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = Map::new();
+        line.insert(
+            "timestamp".into(),
+            Value::String(crate::call::now_rfc3339()),
+        );
+        line.insert(
+            "level".into(),
+            Value::String(event.metadata().level().to_string()),
+        );
+        line.insert(
+            "target".into(),
+            Value::String(event.metadata().target().into()),
+        );
+        let mut fields = Map::new();
+        event.record(&mut FieldVisitor(&mut fields));
+        if let Some(span) = ctx.lookup_current() {
+            line.insert("span".into(), Value::String(span.name().into()));
+            let id = span.id();
+            let cx = tracing::dispatcher::get_default(|d| {
+                tracing_opentelemetry::get_otel_context(&id, d)
+            });
+            if let Some(cx) = cx {
+                let sc = cx.span().span_context().clone();
+                if sc.is_valid() {
+                    line.insert("trace_id".into(), Value::String(sc.trace_id().to_string()));
+                    line.insert("span_id".into(), Value::String(sc.span_id().to_string()));
+                }
+            }
+        }
+        for (k, v) in fields {
+            line.entry(k).or_insert(v);
+        }
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}

@@ -1,0 +1,116 @@
+//! A coordinator process killed mid-turn: another coordinator finishes the turn, either
+//! when the last result comes in (shared results consumer) or at the deadline (sweeper).
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use toolfleet_common::call::codes;
+use toolfleet_common::client::TurnStream;
+use toolfleet_common::{CallState, FinalEvent, TurnEvent};
+use toolfleet_tests::eventually_named;
+use toolfleet_tests::fleet::{
+    call, code_of, final_of, read_to_end, result_of, tool_calls, turn, Fleet, Running,
+};
+use toolfleet_worker::packs;
+
+const EVENT_WAIT: Duration = Duration::from_secs(15);
+
+/// A fleet whose only coordinator is a child process (returned by pid) and whose worker
+/// runs in-process.
+async fn fleet_with_coordinator_process() -> anyhow::Result<(Fleet, u32, Running)> {
+    let mut fleet = Fleet::start().await?;
+    let pid = fleet.spawn_node("coordinator", &[])?;
+    let tools = packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
+    let worker = fleet.worker(fleet.worker_config(), tools);
+    fleet.wait_for_tools(&["test.behave"]).await?;
+    Ok((fleet, pid, worker))
+}
+
+/// Submits one `test.behave` call sleeping `sleep_ms` under `deadline_ms`, kills the
+/// coordinator process once the call runs, starts an in-process coordinator
+/// and returns the turn's final event, its id and the time from submit to final.
+async fn kill_coordinator_mid_turn(
+    sleep_ms: u64,
+    deadline_ms: u64,
+) -> anyhow::Result<(Fleet, FinalEvent, String, Duration)> {
+    let (mut fleet, first, _worker) = fleet_with_coordinator_process().await?;
+    let mut request = turn(
+        "acme",
+        tool_calls(vec![call(
+            "orphan",
+            "test.behave",
+            json!({"sleep_ms": sleep_ms, "value": "kept"}),
+        )]),
+    );
+    request.deadline_ms = Some(deadline_ms);
+    let submitted = Instant::now();
+    let mut stream: TurnStream = fleet.client.submit(request).await?;
+    let turn_id = stream.turn_id().to_string();
+    let ack = stream.next_event(EVENT_WAIT).await?;
+    assert_eq!(ack.kind(), "ack");
+    // `ack` leaves before the job does; `running` shows the job is out.
+    loop {
+        match stream.next_event(EVENT_WAIT).await? {
+            TurnEvent::ToolState {
+                state: CallState::Running,
+                ..
+            } => break,
+            event if event.is_last() => anyhow::bail!("turn ended early: {event:?}"),
+            _ => {}
+        }
+    }
+
+    fleet.kill_node(first).await?;
+    let _second = fleet.coordinator(fleet.coordinator_config());
+
+    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+    let took = submitted.elapsed();
+    let fin = final_of(&events)?.clone();
+    Ok((fleet, fin, turn_id, took))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_coordinator_records_the_last_result() -> anyhow::Result<()> {
+    let (fleet, fin, turn_id, took) = kill_coordinator_mid_turn(1000, 10_000).await?;
+    let r = result_of(&fin, "orphan")?;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.state, CallState::Done);
+    assert_eq!(
+        r.result.as_ref().map(|v| v["value"].clone()),
+        Some(json!("kept"))
+    );
+    assert!(!fin.deadline_hit);
+    assert_eq!((fin.summary.total, fin.summary.ok), (1, 1));
+    assert!(took < Duration::from_secs(5), "final after {took:?}");
+    let counters = fleet.counters(&turn_id).await?;
+    assert_eq!(counters.get("ended").map(String::as_str), Some("complete"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_coordinator_ends_the_turn_at_its_deadline() -> anyhow::Result<()> {
+    let deadline_ms = 1500;
+    let (fleet, fin, turn_id, took) = kill_coordinator_mid_turn(5000, deadline_ms).await?;
+    let r = result_of(&fin, "orphan")?;
+    assert_eq!(r.state, CallState::Timeout, "{r:?}");
+    assert_eq!(code_of(r), Some(codes::DEADLINE_EXCEEDED));
+    assert!(fin.deadline_hit);
+    assert_eq!((fin.summary.total, fin.summary.timeouts), (1, 1));
+    assert!(
+        took >= Duration::from_millis(deadline_ms) && took < Duration::from_millis(4000),
+        "final after {took:?}, the deadline is {deadline_ms} ms"
+    );
+    let counters = fleet.counters(&turn_id).await?;
+    assert_eq!(counters.get("ended").map(String::as_str), Some("deadline"));
+    // The worker gave up at the deadline too; its answer is late.
+    eventually_named("the worker's late answer", Duration::from_secs(5), || {
+        let fleet = &fleet;
+        let turn_id = turn_id.as_str();
+        async move {
+            let counters = fleet.counters(turn_id).await.ok()?;
+            (counters.get("late").map(String::as_str) == Some("1")).then_some(())
+        }
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,86 @@
+//! A turn ends at its deadline: the slow call is a `timeout`, the fast one keeps its
+//! result, and the slow call's late result is counted and changes nothing.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use toolfleet_common::call::codes;
+use toolfleet_common::{CallState, TurnEvent};
+use toolfleet_tests::eventually_named;
+use toolfleet_tests::fleet::{call, code_of, next_raw_event, result_of, tool_calls, turn, Fleet};
+
+const EVENT_WAIT: Duration = Duration::from_secs(5);
+const DEADLINE_MS: u64 = 500;
+const SLOW_MS: u64 = 1500;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deadline_ends_the_turn_and_late_results_change_nothing() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let (_c, _w) = fleet.start_default().await?;
+    let turn_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut request = turn(
+        "acme",
+        tool_calls(vec![
+            call("fast", "test.behave", json!({"value": "quick"})),
+            call("slow", "test.behave", json!({"sleep_ms": SLOW_MS})),
+        ]),
+    );
+    request.turn_id = Some(turn_id.clone());
+    request.deadline_ms = Some(DEADLINE_MS);
+
+    let submitted = Instant::now();
+    let mut events = fleet.submit_raw(serde_json::to_vec(&request)?).await?;
+    let fin = loop {
+        match next_raw_event(&mut events, EVENT_WAIT).await? {
+            TurnEvent::Final(fin) => break fin,
+            TurnEvent::Error { error, .. } => anyhow::bail!("turn failed: {error:?}"),
+            _ => {}
+        }
+    };
+    let took = submitted.elapsed();
+    assert!(
+        took >= Duration::from_millis(DEADLINE_MS - 50) && took < Duration::from_millis(SLOW_MS),
+        "final after {took:?}, the deadline is {DEADLINE_MS} ms"
+    );
+    assert!(fin.deadline_hit);
+    assert_eq!(fin.turn_id, turn_id);
+    let fast = result_of(&fin, "fast")?;
+    assert!(fast.ok, "{fast:?}");
+    let slow = result_of(&fin, "slow")?;
+    assert_eq!(slow.state, CallState::Timeout, "{slow:?}");
+    assert_eq!(code_of(slow), Some(codes::DEADLINE_EXCEEDED));
+    assert_eq!(
+        (fin.summary.total, fin.summary.ok, fin.summary.timeouts),
+        (2, 1, 1)
+    );
+
+    // The worker's own answer for the slow call arrives after the turn ended: counted
+    // as late, and not recorded.
+    eventually_named(
+        "the late result to be counted",
+        Duration::from_secs(5),
+        || {
+            let fleet = &fleet;
+            let turn_id = turn_id.as_str();
+            async move {
+                let counters = fleet.counters(turn_id).await.ok()?;
+                (counters.get("late").map(String::as_str) == Some("1")).then_some(())
+            }
+        },
+    )
+    .await?;
+    let counters = fleet.counters(&turn_id).await?;
+    assert_eq!(counters.get("duplicates").map(String::as_str), Some("0"));
+    assert_eq!(counters.get("state").map(String::as_str), Some("final"));
+    assert_eq!(counters.get("ended").map(String::as_str), Some("deadline"));
+    let recorded = fleet.recorded_results(&turn_id).await?;
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert!(recorded.contains_key("fast"));
+
+    // Nothing more is published for the turn.
+    match next_raw_event(&mut events, Duration::from_millis(500)).await {
+        Err(_) => {}
+        Ok(event) => anyhow::bail!("event after final: {event:?}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,331 @@
+//! A failing call never sinks its turn: every call gets its own result with a stable
+//! code, the rest still run, and the history holds one entry per call.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use toolfleet_common::call::codes;
+use toolfleet_common::{CallState, TurnEvent, TurnOptions};
+use toolfleet_coordinator::narrate::FALLBACK;
+use toolfleet_coordinator::{TenantPolicies, TenantPolicy};
+use toolfleet_tests::fleet::{call, code_of, result_of, tool_calls, turn, Fleet};
+use toolfleet_worker::packs;
+
+const EVENT_WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_failure_gets_its_own_code() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let (_c, _w) = fleet.start_default().await?;
+    let decision = tool_calls(vec![
+        call("good", "test.behave", json!({"value": 7})),
+        call("boom", "test.behave", json!({"fail": "boom"})),
+        call("unknown", "test.nosuchtool", json!({})),
+        call("bad_type", "test.behave", json!({"sleep_ms": "soon"})),
+        call(
+            "bad_field",
+            "test.behave",
+            json!({"sleep_ms": 1, "colour": "red"}),
+        ),
+    ]);
+    let outcome = fleet
+        .client
+        .run_turn(turn("acme", decision), EVENT_WAIT)
+        .await?;
+    let fin = &outcome.final_event;
+
+    let expected = [
+        ("good", CallState::Done, None),
+        ("boom", CallState::Error, Some("boom")),
+        ("unknown", CallState::Error, Some(codes::UNKNOWN_TOOL)),
+        ("bad_type", CallState::Error, Some(codes::INVALID_ARGUMENTS)),
+        (
+            "bad_field",
+            CallState::Error,
+            Some(codes::INVALID_ARGUMENTS),
+        ),
+    ];
+    let ids: Vec<&str> = fin
+        .results
+        .iter()
+        .map(|r| r.tool_call_id.as_str())
+        .collect();
+    assert_eq!(ids, expected.map(|(id, _, _)| id));
+    for (id, state, code) in expected {
+        let r = result_of(fin, id)?;
+        assert_eq!(r.state, state, "{id}: {r:?}");
+        assert_eq!(r.ok, state == CallState::Done, "{id}");
+        assert_eq!(code_of(r), code, "{id}: {r:?}");
+    }
+    assert_eq!(
+        result_of(fin, "good")?
+            .result
+            .as_ref()
+            .map(|v| v["value"].clone()),
+        Some(json!(7))
+    );
+    // The tool's own failure ran on a worker; validation failures never left the
+    // coordinator.
+    assert_eq!(result_of(fin, "boom")?.attempts, 1);
+    assert_eq!(result_of(fin, "unknown")?.attempts, 0);
+    assert_eq!(result_of(fin, "bad_type")?.attempts, 0);
+
+    assert_eq!(fin.summary.total, 5);
+    assert_eq!(fin.summary.ok, 1);
+    assert_eq!(fin.summary.errors, 4);
+    assert_eq!(fin.summary.timeouts, 0);
+    assert_eq!(fin.summary.skipped, 0);
+    assert!(!fin.deadline_hit);
+
+    // Refused calls are reported as errors in the first burst of states.
+    let refused_states: Vec<(&str, Option<&str>)> = outcome
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            TurnEvent::ToolState {
+                tool_call_id,
+                state: CallState::Error,
+                error,
+                ..
+            } => Some((
+                tool_call_id.as_str(),
+                error.as_ref().map(|e| e.code.as_str()),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert!(refused_states.contains(&("unknown", Some(codes::UNKNOWN_TOOL))));
+    assert!(refused_states.contains(&("bad_type", Some(codes::INVALID_ARGUMENTS))));
+    assert!(refused_states.contains(&("boom", Some("boom"))));
+
+    // History: one OpenAI tool message and one Anthropic block per call, in order.
+    assert_eq!(fin.history.openai.len(), 5);
+    let openai_ids: Vec<&str> = fin
+        .history
+        .openai
+        .iter()
+        .filter_map(|m| m["tool_call_id"].as_str())
+        .collect();
+    assert_eq!(openai_ids, ids);
+    assert_eq!(fin.history.anthropic.len(), 1);
+    let message = &fin.history.anthropic[0];
+    assert_eq!(message["role"], "user");
+    let blocks = message["content"].as_array().cloned().unwrap_or_default();
+    assert_eq!(blocks.len(), 5);
+    for (block, (id, state, code)) in blocks.iter().zip(expected) {
+        assert_eq!(block["type"], "tool_result");
+        assert_eq!(block["tool_use_id"], id);
+        assert_eq!(block["is_error"], json!(state != CallState::Done), "{id}");
+        if let Some(code) = code {
+            let content: Value =
+                serde_json::from_str(block["content"].as_str().unwrap_or_default())?;
+            assert_eq!(content["error"]["code"], code, "{id}");
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panics_duplicates_and_the_call_cap() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let (_c, _w) = fleet.start_default().await?;
+
+    // A panicking tool is an error for its call only, and the worker lives on.
+    let outcome = fleet
+        .client
+        .run_turn(
+            turn(
+                "acme",
+                tool_calls(vec![
+                    call("panics", "test.behave", json!({"panic": true})),
+                    call("fine", "test.noop", json!({})),
+                ]),
+            ),
+            EVENT_WAIT,
+        )
+        .await?;
+    let fin = &outcome.final_event;
+    let panicked = result_of(fin, "panics")?;
+    assert_eq!(panicked.state, CallState::Error);
+    assert_eq!(code_of(panicked), Some(codes::TOOL_PANICKED));
+    assert!(result_of(fin, "fine")?.ok);
+    assert_eq!((fin.summary.ok, fin.summary.errors), (1, 1));
+
+    // The second use of a call id is refused; the first runs.
+    let outcome = fleet
+        .client
+        .run_turn(
+            turn(
+                "acme",
+                tool_calls(vec![
+                    call("same", "test.behave", json!({"value": "first"})),
+                    call("same", "test.behave", json!({"value": "second"})),
+                ]),
+            ),
+            EVENT_WAIT,
+        )
+        .await?;
+    let fin = &outcome.final_event;
+    assert_eq!(fin.results.len(), 2);
+    assert!(fin.results[0].ok, "{:?}", fin.results[0]);
+    assert_eq!(
+        fin.results[0].result.as_ref().map(|v| v["value"].clone()),
+        Some(json!("first"))
+    );
+    assert_eq!(fin.results[1].tool_call_id, "same");
+    assert_eq!(code_of(&fin.results[1]), Some(codes::DUPLICATE_CALL_ID));
+    assert_eq!((fin.summary.ok, fin.summary.errors), (1, 1));
+
+    // Calls past the turn's cap are refused; the others run.
+    let mut request = turn(
+        "acme",
+        tool_calls(vec![
+            call("c1", "test.noop", json!({})),
+            call("c2", "test.noop", json!({})),
+            call("c3", "test.noop", json!({})),
+        ]),
+    );
+    request.options = TurnOptions {
+        max_calls: Some(2),
+        concurrency: None,
+    };
+    let outcome = fleet.client.run_turn(request, EVENT_WAIT).await?;
+    let fin = &outcome.final_event;
+    assert!(result_of(fin, "c1")?.ok);
+    assert!(result_of(fin, "c2")?.ok);
+    assert_eq!(code_of(result_of(fin, "c3")?), Some(codes::TOO_MANY_CALLS));
+    assert_eq!(
+        (fin.summary.total, fin.summary.ok, fin.summary.errors),
+        (3, 2, 1)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_policy_refuses_calls() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let mut config = fleet.coordinator_config();
+    config.tenants = TenantPolicies {
+        default: TenantPolicy::default(),
+        tenants: BTreeMap::from([(
+            "t1".to_string(),
+            TenantPolicy {
+                allowed_tools: Some(vec!["crm.*".into()]),
+                ..TenantPolicy::default()
+            },
+        )]),
+    };
+    let _c = fleet.coordinator(config);
+    let tools = packs::tools_for(&["demo", "test"]).map_err(anyhow::Error::msg)?;
+    let _w = fleet.worker(fleet.worker_config(), tools);
+    fleet
+        .wait_for_tools(&["crm.getOpenInvoices", "test.behave"])
+        .await?;
+
+    let decision = tool_calls(vec![
+        call(
+            "crm",
+            "crm.getOpenInvoices",
+            json!({"customerId": "cust_001"}),
+        ),
+        call("test", "test.behave", json!({})),
+        call(
+            "other_tenant",
+            "crm.getOpenInvoices",
+            json!({"customerId": "cust_001", "tenant_id": "other"}),
+        ),
+    ]);
+    let outcome = fleet
+        .client
+        .run_turn(turn("t1", decision.clone()), EVENT_WAIT)
+        .await?;
+    let fin = &outcome.final_event;
+    assert!(result_of(fin, "crm")?.ok, "{:?}", result_of(fin, "crm")?);
+    assert_eq!(
+        code_of(result_of(fin, "test")?),
+        Some(codes::TOOL_NOT_ALLOWED)
+    );
+    assert_eq!(
+        code_of(result_of(fin, "other_tenant")?),
+        Some(codes::TENANT_MISMATCH)
+    );
+    assert_eq!(
+        (fin.summary.total, fin.summary.ok, fin.summary.errors),
+        (3, 1, 2)
+    );
+
+    // Another tenant has no allowlist; naming a foreign tenant is still refused.
+    let outcome = fleet
+        .client
+        .run_turn(turn("t2", decision), EVENT_WAIT)
+        .await?;
+    let fin = &outcome.final_event;
+    assert!(result_of(fin, "crm")?.ok);
+    assert!(result_of(fin, "test")?.ok);
+    assert_eq!(
+        code_of(result_of(fin, "other_tenant")?),
+        Some(codes::TENANT_MISMATCH)
+    );
+
+    // Naming the turn's own tenant is fine as far as the tenant check goes (the CRM
+    // schema then refuses the extra field).
+    let outcome = fleet
+        .client
+        .run_turn(
+            turn(
+                "t1",
+                tool_calls(vec![call(
+                    "own_tenant",
+                    "crm.getOpenInvoices",
+                    json!({"customerId": "cust_001", "tenant_id": "t1"}),
+                )]),
+            ),
+            EVENT_WAIT,
+        )
+        .await?;
+    assert_eq!(
+        code_of(result_of(&outcome.final_event, "own_tenant")?),
+        Some(codes::INVALID_ARGUMENTS)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_failed_turn_speaks_the_fallback() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let (_c, _w) = fleet.start_default().await?;
+    let decision = tool_calls(vec![
+        call("boom", "test.behave", json!({"fail": "boom"})),
+        call("unknown", "nope.nothing", json!({})),
+    ]);
+    let outcome = fleet
+        .client
+        .run_turn(turn("acme", decision), EVENT_WAIT)
+        .await?;
+    let fin = &outcome.final_event;
+    assert_eq!(fin.summary.ok, 0);
+    assert_eq!(fin.summary.errors, 2);
+    assert_eq!(code_of(result_of(fin, "boom")?), Some("boom"));
+    assert_eq!(
+        code_of(result_of(fin, "unknown")?),
+        Some(codes::UNKNOWN_TOOL)
+    );
+    assert_eq!(fin.text, FALLBACK);
+    let narration: Vec<&str> = outcome
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            TurnEvent::Narration { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(narration, [FALLBACK]);
+    let blocks = fin.history.anthropic[0]["content"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(blocks.len(), 2);
+    assert!(blocks.iter().all(|b| b["is_error"] == json!(true)));
+    Ok(())
+}
