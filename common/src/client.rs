@@ -6,6 +6,7 @@ use async_nats::HeaderMap;
 use futures::StreamExt;
 use serde_json::Value;
 
+use crate::credentials::NatsCredentials;
 use crate::names::{self, Names};
 use crate::tool::{CatalogFormat, CatalogRequest, CatalogResponse};
 use crate::turn::{valid_turn_id, FinalEvent, TurnEvent, TurnRequest};
@@ -70,8 +71,18 @@ impl FleetClient {
 
     /// Connects to NATS at `url`, using names under `prefix`.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, ClientError> {
-        let nats = async_nats::ConnectOptions::new()
-            .name("toolfleet-client")
+        Self::connect_with(url, prefix, &NatsCredentials::none()).await
+    }
+
+    /// Like [`FleetClient::connect`], authenticating with `credentials`; turn events and
+    /// catalog replies arrive on the credentials' inbox prefix.
+    pub async fn connect_with(
+        url: &str,
+        prefix: &str,
+        credentials: &NatsCredentials,
+    ) -> Result<Self, ClientError> {
+        let nats = credentials
+            .apply(async_nats::ConnectOptions::new().name("toolfleet-client"))
             .connect(url)
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Connect, e.to_string()))?;

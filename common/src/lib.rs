@@ -7,6 +7,7 @@
 //! | module | what lives there |
 //! |---|---|
 //! | [`config`] | typed settings from environment variables |
+//! | [`credentials`] | NATS user, password and inbox prefix of one role |
 //! | [`metrics`] | the fleet's OpenTelemetry instruments and metric names |
 //! | [`names`] | every subject, stream, consumer, header and Redis key name |
 //! | [`turn`] | `TurnRequest`, `TurnEvent` (`ack`, `tool_state`, `narration`, `final`, `error`) |
@@ -25,6 +26,7 @@ pub mod ack;
 pub mod call;
 pub mod client;
 pub mod config;
+pub mod credentials;
 pub mod decision;
 pub mod history;
 pub mod http;

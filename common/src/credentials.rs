@@ -1,0 +1,154 @@
+//! NATS credentials of one role: user, password, and the inbox prefix its replies use.
+//!
+//! A server with per-role users (`deploy/nats/auth.conf`) lets each user subscribe only
+//! to its own inbox prefix, `_INBOX_<user>`, so one role cannot read another's replies.
+//! Without a user nothing changes: no credentials are sent and inboxes start `_INBOX`.
+
+use std::fmt;
+
+use crate::config::{env_string, ConfigError};
+
+/// The inbox prefix of clients without a user.
+pub const DEFAULT_INBOX_PREFIX: &str = "_INBOX";
+
+/// How one process authenticates to NATS.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct NatsCredentials {
+    /// User name (`TOOLFLEET_NATS_USER`).
+    pub user: Option<String>,
+    /// Password (`TOOLFLEET_NATS_PASSWORD`).
+    pub password: Option<String>,
+    /// Inbox prefix (`TOOLFLEET_NATS_INBOX_PREFIX`); see [`NatsCredentials::inbox_prefix`].
+    pub inbox_prefix: Option<String>,
+}
+
+impl fmt::Debug for NatsCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsCredentials")
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("inbox_prefix", &self.inbox_prefix())
+            .finish()
+    }
+}
+
+impl NatsCredentials {
+    /// No credentials.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// `user` with `password`, replies on `_INBOX_<user>`.
+    pub fn user_and_password(user: impl Into<String>, password: impl Into<String>) -> Self {
+        Self {
+            user: Some(user.into()),
+            password: Some(password.into()),
+            inbox_prefix: None,
+        }
+    }
+
+    /// Reads `TOOLFLEET_NATS_USER`, `TOOLFLEET_NATS_PASSWORD` and
+    /// `TOOLFLEET_NATS_INBOX_PREFIX`. A user without a password (or the reverse) is an
+    /// error, and so is an inbox prefix that is not a plain subject.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let read = |name: &str| Some(env_string(name, "")).filter(|v| !v.is_empty());
+        let credentials = Self {
+            user: read("TOOLFLEET_NATS_USER"),
+            password: read("TOOLFLEET_NATS_PASSWORD"),
+            inbox_prefix: read("TOOLFLEET_NATS_INBOX_PREFIX"),
+        };
+        match (&credentials.user, &credentials.password) {
+            (Some(_), None) => {
+                return Err(ConfigError {
+                    name: "TOOLFLEET_NATS_PASSWORD".into(),
+                    value: String::new(),
+                    reason: "TOOLFLEET_NATS_USER is set, so a password is required".into(),
+                })
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError {
+                    name: "TOOLFLEET_NATS_USER".into(),
+                    value: String::new(),
+                    reason: "TOOLFLEET_NATS_PASSWORD is set, so a user is required".into(),
+                })
+            }
+            _ => {}
+        }
+        if let Some(prefix) = &credentials.inbox_prefix {
+            if !valid_prefix(prefix) {
+                return Err(ConfigError {
+                    name: "TOOLFLEET_NATS_INBOX_PREFIX".into(),
+                    value: prefix.clone(),
+                    reason: "must be a subject without wildcards or empty tokens".into(),
+                });
+            }
+        }
+        Ok(credentials)
+    }
+
+    /// The inbox prefix in use: the configured one, else `_INBOX_<user>` when a user is
+    /// set, else [`DEFAULT_INBOX_PREFIX`].
+    pub fn inbox_prefix(&self) -> String {
+        match (&self.inbox_prefix, &self.user) {
+            (Some(prefix), _) => prefix.clone(),
+            (None, Some(user)) => format!("{DEFAULT_INBOX_PREFIX}_{user}"),
+            (None, None) => DEFAULT_INBOX_PREFIX.to_string(),
+        }
+    }
+
+    /// `options` with these credentials and inbox prefix.
+    pub fn apply(&self, options: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
+        let options = options.custom_inbox_prefix(self.inbox_prefix());
+        match (&self.user, &self.password) {
+            (Some(user), Some(password)) => {
+                options.user_and_password(user.clone(), password.clone())
+            }
+            _ => options,
+        }
+    }
+}
+
+fn valid_prefix(prefix: &str) -> bool {
+    prefix.split('.').all(|token| {
+        !token.is_empty()
+            && !token
+                .chars()
+                .any(|c| c == '*' || c == '>' || c.is_whitespace())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inbox_prefix_follows_the_user() {
+        assert_eq!(NatsCredentials::none().inbox_prefix(), "_INBOX");
+        let worker = NatsCredentials::user_and_password("worker", "secret");
+        assert_eq!(worker.inbox_prefix(), "_INBOX_worker");
+        let custom = NatsCredentials {
+            inbox_prefix: Some("_INBOX_web".into()),
+            ..worker.clone()
+        };
+        assert_eq!(custom.inbox_prefix(), "_INBOX_web");
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let shown = format!(
+            "{:?}",
+            NatsCredentials::user_and_password("worker", "hunter2")
+        );
+        assert!(!shown.contains("hunter2"));
+        assert!(shown.contains("worker"));
+    }
+
+    #[test]
+    fn prefixes_are_plain_subjects() {
+        assert!(valid_prefix("_INBOX_web"));
+        assert!(valid_prefix("fleet.inbox.web"));
+        assert!(!valid_prefix("_INBOX.>"));
+        assert!(!valid_prefix("a..b"));
+        assert!(!valid_prefix(""));
+    }
+}
