@@ -19,7 +19,9 @@ use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
 use toolfleet_common::config::{DEFAULT_NATS_URL, DEFAULT_REDIS_URL};
 use toolfleet_common::names::DEFAULT_PREFIX;
+use toolfleet_common::telemetry::{self, TelemetryConfig};
 use toolfleet_common::{CatalogFormat, FleetClient, TurnEvent, TurnRequest};
+use tracing::Instrument;
 
 use local::LocalFleet;
 
@@ -111,13 +113,19 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let mut telemetry_config = TelemetryConfig::from_env("toolfleet-cli")?;
+    if std::env::var_os("RUST_LOG").is_none() {
+        telemetry_config.log_filter = "warn".into();
+    }
+    telemetry_config.always_trace = true;
+    let telemetry = telemetry::init(&telemetry_config)?;
+    let outcome = run(cli).await;
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
+    outcome
+}
+
+async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Demo { customer, json } => {
             let fleet = LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo"]).await?;
@@ -239,10 +247,25 @@ fn retarget_customer(mut decision: Value, customer: &str) -> Value {
 }
 
 async fn stream_turn(client: &FleetClient, request: TurnRequest, json: bool) -> Result<()> {
+    let span = tracing::info_span!("submit turn", otel.kind = "client");
+    stream_turn_in(client, request, json, &span)
+        .instrument(span.clone())
+        .await
+}
+
+async fn stream_turn_in(
+    client: &FleetClient,
+    request: TurnRequest,
+    json: bool,
+    span: &tracing::Span,
+) -> Result<()> {
     let started = Instant::now();
     let mut stream = client.submit(request).await?;
     if !json {
         println!("turn {}", stream.turn_id());
+        if let Some(trace_id) = telemetry::trace_id(span) {
+            println!("trace {trace_id}");
+        }
     }
     loop {
         let event = stream.next_event(Duration::from_secs(30)).await?;

@@ -130,3 +130,75 @@ pub async fn serve(
     });
     Ok(local)
 }
+
+/// The boxed future of a readiness check: `Err(reason)` when not ready.
+pub type ReadyFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// A readiness check.
+pub type Readiness = Arc<dyn Fn() -> ReadyFuture + Send + Sync>;
+
+/// Routes `/healthz` (the process answers), `/readyz` (`ready` passes) and `/metrics`
+/// (Prometheus text of this process's metrics).
+pub fn ops_handler(ready: Readiness) -> Handler {
+    Arc::new(move |path: String| {
+        let ready = Arc::clone(&ready);
+        Box::pin(async move {
+            match path.as_str() {
+                "/healthz" | "/livez" => Response::ok("ok\n"),
+                "/readyz" => match tokio::time::timeout(Duration::from_secs(3), ready()).await {
+                    Ok(Ok(())) => Response::ok("ready\n"),
+                    Ok(Err(reason)) => Response::status(503, format!("not ready: {reason}\n")),
+                    Err(_) => Response::status(503, "not ready: checks timed out\n"),
+                },
+                "/metrics" => Response {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    body: crate::telemetry::prometheus_text(),
+                },
+                _ => Response::status(404, "not found\n"),
+            }
+        }) as ResponseFuture
+    })
+}
+
+/// Reads `TOOLFLEET_HTTP_ADDR`: unset means `default`; `off` disables the endpoint.
+pub fn addr_from_env(default: &str) -> Result<Option<SocketAddr>, crate::config::ConfigError> {
+    let value = crate::config::env_string("TOOLFLEET_HTTP_ADDR", default);
+    if value.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    value
+        .parse()
+        .map(Some)
+        .map_err(|e: std::net::AddrParseError| crate::config::ConfigError {
+            name: "TOOLFLEET_HTTP_ADDR".into(),
+            value,
+            reason: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn serves_health_readiness_and_404() -> Result<(), Box<dyn std::error::Error>> {
+        let ready: Readiness = Arc::new(|| Box::pin(async { Err("redis down".to_string()) }));
+        let shutdown = CancellationToken::new();
+        let addr = serve("127.0.0.1:0".parse()?, ops_handler(ready), shutdown.clone()).await?;
+        for (path, want) in [("/healthz", "200"), ("/readyz", "503"), ("/nope", "404")] {
+            let mut stream = tokio::net::TcpStream::connect(addr).await?;
+            stream
+                .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await?;
+            let mut out = String::new();
+            tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut out)).await??;
+            assert!(
+                out.starts_with(&format!("HTTP/1.1 {want}")),
+                "{path}: {out}"
+            );
+        }
+        shutdown.cancel();
+        Ok(())
+    }
+}

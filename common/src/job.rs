@@ -62,4 +62,6 @@ pub enum ProgressNotice {
         /// The call id.
         tool_call_id: String,
     },
+    /// A coordinator published the turn's `final`; the owner forgets the turn.
+    Ended,
 }

@@ -18,6 +18,12 @@ pub const HEADER_TURN_ID: &str = "Fleet-Turn-Id";
 pub const HEADER_CALL_ID: &str = "Fleet-Call-Id";
 /// Header carrying the tenant id on jobs.
 pub const HEADER_TENANT_ID: &str = "Fleet-Tenant-Id";
+/// Header carrying the session id on HTTP tool requests.
+pub const HEADER_SESSION_ID: &str = "Fleet-Session-Id";
+/// Header carrying the delivery attempt on HTTP tool requests.
+pub const HEADER_ATTEMPT: &str = "Fleet-Attempt";
+/// Response header an HTTP tool may set: one spoken sentence summarising its result.
+pub const HEADER_SUMMARY: &str = "Fleet-Summary";
 /// W3C trace context header.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 /// W3C trace state header.
@@ -125,6 +131,9 @@ impl Names {
     /// The durable pull consumer shared by every worker replica serving `tool`.
     ///
     /// Consumer names may not contain `.`, `*`, `>` or whitespace, so those become `_`.
+    ///
+    /// Two tool names can map to one consumer name (`a.b` and `a_b`); workers refuse
+    /// to serve a tool whose consumer filters another tool's subject.
     pub fn tool_consumer(&self, tool: &str) -> String {
         let safe: String = tool
             .chars()
@@ -169,6 +178,12 @@ impl Names {
     pub fn tool_workers_key(&self, tool: &str) -> String {
         format!("{}:{{registry}}:workers:{tool}", self.prefix)
     }
+
+    /// A cached tool result: `digest` identifies the arguments (and the context the tool
+    /// reads). Keys of one tenant share the `{tenant}` hash tag.
+    pub fn tool_cache_key(&self, tenant: &str, tool: &str, digest: &str) -> String {
+        format!("{}:cache:{{{tenant}}}:{tool}:{digest}", self.prefix)
+    }
 }
 
 /// Span names.
@@ -179,6 +194,12 @@ pub mod spans {
     pub const JOIN: &str = "join";
     /// Narrating the answer.
     pub const NARRATE: &str = "narrate";
+    /// A job publish (PRODUCER span; its name is `publish <subject>`).
+    pub const PUBLISH: &str = "publish";
+    /// A worker processing one job (CONSUMER span; `process <subject>`).
+    pub const PROCESS: &str = "process";
+    /// A tool executing one call (`execute_tool <tool>`), after the GenAI conventions.
+    pub const EXECUTE_TOOL: &str = "execute_tool";
 }
 
 #[cfg(test)]

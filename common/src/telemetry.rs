@@ -59,6 +59,9 @@ pub struct TelemetryConfig {
     pub log_format: LogFormat,
     /// Log filter (`RUST_LOG`), `info` by default.
     pub log_filter: String,
+    /// Record spans (with trace ids) even when nothing is exported, so a program can
+    /// show the trace id of what it did.
+    pub always_trace: bool,
 }
 
 /// Telemetry could not be set up.
@@ -111,6 +114,7 @@ impl TelemetryConfig {
             protocol,
             log_format,
             log_filter: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            always_trace: false,
         })
     }
 }
@@ -146,7 +150,11 @@ pub fn tracer_provider(
     config: &TelemetryConfig,
 ) -> Result<Option<SdkTracerProvider>, TelemetryError> {
     if !config.export {
-        return Ok(None);
+        return Ok(config.always_trace.then(|| {
+            SdkTracerProvider::builder()
+                .with_resource(resource(config))
+                .build()
+        }));
     }
     let exporter = match config.protocol {
         OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
@@ -200,9 +208,12 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_new(&config.log_filter)
         .map_err(|e| TelemetryError::Config(format!("RUST_LOG: {e}")))?;
     let tracer_provider = tracer_provider(config)?;
-    let otel_layer = tracer_provider
-        .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer("toolfleet")));
+    // Spans are exported at `info` and above whatever RUST_LOG says about log lines.
+    let otel_layer = tracer_provider.as_ref().map(|p| {
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("toolfleet"))
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
     let registry = prometheus::Registry::new();
     let meter_provider = meter_provider(config, &registry)?;
     let _ = PROMETHEUS.set(registry.clone());
@@ -212,16 +223,17 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     let fmt_layer = match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            .with_filter(filter)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .event_format(JsonWithTrace)
+            .with_filter(filter)
             .boxed(),
     };
     tracing_subscriber::registry()
         .with(otel_layer)
         .with(fmt_layer)
-        .with(filter)
         .try_init()
         .map_err(|e| TelemetryError::Subscriber(e.to_string()))?;
     Ok(Telemetry {

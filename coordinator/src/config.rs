@@ -53,6 +53,9 @@ pub struct CoordinatorConfig {
     pub shutdown_grace: Duration,
     /// Per-tenant policies (`TOOLFLEET_TENANTS_FILE`, JSON).
     pub tenants: TenantPolicies,
+    /// Address of `/healthz`, `/readyz` and `/metrics` (`TOOLFLEET_HTTP_ADDR`, default
+    /// `0.0.0.0:9090`, `off` to disable; none in [`CoordinatorConfig::local`]).
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 impl CoordinatorConfig {
@@ -78,6 +81,7 @@ impl CoordinatorConfig {
             result_concurrency: 256,
             shutdown_grace: Duration::from_secs(10),
             tenants: TenantPolicies::default(),
+            http_addr: None,
         }
     }
 
@@ -122,6 +126,7 @@ impl CoordinatorConfig {
                 .max(1),
             shutdown_grace: env_ms("TOOLFLEET_SHUTDOWN_GRACE_MS", d.shutdown_grace)?,
             tenants,
+            http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9090")?,
         })
     }
 }

@@ -3,8 +3,11 @@
 
 use std::sync::Arc;
 
-use toolfleet_common::call::codes;
+use toolfleet_common::call::{codes, unix_ms};
 use toolfleet_common::history::render_history;
+use toolfleet_common::job::ProgressNotice;
+use toolfleet_common::names::spans;
+use toolfleet_common::telemetry;
 use toolfleet_common::{
     CallError, CallResult, CallState, FinalEvent, Summary, ToolCall, TurnEvent,
 };
@@ -23,12 +26,29 @@ pub(crate) async fn close_turn(
     closing: Closing,
     deadline_hit: bool,
 ) {
-    let span = info_span!("join", turn_id = %turn_id, deadline_hit);
+    let span = info_span!(
+        parent: None,
+        "join",
+        otel.name = spans::JOIN,
+        otel.status_code = tracing::field::Empty,
+        toolfleet.turn.id = %turn_id,
+        toolfleet.turn.deadline_hit = deadline_hit,
+        toolfleet.summary.ok = tracing::field::Empty,
+        toolfleet.summary.errors = tracing::field::Empty,
+        toolfleet.summary.timeouts = tracing::field::Empty,
+        toolfleet.summary.skipped = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    if let Some(traceparent) = &closing.traceparent {
+        telemetry::set_parent_from_traceparent(&span, traceparent);
+    }
+    let turn_seconds = unix_ms().saturating_sub(closing.created_unix_ms) as f64 / 1000.0;
     async {
         let Closing {
             reply,
             calls,
             mut results,
+            ..
         } = closing;
         let mut entries: Vec<(String, CallEntry)> = calls.into_iter().collect();
         entries.sort_by_key(|(_, e)| e.index);
@@ -38,6 +58,11 @@ pub(crate) async fn close_turn(
                 Some(r) => ordered.push(r),
                 None => {
                     let missing = missing_result(&entry);
+                    inner.metrics.call_ended(
+                        &missing.name,
+                        missing.state.as_str(),
+                        missing.error.as_ref().map(|e| e.code.as_str()),
+                    );
                     events::publish(
                         &inner.nats,
                         &reply,
@@ -54,10 +79,25 @@ pub(crate) async fn close_turn(
                 }
             }
         }
+        let summary = Summary::of(&ordered);
+        let current = tracing::Span::current();
+        current.record("toolfleet.summary.ok", summary.ok);
+        current.record("toolfleet.summary.errors", summary.errors);
+        current.record("toolfleet.summary.timeouts", summary.timeouts);
+        current.record("toolfleet.summary.skipped", summary.skipped);
+        if summary.timeouts > 0 {
+            current.record("otel.status_code", "ERROR");
+            current.record("error.type", codes::DEADLINE_EXCEEDED);
+        }
         publish_final(inner, turn_id, &reply, ordered, deadline_hit).await;
     }
     .instrument(span)
     .await;
+    inner.metrics.turn_ended(
+        if deadline_hit { "deadline" } else { "complete" },
+        turn_seconds,
+    );
+    notify_ended(inner, turn_id).await;
     inner.release(turn_id);
     if let Err(error) = inner.join.forget_deadline(turn_id).await {
         warn!(%turn_id, %error, "could not drop the turn from the deadline index");
@@ -85,7 +125,11 @@ pub(crate) async fn publish_final(
     let chunks = match inner
         .narrator
         .narrate(&input)
-        .instrument(info_span!("narrate", turn_id = %turn_id))
+        .instrument(info_span!(
+            "narrate",
+            otel.name = spans::NARRATE,
+            toolfleet.turn.id = %turn_id
+        ))
         .await
     {
         Ok(chunks) if !chunks.is_empty() => chunks,
@@ -144,5 +188,16 @@ fn missing_result(entry: &CallEntry) -> CallResult {
                 "no result before the turn's deadline",
             ),
         )
+    }
+}
+
+/// Tells the turn's owner (possibly another replica) that the turn ended, so it closes
+/// the turn span and forgets the turn at once.
+async fn notify_ended(inner: &Inner, turn_id: &str) {
+    if let Ok(body) = serde_json::to_vec(&ProgressNotice::Ended) {
+        let _ = inner
+            .nats
+            .publish(inner.names.progress_subject(turn_id), body.into())
+            .await;
     }
 }

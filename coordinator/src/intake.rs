@@ -10,7 +10,9 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::ack::compose_acknowledgement;
 use toolfleet_common::call::{codes, unix_ms};
 use toolfleet_common::decision::{parse_decision, Decision, DecisionErrorKind};
+use toolfleet_common::names::spans;
 use toolfleet_common::names::{HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID};
+use toolfleet_common::telemetry;
 use toolfleet_common::turn::{turn_codes, valid_turn_id, AckCall};
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnEvent, TurnRequest};
 use tracing::{debug, info_span, warn, Instrument};
@@ -70,7 +72,18 @@ pub(crate) async fn handle_turn_message(inner: Arc<Inner>, message: async_nats::
         .await;
         return;
     }
-    let span = info_span!("turn", turn_id = %turn_id, tenant_id = %request.tenant_id);
+    let span = info_span!(
+        "turn",
+        otel.name = spans::TURN,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        toolfleet.turn.id = %turn_id,
+        toolfleet.tenant.id = %request.tenant_id,
+        toolfleet.session.id = request.session_id.as_deref().unwrap_or_default(),
+        toolfleet.turn.calls = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    telemetry::set_remote_parent(&span, message.headers.as_ref());
     take_turn(inner, turn_id, reply, request)
         .instrument(span)
         .await;
@@ -78,6 +91,9 @@ pub(crate) async fn handle_turn_message(inner: Arc<Inner>, message: async_nats::
 
 async fn take_turn(inner: Arc<Inner>, turn_id: String, reply: String, request: TurnRequest) {
     let fail = |code: &str, message: String| {
+        let span = tracing::Span::current();
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", code);
         events::turn_error(Some(&turn_id), CallError::fatal(code, message))
     };
     let config = &inner.config;
@@ -197,6 +213,17 @@ async fn take_turn(inner: Arc<Inner>, turn_id: String, reply: String, request: T
         }
     }
     let entries: HashMap<String, CallEntry> = calls.iter().cloned().collect();
+    let turn_span = tracing::Span::current();
+    turn_span.record("toolfleet.turn.calls", planned.len());
+    inner.metrics.turn_started(planned.len());
+    for (_, r) in &refused {
+        inner.metrics.call_ended(
+            &r.name,
+            r.state.as_str(),
+            r.error.as_ref().map(|e| e.code.as_str()),
+        );
+    }
+    let traceparent = telemetry::traceparent(&turn_span).unwrap_or_default();
     let created = inner
         .join
         .create(NewTurn {
@@ -208,6 +235,8 @@ async fn take_turn(inner: Arc<Inner>, turn_id: String, reply: String, request: T
             calls,
             results: refused.clone(),
             ttl_ms: budget_ms + millis(config.retention),
+            created_unix_ms: now,
+            traceparent: &traceparent,
         })
         .await;
     match created {
@@ -326,16 +355,13 @@ async fn take_turn(inner: Arc<Inner>, turn_id: String, reply: String, request: T
         turn_id.clone(),
         OwnedTurn {
             reply: reply.clone(),
-            names: entries
-                .values()
-                .map(|e| (e.id.clone(), e.name.clone()))
-                .collect(),
+            span: turn_span.clone(),
             queue,
             timer: timer.clone(),
         },
     );
     arm_deadline(&inner, turn_id.clone(), deadline, timer);
-    dispatch(&inner, &turn_id, now_jobs).await;
+    dispatch(&inner, &turn_id, now_jobs, &turn_span).await;
 }
 
 fn millis(d: Duration) -> u64 {
@@ -378,21 +404,48 @@ async fn end_at_deadline(inner: &Arc<Inner>, turn_id: &str) {
 
 /// Publishes `jobs` (all at once, then waits for every stream ack). A job that cannot
 /// be published gets a `dispatch_failed` result.
-pub(crate) async fn dispatch(inner: &Arc<Inner>, turn_id: &str, jobs: Vec<(String, JobEnvelope)>) {
+pub(crate) async fn dispatch(
+    inner: &Arc<Inner>,
+    turn_id: &str,
+    jobs: Vec<(String, JobEnvelope)>,
+    parent: &tracing::Span,
+) {
     let mut pending = Vec::with_capacity(jobs.len());
     for (key, mut job) in jobs {
         job.dispatched_unix_ms = unix_ms();
-        let outcome = publish_job(inner, &job).await;
-        pending.push((key, job, outcome));
+        let subject = inner.names.job_subject(&job.call.name);
+        let span = info_span!(
+            parent: parent,
+            "publish",
+            otel.name = %format!("{} {subject}", spans::PUBLISH),
+            otel.kind = "producer",
+            otel.status_code = tracing::field::Empty,
+            messaging.system = "nats",
+            messaging.operation.name = spans::PUBLISH,
+            messaging.operation.type = "send",
+            messaging.destination.name = %subject,
+            messaging.message.id = %job.msg_id(),
+            gen_ai.tool.name = %job.call.name,
+            gen_ai.tool.call.id = %job.call.id,
+            toolfleet.turn.id = %turn_id,
+            error.type = tracing::field::Empty,
+        );
+        let outcome = publish_job(inner, &job, subject, &span).await;
+        pending.push((key, job, outcome, span));
     }
-    for (key, job, outcome) in pending {
+    for (key, job, outcome, span) in pending {
         let error = match outcome {
-            Ok(ack) => match ack.await {
+            Ok(ack) => match std::future::IntoFuture::into_future(ack)
+                .instrument(span.clone())
+                .await
+            {
                 Ok(_) => continue,
                 Err(e) => e.to_string(),
             },
             Err(e) => e,
         };
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", codes::DISPATCH_FAILED);
         warn!(%turn_id, call = %job.call.id, %error, "job publish failed");
         let mut result = CallResult::failure(
             &job.call,
@@ -410,6 +463,8 @@ pub(crate) async fn dispatch(inner: &Arc<Inner>, turn_id: &str, jobs: Vec<(Strin
 async fn publish_job(
     inner: &Inner,
     job: &JobEnvelope,
+    subject: String,
+    span: &tracing::Span,
 ) -> Result<async_nats::jetstream::context::PublishAckFuture, String> {
     let body = serde_json::to_vec(job).map_err(|e| e.to_string())?;
     let mut headers = HeaderMap::new();
@@ -417,13 +472,10 @@ async fn publish_job(
     headers.insert(HEADER_TURN_ID, job.turn_id.as_str());
     headers.insert(HEADER_CALL_ID, job.call.id.as_str());
     headers.insert(HEADER_TENANT_ID, job.tenant_id.as_str());
+    telemetry::inject_span(span, &mut headers);
     inner
         .js
-        .publish_with_headers(
-            inner.names.job_subject(&job.call.name),
-            headers,
-            body.into(),
-        )
+        .publish_with_headers(subject, headers, body.into())
         .await
         .map_err(|e| e.to_string())
 }
@@ -438,5 +490,8 @@ pub(crate) async fn release_slot(inner: &Arc<Inner>, turn_id: &str) {
     if let Err(error) = inner.join.mark_dispatched(turn_id, &next.key, &entry).await {
         warn!(%turn_id, %error, "could not mark a queued call dispatched");
     }
-    dispatch(inner, turn_id, vec![(next.key, next.job)]).await;
+    let parent = inner
+        .turn_span(turn_id)
+        .unwrap_or_else(tracing::Span::current);
+    dispatch(inner, turn_id, vec![(next.key, next.job)], &parent).await;
 }

@@ -15,13 +15,14 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::{CallResult, Names};
 
 /// Creates a turn unless it exists. KEYS: meta, calls, results.
-/// ARGV: ttl_ms, total, reply, tenant, deadline, paced, n_calls, (key, call)*, n_results,
-/// (key, result)*.
+/// ARGV: ttl_ms, total, reply, tenant, deadline, paced, created, traceparent, n_calls,
+/// (key, call)*, n_results, (key, result)*.
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'open', 'total', ARGV[2], 'reply', ARGV[3],
-  'tenant', ARGV[4], 'deadline', ARGV[5], 'paced', ARGV[6], 'late', 0, 'duplicates', 0)
-local i = 7
+  'tenant', ARGV[4], 'deadline', ARGV[5], 'paced', ARGV[6], 'created', ARGV[7],
+  'traceparent', ARGV[8], 'late', 0, 'duplicates', 0)
+local i = 9
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]); i = i + 2 end
 n = tonumber(ARGV[i]); i = i + 1
@@ -51,10 +52,11 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 if redis.call('PTTL', KEYS[3]) < 0 then
   redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 1000))
 end
-local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'total')
+local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'total', 'created', 'traceparent')
 if redis.call('HLEN', KEYS[3]) >= tonumber(meta[3]) then
   redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete')
-  return {'complete', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
+  return {'complete', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
+    meta[4] or '0', meta[5] or ''}
 end
 return {'recorded', meta[1], meta[2]}
 "#;
@@ -65,8 +67,9 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'unknown'} end
 if state ~= 'open' then return {'already'} end
 redis.call('HSET', KEYS[1], 'state', 'final', 'ended', ARGV[1])
-local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced')
-return {'finalized', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3])}
+local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent')
+return {'finalized', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
+  meta[3] or '0', meta[4] or ''}
 "#;
 
 /// A call as stored in the turn's `calls` hash.
@@ -95,6 +98,10 @@ pub struct Closing {
     pub calls: HashMap<String, CallEntry>,
     /// Results by call key.
     pub results: HashMap<String, CallResult>,
+    /// When the turn was taken, Unix milliseconds.
+    pub created_unix_ms: u64,
+    /// The W3C `traceparent` of the turn's span, when it was traced.
+    pub traceparent: Option<String>,
 }
 
 /// What recording a result did.
@@ -153,6 +160,10 @@ pub struct NewTurn<'a> {
     pub results: Vec<(String, CallResult)>,
     /// How long the keys live.
     pub ttl_ms: u64,
+    /// When the turn was taken, Unix milliseconds.
+    pub created_unix_ms: u64,
+    /// The W3C `traceparent` of the turn's span (empty when not traced).
+    pub traceparent: &'a str,
 }
 
 /// Failure to talk to Redis or to decode what it returned.
@@ -196,8 +207,18 @@ impl JoinStore {
         ]
     }
 
-    /// Creates the turn and indexes its deadline; `false` if it already exists.
+    /// Indexes the turn's deadline, then creates the turn; `false` if it already exists.
+    /// The index comes first so that a turn is never stored without a deadline entry
+    /// (an entry without a turn is dropped by the sweeper).
     pub async fn create(&self, turn: NewTurn<'_>) -> Result<bool, JoinError> {
+        let mut redis = self.redis.clone();
+        let _: () = redis::cmd("ZADD")
+            .arg(self.names.deadlines_key())
+            .arg("NX")
+            .arg(turn.deadline_unix_ms)
+            .arg(turn.turn_id)
+            .query_async(&mut redis)
+            .await?;
         let mut invocation = self.create.prepare_invoke();
         for key in self.keys(turn.turn_id) {
             invocation.key(key);
@@ -209,6 +230,8 @@ impl JoinStore {
             .arg(turn.tenant)
             .arg(turn.deadline_unix_ms)
             .arg(u8::from(turn.paced))
+            .arg(turn.created_unix_ms)
+            .arg(turn.traceparent)
             .arg(turn.calls.len());
         for (key, entry) in &turn.calls {
             invocation.arg(key).arg(encode(entry)?);
@@ -217,16 +240,7 @@ impl JoinStore {
         for (key, result) in &turn.results {
             invocation.arg(key).arg(encode(result)?);
         }
-        let mut redis = self.redis.clone();
         let created: i64 = invocation.invoke_async(&mut redis).await?;
-        if created == 1 {
-            let _: () = redis::cmd("ZADD")
-                .arg(self.names.deadlines_key())
-                .arg(turn.deadline_unix_ms)
-                .arg(turn.turn_id)
-                .query_async(&mut redis)
-                .await?;
-        }
         Ok(created == 1)
     }
 
@@ -381,5 +395,7 @@ fn closing_from(reply: &[RedisValue]) -> Result<Closing, JoinError> {
         reply: string_at(reply, 1)?,
         calls: pairs(reply.get(3))?,
         results: pairs(reply.get(4))?,
+        created_unix_ms: string_at(reply, 5)?.parse().unwrap_or(0),
+        traceparent: Some(string_at(reply, 6)?).filter(|t| !t.is_empty()),
     })
 }

@@ -73,6 +73,41 @@ pub enum CoordinatorError {
     /// Redis could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The HTTP endpoint could not bind.
+    #[error("http endpoint: {0}")]
+    Http(std::io::Error),
+}
+
+/// Ready when NATS is connected, Redis answers and both streams and the results
+/// consumer exist.
+fn readiness(
+    nats: async_nats::Client,
+    js: jetstream::Context,
+    redis: redis::aio::ConnectionManager,
+    names: Names,
+) -> toolfleet_common::http::Readiness {
+    Arc::new(move || {
+        let (nats, js, mut redis, names) = (nats.clone(), js.clone(), redis.clone(), names.clone());
+        Box::pin(async move {
+            if nats.connection_state() != async_nats::connection::State::Connected {
+                return Err("NATS is not connected".into());
+            }
+            let pong: Result<String, _> = redis::cmd("PING").query_async(&mut redis).await;
+            pong.map_err(|e| format!("Redis: {e}"))?;
+            js.get_stream(names.jobs_stream())
+                .await
+                .map_err(|e| format!("stream {}: {e}", names.jobs_stream()))?;
+            let results = js
+                .get_stream(names.results_stream())
+                .await
+                .map_err(|e| format!("stream {}: {e}", names.results_stream()))?;
+            results
+                .consumer_info(names.results_consumer())
+                .await
+                .map_err(|e| format!("consumer {}: {e}", names.results_consumer()))?;
+            Ok(())
+        })
+    })
 }
 
 /// A call held back by a turn's concurrency bound.
@@ -86,9 +121,9 @@ pub(crate) struct QueuedJob {
 pub(crate) struct OwnedTurn {
     /// The frontend's reply subject.
     pub reply: String,
-    /// Tool name by call id.
-    #[allow(dead_code)]
-    pub names: HashMap<String, String>,
+    /// The turn's span: open while this replica owns the turn, so it covers the whole
+    /// turn and parents the job publishes.
+    pub span: tracing::Span,
     /// Calls waiting for a free slot.
     pub queue: VecDeque<QueuedJob>,
     /// Cancels the deadline timer when the turn ends early.
@@ -104,6 +139,7 @@ pub(crate) struct Inner {
     pub join: JoinStore,
     pub registry: Registry,
     pub narrator: Arc<dyn Narrator>,
+    pub metrics: toolfleet_common::metrics::FleetMetrics,
     /// Every spawned task (turns, results, timers), so shutdown can wait for them.
     pub tasks: TaskTracker,
     /// Turns taken by this replica and not yet ended.
@@ -131,6 +167,10 @@ impl Inner {
 
     pub(crate) fn owner_reply(&self, turn_id: &str) -> Option<String> {
         self.owned().get(turn_id).map(|t| t.reply.clone())
+    }
+
+    pub(crate) fn turn_span(&self, turn_id: &str) -> Option<tracing::Span> {
+        self.owned().get(turn_id).map(|t| t.span.clone())
     }
 
     pub(crate) fn next_queued(&self, turn_id: &str) -> Option<QueuedJob> {
@@ -204,6 +244,7 @@ pub async fn run_with_narrator(
     let redis_client = redis::Client::open(config.redis_url.as_str())?;
     let mut redis = redis::aio::ConnectionManager::new(redis_client).await?;
 
+    let redis_probe = redis.clone();
     let registry = Registry::default();
     registry.refresh(&mut redis, &names).await?;
 
@@ -215,6 +256,7 @@ pub async fn run_with_narrator(
         js,
         registry: registry.clone(),
         narrator,
+        metrics: toolfleet_common::metrics::FleetMetrics::new(),
         tasks: TaskTracker::new(),
         owned: Mutex::new(HashMap::new()),
         turn_locks: Mutex::new(HashMap::new()),
@@ -263,6 +305,23 @@ pub async fn run_with_narrator(
         config.result_concurrency,
         stop_background.clone(),
     ));
+
+    if let Some(addr) = config.http_addr {
+        let ready = readiness(
+            nats.clone(),
+            jetstream::new(nats.clone()),
+            redis_probe.clone(),
+            names.clone(),
+        );
+        let bound = toolfleet_common::http::serve(
+            addr,
+            toolfleet_common::http::ops_handler(ready),
+            stop_background.clone(),
+        )
+        .await
+        .map_err(CoordinatorError::Http)?;
+        info!(%bound, "serving /healthz, /readyz and /metrics");
+    }
 
     let mut turns = nats
         .queue_subscribe(names.turn_submit(), COORDINATOR_QUEUE_GROUP.to_string())

@@ -1,16 +1,14 @@
-//! `toolfleet-coordinator`: reads its configuration from the environment and runs.
+//! `toolfleet-coordinator`: reads its configuration from the environment, sets up
+//! telemetry and runs until SIGTERM or Ctrl-C.
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
+use toolfleet_common::telemetry::{self, TelemetryConfig};
 use toolfleet_coordinator::CoordinatorConfig;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    let telemetry = telemetry::init(&TelemetryConfig::from_env("toolfleet-coordinator")?)?;
     let config = CoordinatorConfig::from_env()?;
     let shutdown = CancellationToken::new();
     {
@@ -20,9 +18,11 @@ async fn main() -> anyhow::Result<()> {
             shutdown.cancel();
         });
     }
-    toolfleet_coordinator::run(config, shutdown)
+    let outcome = toolfleet_coordinator::run(config, shutdown)
         .await
-        .context("coordinator failed")
+        .context("coordinator failed");
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
+    outcome
 }
 
 async fn wait_for_signal() {

@@ -52,6 +52,7 @@ pub(crate) async fn relay(
                     });
                 }
             }
+            ProgressNotice::Ended => inner.release(&turn_id),
         }
     }
     let _ = subscriber.unsubscribe().await;

@@ -162,20 +162,36 @@ async fn record_and_report(
         Recorded::UnknownTurn | Recorded::UnknownCall => {
             debug!(%turn_id, call = %key, "result for no known call ignored");
         }
-        Recorded::Duplicate => debug!(%turn_id, call = %key, "duplicate result ignored"),
-        Recorded::Late => debug!(%turn_id, call = %key, "late result counted"),
+        Recorded::Duplicate => {
+            inner.metrics.duplicate_result();
+            debug!(%turn_id, call = %key, "duplicate result ignored");
+        }
+        Recorded::Late => {
+            inner.metrics.late_result();
+            debug!(%turn_id, call = %key, "late result counted");
+        }
         Recorded::Recorded { reply, paced } => {
+            count_call(inner, &result);
             report_state(inner, turn_id, &reply, &result).await;
             if paced {
                 notify_recorded(inner, turn_id, key).await;
             }
         }
         Recorded::Complete { closing, .. } => {
+            count_call(inner, &result);
             report_state(inner, turn_id, &closing.reply, &result).await;
             close_turn(inner, turn_id, closing, false).await;
         }
     }
     Ok(())
+}
+
+fn count_call(inner: &Inner, result: &CallResult) {
+    inner.metrics.call_ended(
+        &result.name,
+        result.state.as_str(),
+        result.error.as_ref().map(|e| e.code.as_str()),
+    );
 }
 
 async fn report_state(inner: &Inner, turn_id: &str, reply: &str, result: &CallResult) {

@@ -155,6 +155,7 @@ impl Fleet {
             .env("TOOLFLEET_SWEEP_INTERVAL_MS", "100")
             .env("TOOLFLEET_SWEEP_GRACE_MS", "300")
             .env("TOOLFLEET_REGISTRY_REFRESH_MS", "250")
+            .env("TOOLFLEET_HTTP_ADDR", "127.0.0.1:0")
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),

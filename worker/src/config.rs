@@ -31,6 +31,9 @@ pub struct WorkerConfig {
     /// How long in-flight calls may run on after a shutdown request
     /// (`TOOLFLEET_SHUTDOWN_GRACE_MS`).
     pub shutdown_grace: Duration,
+    /// Address of `/healthz`, `/readyz` and `/metrics` (`TOOLFLEET_HTTP_ADDR`, default
+    /// `0.0.0.0:9091`, `off` to disable; none in [`WorkerConfig::local`]).
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 impl WorkerConfig {
@@ -46,6 +49,7 @@ impl WorkerConfig {
             ack_wait: Duration::from_secs(5),
             max_result_bytes: 512 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            http_addr: None,
         }
     }
 
@@ -62,6 +66,7 @@ impl WorkerConfig {
             ack_wait: env_ms("TOOLFLEET_ACK_WAIT_MS", d.ack_wait)?,
             max_result_bytes: env_or("TOOLFLEET_MAX_RESULT_BYTES", d.max_result_bytes)?,
             shutdown_grace: env_ms("TOOLFLEET_SHUTDOWN_GRACE_MS", d.shutdown_grace)?,
+            http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9091")?,
         })
     }
 }

@@ -94,6 +94,46 @@ pub enum WorkerError {
     /// A definition does not serialize.
     #[error("definition: {0}")]
     Definition(#[from] serde_json::Error),
+    /// The HTTP endpoint could not bind.
+    #[error("http endpoint: {0}")]
+    Http(std::io::Error),
+}
+
+/// Ready when NATS is connected, Redis answers and every tool consumer exists.
+fn readiness(
+    nats: async_nats::Client,
+    js: jetstream::Context,
+    redis: redis::aio::ConnectionManager,
+    names: Names,
+    consumers: Vec<String>,
+) -> toolfleet_common::http::Readiness {
+    Arc::new(move || {
+        let (nats, js, mut redis, names, consumers) = (
+            nats.clone(),
+            js.clone(),
+            redis.clone(),
+            names.clone(),
+            consumers.clone(),
+        );
+        Box::pin(async move {
+            if nats.connection_state() != async_nats::connection::State::Connected {
+                return Err("NATS is not connected".into());
+            }
+            let pong: Result<String, _> = redis::cmd("PING").query_async(&mut redis).await;
+            pong.map_err(|e| format!("Redis: {e}"))?;
+            let stream = js
+                .get_stream(names.jobs_stream())
+                .await
+                .map_err(|e| format!("stream {}: {e}", names.jobs_stream()))?;
+            for consumer in &consumers {
+                stream
+                    .consumer_info(consumer)
+                    .await
+                    .map_err(|e| format!("consumer {consumer}: {e}"))?;
+            }
+            Ok(())
+        })
+    })
 }
 
 /// Serves `tools` until `shutdown` is cancelled, then stops pulling, lets in-flight calls
@@ -170,11 +210,22 @@ pub async fn run(
                 consumer: durable.clone(),
                 message: e.to_string(),
             })?;
+        let filter = &consumer.cached_info().config.filter_subject;
+        if *filter != names.job_subject(&def.name) {
+            return Err(WorkerError::Consumer {
+                consumer: durable,
+                message: format!(
+                    "the consumer serves {filter}, not tool {}; rename one of the two tools",
+                    def.name
+                ),
+            });
+        }
         consumers.push(consumer);
     }
 
     let redis_client = redis::Client::open(config.redis_url.as_str())?;
     let redis = redis::aio::ConnectionManager::new(redis_client).await?;
+    let redis_probe = redis.clone();
     let definitions: Vec<_> = served.iter().map(|t| t.tool.definition().clone()).collect();
     let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
     let mut registration = Registration::new(
@@ -195,7 +246,29 @@ pub async fn run(
         worker_id: config.worker_id.clone(),
         ack_wait: config.ack_wait,
         max_result_bytes: config.max_result_bytes,
+        metrics: toolfleet_common::metrics::FleetMetrics::new(),
     });
+    let http_stop = CancellationToken::new();
+    if let Some(addr) = config.http_addr {
+        let ready = readiness(
+            nats.clone(),
+            jetstream::new(nats.clone()),
+            redis_probe,
+            names.clone(),
+            definitions
+                .iter()
+                .map(|d| names.tool_consumer(&d.name))
+                .collect(),
+        );
+        let bound = toolfleet_common::http::serve(
+            addr,
+            toolfleet_common::http::ops_handler(ready),
+            http_stop.clone(),
+        )
+        .await
+        .map_err(WorkerError::Http)?;
+        info!(%bound, "serving /healthz, /readyz and /metrics");
+    }
     let calls = TaskTracker::new();
     let loops = TaskTracker::new();
     for (tool, consumer) in served.into_iter().zip(consumers) {
@@ -247,6 +320,7 @@ pub async fn run(
     }
     let _ = nats.publish(names.registry_changed(), "".into()).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), nats.flush()).await;
+    http_stop.cancel();
     info!("worker stopped");
     Ok(())
 }

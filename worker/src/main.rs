@@ -1,46 +1,44 @@
-//! `toolfleet-worker`: serves the tool packs named in `TOOLFLEET_PACKS` (default `demo`).
+//! `toolfleet-worker`: serves the tool packs named in `TOOLFLEET_PACKS` (default `demo`)
+//! until SIGTERM or Ctrl-C, then drains.
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
+use toolfleet_common::telemetry::{self, TelemetryConfig};
 use toolfleet_worker::{packs, WorkerConfig};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    let telemetry = telemetry::init(&TelemetryConfig::from_env("toolfleet-worker")?)?;
     let config = WorkerConfig::from_env()?;
     let packs_setting = std::env::var("TOOLFLEET_PACKS").unwrap_or_else(|_| "demo".into());
     let names: Vec<&str> = packs_setting.split(',').collect();
     let tools = packs::tools_for(&names).map_err(anyhow::Error::msg)?;
     let shutdown = CancellationToken::new();
-    tokio::spawn(shutdown_on_signal(shutdown.clone()));
-    toolfleet_worker::run(config, tools, shutdown)
+    {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            shutdown.cancel();
+        });
+    }
+    let outcome = toolfleet_worker::run(config, tools, shutdown)
         .await
-        .context("worker failed")
+        .context("worker failed");
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
+    outcome
 }
 
-async fn shutdown_on_signal(shutdown: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
+async fn wait_for_signal() {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    shutdown.cancel();
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
         }
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    shutdown.cancel();
+    let _ = tokio::signal::ctrl_c().await;
 }

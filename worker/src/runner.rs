@@ -13,7 +13,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::job::ProgressNotice;
-use toolfleet_common::names::{HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TURN_ID};
+use toolfleet_common::metrics::FleetMetrics;
+use toolfleet_common::names::{spans, HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TURN_ID};
+use toolfleet_common::telemetry;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names};
 use tracing::{debug, info_span, warn, Instrument};
 
@@ -34,6 +36,7 @@ pub(crate) struct Shared {
     pub worker_id: String,
     pub ack_wait: Duration,
     pub max_result_bytes: usize,
+    pub metrics: FleetMetrics,
 }
 
 /// A tool with its compiled output schema.
@@ -127,13 +130,32 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
             return;
         }
     };
+    let def = tool.tool.definition();
+    let queue_wait_ms = unix_ms().saturating_sub(job.dispatched_unix_ms);
     let span = info_span!(
-        "job",
-        turn_id = %job.turn_id,
-        tool_call_id = %job.call.id,
-        tool = %tool.tool.definition().name,
-        attempt
+        "process",
+        otel.name = %format!("{} {}", spans::PROCESS, message.subject),
+        otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = "nats",
+        messaging.operation.name = spans::PROCESS,
+        messaging.operation.type = "process",
+        messaging.destination.name = %message.subject,
+        messaging.consumer.group.name = %shared.names.tool_consumer(&def.name),
+        messaging.message.id = %job.msg_id(),
+        gen_ai.tool.name = %def.name,
+        gen_ai.tool.call.id = %job.call.id,
+        toolfleet.turn.id = %job.turn_id,
+        toolfleet.tenant.id = %job.tenant_id,
+        toolfleet.attempt = attempt,
+        toolfleet.queue_wait_ms = queue_wait_ms,
+        toolfleet.worker.id = %shared.worker_id,
+        error.type = tracing::field::Empty,
     );
+    telemetry::set_remote_parent(&span, message.headers.as_ref());
+    shared
+        .metrics
+        .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
     async move {
         let def = tool.tool.definition();
         let now = unix_ms();
@@ -156,6 +178,9 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
                     ),
                 )
             };
+            let current = tracing::Span::current();
+            current.record("otel.status_code", "ERROR");
+            current.record("error.type", codes::CALL_INTERRUPTED);
             finish(&shared, &message, &job, &result).await;
             return;
         }
@@ -192,8 +217,25 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
             attempt,
             context: job.context.clone(),
         };
+        let execute = info_span!(
+            "execute_tool",
+            otel.name = %format!("{} {}", spans::EXECUTE_TOOL, def.name),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            gen_ai.operation.name = spans::EXECUTE_TOOL,
+            gen_ai.tool.name = %def.name,
+            gen_ai.tool.call.id = %job.call.id,
+            gen_ai.tool.type = "function",
+            toolfleet.turn.id = %job.turn_id,
+            toolfleet.tenant.id = %job.tenant_id,
+            error.type = tracing::field::Empty,
+        );
+        shared.metrics.in_flight(&def.name, 1);
         let run = AssertUnwindSafe(tool.tool.call(ctx, job.call.arguments.clone())).catch_unwind();
-        let outcome = tokio::time::timeout(budget, run).await;
+        let outcome = tokio::time::timeout(budget, run)
+            .instrument(execute.clone())
+            .await;
+        shared.metrics.in_flight(&def.name, -1);
         keepalive.abort();
 
         let mut result = match outcome {
@@ -255,6 +297,17 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         result.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         result.attempts = attempt;
         result.worker_id = Some(shared.worker_id.clone());
+        if let Some(error) = &result.error {
+            for span in [&execute, &tracing::Span::current()] {
+                span.record("otel.status_code", "ERROR");
+                span.record("error.type", error.code.as_str());
+            }
+        }
+        shared.metrics.call_executed(
+            &def.name,
+            result.state.as_str(),
+            started.elapsed().as_secs_f64(),
+        );
         finish(&shared, &message, &job, &result).await;
     }
     .instrument(span)
@@ -318,6 +371,7 @@ async fn finish(
         headers.insert(HEADER_TURN_ID, job.turn_id.as_str());
         headers.insert(HEADER_CALL_ID, job.call.id.as_str());
         headers.insert(HEADER_MSG_ID, job.msg_id().as_str());
+        telemetry::inject_current(&mut headers);
         let published = match shared
             .js
             .publish_with_headers(

@@ -85,6 +85,18 @@ impl Tool {
         }
     }
 
+    /// A tool from a finished definition and a handler of the raw JSON arguments, for
+    /// adapters and wrappers; the definition's input schema is used as given.
+    pub fn from_fn<F>(definition: ToolDefinition, handler: F) -> Tool
+    where
+        F: Fn(ToolContext, Value) -> ToolFuture + Send + Sync + 'static,
+    {
+        Tool {
+            definition,
+            handler: Arc::new(handler),
+        }
+    }
+
     /// The tool's definition.
     pub fn definition(&self) -> &ToolDefinition {
         &self.definition

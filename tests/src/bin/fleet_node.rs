@@ -5,13 +5,11 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let role = std::env::args().nth(1).unwrap_or_default();
+    let service = format!("toolfleet-{role}");
+    let telemetry = toolfleet_common::telemetry::init(
+        &toolfleet_common::telemetry::TelemetryConfig::from_env(&service)?,
+    )?;
     let shutdown = CancellationToken::new();
     {
         let shutdown = shutdown.clone();
@@ -39,5 +37,6 @@ async fn main() -> anyhow::Result<()> {
         }
         other => anyhow::bail!("usage: fleet-node coordinator|worker (got {other:?})"),
     }
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     Ok(())
 }

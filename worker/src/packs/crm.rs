@@ -146,7 +146,8 @@ fn describe(a: &Appointment) -> String {
     )
 }
 
-fn join_and(items: &[String]) -> String {
+/// "a, b and c".
+pub fn join_and(items: &[String]) -> String {
     match items {
         [] => String::new(),
         [one] => one.clone(),
