@@ -28,9 +28,15 @@
 //! | [`config`] | `WorkerConfig` from environment variables |
 //! | [`registry`] | announcing tools and liveness in Redis |
 //! | `runner` | pulling jobs, running calls, publishing results, acking |
+//! | [`db`] | PostgreSQL for the database packs: pool, scoped read-only queries, migrations |
+//! | [`cache`] | Redis result cache for idempotent read-only tools |
+//! | [`http_tool`] | tools declared in a file that POST their arguments to an HTTP endpoint |
 //! | [`packs`] | the tool packs the binary hosts: `demo` (CRM) and `test` |
 
+pub mod cache;
 pub mod config;
+pub mod db;
+pub mod http_tool;
 pub mod packs;
 pub mod registry;
 mod runner;

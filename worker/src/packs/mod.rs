@@ -1,23 +1,148 @@
 //! Tool packs the worker binary can host, chosen by name (`TOOLFLEET_PACKS=demo,test`).
+//!
+//! | pack | tools | needs |
+//! |---|---|---|
+//! | `demo` (alias `crm`) | CRM tools on the sample data shipped in the binary | nothing |
+//! | `test` | tools that sleep, fail or panic on request | nothing |
+//! | `receptionist` | `get_latest_booking`, `get_policies`, ... on PostgreSQL | `TOOLFLEET_DATABASE_URL` |
+//! | `crm-db` | the CRM tools (same names and arguments as `demo`) on PostgreSQL | `TOOLFLEET_DATABASE_URL` |
+//! | `http` | tools declared in a file that call HTTP endpoints | `TOOLFLEET_HTTP_TOOLS_FILE` |
+//!
+//! `demo` and `crm-db` serve the same tool names, so one worker serves one of them.
+//! Results of the database packs are cached in Redis for `TOOLFLEET_CACHE_TTL_MS`.
 
 pub mod crm;
+pub mod crm_db;
+pub mod receptionist;
 pub mod testing;
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use toolfleet_common::config::{env_ms, ConfigError};
+use toolfleet_common::Names;
+
+use crate::cache::{CacheConfig, CacheError, ResultCache};
+use crate::config::WorkerConfig;
+use crate::db::{Db, DbConfig};
+use crate::http_tool::{self, HttpToolError};
 use crate::tool::Tool;
 
 /// Pack names the binary knows.
-pub const PACKS: &[&str] = &["demo", "test"];
+pub const PACKS: &[&str] = &["demo", "test", "receptionist", "crm-db", "http"];
 
-/// The tools of the named packs.
-pub fn tools_for(packs: &[&str]) -> Result<Vec<Tool>, String> {
+/// Packs that need no settings.
+const STATIC_PACKS: &[&str] = &["demo", "crm", "test", ""];
+
+/// Settings of the packs that need more than their name.
+#[derive(Debug, Clone, Default)]
+pub struct PackSettings {
+    /// The database of `receptionist` and `crm-db` (`TOOLFLEET_DATABASE_*`).
+    pub database: Option<DbConfig>,
+    /// The result cache of the database packs; `None` disables it.
+    pub cache: Option<CacheConfig>,
+    /// The declarations of the `http` pack (`TOOLFLEET_HTTP_TOOLS_FILE`).
+    pub http_tools_file: Option<PathBuf>,
+}
+
+impl PackSettings {
+    /// Reads the settings from the environment; the cache uses `worker`'s Redis and
+    /// prefix, with a TTL of `TOOLFLEET_CACHE_TTL_MS` (default 30000; 0 disables it).
+    pub fn from_env(worker: &WorkerConfig) -> Result<Self, ConfigError> {
+        let ttl = env_ms("TOOLFLEET_CACHE_TTL_MS", CacheConfig::DEFAULT_TTL)?;
+        let cache = (ttl > Duration::ZERO).then(|| CacheConfig {
+            ttl,
+            ..CacheConfig::new(worker.redis_url.clone(), Names::new(worker.prefix.clone()))
+        });
+        let http_tools_file = std::env::var("TOOLFLEET_HTTP_TOOLS_FILE")
+            .ok()
+            .map(|p| p.trim().to_string())
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        Ok(Self {
+            database: DbConfig::from_env()?,
+            cache,
+            http_tools_file,
+        })
+    }
+}
+
+/// Why the tools of a pack could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    /// No pack has that name.
+    #[error("unknown tool pack {0:?} (known: {PACKS:?})")]
+    Unknown(String),
+    /// A pack needs a setting that is not there.
+    #[error("tool pack {pack} needs {variable}")]
+    MissingSetting {
+        /// The pack.
+        pack: &'static str,
+        /// The environment variable.
+        variable: &'static str,
+    },
+    /// A setting is malformed.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The HTTP tools could not be built.
+    #[error(transparent)]
+    Http(#[from] HttpToolError),
+    /// The cache could not be set up.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+/// The tools of the named packs, with `settings` for those that need them.
+pub fn tools_with(packs: &[&str], settings: &PackSettings) -> Result<Vec<Tool>, PackError> {
+    let cache = settings.cache.clone().map(ResultCache::new).transpose()?;
+    let mut db: Option<Db> = None;
+    let mut database = |pack: &'static str| -> Result<Db, PackError> {
+        if let Some(db) = &db {
+            return Ok(db.clone());
+        }
+        let config = settings.database.clone().ok_or(PackError::MissingSetting {
+            pack,
+            variable: "TOOLFLEET_DATABASE_URL",
+        })?;
+        let pool = Db::new(config);
+        db = Some(pool.clone());
+        Ok(pool)
+    };
     let mut tools = Vec::new();
     for pack in packs {
         match pack.trim() {
             "demo" | "crm" => tools.extend(crm::tools()),
             "test" => tools.extend(testing::tools()),
+            "receptionist" => tools.extend(receptionist::tools(
+                &database("receptionist")?,
+                cache.as_ref(),
+            )),
+            "crm-db" => tools.extend(crm_db::tools(&database("crm-db")?, cache.as_ref())),
+            "http" => {
+                let path = settings
+                    .http_tools_file
+                    .as_ref()
+                    .ok_or(PackError::MissingSetting {
+                        pack: "http",
+                        variable: "TOOLFLEET_HTTP_TOOLS_FILE",
+                    })?;
+                tools.extend(http_tool::tools_from_file(path)?);
+            }
             "" => {}
-            other => return Err(format!("unknown tool pack {other:?} (known: {PACKS:?})")),
+            other => return Err(PackError::Unknown(other.to_string())),
         }
     }
     Ok(tools)
+}
+
+/// The tools of the named packs; packs that need settings read them from the
+/// environment ([`PackSettings::from_env`]).
+pub fn tools_for(packs: &[&str]) -> Result<Vec<Tool>, String> {
+    let settings = if packs.iter().all(|p| STATIC_PACKS.contains(&p.trim())) {
+        PackSettings::default()
+    } else {
+        let worker = WorkerConfig::from_env().map_err(|e| e.to_string())?;
+        PackSettings::from_env(&worker).map_err(|e| e.to_string())?
+    };
+    tools_with(packs, &settings).map_err(|e| e.to_string())
 }
