@@ -221,6 +221,12 @@ impl FleetClient {
         })?;
         let response: CatalogResponse = serde_json::from_slice(&reply.payload)
             .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;
+        if let Some(error) = response.error {
+            return Err(ClientError::new(
+                ClientErrorKind::InvalidRequest,
+                format!("{}: {}", error.code, error.message),
+            ));
+        }
         Ok(response.tools)
     }
 }

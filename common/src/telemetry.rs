@@ -225,9 +225,12 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             .with_writer(std::io::stderr)
             .with_filter(filter)
             .boxed(),
-        LogFormat::Json => tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .event_format(JsonWithTrace)
+        LogFormat::Json => TraceIdLayer::default()
+            .and_then(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .event_format(JsonWithTrace),
+            )
             .with_filter(filter)
             .boxed(),
     };
@@ -360,6 +363,48 @@ pub fn set_parent_from_traceparent(span: &tracing::Span, traceparent: &str) {
 
 // ----- JSON log lines with trace ids ------------------------------------------------
 
+/// The OpenTelemetry ids of a span, kept in its extensions for log lines.
+struct TraceIds {
+    trace_id: String,
+    span_id: String,
+}
+
+/// Records each new span's OpenTelemetry ids (placed after the OpenTelemetry layer).
+#[derive(Default)]
+struct TraceIdLayer {
+    dispatch: std::sync::OnceLock<tracing::dispatcher::WeakDispatch>,
+}
+
+impl<S> tracing_subscriber::Layer<S> for TraceIdLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_register_dispatch(&self, subscriber: &tracing::Dispatch) {
+        let _ = self.dispatch.set(subscriber.downgrade());
+    }
+
+    fn on_new_span(
+        &self,
+        _attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let Some(dispatch) = self.dispatch.get().and_then(|d| d.upgrade()) else {
+            return;
+        };
+        let Some(cx) = tracing_opentelemetry::get_otel_context(id, &dispatch) else {
+            return;
+        };
+        let sc = cx.span().span_context().clone();
+        if let (true, Some(span)) = (sc.is_valid(), ctx.span(id)) {
+            span.extensions_mut().insert(TraceIds {
+                trace_id: sc.trace_id().to_string(),
+                span_id: sc.span_id().to_string(),
+            });
+        }
+    }
+}
+
 struct JsonWithTrace;
 
 struct FieldVisitor<'a>(&'a mut Map<String, Value>);
@@ -415,21 +460,82 @@ where
         event.record(&mut FieldVisitor(&mut fields));
         if let Some(span) = ctx.lookup_current() {
             line.insert("span".into(), Value::String(span.name().into()));
-            let id = span.id();
-            let cx = tracing::dispatcher::get_default(|d| {
-                tracing_opentelemetry::get_otel_context(&id, d)
-            });
-            if let Some(cx) = cx {
-                let sc = cx.span().span_context().clone();
-                if sc.is_valid() {
-                    line.insert("trace_id".into(), Value::String(sc.trace_id().to_string()));
-                    line.insert("span_id".into(), Value::String(sc.span_id().to_string()));
-                }
+            if let Some(ids) = span.extensions().get::<TraceIds>() {
+                line.insert("trace_id".into(), Value::String(ids.trace_id.clone()));
+                line.insert("span_id".into(), Value::String(ids.span_id.clone()));
             }
         }
         for (k, v) in fields {
             line.entry(k).or_insert(v);
         }
         writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut b) = self.0.lock() {
+                b.extend_from_slice(buf);
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn json_lines_carry_trace_and_span_ids() {
+        let provider = SdkTracerProvider::builder().build();
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
+            .with(TraceIdLayer::default())
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(move || writer.clone())
+                    .event_format(JsonWithTrace),
+            );
+        let mut expected_trace = None;
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("work");
+            let _entered = span.enter();
+            expected_trace = trace_id(&span);
+            tracing::info!(call = "c1", "tool ran");
+        });
+        let text = buffer.0.lock().map(|b| b.clone()).unwrap_or_default();
+        let line: Value = serde_json::from_slice(&text).unwrap_or(Value::Null);
+        assert_eq!(line["message"], "tool ran");
+        assert_eq!(line["call"], "c1");
+        assert_eq!(line["span"], "work");
+        assert_eq!(line["trace_id"].as_str(), expected_trace.as_deref());
+        assert_eq!(line["span_id"].as_str().map(str::len), Some(16));
+    }
+
+    #[test]
+    fn trace_context_round_trips_through_headers() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            crate::names::HEADER_TRACEPARENT,
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        );
+        let cx = extract(Some(&headers));
+        let sc = cx.span().span_context().clone();
+        assert!(sc.is_valid());
+        assert_eq!(
+            sc.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert!(!extract(None).span().span_context().is_valid());
     }
 }

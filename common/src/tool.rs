@@ -45,9 +45,15 @@ fn default_timeout() -> u64 {
 pub struct RetryPolicy {
     /// Idempotent tools are redelivered to another worker when one dies mid-call;
     /// others get a `call_interrupted` error instead of a second execution.
+    #[serde(default)]
     pub idempotent: bool,
-    /// Deliveries allowed for an idempotent call (including the first).
+    /// Deliveries allowed for an idempotent call (including the first); default 3.
+    #[serde(default = "default_max_attempts")]
     pub max_attempts: u32,
+}
+
+fn default_max_attempts() -> u32 {
+    DEFAULT_MAX_ATTEMPTS
 }
 
 impl Default for RetryPolicy {
@@ -163,6 +169,9 @@ pub struct CatalogResponse {
     pub format: CatalogFormat,
     /// One entry per tool, sorted by name.
     pub tools: Vec<Value>,
+    /// Set, with no tools, when the request could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<crate::call::CallError>,
 }
 
 impl ToolDefinition {
@@ -236,6 +245,12 @@ mod tests {
             canonical_tool_name("crm__getOpenInvoices"),
             "crm.getOpenInvoices"
         );
+    }
+
+    #[test]
+    fn retry_policy_fields_default() {
+        let p: RetryPolicy = serde_json::from_str(r#"{"idempotent": true}"#).unwrap_or_default();
+        assert_eq!(p, RetryPolicy::idempotent());
     }
 
     #[test]

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
-use toolfleet_common::tool::{CatalogRequest, CatalogResponse};
+use toolfleet_common::tool::{CatalogFormat, CatalogRequest, CatalogResponse};
+use toolfleet_common::turn::turn_codes;
+use toolfleet_common::CallError;
 
 use crate::Inner;
 
@@ -26,6 +28,7 @@ pub(crate) fn catalog(inner: &Inner, request: &CatalogRequest) -> CatalogRespons
     CatalogResponse {
         format: request.format,
         tools,
+        error: None,
     }
 }
 
@@ -43,12 +46,22 @@ pub(crate) async fn serve(
         let Some(reply) = message.reply.clone() else {
             continue;
         };
-        let request: CatalogRequest = if message.payload.is_empty() {
-            CatalogRequest::default()
+        let parsed = if message.payload.is_empty() {
+            Ok(CatalogRequest::default())
         } else {
-            serde_json::from_slice(&message.payload).unwrap_or_default()
+            serde_json::from_slice::<CatalogRequest>(&message.payload)
         };
-        let response = catalog(&inner, &request);
+        let response = match parsed {
+            Ok(request) => catalog(&inner, &request),
+            Err(error) => CatalogResponse {
+                format: CatalogFormat::Native,
+                tools: Vec::new(),
+                error: Some(CallError::fatal(
+                    turn_codes::INVALID_REQUEST,
+                    format!("not a catalog request: {error}"),
+                )),
+            },
+        };
         if let Ok(body) = serde_json::to_vec(&response) {
             let _ = inner.nats.publish(reply, body.into()).await;
         }

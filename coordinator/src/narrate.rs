@@ -49,16 +49,19 @@ impl TemplateNarrator {
         if input.results.is_empty() || input.results.iter().all(|r| !r.ok) {
             return vec![FALLBACK.to_string()];
         }
-        let mut chunks = Vec::new();
+        let mut chunks: Vec<String> = Vec::new();
         for r in input.results.iter().filter(|r| r.ok) {
-            chunks.push(match &r.summary {
+            let chunk = match &r.summary {
                 Some(s) if !s.trim().is_empty() => s.trim().to_string(),
                 _ => format!(
                     "Here is what {} returned: {}.",
                     r.name,
                     excerpt(r.result.as_ref())
                 ),
-            });
+            };
+            if !chunks.contains(&chunk) {
+                chunks.push(chunk);
+            }
         }
         let mut errored: Vec<String> = Vec::new();
         let mut timed_out: Vec<String> = Vec::new();
@@ -69,7 +72,13 @@ impl TemplateNarrator {
             let action = tool
                 .and_then(|t| t.waiting_hint.as_deref())
                 .map(base_form)
-                .unwrap_or_else(|| format!("get a result from {}", r.name));
+                .unwrap_or_else(|| {
+                    if r.name.is_empty() {
+                        "complete one of the requests".to_string()
+                    } else {
+                        format!("get a result from {}", r.name)
+                    }
+                });
             let list = match r.state {
                 CallState::Timeout => &mut timed_out,
                 _ => &mut errored,

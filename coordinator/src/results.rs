@@ -22,6 +22,9 @@ use crate::Inner;
 /// another replica after this long.
 pub const RESULTS_ACK_WAIT: Duration = Duration::from_secs(10);
 
+/// Deliveries of one result before it is given up (Redis unreachable for that long).
+pub const RESULTS_MAX_DELIVER: i64 = 100;
+
 /// Creates (or opens) the results consumer shared by every replica.
 pub(crate) async fn results_consumer(
     stream: &jetstream::stream::Stream,
@@ -34,6 +37,7 @@ pub(crate) async fn results_consumer(
                 durable_name: Some(durable.to_string()),
                 ack_policy: jetstream::consumer::AckPolicy::Explicit,
                 ack_wait: RESULTS_ACK_WAIT,
+                max_deliver: RESULTS_MAX_DELIVER,
                 max_ack_pending: 20_000,
                 ..Default::default()
             },
