@@ -1,0 +1,118 @@
+//! The operational HTTP endpoints of real coordinator and worker processes: liveness,
+//! readiness that follows Redis, and Prometheus metrics that count the calls of a turn.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use toolfleet_tests::eventually_named;
+use toolfleet_tests::fleet::{call, tool_calls, turn, Fleet};
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `GET path` on loopback; `(status, body)`.
+async fn get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut stream = tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await??;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await??;
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+async fn wait_status(port: u16, path: &str, want: u16) -> anyhow::Result<()> {
+    eventually_named(
+        &format!("{path} answering {want}"),
+        Duration::from_secs(15),
+        || async move { matches!(get(port, path).await, Ok((s, _)) if s == want).then_some(()) },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_metrics() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start().await?;
+    let coordinator_port = free_port()?;
+    let worker_port = free_port()?;
+    let c_addr = format!("127.0.0.1:{coordinator_port}");
+    let w_addr = format!("127.0.0.1:{worker_port}");
+    fleet.spawn_node("coordinator", &[("TOOLFLEET_HTTP_ADDR", c_addr.as_str())])?;
+    fleet.spawn_node("worker", &[("TOOLFLEET_HTTP_ADDR", w_addr.as_str())])?;
+    fleet.wait_for_tools(&["test.behave"]).await?;
+
+    for port in [coordinator_port, worker_port] {
+        wait_status(port, "/healthz", 200).await?;
+        wait_status(port, "/readyz", 200).await?;
+        assert_eq!(get(port, "/nope").await?.0, 404);
+    }
+
+    let outcome = fleet
+        .client
+        .run_turn(
+            turn(
+                "acme",
+                tool_calls(vec![
+                    call("a", "test.behave", json!({})),
+                    call("b", "test.behave", json!({"fail": "boom"})),
+                ]),
+            ),
+            Duration::from_secs(10),
+        )
+        .await?;
+    assert_eq!(outcome.final_event.summary.ok, 1);
+
+    let (status, metrics) = get(coordinator_port, "/metrics").await?;
+    assert_eq!(status, 200);
+    let calls: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("toolfleet_calls_total{"))
+        .collect();
+    assert!(
+        calls
+            .iter()
+            .any(|l| l.contains("outcome=\"done\"") && l.contains("test.behave")),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("toolfleet_errors_total{") && l.contains("error_type=\"boom\"")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("toolfleet_turn_duration_seconds_bucket"),
+        "{metrics}"
+    );
+    let (_, worker_metrics) = get(worker_port, "/metrics").await?;
+    assert!(
+        worker_metrics.contains("toolfleet_call_duration_seconds_bucket"),
+        "{worker_metrics}"
+    );
+
+    // Readiness follows Redis; liveness does not.
+    fleet.redis.stop().await;
+    wait_status(coordinator_port, "/readyz", 503).await?;
+    wait_status(worker_port, "/readyz", 503).await?;
+    assert_eq!(get(coordinator_port, "/healthz").await?.0, 200);
+    fleet.redis.restart().await?;
+    wait_status(coordinator_port, "/readyz", 200).await?;
+    Ok(())
+}
