@@ -1,0 +1,651 @@
+//! The deployment files agree with the code: `docker-compose.yml` (services, health
+//! checks, start order, the scalable worker, Jaeger's ports), the Kubernetes manifests in
+//! `deploy/k8s` (probes and resources on every workload, the KEDA trigger on the real
+//! stream and tool consumers), and the NATS and Redis credentials they use.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde_norway::Value;
+use toolfleet_common::Names;
+use toolfleet_worker::packs;
+
+fn repo_file(path: &str) -> Result<String> {
+    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path);
+    std::fs::read_to_string(&full).with_context(|| format!("reading {}", full.display()))
+}
+
+fn yaml(path: &str) -> Result<Value> {
+    serde_norway::from_str(&repo_file(path)?).with_context(|| format!("parsing {path}"))
+}
+
+/// Every document of a multi-document YAML file.
+fn yaml_documents(path: &str) -> Result<Vec<Value>> {
+    let text = repo_file(path)?;
+    let mut documents = Vec::new();
+    for document in serde_norway::Deserializer::from_str(&text) {
+        let value = Value::deserialize(document).with_context(|| format!("parsing {path}"))?;
+        if !value.is_null() {
+            documents.push(value);
+        }
+    }
+    Ok(documents)
+}
+
+fn str_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
+    at(value, path)?.as_str()
+}
+
+fn at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(value, |v, key| v.get(*key))
+}
+
+fn strings(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_sequence)
+        .map(|seq| {
+            seq.iter()
+                .filter_map(|v| match v {
+                    Value::String(s) => Some(s.clone()),
+                    Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The demo pack's tool names, as the worker binary serves them by default.
+fn demo_tools() -> Result<Vec<String>> {
+    Ok(packs::tools_for(&["demo"])
+        .map_err(anyhow::Error::msg)?
+        .iter()
+        .map(|t| t.definition().name.clone())
+        .collect())
+}
+
+fn port_of(addr: &str) -> Option<&str> {
+    addr.rsplit_once(':').map(|(_, port)| port)
+}
+
+// ----- docker-compose.yml ---------------------------------------------------------------
+
+fn compose_service<'a>(compose: &'a Value, name: &str) -> Result<&'a Value> {
+    at(compose, &["services", name]).with_context(|| format!("no service {name}"))
+}
+
+fn compose_env<'a>(service: &'a Value, name: &str) -> Option<&'a str> {
+    str_at(service, &["environment", name])
+}
+
+#[test]
+fn compose_runs_every_service_with_a_health_check() -> Result<()> {
+    let compose = yaml("docker-compose.yml")?;
+    for name in ["nats", "redis", "jaeger", "coordinator", "worker"] {
+        let service = compose_service(&compose, name)?;
+        let test = strings(at(service, &["healthcheck", "test"]));
+        assert!(
+            test.len() > 1,
+            "{name} has no usable health check: {test:?}"
+        );
+    }
+    let coordinator = compose_service(&compose, "coordinator")?;
+    assert_eq!(
+        at(coordinator, &["deploy", "replicas"]).and_then(Value::as_u64),
+        Some(2)
+    );
+    for (service, dependency) in [
+        ("coordinator", "nats"),
+        ("coordinator", "redis"),
+        ("worker", "coordinator"),
+    ] {
+        assert_eq!(
+            str_at(
+                compose_service(&compose, service)?,
+                &["depends_on", dependency, "condition"]
+            ),
+            Some("service_healthy"),
+            "{service} must start after {dependency} is healthy"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn compose_workers_scale_and_coordinators_are_probed_on_their_http_port() -> Result<()> {
+    let compose = yaml("docker-compose.yml")?;
+    let worker = compose_service(&compose, "worker")?;
+    // `--scale worker=N` needs a service without a fixed name, host port or replica count.
+    assert!(worker.get("container_name").is_none());
+    assert!(worker.get("ports").is_none());
+    assert!(at(worker, &["deploy", "replicas"]).is_none());
+    assert!(compose_service(&compose, "coordinator")?
+        .get("ports")
+        .is_none());
+
+    for (name, binary) in [
+        ("coordinator", "toolfleet-coordinator"),
+        ("worker", "toolfleet-worker"),
+    ] {
+        let service = compose_service(&compose, name)?;
+        assert_eq!(strings(service.get("command")), vec![binary.to_string()]);
+        let port = compose_env(service, "TOOLFLEET_HTTP_ADDR")
+            .and_then(port_of)
+            .with_context(|| format!("{name} has no TOOLFLEET_HTTP_ADDR"))?;
+        let test = strings(at(service, &["healthcheck", "test"]));
+        assert_eq!(
+            test,
+            ["CMD", "toolfleet-probe", port, "/readyz"].map(String::from),
+            "{name}"
+        );
+        assert_eq!(
+            compose_env(service, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+            Some("http://jaeger:4318")
+        );
+        assert_eq!(
+            str_at(service, &["build", "dockerfile"]),
+            Some("deploy/Dockerfile")
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn compose_jaeger_takes_otlp_and_shows_its_ui() -> Result<()> {
+    let compose = yaml("docker-compose.yml")?;
+    let jaeger = compose_service(&compose, "jaeger")?;
+    let ports = strings(jaeger.get("ports"));
+    for wanted in ["16686:16686", "4318:4318"] {
+        assert!(ports.iter().any(|p| p == wanted), "{wanted} in {ports:?}");
+    }
+    assert_eq!(
+        str_at(jaeger, &["environment", "COLLECTOR_OTLP_ENABLED"]),
+        Some("true")
+    );
+    Ok(())
+}
+
+#[test]
+fn compose_servers_use_the_deploy_configs() -> Result<()> {
+    let compose = yaml("docker-compose.yml")?;
+    let nats = compose_service(&compose, "nats")?;
+    assert!(strings(nats.get("command")).contains(&"/etc/nats/nats-server.conf".to_string()));
+    assert!(strings(nats.get("volumes")).contains(&"./deploy/nats:/etc/nats:ro".to_string()));
+    let redis = compose_service(&compose, "redis")?;
+    assert!(strings(redis.get("command")).contains(&"/etc/redis/redis.conf".to_string()));
+    let redis_conf = repo_file("deploy/redis/redis.conf")?;
+    assert!(redis_conf.lines().any(|l| l.trim() == "appendonly yes"));
+    assert!(redis_conf
+        .lines()
+        .any(|l| l.trim() == "aclfile /etc/redis/users.acl"));
+    let nats_conf = repo_file("deploy/nats/nats-server.conf")?;
+    assert!(nats_conf.contains("jetstream"));
+    assert!(nats_conf.contains("include auth.conf"));
+    Ok(())
+}
+
+#[test]
+fn compose_roles_use_their_own_users() -> Result<()> {
+    let compose = yaml("docker-compose.yml")?;
+    let acl_password = fleet_acl_password(&repo_file("deploy/redis/users.acl")?)?;
+    let users = nats_users()?;
+    for (service, user) in [
+        ("coordinator", "coordinator"),
+        ("worker", "worker"),
+        ("cli", "frontend"),
+    ] {
+        let s = compose_service(&compose, service)?;
+        assert_eq!(
+            compose_env(s, "TOOLFLEET_NATS_USER"),
+            Some(user),
+            "{service}"
+        );
+        assert!(users.contains(user), "{user} is not a NATS user");
+        let nats_password = compose_env(s, "TOOLFLEET_NATS_PASSWORD").unwrap_or_default();
+        let variable = format!("TOOLFLEET_NATS_{}_PASSWORD", user.to_uppercase());
+        assert!(
+            nats_password.starts_with(&format!("${{{variable}:-")),
+            "{service} must take the password NATS gets: {nats_password}"
+        );
+        assert!(
+            compose_env(compose_service(&compose, "nats")?, &variable).is_some(),
+            "NATS gets no {variable}"
+        );
+        if service != "cli" {
+            let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
+            assert!(
+                redis_url.starts_with(&format!("redis://toolfleet:{acl_password}@")),
+                "{service}: {redis_url}"
+            );
+        }
+    }
+    Ok(())
+}
+
+// ----- NATS and Redis credentials ----------------------------------------------------
+
+/// The user names declared in `deploy/nats/auth.conf`.
+fn nats_users() -> Result<BTreeSet<String>> {
+    Ok(repo_file("deploy/nats/auth.conf")?
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("user:"))
+        .map(|u| u.trim().to_string())
+        .collect())
+}
+
+/// The text of one user's block in `deploy/nats/auth.conf`.
+fn nats_user_block(user: &str) -> Result<String> {
+    let conf = repo_file("deploy/nats/auth.conf")?;
+    let marker = format!("user: {user}\n");
+    let start = conf
+        .find(&marker)
+        .with_context(|| format!("no user {user}"))?;
+    let rest = &conf[start + marker.len()..];
+    let end = rest.find("user: ").unwrap_or(rest.len());
+    Ok(rest[..end].to_string())
+}
+
+/// The subjects quoted in a block of `auth.conf`.
+fn quoted_subjects(block: &str) -> BTreeSet<String> {
+    block
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(String::from)
+        .collect()
+}
+
+fn fleet_acl_password(acl: &str) -> Result<String> {
+    acl.lines()
+        .find(|l| l.starts_with("user toolfleet "))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix('>')))
+        .map(String::from)
+        .context("no password for the toolfleet Redis user")
+}
+
+/// The rules of the toolfleet Redis user without its password.
+fn fleet_acl_rules(acl: &str) -> Vec<String> {
+    acl.lines()
+        .find(|l| l.starts_with("user toolfleet "))
+        .map(|l| {
+            l.split_whitespace()
+                .filter(|w| !w.starts_with('>'))
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_nats_worker_user_pulls_exactly_the_demo_tools() -> Result<()> {
+    let names = Names::default();
+    let stream = names.jobs_stream();
+    let granted: BTreeSet<String> = quoted_subjects(&nats_user_block("worker")?)
+        .into_iter()
+        .filter(|s| s.contains(&format!(".{stream}.")))
+        .collect();
+    let mut wanted = BTreeSet::new();
+    for tool in demo_tools()? {
+        let consumer = names.tool_consumer(&tool);
+        wanted.insert(format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"));
+        wanted.insert(format!(
+            "$JS.API.CONSUMER.CREATE.{stream}.{consumer}.{}",
+            names.job_subject(&tool)
+        ));
+        wanted.insert(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"));
+        wanted.insert(format!("$JS.ACK.{stream}.{consumer}.>"));
+    }
+    assert_eq!(granted, wanted);
+    Ok(())
+}
+
+#[test]
+fn the_nats_users_name_the_real_subjects() -> Result<()> {
+    let names = Names::default();
+    let coordinator = quoted_subjects(&nats_user_block("coordinator")?);
+    for subject in [
+        names.jobs_wildcard(),
+        names.progress_wildcard(),
+        names.turn_submit(),
+        names.catalog(),
+        names.registry_changed(),
+        format!(
+            "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
+            names.results_stream(),
+            names.results_consumer()
+        ),
+        format!("$JS.API.STREAM.CREATE.{}", names.jobs_stream()),
+        format!("$JS.API.STREAM.CREATE.{}", names.results_stream()),
+    ] {
+        assert!(
+            coordinator.contains(&subject),
+            "coordinator lacks {subject}"
+        );
+    }
+    let worker = quoted_subjects(&nats_user_block("worker")?);
+    for subject in [
+        names.results_wildcard(),
+        names.progress_wildcard(),
+        names.registry_changed(),
+    ] {
+        assert!(worker.contains(&subject), "worker lacks {subject}");
+    }
+    assert!(!worker.contains(&names.turn_submit()));
+    assert!(!worker
+        .iter()
+        .any(|s| s.starts_with("$JS.API.STREAM.CREATE")));
+    let frontend = quoted_subjects(&nats_user_block("frontend")?);
+    let expected: BTreeSet<String> = [
+        names.turn_submit(),
+        names.catalog(),
+        "_INBOX_frontend.>".into(),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(frontend, expected);
+    Ok(())
+}
+
+#[test]
+fn kubernetes_and_compose_redis_users_have_the_same_rights() -> Result<()> {
+    let compose_acl = repo_file("deploy/redis/users.acl")?;
+    let secrets = yaml_documents("deploy/k8s/secret.yaml")?;
+    let k8s_acl = secrets
+        .iter()
+        .find_map(|d| str_at(d, &["stringData", "users.acl"]))
+        .context("no users.acl in deploy/k8s/secret.yaml")?;
+    assert_eq!(fleet_acl_rules(&compose_acl), fleet_acl_rules(k8s_acl));
+    assert!(!fleet_acl_rules(k8s_acl).is_empty());
+    let password = fleet_acl_password(k8s_acl)?;
+    let url = secrets
+        .iter()
+        .find_map(|d| str_at(d, &["stringData", "TOOLFLEET_REDIS_URL"]))
+        .context("no TOOLFLEET_REDIS_URL secret")?;
+    assert!(
+        url.starts_with(&format!("redis://toolfleet:{password}@")),
+        "{url}"
+    );
+    Ok(())
+}
+
+// ----- Kubernetes ----------------------------------------------------------------------
+
+/// Every object of the kustomization's own files.
+fn k8s_objects() -> Result<Vec<Value>> {
+    let kustomization = yaml("deploy/k8s/kustomization.yaml")?;
+    let mut objects = Vec::new();
+    for resource in strings(kustomization.get("resources")) {
+        if resource.starts_with("..") {
+            continue;
+        }
+        objects.extend(yaml_documents(&format!("deploy/k8s/{resource}"))?);
+    }
+    Ok(objects)
+}
+
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects
+        .iter()
+        .filter(|o| str_at(o, &["kind"]) == Some(kind))
+        .collect()
+}
+
+fn named<'a>(objects: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
+    of_kind(objects, kind)
+        .into_iter()
+        .find(|o| str_at(o, &["metadata", "name"]) == Some(name))
+        .with_context(|| format!("no {kind} {name}"))
+}
+
+fn containers(workload: &Value) -> Vec<&Value> {
+    at(workload, &["spec", "template", "spec", "containers"])
+        .and_then(Value::as_sequence)
+        .map(|s| s.iter().collect())
+        .unwrap_or_default()
+}
+
+fn container_env<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container
+        .get("env")?
+        .as_sequence()?
+        .iter()
+        .find(|e| str_at(e, &["name"]) == Some(name))
+        .and_then(|e| str_at(e, &["value"]))
+}
+
+#[test]
+fn every_workload_has_probes_and_resources() -> Result<()> {
+    let objects = k8s_objects()?;
+    let workloads: Vec<&Value> = ["Deployment", "StatefulSet"]
+        .iter()
+        .flat_map(|kind| of_kind(&objects, kind))
+        .collect();
+    assert!(workloads.len() >= 4, "{} workloads", workloads.len());
+    for workload in workloads {
+        let name = str_at(workload, &["metadata", "name"]).unwrap_or_default();
+        let list = containers(workload);
+        assert!(!list.is_empty(), "{name} has no containers");
+        for container in list {
+            for probe in ["livenessProbe", "readinessProbe"] {
+                assert!(container.get(probe).is_some(), "{name} has no {probe}");
+            }
+            for bound in ["requests", "limits"] {
+                for resource in ["cpu", "memory"] {
+                    assert!(
+                        at(container, &["resources", bound, resource]).is_some(),
+                        "{name} has no {bound}.{resource}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn fleet_deployments_probe_their_http_endpoints() -> Result<()> {
+    let objects = k8s_objects()?;
+    for (name, binary, user) in [
+        ("coordinator", "toolfleet-coordinator", "coordinator"),
+        ("worker", "toolfleet-worker", "worker"),
+    ] {
+        let deployment = named(&objects, "Deployment", name)?;
+        let container = containers(deployment)
+            .into_iter()
+            .next()
+            .with_context(|| format!("{name} has no container"))?;
+        assert_eq!(strings(container.get("command")), vec![binary.to_string()]);
+        let port = container_env(container, "TOOLFLEET_HTTP_ADDR")
+            .and_then(port_of)
+            .with_context(|| format!("{name} has no TOOLFLEET_HTTP_ADDR"))?;
+        let ports = container
+            .get("ports")
+            .and_then(Value::as_sequence)
+            .context("no ports")?;
+        let http = ports
+            .iter()
+            .find(|p| str_at(p, &["name"]) == Some("http"))
+            .context("no http port")?;
+        assert_eq!(
+            at(http, &["containerPort"])
+                .and_then(Value::as_u64)
+                .map(|p| p.to_string()),
+            Some(port.to_string()),
+            "{name}"
+        );
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            assert_eq!(
+                str_at(container, &[probe, "httpGet", "path"]),
+                Some(path),
+                "{name} {probe}"
+            );
+            assert_eq!(
+                str_at(container, &[probe, "httpGet", "port"]),
+                Some("http"),
+                "{name} {probe}"
+            );
+        }
+        assert_eq!(container_env(container, "TOOLFLEET_NATS_USER"), Some(user));
+        assert_eq!(
+            at(container, &["securityContext", "allowPrivilegeEscalation"])
+                .and_then(Value::as_bool),
+            Some(false)
+        );
+        assert_eq!(
+            at(
+                deployment,
+                &[
+                    "spec",
+                    "template",
+                    "spec",
+                    "securityContext",
+                    "runAsNonRoot"
+                ]
+            )
+            .and_then(Value::as_bool),
+            Some(true)
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn coordinators_run_two_replicas_under_a_disruption_budget() -> Result<()> {
+    let objects = k8s_objects()?;
+    let coordinator = named(&objects, "Deployment", "coordinator")?;
+    assert_eq!(
+        at(coordinator, &["spec", "replicas"]).and_then(Value::as_u64),
+        Some(2)
+    );
+    let labels =
+        at(coordinator, &["spec", "template", "metadata", "labels"]).context("no pod labels")?;
+    let budget = named(&objects, "PodDisruptionBudget", "coordinator")?;
+    let selector = at(budget, &["spec", "selector", "matchLabels"])
+        .and_then(Value::as_mapping)
+        .context("no budget selector")?;
+    for (key, value) in selector {
+        assert_eq!(
+            labels.get(key),
+            Some(value),
+            "the budget selects other pods"
+        );
+    }
+    assert_eq!(
+        at(budget, &["spec", "minAvailable"]).and_then(Value::as_u64),
+        Some(1)
+    );
+    for service in of_kind(&objects, "Service") {
+        let name = str_at(service, &["metadata", "name"]).unwrap_or_default();
+        let selector = at(service, &["spec", "selector"])
+            .and_then(Value::as_mapping)
+            .with_context(|| format!("service {name} has no selector"))?;
+        let matches_some = ["Deployment", "StatefulSet"]
+            .iter()
+            .flat_map(|kind| of_kind(&objects, kind))
+            .any(|w| {
+                let labels = at(w, &["spec", "template", "metadata", "labels"]);
+                selector
+                    .iter()
+                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+            });
+        assert!(matches_some, "service {name} selects no workload");
+    }
+    Ok(())
+}
+
+#[test]
+fn keda_scales_workers_on_the_tool_consumers_lag() -> Result<()> {
+    let objects = k8s_objects()?;
+    let names = Names::default();
+    let scaled = named(&objects, "ScaledObject", "worker")?;
+    let target = str_at(scaled, &["spec", "scaleTargetRef", "name"]).context("no target")?;
+    let worker = named(&objects, "Deployment", target)?;
+    assert!(
+        at(worker, &["spec", "replicas"]).is_none(),
+        "KEDA owns the worker replica count"
+    );
+    let packs_env = containers(worker)
+        .into_iter()
+        .find_map(|c| container_env(c, "TOOLFLEET_PACKS"))
+        .context("the worker names no packs")?;
+    assert_eq!(packs_env, "demo");
+
+    let triggers = at(scaled, &["spec", "triggers"])
+        .and_then(Value::as_sequence)
+        .context("no triggers")?;
+    let mut consumers = BTreeSet::new();
+    for trigger in triggers {
+        assert_eq!(str_at(trigger, &["type"]), Some("nats-jetstream"));
+        assert_eq!(
+            str_at(trigger, &["metadata", "stream"]),
+            Some(names.jobs_stream().as_str())
+        );
+        let endpoint = str_at(trigger, &["metadata", "natsServerMonitoringEndpoint"])
+            .context("no monitoring endpoint")?;
+        assert!(endpoint.ends_with(":8222"), "{endpoint}");
+        assert_eq!(str_at(trigger, &["metadata", "account"]), Some("$G"));
+        if let Some(consumer) = str_at(trigger, &["metadata", "consumer"]) {
+            consumers.insert(consumer.to_string());
+        }
+    }
+    let wanted: BTreeSet<String> = demo_tools()?
+        .iter()
+        .map(|t| names.tool_consumer(t))
+        .collect();
+    assert!(wanted.contains("tool_crm_getOpenInvoices"));
+    assert_eq!(consumers, wanted);
+    Ok(())
+}
+
+#[test]
+fn kustomize_builds_the_manifests_when_kubectl_is_installed() -> Result<()> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s");
+    let output = match std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+    {
+        Ok(output) => output,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("kubectl is not installed; kustomize build not checked");
+            return Ok(());
+        }
+        Err(error) => return Err(error.into()),
+    };
+    if !output.status.success() {
+        bail!(
+            "kubectl kustomize failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let rendered = String::from_utf8(output.stdout)?;
+    let mut kinds = BTreeSet::new();
+    for document in serde_norway::Deserializer::from_str(&rendered) {
+        let value = Value::deserialize(document)?;
+        if let Some(kind) = str_at(&value, &["kind"]) {
+            kinds.insert(kind.to_string());
+        }
+        if str_at(&value, &["kind"]) != Some("Namespace") {
+            assert_eq!(
+                str_at(&value, &["metadata", "namespace"]),
+                Some("toolfleet")
+            );
+        }
+    }
+    for kind in [
+        "ConfigMap",
+        "Secret",
+        "Service",
+        "Deployment",
+        "StatefulSet",
+        "PodDisruptionBudget",
+        "ScaledObject",
+    ] {
+        assert!(kinds.contains(kind), "no {kind} rendered");
+    }
+    Ok(())
+}
