@@ -18,6 +18,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
 use toolfleet_common::config::{DEFAULT_NATS_URL, DEFAULT_REDIS_URL};
+use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::names::DEFAULT_PREFIX;
 use toolfleet_common::telemetry::{self, TelemetryConfig};
 use toolfleet_common::{CatalogFormat, FleetClient, TurnEvent, TurnRequest};
@@ -197,7 +198,12 @@ async fn run(cli: Cli) -> Result<()> {
                 fleet.stop().await;
                 outcome
             } else {
-                let client = FleetClient::connect(&cli.nats, &cli.prefix).await?;
+                let client = FleetClient::connect_with(
+                    &cli.nats,
+                    &cli.prefix,
+                    &NatsCredentials::from_env()?,
+                )
+                .await?;
                 stream_turn(&client, request, json).await
             }
         }
@@ -216,7 +222,10 @@ async fn run(cli: Cli) -> Result<()> {
             };
             let client = match &fleet {
                 Some(f) => f.client.clone(),
-                None => FleetClient::connect(&cli.nats, &cli.prefix).await?,
+                None => {
+                    FleetClient::connect_with(&cli.nats, &cli.prefix, &NatsCredentials::from_env()?)
+                        .await?
+                }
             };
             let tools = client
                 .catalog(format, tenant, Duration::from_secs(5))

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use toolfleet_common::config::{
     env_ms, env_or, env_string, ConfigError, DEFAULT_NATS_URL, DEFAULT_REDIS_URL,
 };
+use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::names::DEFAULT_PREFIX;
 
 /// Everything a coordinator needs to run.
@@ -15,6 +16,9 @@ use toolfleet_common::names::DEFAULT_PREFIX;
 pub struct CoordinatorConfig {
     /// NATS URL (`TOOLFLEET_NATS_URL`).
     pub nats_url: String,
+    /// NATS user, password and inbox prefix (`TOOLFLEET_NATS_USER`,
+    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`).
+    pub nats_credentials: NatsCredentials,
     /// Redis URL (`TOOLFLEET_REDIS_URL`).
     pub redis_url: String,
     /// Subject and key prefix (`TOOLFLEET_PREFIX`).
@@ -63,6 +67,7 @@ impl CoordinatorConfig {
     pub fn local() -> Self {
         Self {
             nats_url: DEFAULT_NATS_URL.to_string(),
+            nats_credentials: NatsCredentials::none(),
             redis_url: DEFAULT_REDIS_URL.to_string(),
             prefix: DEFAULT_PREFIX.to_string(),
             default_deadline: Duration::from_secs(15),
@@ -104,6 +109,7 @@ impl CoordinatorConfig {
         };
         Ok(Self {
             nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
+            nats_credentials: NatsCredentials::from_env()?,
             redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
             prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
             default_deadline: env_ms("TOOLFLEET_DEFAULT_DEADLINE_MS", d.default_deadline)?,

@@ -231,7 +231,9 @@ pub async fn run_with_narrator(
     shutdown: CancellationToken,
 ) -> Result<(), CoordinatorError> {
     let names = Names::new(config.prefix.clone());
-    let nats = async_nats::ConnectOptions::new()
+    let nats = config
+        .nats_credentials
+        .apply(async_nats::ConnectOptions::new())
         .name("toolfleet-coordinator")
         .retry_on_initial_connect()
         .connect(&config.nats_url)

@@ -5,6 +5,7 @@ use std::time::Duration;
 use toolfleet_common::config::{
     env_ms, env_or, env_string, ConfigError, DEFAULT_NATS_URL, DEFAULT_REDIS_URL,
 };
+use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::names::DEFAULT_PREFIX;
 
 /// Everything a worker needs to run.
@@ -12,6 +13,9 @@ use toolfleet_common::names::DEFAULT_PREFIX;
 pub struct WorkerConfig {
     /// NATS URL (`TOOLFLEET_NATS_URL`).
     pub nats_url: String,
+    /// NATS user, password and inbox prefix (`TOOLFLEET_NATS_USER`,
+    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`).
+    pub nats_credentials: NatsCredentials,
     /// Redis URL (`TOOLFLEET_REDIS_URL`), for tool registration and liveness.
     pub redis_url: String,
     /// Subject and key prefix (`TOOLFLEET_PREFIX`).
@@ -41,6 +45,7 @@ impl WorkerConfig {
     pub fn local() -> Self {
         Self {
             nats_url: DEFAULT_NATS_URL.to_string(),
+            nats_credentials: NatsCredentials::none(),
             redis_url: DEFAULT_REDIS_URL.to_string(),
             prefix: DEFAULT_PREFIX.to_string(),
             worker_id: default_worker_id(),
@@ -58,6 +63,7 @@ impl WorkerConfig {
         let d = Self::local();
         Ok(Self {
             nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
+            nats_credentials: NatsCredentials::from_env()?,
             redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
             prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
             worker_id: env_string("TOOLFLEET_WORKER_ID", &d.worker_id),

@@ -180,7 +180,9 @@ pub async fn run(
     }
 
     let names = Names::new(config.prefix.clone());
-    let nats = async_nats::ConnectOptions::new()
+    let nats = config
+        .nats_credentials
+        .apply(async_nats::ConnectOptions::new())
         .name(format!("toolfleet-worker {}", config.worker_id))
         .retry_on_initial_connect()
         .connect(&config.nats_url)

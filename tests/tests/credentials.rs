@@ -1,0 +1,490 @@
+//! Per-role credentials against a real `nats-server` running `deploy/nats/auth.conf` and
+//! a `redis-server` with the fleet user of `deploy/redis/users.acl`: a frontend cannot
+//! publish a job nor read another role's inbox, a worker cannot submit a turn nor pull
+//! another tool's jobs, and a whole turn still runs with every role on its own
+//! credentials.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use toolfleet_common::credentials::NatsCredentials;
+use toolfleet_common::streams::ensure_streams;
+use toolfleet_common::{CallState, CatalogFormat, FleetClient, Names, TurnRequest};
+use toolfleet_coordinator::CoordinatorConfig;
+use toolfleet_tests::fleet::Running;
+use toolfleet_tests::{eventually_named, NatsServer, RedisServer};
+use toolfleet_worker::{packs, WorkerConfig};
+
+const COORDINATOR_PASSWORD: &str = "coordinator-test-password";
+const WORKER_PASSWORD: &str = "worker-test-password";
+const FRONTEND_PASSWORD: &str = "frontend-test-password";
+
+/// How long a test waits for a server's permissions error.
+const ERROR_WAIT: Duration = Duration::from_secs(5);
+/// How long a test waits to be sure a message does not arrive.
+const SILENCE: Duration = Duration::from_millis(1500);
+/// How long a JetStream request may take before it counts as refused.
+const JS_TIMEOUT: Duration = Duration::from_secs(1);
+const EVENT_WAIT: Duration = Duration::from_secs(10);
+
+fn deploy_file(path: &str) -> Result<String> {
+    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy")
+        .join(path);
+    std::fs::read_to_string(&full).with_context(|| format!("reading {}", full.display()))
+}
+
+/// `deploy/nats/auth.conf` with its password variables defined.
+fn nats_auth_config() -> Result<String> {
+    Ok(format!(
+        "TOOLFLEET_NATS_COORDINATOR_PASSWORD: \"{COORDINATOR_PASSWORD}\"\n\
+         TOOLFLEET_NATS_WORKER_PASSWORD: \"{WORKER_PASSWORD}\"\n\
+         TOOLFLEET_NATS_FRONTEND_PASSWORD: \"{FRONTEND_PASSWORD}\"\n\n{}",
+        deploy_file("nats/auth.conf")?
+    ))
+}
+
+fn coordinator_credentials() -> NatsCredentials {
+    NatsCredentials::user_and_password("coordinator", COORDINATOR_PASSWORD)
+}
+
+fn worker_credentials() -> NatsCredentials {
+    NatsCredentials::user_and_password("worker", WORKER_PASSWORD)
+}
+
+fn frontend_credentials() -> NatsCredentials {
+    NatsCredentials::user_and_password("frontend", FRONTEND_PASSWORD)
+}
+
+/// A connection as one role, with the server errors it receives.
+struct RoleConnection {
+    client: async_nats::Client,
+    server_errors: mpsc::UnboundedReceiver<async_nats::ServerError>,
+}
+
+impl RoleConnection {
+    async fn open(nats: &NatsServer, credentials: &NatsCredentials) -> Result<Self> {
+        let (tx, server_errors) = mpsc::unbounded_channel();
+        let options = credentials.apply(async_nats::ConnectOptions::new().event_callback(
+            move |event| {
+                let tx = tx.clone();
+                async move {
+                    if let async_nats::Event::ServerError(error) = event {
+                        let _ = tx.send(error);
+                    }
+                }
+            },
+        ));
+        let client = tokio::time::timeout(EVENT_WAIT, options.connect(nats.url()))
+            .await
+            .context("connect timed out")??;
+        Ok(Self {
+            client,
+            server_errors,
+        })
+    }
+
+    /// Waits (bounded) for the server to report an error to this connection.
+    async fn expect_server_error(&mut self) -> Result<async_nats::ServerError> {
+        tokio::time::timeout(ERROR_WAIT, self.server_errors.recv())
+            .await
+            .context("no permissions error from the server")?
+            .context("event channel closed")
+    }
+
+    fn jetstream(&self) -> jetstream::Context {
+        let mut js = jetstream::new(self.client.clone());
+        js.set_timeout(JS_TIMEOUT);
+        js
+    }
+}
+
+/// Turns the `deploy/redis/users.acl` users (but `default`) on in `redis`, and returns
+/// the URL of the fleet user.
+async fn apply_redis_acl(redis: &RedisServer) -> Result<String> {
+    let mut conn = redis.client()?.get_multiplexed_async_connection().await?;
+    let mut fleet_url = None;
+    for line in deploy_file("redis/users.acl")?.lines() {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("user") {
+            continue;
+        }
+        let Some(user) = words.next() else { continue };
+        if user == "default" {
+            continue;
+        }
+        let rules: Vec<&str> = words.collect();
+        let () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(user)
+            .arg(&rules)
+            .query_async(&mut conn)
+            .await?;
+        if user == "toolfleet" {
+            let password = rules
+                .iter()
+                .find_map(|r| r.strip_prefix('>'))
+                .context("the fleet user has no password")?;
+            fleet_url = Some(format!(
+                "redis://{user}:{password}@127.0.0.1:{}/",
+                redis.port()
+            ));
+        }
+    }
+    fleet_url.context("users.acl has no toolfleet user")
+}
+
+/// Servers with per-role users; the streams exist (created by the coordinator user).
+struct SecuredServers {
+    nats: NatsServer,
+    _redis: RedisServer,
+    redis_url: String,
+    names: Names,
+}
+
+impl SecuredServers {
+    async fn start() -> Result<Self> {
+        toolfleet_tests::init_test_tracing();
+        let nats = NatsServer::start_with_config(&nats_auth_config()?).await?;
+        let redis = RedisServer::start().await?;
+        let redis_url = apply_redis_acl(&redis).await?;
+        let names = Names::default();
+        let coordinator = RoleConnection::open(&nats, &coordinator_credentials()).await?;
+        ensure_streams(&coordinator.jetstream(), &names).await?;
+        Ok(Self {
+            nats,
+            _redis: redis,
+            redis_url,
+            names,
+        })
+    }
+
+    async fn messages_in(&self, stream: &str) -> Result<u64> {
+        let coordinator = RoleConnection::open(&self.nats, &coordinator_credentials()).await?;
+        let mut stream = coordinator.jetstream().get_stream(stream).await?;
+        Ok(stream.info().await?.state.messages)
+    }
+
+    fn coordinator(&self) -> Running {
+        let config = CoordinatorConfig {
+            nats_url: self.nats.url(),
+            nats_credentials: coordinator_credentials(),
+            redis_url: self.redis_url.clone(),
+            prefix: self.names.prefix().to_string(),
+            sweep_interval: Duration::from_millis(100),
+            sweep_grace: Duration::from_millis(300),
+            registry_refresh: Duration::from_millis(250),
+            shutdown_grace: Duration::from_secs(2),
+            ..CoordinatorConfig::local()
+        };
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let handle = tokio::spawn(async move {
+            if let Err(error) = toolfleet_coordinator::run(config, token).await {
+                tracing::error!(%error, "coordinator failed");
+            }
+        });
+        Running { shutdown, handle }
+    }
+
+    fn demo_worker(&self) -> Result<Running> {
+        let config = WorkerConfig {
+            nats_url: self.nats.url(),
+            nats_credentials: worker_credentials(),
+            redis_url: self.redis_url.clone(),
+            prefix: self.names.prefix().to_string(),
+            heartbeat: Duration::from_millis(500),
+            ack_wait: Duration::from_millis(1000),
+            ..WorkerConfig::local()
+        };
+        let tools = packs::tools_for(&["demo"]).map_err(anyhow::Error::msg)?;
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let handle = tokio::spawn(async move {
+            if let Err(error) = toolfleet_worker::run(config, tools, token).await {
+                tracing::error!(%error, "worker failed");
+            }
+        });
+        Ok(Running { shutdown, handle })
+    }
+
+    async fn frontend(&self) -> Result<FleetClient> {
+        Ok(FleetClient::connect_with(
+            &self.nats.url(),
+            self.names.prefix(),
+            &frontend_credentials(),
+        )
+        .await?)
+    }
+}
+
+/// A job body; its content does not matter to the permissions under test.
+const JOB_BODY: &[u8] = br#"{"turn_id":"forged","call":{"id":"forged-1"}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_without_credentials_are_refused() -> Result<()> {
+    let servers = SecuredServers::start().await?;
+    let anonymous = async_nats::ConnectOptions::new().connect(servers.nats.url());
+    let refused = tokio::time::timeout(EVENT_WAIT, anonymous)
+        .await
+        .context("connect timed out")?;
+    match refused {
+        Ok(_) => anyhow::bail!("an anonymous client was let in"),
+        Err(error) => assert_eq!(
+            error.kind(),
+            async_nats::ConnectErrorKind::AuthorizationViolation
+        ),
+    }
+    let wrong = NatsCredentials::user_and_password("frontend", "not-the-password");
+    let refused = tokio::time::timeout(
+        EVENT_WAIT,
+        wrong
+            .apply(async_nats::ConnectOptions::new())
+            .connect(servers.nats.url()),
+    )
+    .await
+    .context("connect timed out")?;
+    assert!(refused.is_err(), "a wrong password was accepted");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frontend_cannot_publish_a_job() -> Result<()> {
+    let servers = SecuredServers::start().await?;
+    let names = &servers.names;
+    let mut frontend = RoleConnection::open(&servers.nats, &frontend_credentials()).await?;
+
+    frontend
+        .client
+        .publish(names.job_subject("crm.getOpenInvoices"), JOB_BODY.into())
+        .await?;
+    frontend.client.flush().await?;
+    frontend.expect_server_error().await?;
+    tokio::time::sleep(SILENCE).await;
+    assert_eq!(servers.messages_in(&names.jobs_stream()).await?, 0);
+
+    // The same publish by the coordinator lands in the stream: the subject is right.
+    let coordinator = RoleConnection::open(&servers.nats, &coordinator_credentials()).await?;
+    coordinator
+        .jetstream()
+        .publish(names.job_subject("crm.getOpenInvoices"), JOB_BODY.into())
+        .await?
+        .await?;
+    assert_eq!(servers.messages_in(&names.jobs_stream()).await?, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frontend_reads_only_its_own_inbox() -> Result<()> {
+    let servers = SecuredServers::start().await?;
+    let mut frontend = RoleConnection::open(&servers.nats, &frontend_credentials()).await?;
+    let mut snooping = frontend.client.subscribe("_INBOX_worker.>").await?;
+    frontend.client.flush().await?;
+    frontend.expect_server_error().await?;
+
+    // A JetStream reply to the worker reaches the worker and not the frontend.
+    let worker = RoleConnection::open(&servers.nats, &worker_credentials()).await?;
+    let worker_inbox = worker.client.new_inbox();
+    let mut worker_own = worker.client.subscribe(worker_inbox.clone()).await?;
+    worker.client.flush().await?;
+    worker
+        .client
+        .publish_with_reply(
+            format!("$JS.API.STREAM.INFO.{}", servers.names.jobs_stream()),
+            worker_inbox,
+            "".into(),
+        )
+        .await?;
+    worker.client.flush().await?;
+    let reply = tokio::time::timeout(EVENT_WAIT, worker_own.next())
+        .await
+        .context("the worker got no JetStream reply")?;
+    assert!(reply.is_some());
+    assert!(
+        tokio::time::timeout(SILENCE, snooping.next())
+            .await
+            .is_err(),
+        "the frontend read the worker's inbox"
+    );
+
+    // Turn events from a coordinator reach the frontend's own inbox.
+    let coordinator = RoleConnection::open(&servers.nats, &coordinator_credentials()).await?;
+    let inbox = frontend.client.new_inbox();
+    let mut own = frontend.client.subscribe(inbox.clone()).await?;
+    frontend.client.flush().await?;
+    coordinator.client.publish(inbox, "event".into()).await?;
+    coordinator.client.flush().await?;
+    let delivered = tokio::time::timeout(EVENT_WAIT, own.next())
+        .await
+        .context("the coordinator could not reach the frontend's inbox")?;
+    assert_eq!(
+        delivered.map(|m| m.payload.to_vec()),
+        Some(b"event".to_vec())
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cannot_submit_a_turn() -> Result<()> {
+    let servers = SecuredServers::start().await?;
+    let _coordinator = servers.coordinator();
+    let frontend = servers.frontend().await?;
+    eventually_named("a coordinator answers", Duration::from_secs(10), || {
+        let frontend = frontend.clone();
+        async move {
+            frontend
+                .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
+                .await
+                .ok()
+        }
+    })
+    .await?;
+
+    let mut worker = RoleConnection::open(&servers.nats, &worker_credentials()).await?;
+    let inbox = worker.client.new_inbox();
+    let mut events = worker.client.subscribe(inbox.clone()).await?;
+    let request = TurnRequest {
+        turn_id: Some("forged-by-a-worker".into()),
+        tenant_id: "acme".into(),
+        session_id: None,
+        user_message: None,
+        decision: json!({"type": "final", "text": "hello"}),
+        deadline_ms: Some(5_000),
+        options: Default::default(),
+        context: Default::default(),
+    };
+    worker
+        .client
+        .publish_with_reply(
+            servers.names.turn_submit(),
+            inbox,
+            serde_json::to_vec(&request)?.into(),
+        )
+        .await?;
+    worker.client.flush().await?;
+    worker.expect_server_error().await?;
+    assert!(
+        tokio::time::timeout(SILENCE, events.next()).await.is_err(),
+        "a turn submitted by a worker was answered"
+    );
+
+    // Nor may it take turns or pull the jobs of a tool it does not serve.
+    let _taking = worker.client.subscribe(servers.names.turn_submit()).await?;
+    worker.client.flush().await?;
+    worker.expect_server_error().await?;
+    let jobs = worker
+        .jetstream()
+        .get_stream(servers.names.jobs_stream())
+        .await?;
+    let durable = servers.names.tool_consumer("test.behave");
+    let foreign = jobs
+        .get_or_create_consumer(
+            &durable,
+            consumer::pull::Config {
+                durable_name: Some(durable.clone()),
+                filter_subject: servers.names.job_subject("test.behave"),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(foreign.is_err(), "a worker created {durable}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_runs_with_each_role_on_its_own_credentials() -> Result<()> {
+    let servers = SecuredServers::start().await?;
+    let coordinator = servers.coordinator();
+    let worker = servers.demo_worker()?;
+    let frontend = servers.frontend().await?;
+    eventually_named(
+        "the demo tools in the catalog",
+        Duration::from_secs(15),
+        || {
+            let frontend = frontend.clone();
+            async move {
+                let tools = frontend
+                    .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
+                    .await
+                    .ok()?;
+                let listed: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+                ["crm.getOpenInvoices", "crm.listUpcomingAppointments"]
+                    .iter()
+                    .all(|n| listed.contains(n))
+                    .then_some(())
+            }
+        },
+    )
+    .await?;
+
+    let decision: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../examples/decisions/appointments_and_billing.openai.json"),
+        )
+        .context("reading the demo decision")?,
+    )?;
+    let request = TurnRequest {
+        turn_id: None,
+        tenant_id: "acme".into(),
+        session_id: Some("session-1".into()),
+        user_message: Some("Show me my appointments and my billing".into()),
+        decision,
+        deadline_ms: Some(10_000),
+        options: Default::default(),
+        context: Default::default(),
+    };
+    let outcome = frontend.run_turn(request, EVENT_WAIT).await?;
+    let fin = outcome.final_event;
+    assert_eq!(fin.summary.total, 2, "{fin:?}");
+    assert_eq!(fin.summary.ok, 2, "{fin:?}");
+    assert!(fin.results.iter().all(|r| r.state == CallState::Done));
+    assert!(!fin.deadline_hit);
+
+    worker.stop().await;
+    coordinator.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_fleet_user_is_confined_to_fleet_keys() -> Result<()> {
+    let redis = RedisServer::start().await?;
+    let url = apply_redis_acl(&redis).await?;
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let names = Names::default();
+    let () = redis::cmd("HSET")
+        .arg(names.turn_meta_key("t1"))
+        .arg("state")
+        .arg("open")
+        .query_async(&mut conn)
+        .await?;
+    for denied in [
+        redis::cmd("HSET")
+            .arg("other:key")
+            .arg("f")
+            .arg("v")
+            .clone(),
+        redis::cmd("FLUSHALL").clone(),
+        redis::cmd("CONFIG").arg("GET").arg("dir").clone(),
+        redis::cmd("KEYS").arg("*").clone(),
+    ] {
+        let outcome: redis::RedisResult<redis::Value> = denied.query_async(&mut conn).await;
+        match outcome {
+            Ok(value) => anyhow::bail!("{denied:?} was allowed: {value:?}"),
+            Err(error) => assert_eq!(
+                error.kind(),
+                redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+                "{denied:?}"
+            ),
+        }
+    }
+    Ok(())
+}
