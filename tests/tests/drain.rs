@@ -1,0 +1,254 @@
+//! Graceful drain on SIGTERM: a worker process finishes and acks the call it is running
+//! while new jobs go to another worker, and a coordinator process leaves its turns in
+//! flight to another replica, which finishes them before their deadline.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use toolfleet_common::client::TurnStream;
+use toolfleet_common::{CallState, FleetClient, TurnEvent};
+use toolfleet_tests::eventually_named;
+use toolfleet_tests::fleet::{call, final_of, read_to_end, result_of, tool_calls, turn, Fleet};
+use toolfleet_worker::packs;
+
+const EVENT_WAIT: Duration = Duration::from_secs(10);
+const EXIT_WAIT: Duration = Duration::from_secs(20);
+
+/// Reads `stream` until call `id` is reported `running`.
+async fn until_running(stream: &mut TurnStream, id: &str) -> Result<()> {
+    loop {
+        match stream.next_event(EVENT_WAIT).await? {
+            TurnEvent::ToolState {
+                tool_call_id,
+                state: CallState::Running,
+                ..
+            } if tool_call_id == id => return Ok(()),
+            event if event.is_last() => anyhow::bail!("turn ended before {id} ran: {event:?}"),
+            _ => {}
+        }
+    }
+}
+
+/// Reads the first event of `stream` and checks it is the `ack`.
+async fn acked(stream: &mut TurnStream) -> Result<()> {
+    match stream.next_event(EVENT_WAIT).await? {
+        TurnEvent::Ack { .. } => Ok(()),
+        other => anyhow::bail!("expected ack, got {other:?}"),
+    }
+}
+
+/// Waits until every job of `fleet`'s jobs stream is acked and gone.
+async fn jobs_all_acked(fleet: &Fleet, tools: &[&str]) -> Result<()> {
+    let js = async_nats::jetstream::new(fleet.client.nats().clone());
+    let stream_name = fleet.names.jobs_stream();
+    let consumers: Vec<String> = tools.iter().map(|t| fleet.names.tool_consumer(t)).collect();
+    eventually_named("every job acked", Duration::from_secs(10), || {
+        let js = js.clone();
+        let stream_name = stream_name.clone();
+        let consumers = consumers.clone();
+        async move {
+            let mut stream = js.get_stream(&stream_name).await.ok()?;
+            if stream.info().await.ok()?.state.messages != 0 {
+                return None;
+            }
+            for name in &consumers {
+                let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+                    stream.get_consumer(name).await.ok()?;
+                let info = consumer.info().await.ok()?;
+                if info.num_ack_pending != 0 || info.num_pending != 0 {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await
+}
+
+/// Waits until the registry lists `worker_id` as a live worker of `tool`.
+async fn worker_live(fleet: &Fleet, tool: &str, worker_id: &str) -> Result<()> {
+    let client = fleet.redis.client()?;
+    let key = fleet.names.tool_workers_key(tool);
+    eventually_named("the second worker registered", EVENT_WAIT, || {
+        let client = client.clone();
+        let key = key.clone();
+        async move {
+            let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+            let score: Option<f64> = redis::cmd("ZSCORE")
+                .arg(&key)
+                .arg(worker_id)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            score.map(|_| ())
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_worker_finishes_its_call_and_takes_no_new_jobs() -> Result<()> {
+    const TOOL: &str = "test.behave_once";
+    const SLEEP_MS: u64 = 4000;
+    let mut fleet = Fleet::start().await?;
+    let _coordinator = fleet.coordinator(fleet.coordinator_config());
+    let draining = fleet.spawn_node(
+        "worker",
+        &[
+            ("TOOLFLEET_WORKER_ID", "draining"),
+            ("TOOLFLEET_SHUTDOWN_GRACE_MS", "15000"),
+        ],
+    )?;
+    fleet.wait_for_tools(&[TOOL]).await?;
+
+    let mut request = turn(
+        "acme",
+        tool_calls(vec![call("in-flight", TOOL, json!({"sleep_ms": SLEEP_MS}))]),
+    );
+    request.deadline_ms = Some(30_000);
+    let mut in_flight = fleet.client.submit(request).await?;
+    until_running(&mut in_flight, "in-flight").await?;
+
+    fleet.spawn_node("worker", &[("TOOLFLEET_WORKER_ID", "successor")])?;
+    worker_live(&fleet, TOOL, "successor").await?;
+
+    let client = fleet.client.clone();
+    let signalled = Instant::now();
+    let after_signal = async move {
+        // Past the drained worker's last pull request, well before its call ends.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut request = turn(
+            "acme",
+            tool_calls(vec![call("after-signal", TOOL, json!({"sleep_ms": 10}))]),
+        );
+        request.deadline_ms = Some(20_000);
+        let mut stream = client.submit(request).await?;
+        read_to_end(&mut stream, EVENT_WAIT).await
+    };
+    let (terminated, later) = tokio::join!(fleet.terminate_node(draining, EXIT_WAIT), after_signal);
+    terminated.context("the worker did not exit after SIGTERM")?;
+    let exited_after = signalled.elapsed();
+
+    let events = read_to_end(&mut in_flight, EVENT_WAIT).await?;
+    let fin = final_of(&events)?;
+    let r = result_of(fin, "in-flight")?;
+    assert_eq!(r.state, CallState::Done, "{r:?}");
+    assert_eq!(r.attempts, 1, "the call ran again: {r:?}");
+    assert_eq!(r.worker_id.as_deref(), Some("draining"));
+    assert!(r.duration_ms >= SLEEP_MS);
+    assert!(!fin.deadline_hit);
+    assert!(
+        exited_after < Duration::from_millis(SLEEP_MS + 5000),
+        "the worker took {exited_after:?} to exit"
+    );
+
+    let later = later?;
+    let r = result_of(final_of(&later)?, "after-signal")?;
+    assert_eq!(r.state, CallState::Done, "{r:?}");
+    assert_eq!(r.worker_id.as_deref(), Some("successor"));
+
+    jobs_all_acked(&fleet, &[TOOL]).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_coordinator_leaves_its_turns_to_another_replica() -> Result<()> {
+    const TURNS: usize = 3;
+    const SLEEP_MS: u64 = 4000;
+    const DEADLINE_MS: u64 = 30_000;
+    let mut fleet = Fleet::start().await?;
+    let tools = packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
+    let _worker = fleet.worker(fleet.worker_config(), tools);
+    let first = fleet.spawn_node("coordinator", &[("TOOLFLEET_SHUTDOWN_GRACE_MS", "200")])?;
+    fleet.wait_for_tools(&["test.behave"]).await?;
+
+    let submitted = Instant::now();
+    let mut streams = Vec::new();
+    for n in 0..TURNS {
+        let mut request = turn(
+            "acme",
+            tool_calls(vec![
+                call(
+                    &format!("t{n}-a"),
+                    "test.behave",
+                    json!({"sleep_ms": SLEEP_MS}),
+                ),
+                call(
+                    &format!("t{n}-b"),
+                    "test.behave",
+                    json!({"sleep_ms": SLEEP_MS}),
+                ),
+            ]),
+        );
+        request.deadline_ms = Some(DEADLINE_MS);
+        let mut stream = fleet.client.submit(request).await?;
+        acked(&mut stream).await?;
+        streams.push(stream);
+    }
+
+    let _second = fleet.coordinator(fleet.coordinator_config());
+    results_pulled_by_two(&fleet).await?;
+
+    let client = fleet.client.clone();
+    let during_drain = async move {
+        let mut request = turn(
+            "acme",
+            tool_calls(vec![call("during-drain", "test.noop", json!({}))]),
+        );
+        request.deadline_ms = Some(DEADLINE_MS);
+        submit_and_finish(&client, request).await
+    };
+    let (terminated, drained_turn) =
+        tokio::join!(fleet.terminate_node(first, EXIT_WAIT), during_drain);
+    terminated.context("the coordinator did not exit after SIGTERM")?;
+    assert!(
+        submitted.elapsed() < Duration::from_millis(SLEEP_MS),
+        "the coordinator exited only after its calls had ended"
+    );
+
+    for mut stream in streams {
+        let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+        let fin = final_of(&events)?;
+        assert!(!fin.deadline_hit, "{fin:?}");
+        assert_eq!(fin.summary.ok, 2, "{fin:?}");
+    }
+    assert!(
+        submitted.elapsed() < Duration::from_millis(SLEEP_MS + 3000),
+        "the turns ended only after {:?}",
+        submitted.elapsed()
+    );
+    let drained_turn = drained_turn?;
+    assert_eq!(drained_turn.summary.ok, 1, "{drained_turn:?}");
+    Ok(())
+}
+
+/// Submits `request` and reads it to `final`.
+async fn submit_and_finish(
+    client: &FleetClient,
+    request: toolfleet_common::TurnRequest,
+) -> Result<toolfleet_common::FinalEvent> {
+    let mut stream = client.submit(request).await?;
+    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+    Ok(final_of(&events)?.clone())
+}
+
+/// Waits until two replicas have pull requests waiting on the results consumer.
+async fn results_pulled_by_two(fleet: &Fleet) -> Result<()> {
+    let js = async_nats::jetstream::new(fleet.client.nats().clone());
+    let stream_name = fleet.names.results_stream();
+    let consumer_name = fleet.names.results_consumer();
+    eventually_named("two replicas pulling results", EVENT_WAIT, || {
+        let js = js.clone();
+        let stream_name = stream_name.clone();
+        let consumer_name = consumer_name.clone();
+        async move {
+            let stream = js.get_stream(&stream_name).await.ok()?;
+            let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+                stream.get_consumer(&consumer_name).await.ok()?;
+            let info = consumer.info().await.ok()?;
+            (info.num_waiting >= 2).then_some(())
+        }
+    })
+    .await
+}
