@@ -11,6 +11,8 @@
 //!   loopback port, with the same stop/restart controls.
 //! - [`eventually`] and [`eventually_named`]: bounded polling helpers for
 //!   asserting on state that converges asynchronously.
+//! - [`pg::TestDatabase`]: a private PostgreSQL database, migrated and seeded,
+//!   dropped on `Drop`.
 //! - [`init_test_tracing`]: an idempotent `tracing` subscriber for tests.
 //!
 //! Every server lives in its own temporary directory that also holds its log
@@ -22,6 +24,7 @@
 
 pub mod fleet;
 pub mod otlp;
+pub mod pg;
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;

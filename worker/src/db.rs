@@ -138,7 +138,10 @@ impl DbError {
         } else if *state == SqlState::QUERY_CANCELED {
             DbError::Unavailable(format!("query cancelled (statement timeout): {error}"))
         } else {
-            DbError::Query(format!("{error} (SQLSTATE {code})"))
+            let detail = error
+                .as_db_error()
+                .map_or_else(|| error.to_string(), |db| db.message().to_string());
+            DbError::Query(format!("{detail} (SQLSTATE {code})"))
         }
     }
 }

@@ -263,7 +263,9 @@ async fn latest_booking(
         "SELECT {BOOKING_COLUMNS}
          FROM businesses b
          LEFT JOIN LATERAL (
-             SELECT * FROM bookings
+             SELECT id, customer_name, service, booking_datetime, duration_minutes, status,
+                    price, customer_notes
+             FROM bookings
              WHERE business_id = b.id
                AND regexp_replace(customer_phone, '[^0-9]', '', 'g') = $2
              ORDER BY (booking_datetime >= now()) DESC,
