@@ -62,6 +62,28 @@ fn frontend_credentials() -> NatsCredentials {
     NatsCredentials::user_and_password("frontend", FRONTEND_PASSWORD)
 }
 
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Runs `deploy/probe.sh` (the image's `toolfleet-probe`) against `port` and `path`.
+async fn probe(port: u16, path: &str) -> Result<bool> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/probe.sh");
+    let status = tokio::time::timeout(
+        EVENT_WAIT,
+        tokio::process::Command::new("bash")
+            .arg(script)
+            .arg(port.to_string())
+            .arg(path)
+            .status(),
+    )
+    .await
+    .context("the probe hung")??;
+    Ok(status.success())
+}
+
 /// A connection as one role, with the server errors it receives.
 struct RoleConnection {
     client: async_nats::Client,
@@ -171,8 +193,9 @@ impl SecuredServers {
         Ok(stream.info().await?.state.messages)
     }
 
-    fn coordinator(&self) -> Running {
+    fn coordinator(&self, http_port: u16) -> Running {
         let config = CoordinatorConfig {
+            http_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], http_port))),
             nats_url: self.nats.url(),
             nats_credentials: coordinator_credentials(),
             redis_url: self.redis_url.clone(),
@@ -193,8 +216,9 @@ impl SecuredServers {
         Running { shutdown, handle }
     }
 
-    fn demo_worker(&self) -> Result<Running> {
+    fn demo_worker(&self, http_port: u16) -> Result<Running> {
         let config = WorkerConfig {
+            http_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], http_port))),
             nats_url: self.nats.url(),
             nats_credentials: worker_credentials(),
             redis_url: self.redis_url.clone(),
@@ -333,7 +357,7 @@ async fn a_frontend_reads_only_its_own_inbox() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_cannot_submit_a_turn() -> Result<()> {
     let servers = SecuredServers::start().await?;
-    let _coordinator = servers.coordinator();
+    let _coordinator = servers.coordinator(free_port()?);
     let frontend = servers.frontend().await?;
     eventually_named("a coordinator answers", Duration::from_secs(10), || {
         let frontend = frontend.clone();
@@ -400,8 +424,9 @@ async fn a_worker_cannot_submit_a_turn() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_runs_with_each_role_on_its_own_credentials() -> Result<()> {
     let servers = SecuredServers::start().await?;
-    let coordinator = servers.coordinator();
-    let worker = servers.demo_worker()?;
+    let (coordinator_port, worker_port) = (free_port()?, free_port()?);
+    let coordinator = servers.coordinator(coordinator_port);
+    let worker = servers.demo_worker(worker_port)?;
     let frontend = servers.frontend().await?;
     eventually_named(
         "the demo tools in the catalog",
@@ -447,8 +472,16 @@ async fn a_turn_runs_with_each_role_on_its_own_credentials() -> Result<()> {
     assert!(fin.results.iter().all(|r| r.state == CallState::Done));
     assert!(!fin.deadline_hit);
 
+    // The container health check passes with every role on its own credentials.
+    for port in [coordinator_port, worker_port] {
+        for path in ["/healthz", "/readyz"] {
+            assert!(probe(port, path).await?, "{path} on {port} failed");
+        }
+    }
+
     worker.stop().await;
     coordinator.stop().await;
+    assert!(!probe(coordinator_port, "/healthz").await?);
     Ok(())
 }
 
