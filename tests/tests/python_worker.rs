@@ -1,0 +1,116 @@
+//! A turn whose calls are served by a Rust worker and by the Python worker of
+//! `examples/python-worker/` together. Skipped (with a message) only when `python3` is
+//! not installed; its packages (`pip install -r examples/python-worker/requirements.txt`,
+//! done by `.ci/run`) are required.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use tokio::process::Command;
+use toolfleet_common::{CallState, TurnEvent};
+use toolfleet_tests::fleet::{call, result_of, tool_calls, turn, Fleet};
+
+const EVENT_WAIT: Duration = Duration::from_secs(15);
+
+fn python() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("python3"))
+        .find(|p| p.is_file())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
+    let Some(python) = python() else {
+        eprintln!("skipping rust_and_python_workers_serve_one_turn: python3 is not installed");
+        return Ok(());
+    };
+    let check = Command::new(&python)
+        .args(["-c", "import nats, redis"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let check = tokio::time::timeout(Duration::from_secs(30), check)
+        .await
+        .context("python3 import check timed out")??;
+    if !check.success() {
+        bail!("python3 lacks nats-py or redis-py: pip install -r examples/python-worker/requirements.txt");
+    }
+
+    let fleet = Fleet::start().await?;
+    let (_c, _w) = fleet.start_default().await?;
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/python-worker/worker.py");
+    let mut child = Command::new(&python)
+        .arg(&script)
+        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
+        .env("TOOLFLEET_REDIS_URL", fleet.redis.url())
+        .env("TOOLFLEET_PREFIX", fleet.names.prefix())
+        .env("TOOLFLEET_HEARTBEAT_MS", "500")
+        .env("TOOLFLEET_ACK_WAIT_MS", "1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the Python worker")?;
+    fleet.wait_for_tools(&["text.stats"]).await?;
+
+    let outcome = fleet
+        .client
+        .run_turn(
+            turn(
+                "acme",
+                tool_calls(vec![
+                    call(
+                        "rust",
+                        "crm.getOpenInvoices",
+                        json!({"customerId": "cust_001"}),
+                    ),
+                    call(
+                        "python",
+                        "text.stats",
+                        json!({"text": "Show me my appointments. And my billing!"}),
+                    ),
+                ]),
+            ),
+            EVENT_WAIT,
+        )
+        .await?;
+    let fin = &outcome.final_event;
+    assert_eq!(fin.summary.ok, 2, "{fin:?}");
+    let rust = result_of(fin, "rust")?;
+    let py = result_of(fin, "python")?;
+    assert_eq!(
+        py.result,
+        Some(json!({"words": 7, "sentences": 2, "characters": 40}))
+    );
+    assert_eq!(py.summary.as_deref(), Some("That text has 7 words."));
+    assert_eq!(py.attempts, 1);
+    assert!(py.started_at.is_some() && py.ended_at.is_some());
+    let py_worker = py.worker_id.clone().unwrap_or_default();
+    assert!(py_worker.starts_with("py-"), "{py_worker}");
+    assert_ne!(rust.worker_id.as_deref(), Some(py_worker.as_str()));
+    assert!(fin.text.contains("That text has 7 words."), "{}", fin.text);
+    // The Python worker's `started` notice became a `running` event.
+    assert!(outcome.events.iter().any(|e| matches!(
+        e,
+        TurnEvent::ToolState { tool_call_id, state: CallState::Running, .. } if tool_call_id == "python"
+    )));
+
+    // On SIGTERM it withdraws from the registry.
+    let pid = child.id().context("the Python worker has no pid")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+        nix::sys::signal::Signal::SIGTERM,
+    )?;
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .context("the Python worker did not stop")??;
+    assert!(status.success(), "{status}");
+    fleet.wait_for_tool_gone("text.stats").await?;
+    Ok(())
+}
