@@ -186,7 +186,7 @@ impl LocalFleet {
             prefix: prefix.to_string(),
             ..WorkerConfig::from_env()?
         };
-        let tools = packs::tools_for(pack_names).map_err(anyhow::Error::msg)?;
+        let tools = packs::tools_with(pack_names, &packs::PackSettings::from_env(&worker)?)?;
         let wanted: Vec<String> = tools.iter().map(|t| t.definition().name.clone()).collect();
         let mut tasks = Vec::new();
         {

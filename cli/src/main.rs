@@ -5,9 +5,11 @@
 //!
 //! | module | what lives there |
 //! |---|---|
+//! | `admin` | database migrations and per-business policies and FAQs |
 //! | `local` | starting a local fleet (servers when none answer, coordinator, worker) |
 //! | `print` | rendering turn events for a terminal |
 
+mod admin;
 mod local;
 mod print;
 
@@ -88,9 +90,20 @@ enum Command {
         /// Start a local fleet for this turn instead of using a running one.
         #[arg(long)]
         local: bool,
+        /// Tool packs the local fleet's worker serves (with `--local`).
+        #[arg(long, value_delimiter = ',', default_value = "demo,test")]
+        packs: Vec<String>,
         /// Print raw events as JSON lines.
         #[arg(long)]
         json: bool,
+    },
+    /// Set up the database of the receptionist and CRM packs; manage policies and FAQs.
+    Admin {
+        /// PostgreSQL URL of a user that may write.
+        #[arg(long, env = "TOOLFLEET_DATABASE_URL", default_value = admin::DEFAULT_DATABASE_URL)]
+        database_url: String,
+        #[command(subcommand)]
+        command: admin::AdminCommand,
     },
     /// List the tool catalog.
     Catalog {
@@ -167,6 +180,7 @@ async fn run(cli: Cli) -> Result<()> {
             deadline_ms,
             context,
             local,
+            packs,
             json,
         } => {
             let text = if file.as_os_str() == "-" {
@@ -191,9 +205,8 @@ async fn run(cli: Cli) -> Result<()> {
                     .collect(),
             };
             if local {
-                let fleet =
-                    LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo", "test"])
-                        .await?;
+                let names: Vec<&str> = packs.iter().map(String::as_str).collect();
+                let fleet = LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &names).await?;
                 let outcome = stream_turn(&fleet.client, request, json).await;
                 fleet.stop().await;
                 outcome
@@ -207,6 +220,10 @@ async fn run(cli: Cli) -> Result<()> {
                 stream_turn(&client, request, json).await
             }
         }
+        Command::Admin {
+            database_url,
+            command,
+        } => admin::run(&database_url, command).await,
         Command::Catalog {
             format,
             tenant,

@@ -1,0 +1,295 @@
+//! `toolfleet admin`: set up the database of the receptionist and CRM packs and manage
+//! each business's policies and FAQs. Connects with `--database-url` /
+//! `TOOLFLEET_DATABASE_URL` as a user that may write (not the tools' read-only role).
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use serde_json::{json, Value};
+use tokio_postgres::{Client, Row};
+use toolfleet_worker::db;
+use toolfleet_worker::packs::receptionist::normalize_topic;
+use uuid::Uuid;
+
+/// Database used when neither `--database-url` nor `TOOLFLEET_DATABASE_URL` is set.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/toolfleet";
+
+/// What `toolfleet admin` can do.
+#[derive(Subcommand)]
+pub enum AdminCommand {
+    /// Create the database if missing and apply the migrations (optionally the demo data).
+    Migrate {
+        /// Also insert the two demo businesses with bookings, policies and FAQs.
+        #[arg(long)]
+        seed: bool,
+    },
+    /// A business's policies.
+    Policies {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// A business's FAQs.
+    Faqs {
+        #[command(subcommand)]
+        command: FaqCommand,
+    },
+}
+
+/// `toolfleet admin policies ...`
+#[derive(Subcommand)]
+pub enum PolicyCommand {
+    /// Create a policy.
+    Add {
+        /// The business (`businesses.id`, the tenant id of its turns).
+        #[arg(long)]
+        business: Uuid,
+        /// The topic callers ask about (cancellation, deposits, ...).
+        #[arg(long)]
+        topic: String,
+        /// The policy text, as the receptionist will say it.
+        #[arg(long)]
+        content: String,
+    },
+    /// List policies, optionally only those matching a topic.
+    List {
+        /// The business.
+        #[arg(long)]
+        business: Uuid,
+        /// Only policies on this topic (matched as `get_policies` does).
+        #[arg(long)]
+        topic: Option<String>,
+    },
+}
+
+/// `toolfleet admin faqs ...`
+#[derive(Subcommand)]
+pub enum FaqCommand {
+    /// Create an FAQ.
+    Add {
+        /// The business (`businesses.id`).
+        #[arg(long)]
+        business: Uuid,
+        /// The question.
+        #[arg(long)]
+        question: String,
+        /// The answer, as the receptionist will say it.
+        #[arg(long)]
+        answer: String,
+        /// The FAQ's topic; stored as its first tag.
+        #[arg(long)]
+        topic: Option<String>,
+        /// More tags, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        tags: Vec<String>,
+    },
+    /// List FAQs, optionally only those matching a topic (a tag or the question).
+    List {
+        /// The business.
+        #[arg(long)]
+        business: Uuid,
+        /// Only FAQs on this topic (matched as `get_faqs` does).
+        #[arg(long)]
+        topic: Option<String>,
+    },
+}
+
+/// Runs `command` against `database_url` and prints its JSON answer.
+pub async fn run(database_url: &str, command: AdminCommand) -> Result<()> {
+    let answer = match command {
+        AdminCommand::Migrate { seed } => migrate(database_url, seed).await?,
+        AdminCommand::Policies { command } => {
+            let client = connect(database_url).await?;
+            match command {
+                PolicyCommand::Add {
+                    business,
+                    topic,
+                    content,
+                } => add_policy(&client, business, &topic, &content).await?,
+                PolicyCommand::List { business, topic } => {
+                    list_policies(&client, business, topic.as_deref()).await?
+                }
+            }
+        }
+        AdminCommand::Faqs { command } => {
+            let client = connect(database_url).await?;
+            match command {
+                FaqCommand::Add {
+                    business,
+                    question,
+                    answer,
+                    topic,
+                    tags,
+                } => add_faq(&client, business, &question, &answer, topic, tags).await?,
+                FaqCommand::List { business, topic } => {
+                    list_faqs(&client, business, topic.as_deref()).await?
+                }
+            }
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(())
+}
+
+async fn connect(url: &str) -> Result<Client> {
+    db::connect_admin(url)
+        .await
+        .with_context(|| format!("connecting to {url} (set TOOLFLEET_DATABASE_URL)"))
+}
+
+async fn migrate(url: &str, seed: bool) -> Result<Value> {
+    let created = db::create_database_if_missing(url).await?;
+    let mut client = connect(url).await?;
+    let applied = db::migrate(&mut client).await?;
+    if seed {
+        db::seed_demo(&mut client).await?;
+    }
+    let businesses = client
+        .query(
+            "SELECT id::text AS id, name FROM businesses ORDER BY name",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| Ok(json!({"id": text(r, "id")?, "name": text(r, "name")?})))
+        .collect::<Result<Vec<Value>>>()?;
+    Ok(json!({
+        "status": "ok",
+        "database_created": created,
+        "migrations_applied": applied,
+        "seeded": seed,
+        "businesses": businesses,
+    }))
+}
+
+async fn ensure_business(client: &Client, business: Uuid) -> Result<()> {
+    let found = client
+        .query_opt("SELECT 1 FROM businesses WHERE id = $1", &[&business])
+        .await?;
+    if found.is_none() {
+        bail!("no business {business}");
+    }
+    Ok(())
+}
+
+/// `updated_at` as RFC 3339 UTC text.
+const UPDATED_AT: &str =
+    "to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') AS updated_at";
+
+fn text(row: &Row, name: &str) -> Result<String> {
+    row.try_get(name).with_context(|| format!("column {name}"))
+}
+
+fn policy_json(row: &Row) -> Result<Value> {
+    Ok(json!({
+        "id": text(row, "id")?,
+        "business_id": text(row, "business_id")?,
+        "topic": text(row, "topic")?,
+        "content": text(row, "content")?,
+        "updated_at": text(row, "updated_at")?,
+    }))
+}
+
+fn faq_json(row: &Row) -> Result<Value> {
+    Ok(json!({
+        "id": text(row, "id")?,
+        "business_id": text(row, "business_id")?,
+        "question": text(row, "question")?,
+        "answer": text(row, "answer")?,
+        "tags": row.try_get::<_, Vec<String>>("tags").context("column tags")?,
+        "updated_at": text(row, "updated_at")?,
+    }))
+}
+
+/// SQL: whether the text `col` and the normalized topic `$2` match.
+fn topic_match(col: &str) -> String {
+    let norm = format!("btrim(regexp_replace(lower({col}), '[^[:alnum:]]+', ' ', 'g'))");
+    format!("($2 = '' OR strpos($2, {norm}) > 0 OR strpos({norm}, $2) > 0)")
+}
+
+async fn add_policy(client: &Client, business: Uuid, topic: &str, content: &str) -> Result<Value> {
+    let (topic, content) = (topic.trim(), content.trim());
+    if topic.is_empty() || content.is_empty() {
+        bail!("a policy needs a topic and content");
+    }
+    ensure_business(client, business).await?;
+    let row = client
+        .query_one(
+            &format!(
+                "INSERT INTO policies (business_id, topic, content) VALUES ($1, $2, $3)
+                 RETURNING id::text, business_id::text, topic, content, {UPDATED_AT}"
+            ),
+            &[&business, &topic, &content],
+        )
+        .await?;
+    Ok(json!({"status": "ok", "policy": policy_json(&row)?}))
+}
+
+async fn list_policies(client: &Client, business: Uuid, topic: Option<&str>) -> Result<Value> {
+    ensure_business(client, business).await?;
+    let topic = normalize_topic(topic.unwrap_or_default());
+    let rows = client
+        .query(
+            &format!(
+                "SELECT id::text, business_id::text, topic, content, {UPDATED_AT}
+                 FROM policies WHERE business_id = $1 AND {}
+                 ORDER BY topic, updated_at DESC",
+                topic_match("topic")
+            ),
+            &[&business, &topic],
+        )
+        .await?;
+    let policies = rows.iter().map(policy_json).collect::<Result<Vec<_>>>()?;
+    Ok(json!({"status": "ok", "policies": policies}))
+}
+
+async fn add_faq(
+    client: &Client,
+    business: Uuid,
+    question: &str,
+    answer: &str,
+    topic: Option<String>,
+    tags: Vec<String>,
+) -> Result<Value> {
+    let (question, answer) = (question.trim(), answer.trim());
+    if question.is_empty() || answer.is_empty() {
+        bail!("an FAQ needs a question and an answer");
+    }
+    let mut all: Vec<String> = Vec::new();
+    for tag in topic.into_iter().chain(tags) {
+        let tag = tag.trim().to_lowercase();
+        if !tag.is_empty() && !all.contains(&tag) {
+            all.push(tag);
+        }
+    }
+    ensure_business(client, business).await?;
+    let row = client
+        .query_one(
+            &format!(
+                "INSERT INTO faqs (business_id, question, answer, tags) VALUES ($1, $2, $3, $4)
+                 RETURNING id::text, business_id::text, question, answer, tags, {UPDATED_AT}"
+            ),
+            &[&business, &question, &answer, &all],
+        )
+        .await?;
+    Ok(json!({"status": "ok", "faq": faq_json(&row)?}))
+}
+
+async fn list_faqs(client: &Client, business: Uuid, topic: Option<&str>) -> Result<Value> {
+    ensure_business(client, business).await?;
+    let topic = normalize_topic(topic.unwrap_or_default());
+    let rows = client
+        .query(
+            &format!(
+                "SELECT id::text, business_id::text, question, answer, tags, {UPDATED_AT}
+                 FROM faqs f WHERE business_id = $1
+                   AND (EXISTS (SELECT 1 FROM unnest(f.tags) AS t(tag) WHERE {})
+                        OR {})
+                 ORDER BY updated_at DESC",
+                topic_match("t.tag"),
+                topic_match("f.question")
+            ),
+            &[&business, &topic],
+        )
+        .await?;
+    let faqs = rows.iter().map(faq_json).collect::<Result<Vec<_>>>()?;
+    Ok(json!({"status": "ok", "faqs": faqs}))
+}
