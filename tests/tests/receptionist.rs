@@ -10,7 +10,9 @@ use serde_json::{json, Value};
 use toolfleet_common::call::codes;
 use toolfleet_common::{CallState, TurnEvent, TurnRequest};
 use toolfleet_coordinator::TenantPolicies;
+use toolfleet_tests::eventually_named;
 use toolfleet_tests::fleet::{call, code_of, result_of, tool_calls, turn, Fleet, Running};
+use toolfleet_tests::otlp::{OtlpReceiver, ReceivedSpan};
 use toolfleet_tests::pg::{
     TestDatabase, BOOKING_A, BOOKING_B, BUSINESS_A, BUSINESS_B, CALLER_PHONE,
 };
@@ -590,5 +592,77 @@ async fn the_crm_pack_on_postgres_keeps_its_tools_and_scoping() -> Result<()> {
         code_of(result_of(&outcome.final_event, "b")?),
         Some(toolfleet_worker::packs::crm::CUSTOMER_NOT_FOUND)
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_hit_still_has_its_execute_tool_span() -> Result<()> {
+    let database = TestDatabase::create().await?;
+    let receiver = OtlpReceiver::start().await?;
+    let mut fleet = Fleet::start().await?;
+    let mut coordinator = fleet.coordinator_config();
+    coordinator.tenants = tenants()?;
+    let _c = fleet.coordinator(coordinator);
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_string()),
+        ("FLEET_NODE_PACKS", "receptionist".to_string()),
+        ("TOOLFLEET_DATABASE_URL", database.url().to_string()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let worker = fleet.spawn_node("worker", &env)?;
+    fleet.wait_for_tools(&["get_policies"]).await?;
+    for _ in 0..2 {
+        let outcome = fleet
+            .client
+            .run_turn(
+                call_turn(
+                    BUSINESS_A,
+                    tool_calls(vec![call(
+                        "policy",
+                        "get_policies",
+                        json!({"topic": "deposits"}),
+                    )]),
+                ),
+                EVENT_WAIT,
+            )
+            .await?;
+        assert_eq!(
+            result_of(&outcome.final_event, "policy")?.state,
+            CallState::Done
+        );
+    }
+    fleet
+        .terminate_node(worker, Duration::from_secs(15))
+        .await?;
+
+    let spans =
+        eventually_named("cache spans", Duration::from_secs(10), || {
+            let spans = receiver.spans();
+            async move {
+                (spans.iter().filter(|s| s.name == "tool_cache").count() >= 2).then_some(spans)
+            }
+        })
+        .await?;
+    let executes: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|s| {
+            s.attr("gen_ai.operation.name") == Some("execute_tool")
+                && s.attr("gen_ai.tool.name") == Some("get_policies")
+        })
+        .collect();
+    assert_eq!(executes.len(), 2, "{executes:#?}");
+    let mut hits: Vec<&str> = Vec::new();
+    for cache_span in spans.iter().filter(|s| s.name == "tool_cache") {
+        assert!(
+            executes
+                .iter()
+                .any(|e| e.span_id == cache_span.parent_span_id),
+            "the cache span is a child of the call's execute_tool span: {cache_span:?}"
+        );
+        hits.push(cache_span.attr("cache.hit").unwrap_or("missing"));
+    }
+    hits.sort_unstable();
+    assert_eq!(hits, ["false", "true"]);
     Ok(())
 }

@@ -1,5 +1,6 @@
-//! `fleet-node coordinator|worker`: a coordinator, or a worker with the demo and test
-//! packs, configured from the environment, so tests can kill or signal a real process.
+//! `fleet-node coordinator|worker`: a coordinator, or a worker with the packs of
+//! `FLEET_NODE_PACKS` (default the demo and test packs), configured from the environment,
+//! so tests can kill or signal a real process.
 
 use tokio_util::sync::CancellationToken;
 
@@ -31,8 +32,9 @@ async fn main() -> anyhow::Result<()> {
         }
         "worker" => {
             let config = toolfleet_worker::WorkerConfig::from_env()?;
-            let tools = toolfleet_worker::packs::tools_for(&["demo", "test"])
-                .map_err(anyhow::Error::msg)?;
+            let packs = std::env::var("FLEET_NODE_PACKS").unwrap_or_else(|_| "demo,test".into());
+            let names: Vec<&str> = packs.split(',').collect();
+            let tools = toolfleet_worker::packs::tools_for(&names).map_err(anyhow::Error::msg)?;
             toolfleet_worker::run(config, tools, shutdown).await?;
         }
         other => anyhow::bail!("usage: fleet-node coordinator|worker (got {other:?})"),
