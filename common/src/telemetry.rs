@@ -369,7 +369,8 @@ struct TraceIds {
     span_id: String,
 }
 
-/// Records each new span's OpenTelemetry ids (placed after the OpenTelemetry layer).
+/// Records each span's OpenTelemetry ids on its first entry (placed after the
+/// OpenTelemetry layer).
 #[derive(Default)]
 struct TraceIdLayer {
     dispatch: std::sync::OnceLock<tracing::dispatcher::WeakDispatch>,
@@ -383,12 +384,15 @@ where
         let _ = self.dispatch.set(subscriber.downgrade());
     }
 
-    fn on_new_span(
-        &self,
-        _attrs: &tracing::span::Attributes<'_>,
-        id: &tracing::span::Id,
-        ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
+    // Looked up on first entry, not at creation: a remote parent is set between the two,
+    // and reading the context starts the OpenTelemetry span, fixing its parent.
+    fn on_enter(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        let known = ctx
+            .span(id)
+            .is_none_or(|span| span.extensions().get::<TraceIds>().is_some());
+        if known {
+            return;
+        }
         let Some(dispatch) = self.dispatch.get().and_then(|d| d.upgrade()) else {
             return;
         };
@@ -509,10 +513,20 @@ mod tests {
         let mut expected_trace = None;
         tracing::subscriber::with_default(subscriber, || {
             let span = tracing::info_span!("work");
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                crate::names::HEADER_TRACEPARENT,
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            );
+            set_remote_parent(&span, Some(&headers));
             let _entered = span.enter();
             expected_trace = trace_id(&span);
             tracing::info!(call = "c1", "tool ran");
         });
+        assert_eq!(
+            expected_trace.as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
         let text = buffer.0.lock().map(|b| b.clone()).unwrap_or_default();
         let line: Value = serde_json::from_slice(&text).unwrap_or(Value::Null);
         assert_eq!(line["message"], "tool ran");

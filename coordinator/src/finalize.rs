@@ -15,8 +15,11 @@ use tracing::{info_span, warn, Instrument};
 
 use crate::events;
 use crate::join::{CallEntry, Closing};
-use crate::narrate::{NarrationInput, FALLBACK};
+use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::Inner;
+
+/// Longest a narrator may take before the template narration is used instead.
+pub const NARRATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Publishes the end of `turn_id` from what the join returned. Runs exactly once per
 /// turn: only the caller whose script ended the turn gets a [`Closing`].
@@ -122,21 +125,23 @@ pub(crate) async fn publish_final(
         results: &results,
         tools,
     };
-    let chunks = match inner
-        .narrator
-        .narrate(&input)
+    let narration = tokio::time::timeout(NARRATE_TIMEOUT, inner.narrator.narrate(&input))
         .instrument(info_span!(
             "narrate",
             otel.name = spans::NARRATE,
             toolfleet.turn.id = %turn_id
         ))
-        .await
-    {
-        Ok(chunks) if !chunks.is_empty() => chunks,
-        Ok(_) => vec![FALLBACK.to_string()],
-        Err(error) => {
-            warn!(%turn_id, %error, "narrator failed; speaking the fallback");
-            vec![FALLBACK.to_string()]
+        .await;
+    let chunks = match narration {
+        Ok(Ok(chunks)) if !chunks.is_empty() => chunks,
+        Ok(Ok(_)) => vec![FALLBACK.to_string()],
+        Ok(Err(error)) => {
+            warn!(%turn_id, %error, "narrator failed; narrating from the templates");
+            TemplateNarrator::chunks(&input)
+        }
+        Err(_) => {
+            warn!(%turn_id, "narrator timed out; narrating from the templates");
+            TemplateNarrator::chunks(&input)
         }
     };
     for chunk in &chunks {

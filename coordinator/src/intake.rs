@@ -18,11 +18,15 @@ use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnEvent,
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::events;
-use crate::finalize::{close_turn, publish_final};
+use crate::finalize::close_turn;
 use crate::join::{CallEntry, Finalized, NewTurn};
 use crate::results::record_result;
 use crate::validate::{plan, Limits, PlannedCall, Verdict};
 use crate::{Inner, OwnedTurn, QueuedJob};
+
+/// Metric label of calls whose tool is not in the registry (model-written names would
+/// make unbounded label values).
+const UNKNOWN_TOOL_LABEL: &str = "_unknown";
 
 /// Handles one message on the turn subject.
 pub(crate) async fn handle_turn_message(inner: Arc<Inner>, message: async_nats::Message) {
@@ -66,6 +70,24 @@ pub(crate) async fn handle_turn_message(inner: Arc<Inner>, message: async_nats::
                 CallError::fatal(
                     turn_codes::INVALID_REQUEST,
                     "turn_id must be 1-64 characters of [A-Za-z0-9_-]",
+                ),
+            ),
+        )
+        .await;
+        return;
+    }
+    if request.tenant_id.is_empty()
+        || request.tenant_id.len() > 128
+        || request.tenant_id.chars().any(char::is_control)
+    {
+        events::publish(
+            &inner.nats,
+            &reply,
+            &events::turn_error(
+                Some(&turn_id),
+                CallError::fatal(
+                    turn_codes::INVALID_REQUEST,
+                    "tenant_id must be 1-128 characters without control characters",
                 ),
             ),
         )
@@ -217,8 +239,9 @@ async fn take_turn(inner: Arc<Inner>, turn_id: String, reply: String, request: T
     turn_span.record("toolfleet.turn.calls", planned.len());
     inner.metrics.turn_started(planned.len());
     for (_, r) in &refused {
+        let known = registry.get(&r.name).is_some();
         inner.metrics.call_ended(
-            &r.name,
+            if known { &r.name } else { UNKNOWN_TOOL_LABEL },
             r.state.as_str(),
             r.error.as_ref().map(|e| e.code.as_str()),
         );
@@ -315,9 +338,8 @@ async fn take_turn(inner: Arc<Inner>, turn_id: String, reply: String, request: T
             Ok(Finalized::Ended(closing)) => close_turn(&inner, &turn_id, closing, false).await,
             Ok(_) => {}
             Err(error) => {
+                // The turn stays open in Redis with its deadline entry: the sweeper ends it.
                 warn!(%error, "could not finalize a turn without runnable calls");
-                let results = refused.into_iter().map(|(_, r)| r).collect();
-                publish_final(&inner, &turn_id, &reply, results, false).await;
             }
         }
         return;

@@ -55,6 +55,9 @@ pub use narrate::{Narrator, TemplateNarrator};
 use join::{CallEntry, JoinStore};
 use registry::Registry;
 
+/// How long a Redis reply may take before the call counts as failed.
+pub const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Why a coordinator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorError {
@@ -184,6 +187,14 @@ impl Inner {
         }
     }
 
+    /// Stops every owned turn's deadline timer and forgets the turns (their deadline
+    /// entries stay in Redis for the sweepers of other replicas).
+    fn abandon_owned(&self) {
+        for (_, turn) in self.owned().drain() {
+            turn.timer.cancel();
+        }
+    }
+
     fn owned_count(&self) -> usize {
         self.owned().len()
     }
@@ -206,8 +217,9 @@ impl Inner {
             work.await
         };
         let mut locks = self.turn_locks();
-        // Only the map and this call hold the lock: nobody waits for it.
-        if Arc::strong_count(&lock) == 2 {
+        drop(lock);
+        // Under the map guard, a count of one means nobody else holds or waits for it.
+        if locks.get(turn_id).is_some_and(|l| Arc::strong_count(l) == 1) {
             locks.remove(turn_id);
         }
         out
@@ -244,7 +256,14 @@ pub async fn run_with_narrator(
         .await
         .map_err(CoordinatorError::Consumer)?;
     let redis_client = redis::Client::open(config.redis_url.as_str())?;
-    let mut redis = redis::aio::ConnectionManager::new(redis_client).await?;
+    // A script that ran but whose reply was slow must not be reported as failed, so the
+    // response timeout is generous.
+    let mut redis = redis::aio::ConnectionManager::new_with_config(
+        redis_client,
+        redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT)),
+    )
+    .await?;
 
     let redis_probe = redis.clone();
     let registry = Registry::default();
@@ -342,7 +361,16 @@ pub async fn run_with_narrator(
     }
 
     info!("coordinator stopping: no new turns");
-    let _ = turns.unsubscribe().await;
+    // Requests already delivered to this subscription are still taken; new ones go to
+    // the other replicas of the queue group.
+    let _ = turns.drain().await;
+    while let Some(message) = turns.next().await {
+        let inner = Arc::clone(&inner);
+        inner
+            .tasks
+            .clone()
+            .spawn(intake::handle_turn_message(inner, message));
+    }
     let deadline = tokio::time::Instant::now() + config.shutdown_grace;
     while inner.owned_count() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -353,6 +381,8 @@ pub async fn run_with_narrator(
             "turns still open after the grace period; another replica ends them at their deadline"
         );
     }
+    // Turns still owned end at their deadline on whichever replica sweeps first.
+    inner.abandon_owned();
     stop_background.cancel();
     background.close();
     background.wait().await;

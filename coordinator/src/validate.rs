@@ -112,6 +112,9 @@ fn judge(
     if let Some(problem) = problem {
         return Verdict::Refuse(problem);
     }
+    if let Some(reason) = unusable_call_id(&call.id) {
+        return Verdict::Refuse(CallError::fatal(codes::MALFORMED_CALL, reason));
+    }
     if !first_use {
         return Verdict::Refuse(CallError::fatal(
             codes::DUPLICATE_CALL_ID,
@@ -214,6 +217,25 @@ fn judge(
     Verdict::Dispatch { tool, timeout_ms }
 }
 
+/// Longest call id accepted.
+pub const MAX_CALL_ID_BYTES: usize = 256;
+
+/// Why a call id cannot travel in NATS headers and Redis fields, if it cannot: control
+/// characters, more than [`MAX_CALL_ID_BYTES`], or a leading `#` (reserved for the keys
+/// of refused calls).
+pub fn unusable_call_id(id: &str) -> Option<String> {
+    if id.len() > MAX_CALL_ID_BYTES {
+        return Some(format!("call id is longer than {MAX_CALL_ID_BYTES} bytes"));
+    }
+    if id.chars().any(char::is_control) {
+        return Some("call id contains control characters".into());
+    }
+    if id.starts_with('#') {
+        return Some("call ids may not start with '#'".into());
+    }
+    None
+}
+
 /// Length of `value` as JSON without building the string.
 fn serialized_len(value: &Value) -> usize {
     struct Counter(usize);
@@ -229,4 +251,17 @@ fn serialized_len(value: &Value) -> usize {
     let mut counter = Counter(0);
     let _ = serde_json::to_writer(&mut counter, value);
     counter.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_ids_that_cannot_travel_are_refused() {
+        assert!(unusable_call_id("call_1").is_none());
+        assert!(unusable_call_id("bad\r\nid").is_some());
+        assert!(unusable_call_id("#1").is_some());
+        assert!(unusable_call_id(&"x".repeat(300)).is_some());
+    }
 }

@@ -8,9 +8,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use futures::StreamExt;
 use serde_json::json;
 use tokio::process::Command;
-use toolfleet_common::{CallState, TurnEvent};
 use toolfleet_tests::fleet::{call, result_of, tool_calls, turn, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(15);
@@ -58,6 +58,14 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
         .spawn()
         .context("starting the Python worker")?;
     fleet.wait_for_tools(&["text.stats"]).await?;
+    // Progress notices are what the Python worker must send; whether the owner's
+    // `running` relay beats the `done` of an instant tool is a race, so the notice
+    // itself is checked.
+    let mut progress = fleet
+        .client
+        .nats()
+        .subscribe(fleet.names.progress_wildcard())
+        .await?;
 
     let outcome = fleet
         .client
@@ -95,11 +103,21 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
     assert!(py_worker.starts_with("py-"), "{py_worker}");
     assert_ne!(rust.worker_id.as_deref(), Some(py_worker.as_str()));
     assert!(fin.text.contains("That text has 7 words."), "{}", fin.text);
-    // The Python worker's `started` notice became a `running` event.
-    assert!(outcome.events.iter().any(|e| matches!(
-        e,
-        TurnEvent::ToolState { tool_call_id, state: CallState::Running, .. } if tool_call_id == "python"
-    )));
+    // The Python worker announced the start of its call.
+    let deadline = tokio::time::Instant::now() + EVENT_WAIT;
+    let started = loop {
+        let message = tokio::time::timeout_at(deadline, progress.next())
+            .await
+            .context("no started notice from the Python worker")?
+            .context("progress subscription closed")?;
+        let notice: serde_json::Value = serde_json::from_slice(&message.payload)?;
+        if notice["kind"] == "started" && notice["tool_call_id"] == "python" {
+            break notice;
+        }
+    };
+    assert!(started["worker_id"]
+        .as_str()
+        .is_some_and(|w| w.starts_with("py-")));
 
     // On SIGTERM it withdraws from the registry.
     let pid = child.id().context("the Python worker has no pid")?;

@@ -122,7 +122,7 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         .info()
         .map(|i| u32::try_from(i.delivered).unwrap_or(1))
         .unwrap_or(1);
-    let job: JobEnvelope = match serde_json::from_slice(&message.payload) {
+    let mut job: JobEnvelope = match serde_json::from_slice(&message.payload) {
         Ok(job) => job,
         Err(error) => {
             warn!(subject = %message.subject, %error, "undecodable job; terminating it");
@@ -186,17 +186,19 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         }
         notify_started(&shared, &job, attempt).await;
 
+        // Keeps the job alive until its result is published; aborted when dropped, even
+        // if this task unwinds.
         let keepalive = {
             let message = Arc::clone(&message);
             let period = (shared.ack_wait / 3).max(Duration::from_millis(50));
-            tokio::spawn(async move {
+            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(period).await;
                     if message.ack_with(AckKind::Progress).await.is_err() {
                         break;
                     }
                 }
-            })
+            }))
         };
 
         let started_at = now_rfc3339();
@@ -231,12 +233,12 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
             error.type = tracing::field::Empty,
         );
         shared.metrics.in_flight(&def.name, 1);
-        let run = AssertUnwindSafe(tool.tool.call(ctx, job.call.arguments.clone())).catch_unwind();
+        let arguments = std::mem::take(&mut job.call.arguments);
+        let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
         let outcome = tokio::time::timeout(budget, run)
             .instrument(execute.clone())
             .await;
         shared.metrics.in_flight(&def.name, -1);
-        keepalive.abort();
 
         let mut result = match outcome {
             Ok(Ok(Ok(output))) => {
@@ -309,6 +311,7 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
             started.elapsed().as_secs_f64(),
         );
         finish(&shared, &message, &job, &result).await;
+        drop(keepalive);
     }
     .instrument(span)
     .await;
