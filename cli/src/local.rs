@@ -25,7 +25,20 @@ pub struct LocalFleet {
     pub client: FleetClient,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
-    _servers: Vec<Child>,
+    _servers: Servers,
+}
+
+/// NATS and Redis for a local fleet: the ones answering at the given URLs, or
+/// `nats-server` / `redis-server` started on free loopback ports; dropping it stops the
+/// servers it started.
+pub struct Servers {
+    /// NATS URL in use.
+    pub nats_url: String,
+    /// Redis URL in use.
+    pub redis_url: String,
+    /// Process ids of the servers started here, by name (`nats-server`, `redis-server`).
+    pub started: Vec<(&'static str, u32)>,
+    _children: Vec<Child>,
     _dirs: Vec<tempdir::Dir>,
 }
 
@@ -110,15 +123,12 @@ async fn wait_port(port: u16, what: &str) -> Result<()> {
     bail!("{what} did not start listening on port {port} within 10 s")
 }
 
-impl LocalFleet {
-    /// Starts (or reuses) the servers and runs a coordinator and a worker with `packs`.
-    pub async fn start(
-        nats_url: &str,
-        redis_url: &str,
-        prefix: &str,
-        pack_names: &[&str],
-    ) -> Result<Self> {
+impl Servers {
+    /// Reuses the servers answering at `nats_url` and `redis_url`, and starts private
+    /// ones on free loopback ports for those that do not answer.
+    pub async fn start(nats_url: &str, redis_url: &str) -> Result<Self> {
         let mut servers = Vec::new();
+        let mut started = Vec::new();
         let mut dirs = Vec::new();
         let nats_url = if answers(nats_url, 4222).await {
             nats_url.to_string()
@@ -135,6 +145,7 @@ impl LocalFleet {
                 .kill_on_drop(true)
                 .spawn()
                 .context("starting nats-server")?;
+            started.extend(child.id().map(|pid| ("nats-server", pid)));
             servers.push(child);
             dirs.push(dir);
             wait_port(port, "nats-server").await?;
@@ -166,13 +177,34 @@ impl LocalFleet {
                 .kill_on_drop(true)
                 .spawn()
                 .context("starting redis-server")?;
+            started.extend(child.id().map(|pid| ("redis-server", pid)));
             servers.push(child);
             dirs.push(dir);
             wait_port(port, "redis-server").await?;
             eprintln!("started redis-server on 127.0.0.1:{port}");
             format!("redis://127.0.0.1:{port}/")
         };
+        Ok(Self {
+            nats_url,
+            redis_url,
+            started,
+            _children: servers,
+            _dirs: dirs,
+        })
+    }
+}
 
+impl LocalFleet {
+    /// Starts (or reuses) the servers and runs a coordinator and a worker with `packs`.
+    pub async fn start(
+        nats_url: &str,
+        redis_url: &str,
+        prefix: &str,
+        pack_names: &[&str],
+    ) -> Result<Self> {
+        let servers = Servers::start(nats_url, redis_url).await?;
+        let nats_url = servers.nats_url.clone();
+        let redis_url = servers.redis_url.clone();
         let shutdown = CancellationToken::new();
         let coordinator = CoordinatorConfig {
             nats_url: nats_url.clone(),
@@ -213,7 +245,6 @@ impl LocalFleet {
             shutdown,
             tasks,
             _servers: servers,
-            _dirs: dirs,
         };
         fleet.wait_for(&wanted).await?;
         Ok(fleet)

@@ -5,12 +5,16 @@
 //!
 //! | module | what lives there |
 //! |---|---|
+//! | `bench` | the benchmark: overhead against the floor, throughput, scaling, memory |
 //! | `admin` | database migrations and per-business policies and FAQs |
 //! | `local` | starting a local fleet (servers when none answer, coordinator, worker) |
+//! | `node` | one coordinator or worker in this process (hidden commands `bench` starts) |
 //! | `print` | rendering turn events for a terminal |
 
 mod admin;
+mod bench;
 mod local;
+mod node;
 mod print;
 
 use std::path::PathBuf;
@@ -117,6 +121,19 @@ enum Command {
         #[arg(long)]
         local: bool,
     },
+    /// Measure coordination overhead against the NATS/Redis floor, throughput, parallel
+    /// speedup, worker scaling and coordinator memory, with tracing export off and on.
+    Bench(bench::BenchArgs),
+    /// Run a coordinator configured by the environment until SIGTERM.
+    #[command(hide = true)]
+    Coordinator,
+    /// Run a worker configured by the environment until SIGTERM.
+    #[command(hide = true)]
+    Worker {
+        /// Tool packs to serve.
+        #[arg(long, value_delimiter = ',', default_value = "test")]
+        packs: Vec<String>,
+    },
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -128,11 +145,16 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let mut telemetry_config = TelemetryConfig::from_env("toolfleet-cli")?;
+    let (service, fleet_node) = match cli.command {
+        Command::Coordinator => ("toolfleet-coordinator", true),
+        Command::Worker { .. } => ("toolfleet-worker", true),
+        _ => ("toolfleet-cli", false),
+    };
+    let mut telemetry_config = TelemetryConfig::from_env(service)?;
     if std::env::var_os("RUST_LOG").is_none() {
         telemetry_config.log_filter = "warn".into();
     }
-    telemetry_config.always_trace = true;
+    telemetry_config.always_trace = !fleet_node;
     let telemetry = telemetry::init(&telemetry_config)?;
     let outcome = run(cli).await;
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
@@ -253,6 +275,9 @@ async fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Bench(args) => bench::run(&cli.nats, &cli.redis, &cli.prefix, args).await,
+        Command::Coordinator => node::coordinator(&cli.nats, &cli.redis, &cli.prefix).await,
+        Command::Worker { packs } => node::worker(&cli.nats, &cli.redis, &cli.prefix, &packs).await,
     }
 }
 

@@ -1,0 +1,331 @@
+//! The fleets under measurement: a coordinator and workers as child processes of this
+//! executable (`toolfleet coordinator`, `toolfleet worker --packs test`), each phase
+//! under its own prefix; cleanup of the streams and keys a prefix left behind.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use async_nats::jetstream;
+use futures::StreamExt;
+use tokio::process::{Child, Command};
+use toolfleet_common::call::unix_ms;
+use toolfleet_common::{CatalogFormat, FleetClient, Names};
+
+/// Tools every bench fleet must list before it is measured.
+const TOOLS: [&str; 2] = ["test.noop", "test.behave"];
+/// How long a fleet may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a child may take to stop after SIGTERM before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Variables that would point a child's telemetry somewhere else.
+const OTEL_VARIABLES: [&str; 5] = [
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_SERVICE_NAME",
+];
+
+/// Where the fleets run: the servers, this executable, and every prefix used so far.
+pub struct Env {
+    /// This executable, started as coordinator and workers.
+    pub exe: PathBuf,
+    /// NATS URL.
+    pub nats_url: String,
+    /// Redis URL.
+    pub redis_url: String,
+    /// The bench's own NATS connection (clients, floor, cleanup).
+    pub nats: async_nats::Client,
+    /// The bench's own Redis connection (floor, readiness, cleanup).
+    pub redis: redis::aio::MultiplexedConnection,
+    /// Tag shared by this run's prefixes.
+    pub run_id: String,
+    /// Print the children's pids and prefixes.
+    pub verbose: bool,
+    used: Mutex<Vec<String>>,
+}
+
+/// How to start one fleet.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Worker processes.
+    pub workers: usize,
+    /// `TOOLFLEET_WORKER_CONCURRENCY` of each worker.
+    pub worker_concurrency: usize,
+    /// OTLP endpoint the processes export to; `None` turns tracing export off.
+    pub otlp: Option<String>,
+}
+
+/// One child process.
+pub struct Node {
+    /// `coordinator` or `worker`.
+    pub role: &'static str,
+    /// Its process id.
+    pub pid: u32,
+    child: Child,
+}
+
+/// A coordinator and its workers under one prefix.
+pub struct Fleet {
+    /// The names under the fleet's prefix.
+    pub names: Names,
+    /// A frontend client on the bench's connection.
+    pub client: FleetClient,
+    /// The coordinator process.
+    pub coordinator: Node,
+    /// The worker processes.
+    pub workers: Vec<Node>,
+}
+
+impl Env {
+    /// Connects to the servers.
+    pub async fn connect(nats_url: &str, redis_url: &str, verbose: bool) -> Result<Self> {
+        let nats = async_nats::ConnectOptions::new()
+            .name("toolfleet-bench")
+            .connect(nats_url)
+            .await
+            .with_context(|| format!("connecting to NATS at {nats_url}"))?;
+        let redis = redis::Client::open(redis_url)?
+            .get_multiplexed_async_connection()
+            .await
+            .with_context(|| format!("connecting to Redis at {redis_url}"))?;
+        let run_id = uuid::Uuid::new_v4().simple().to_string()[..6].to_string();
+        Ok(Self {
+            exe: std::env::current_exe().context("locating this executable")?,
+            nats_url: nats_url.to_string(),
+            redis_url: redis_url.to_string(),
+            nats,
+            redis,
+            run_id,
+            verbose,
+            used: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A fresh prefix for `phase` (a single subject token), remembered for cleanup.
+    pub fn prefix(&self, phase: &str) -> String {
+        let prefix = format!("tfb{}_{phase}", self.run_id);
+        match self.used.lock() {
+            Ok(mut used) => used.push(prefix.clone()),
+            Err(poisoned) => poisoned.into_inner().push(prefix.clone()),
+        }
+        prefix
+    }
+
+    /// A client for the fleet under `prefix`, on the bench's connection.
+    pub fn client(&self, prefix: &str) -> FleetClient {
+        FleetClient::new(self.nats.clone(), Names::new(prefix))
+    }
+
+    fn spawn(&self, prefix: &str, role: &'static str, index: usize, spec: &Spec) -> Result<Node> {
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("--nats")
+            .arg(&self.nats_url)
+            .arg("--redis")
+            .arg(&self.redis_url)
+            .arg("--prefix")
+            .arg(prefix)
+            .arg(role);
+        if role == "worker" {
+            cmd.args(["--packs", "test"]);
+        }
+        cmd.env("TOOLFLEET_HTTP_ADDR", "off")
+            .env(
+                "TOOLFLEET_WORKER_CONCURRENCY",
+                spec.worker_concurrency.to_string(),
+            )
+            .env("TOOLFLEET_WORKER_ID", format!("{prefix}-{role}-{index}"))
+            .env("TOOLFLEET_RETENTION_MS", "60000")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for name in OTEL_VARIABLES {
+            cmd.env_remove(name);
+        }
+        if let Some(endpoint) = &spec.otlp {
+            cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {} {role}", self.exe.display()))?;
+        let pid = child.id().context("the child has no pid")?;
+        Ok(Node { role, pid, child })
+    }
+
+    /// Starts a coordinator and `spec.workers` workers under `prefix` and waits until
+    /// the coordinator lists the test tools with every worker alive.
+    pub async fn start(&self, prefix: &str, spec: &Spec) -> Result<Fleet> {
+        let coordinator = self.spawn(prefix, "coordinator", 0, spec)?;
+        let mut workers = Vec::with_capacity(spec.workers);
+        for i in 0..spec.workers {
+            workers.push(self.spawn(prefix, "worker", i, spec)?);
+        }
+        let fleet = Fleet {
+            names: Names::new(prefix),
+            client: self.client(prefix),
+            coordinator,
+            workers,
+        };
+        if self.verbose {
+            let pids: Vec<u32> = fleet.workers.iter().map(|w| w.pid).collect();
+            eprintln!(
+                "  fleet {prefix}: coordinator pid {}, worker pids {pids:?}",
+                fleet.coordinator.pid
+            );
+        }
+        self.wait_ready(&fleet.client, &fleet.names, spec.workers)
+            .await?;
+        Ok(fleet)
+    }
+
+    /// Waits until the catalog under `names` lists the test tools and, when `workers`
+    /// is not zero, that many workers are alive for each.
+    pub async fn wait_ready(
+        &self,
+        client: &FleetClient,
+        names: &Names,
+        workers: usize,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            if self.is_ready(client, names, workers).await {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "the fleet under prefix {} did not list {TOOLS:?} with {workers} live workers within {START_TIMEOUT:?}",
+                    names.prefix()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn is_ready(&self, client: &FleetClient, names: &Names, workers: usize) -> bool {
+        let Ok(tools) = client
+            .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
+            .await
+        else {
+            return false;
+        };
+        let listed: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+        if !TOOLS.iter().all(|t| listed.contains(t)) {
+            return false;
+        }
+        let mut redis = self.redis.clone();
+        for tool in TOOLS {
+            let live: Result<usize, _> = redis::cmd("ZCOUNT")
+                .arg(names.tool_workers_key(tool))
+                .arg(unix_ms())
+                .arg("+inf")
+                .query_async(&mut redis)
+                .await;
+            if live.map_or(true, |n| n < workers) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Deletes the streams and Redis keys of every prefix used so far.
+    pub async fn cleanup_all(&self) {
+        let used: Vec<String> = match self.used.lock() {
+            Ok(used) => used.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        };
+        for prefix in used {
+            self.cleanup(&prefix).await;
+        }
+    }
+
+    /// Deletes the streams and Redis keys under `prefix` (best effort).
+    pub async fn cleanup(&self, prefix: &str) {
+        let names = Names::new(prefix);
+        let js = jetstream::new(self.nats.clone());
+        for stream in [
+            names.jobs_stream(),
+            names.results_stream(),
+            floor_stream(&names),
+        ] {
+            let _ = js.delete_stream(&stream).await;
+        }
+        let mut redis = self.redis.clone();
+        let mut cursor: u64 = 0;
+        loop {
+            let page: Result<(u64, Vec<String>), _> = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{prefix}:*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut redis)
+                .await;
+            let Ok((next, keys)) = page else {
+                break;
+            };
+            if !keys.is_empty() {
+                let _: Result<u64, _> = redis::cmd("UNLINK")
+                    .arg(&keys)
+                    .query_async(&mut redis)
+                    .await;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+}
+
+/// The stream the floor measurement publishes to.
+pub fn floor_stream(names: &Names) -> String {
+    format!("{}_FLOOR", names.prefix().to_uppercase())
+}
+
+impl Fleet {
+    /// The fleet's processes by kind, with `others` (the servers, this process).
+    pub fn probe(&self, others: &[(String, u32)]) -> Vec<(String, u32)> {
+        let mut probe = vec![("coordinator".to_string(), self.coordinator.pid)];
+        probe.extend(self.workers.iter().map(|w| ("worker".to_string(), w.pid)));
+        probe.extend(others.iter().cloned());
+        probe
+    }
+
+    /// Stops every process (SIGTERM, then SIGKILL after a bound).
+    pub async fn stop(self) {
+        let nodes = std::iter::once(self.coordinator).chain(self.workers);
+        futures::stream::iter(nodes)
+            .for_each_concurrent(None, |node| node.stop())
+            .await;
+    }
+}
+
+impl Node {
+    async fn stop(mut self) {
+        if let Ok(pid) = i32::try_from(self.pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(STOP_TIMEOUT, self.child.wait())
+            .await
+            .is_err()
+        {
+            eprintln!(
+                "{} pid {} did not stop within {STOP_TIMEOUT:?}; killing it",
+                self.role, self.pid
+            );
+            let _ = self.child.kill().await;
+        }
+    }
+}

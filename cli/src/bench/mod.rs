@@ -1,0 +1,518 @@
+//! `toolfleet bench`: what the fleet adds on top of the tools, against the floor of the
+//! same NATS and Redis, with tracing export off and on.
+//!
+//! # Layout
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | `fleet` | coordinator and worker child processes per phase, readiness, cleanup |
+//! | `phases` | the measurements: floor, overhead, throughput, parallel, scaling, memory |
+//! | `report` | the Markdown tables, the targets, the JSON file |
+//! | `sink` | the OTLP/HTTP sink the traced processes export to |
+//! | `stats` | percentiles, load average, `/proc` memory and machine facts |
+
+mod fleet;
+mod phases;
+mod report;
+mod sink;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::local::Servers;
+use fleet::{Env, Spec};
+use phases::{Floor, Memory, Overhead, Parallel, ScalingPoint, Throughput};
+use sink::{Counts, Sink};
+use stats::Machine;
+
+/// Which tracing configurations to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TracingChoice {
+    /// Without OTLP export.
+    Off,
+    /// Exporting every span and metric to an OTLP/HTTP sink on loopback.
+    On,
+    /// Both, phase by phase.
+    Both,
+}
+
+/// A phase of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// NATS request-reply, Redis and JetStream round trips.
+    Floor,
+    /// Submit → `final` of three no-op calls at concurrency 1.
+    Overhead,
+    /// Concurrent turns of three no-op calls.
+    Throughput,
+    /// Three 50 ms calls in one turn.
+    Parallel,
+    /// 1, 2, 4, 8 worker processes serving a 20 ms tool.
+    Scaling,
+    /// Coordinator memory with many turns in flight.
+    Memory,
+}
+
+const ALL_PHASES: [Phase; 6] = [
+    Phase::Floor,
+    Phase::Overhead,
+    Phase::Throughput,
+    Phase::Parallel,
+    Phase::Scaling,
+    Phase::Memory,
+];
+
+/// Arguments of `toolfleet bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// A smoke run: every phase, briefly (about a minute).
+    #[arg(long)]
+    quick: bool,
+    /// Tracing export: off, on or both.
+    #[arg(long, value_enum, default_value = "both")]
+    tracing: TracingChoice,
+    /// Phases to run (default: all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    phases: Vec<Phase>,
+    /// Turns in flight in the throughput phase.
+    #[arg(long, default_value_t = 64)]
+    turns: usize,
+    /// Measured seconds of the throughput phase (default 8, quick 2).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Worker process counts of the scaling phase.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    workers: Vec<usize>,
+    /// Calls each worker runs at once in the scaling phase.
+    #[arg(long, default_value_t = 8)]
+    worker_concurrency: usize,
+    /// Turns in flight in the memory phase.
+    #[arg(long, default_value_t = 1000)]
+    memory_turns: usize,
+    /// Where the JSON report goes.
+    #[arg(long, default_value = "target/bench/toolfleet-bench.json")]
+    out: PathBuf,
+    /// Measure the coordinators and workers already serving `--prefix` (with the test
+    /// pack) instead of starting them; runs the floor, overhead, throughput and parallel
+    /// phases once, with whatever tracing that fleet has.
+    #[arg(long)]
+    attach: bool,
+    /// Print each fleet's prefix and process ids.
+    #[arg(long)]
+    verbose: bool,
+}
+
+/// Counts and durations of one run.
+#[derive(Debug, Clone, Serialize)]
+struct Plan {
+    quick: bool,
+    floor_samples: usize,
+    overhead_warmup: usize,
+    overhead_turns: usize,
+    overhead_cap_s: f64,
+    throughput_turns: usize,
+    throughput_warmup_s: f64,
+    throughput_seconds: f64,
+    parallel_turns: usize,
+    scaling_workers: Vec<usize>,
+    scaling_concurrency: usize,
+    scaling_warmup_s: f64,
+    scaling_seconds: f64,
+    memory_turns: usize,
+    memory_sleep_ms: u64,
+}
+
+impl Plan {
+    fn from_args(args: &BenchArgs) -> Self {
+        let q = args.quick;
+        Self {
+            quick: q,
+            floor_samples: if q { 300 } else { 2_000 },
+            overhead_warmup: if q { 30 } else { 200 },
+            overhead_turns: if q { 300 } else { 4_000 },
+            overhead_cap_s: if q { 5.0 } else { 20.0 },
+            throughput_turns: args.turns.max(1),
+            throughput_warmup_s: if q { 0.5 } else { 2.0 },
+            throughput_seconds: args.seconds.unwrap_or(if q { 2.0 } else { 8.0 }),
+            parallel_turns: if q { 10 } else { 60 },
+            scaling_workers: args.workers.clone(),
+            scaling_concurrency: args.worker_concurrency.max(1),
+            scaling_warmup_s: if q { 0.5 } else { 1.0 },
+            scaling_seconds: if q { 1.5 } else { 4.0 },
+            memory_turns: args.memory_turns.max(1),
+            memory_sleep_ms: if q { 3_000 } else { 5_000 },
+        }
+    }
+}
+
+/// What the OTLP sink received during a phase.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Exported {
+    trace_requests: u64,
+    metric_requests: u64,
+    kib: f64,
+}
+
+impl From<Counts> for Exported {
+    fn from(c: Counts) -> Self {
+        Self {
+            trace_requests: c.trace_requests,
+            metric_requests: c.metric_requests,
+            kib: stats::round3(c.bytes as f64 / 1024.0),
+        }
+    }
+}
+
+/// A phase's figures with the conditions they were taken in.
+#[derive(Debug, Clone, Serialize)]
+struct Measured<T> {
+    #[serde(flatten)]
+    figures: T,
+    /// Load averages before the phase.
+    load_before: [f64; 3],
+    /// Load averages after it.
+    load_after: [f64; 3],
+    /// OTLP export received during the phase (tracing on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    exported: Option<Exported>,
+}
+
+/// Every phase's figures under one tracing configuration.
+#[derive(Debug, Clone, Serialize, Default)]
+struct ModeReport {
+    tracing: &'static str,
+    floor: Option<Measured<Floor>>,
+    overhead: Option<Measured<Overhead>>,
+    throughput: Option<Measured<Throughput>>,
+    parallel: Option<Measured<Parallel>>,
+    scaling: Vec<Measured<ScalingPoint>>,
+    memory: Option<Measured<Memory>>,
+}
+
+/// Whether one configuration exports traces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Off,
+    On,
+    Attached,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::On => "on",
+            Mode::Attached => "as configured",
+        }
+    }
+}
+
+/// Runs the bench.
+pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs) -> Result<()> {
+    let started = Instant::now();
+    let plan = Plan::from_args(&args);
+    let phases: Vec<Phase> = if args.phases.is_empty() {
+        ALL_PHASES.to_vec()
+    } else {
+        ALL_PHASES
+            .into_iter()
+            .filter(|p| args.phases.contains(p))
+            .collect()
+    };
+    let modes: Vec<Mode> = if args.attach {
+        vec![Mode::Attached]
+    } else {
+        match args.tracing {
+            TracingChoice::Off => vec![Mode::Off],
+            TracingChoice::On => vec![Mode::On],
+            TracingChoice::Both => vec![Mode::Off, Mode::On],
+        }
+    };
+
+    let servers = Servers::start(nats_url, redis_url).await?;
+    let env = Env::connect(&servers.nats_url, &servers.redis_url, args.verbose).await?;
+    let sink = Sink::start().await?;
+    let machine = Machine::read();
+    let load_start = stats::load_average();
+    let nats_version = env.nats.server_info().version;
+    let redis_version = redis_version(&env).await;
+    eprintln!(
+        "toolfleet bench: {} CPUs ({}), load {:?}; nats-server {nats_version} at {}, redis {redis_version} at {}",
+        machine.cpus, machine.cpu_model, load_start, env.nats_url, env.redis_url
+    );
+
+    let mut reports: Vec<ModeReport> = modes
+        .iter()
+        .map(|m| ModeReport {
+            tracing: m.label(),
+            ..Default::default()
+        })
+        .collect();
+    let mut others: Vec<(String, u32)> = servers
+        .started
+        .iter()
+        .map(|(name, pid)| (name.to_string(), *pid))
+        .collect();
+    others.push(("bench client".to_string(), std::process::id()));
+    let outcome = run_phases(
+        &env,
+        &sink,
+        &plan,
+        &phases,
+        &modes,
+        &mut reports,
+        &others,
+        prefix,
+        args.attach,
+    )
+    .await;
+    env.cleanup_all().await;
+    sink.stop().await;
+    outcome?;
+
+    let load_end = stats::load_average();
+    let elapsed = started.elapsed().as_secs_f64();
+    let report = json!({
+        "tool": "toolfleet bench",
+        "version": env!("CARGO_PKG_VERSION"),
+        "finished_at": toolfleet_common::call::now_rfc3339(),
+        "seconds": stats::round3(elapsed),
+        "machine": machine,
+        "servers": {
+            "nats_url": env.nats_url,
+            "nats_version": nats_version,
+            "redis_url": env.redis_url,
+            "redis_version": redis_version,
+        },
+        "load_start": load_start,
+        "load_end": load_end,
+        "plan": plan,
+        "modes": reports,
+        "targets": report::targets(&reports),
+    });
+    println!(
+        "{}",
+        report::markdown(&machine, &plan, &reports, load_start, load_end, elapsed)
+    );
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!("JSON report: {}", args.out.display());
+    Ok(())
+}
+
+async fn redis_version(env: &Env) -> String {
+    let mut redis = env.redis.clone();
+    let info: Result<String, _> = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut redis)
+        .await;
+    info.ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+/// Runs `work` between two load readings and the sink's counters.
+async fn measured<T, F>(sink: &Sink, mode: Mode, work: F) -> Result<Measured<T>>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let load_before = stats::load_average();
+    let counts_before = sink.counts();
+    let figures = work.await?;
+    Ok(Measured {
+        figures,
+        load_before,
+        load_after: stats::load_average(),
+        exported: (mode == Mode::On).then(|| sink.counts().since(counts_before).into()),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_phases(
+    env: &Env,
+    sink: &Sink,
+    plan: &Plan,
+    phases: &[Phase],
+    modes: &[Mode],
+    reports: &mut [ModeReport],
+    others: &[(String, u32)],
+    attach_prefix: &str,
+    attach: bool,
+) -> Result<()> {
+    for phase in phases {
+        for (mode, report) in modes.iter().copied().zip(reports.iter_mut()) {
+            let tag = match mode {
+                Mode::Off => "off",
+                Mode::On => "on",
+                Mode::Attached => "attached",
+            };
+            eprintln!("{phase:?}, tracing {}", mode.label());
+            let spec = |workers: usize, worker_concurrency: usize| Spec {
+                workers,
+                worker_concurrency,
+                otlp: (mode == Mode::On).then(|| sink.endpoint()),
+            };
+            // With `attach`, the fleet under the given prefix is measured as it runs.
+            let fleet_for = |name: &str, workers: usize, concurrency: usize| {
+                let prefix = env.prefix(&format!("{name}_{tag}"));
+                let spec = spec(workers, concurrency);
+                async move {
+                    let fleet = env.start(&prefix, &spec).await?;
+                    anyhow::Ok((prefix, fleet))
+                }
+            };
+            match phase {
+                Phase::Floor => {
+                    let prefix = env.prefix(&format!("floor_{tag}"));
+                    let m = measured(sink, mode, phases::floor(env, &prefix, plan.floor_samples))
+                        .await?;
+                    report.floor = Some(m);
+                }
+                Phase::Overhead => {
+                    let floor = report
+                        .floor
+                        .as_ref()
+                        .map_or(0.0, |f| f.figures.floor_p50_ms);
+                    let work = |client: toolfleet_common::FleetClient| async move {
+                        phases::overhead(
+                            &client,
+                            plan.overhead_warmup,
+                            plan.overhead_turns,
+                            secs(plan.overhead_cap_s),
+                            floor,
+                        )
+                        .await
+                    };
+                    report.overhead = Some(if attach {
+                        let client = attached(env, attach_prefix).await?;
+                        measured(sink, mode, work(client)).await?
+                    } else {
+                        let (prefix, fleet) = fleet_for("overhead", 1, 8).await?;
+                        let m = measured(sink, mode, work(fleet.client.clone())).await;
+                        fleet.stop().await;
+                        env.cleanup(&prefix).await;
+                        m?
+                    });
+                }
+                Phase::Throughput => {
+                    let decision = phases::decision("test.noop", &json!({}), 3);
+                    let work = |client: toolfleet_common::FleetClient, probe: phases::Probe| {
+                        let decision = decision.clone();
+                        async move {
+                            phases::closed_loop(
+                                &client,
+                                &decision,
+                                3,
+                                plan.throughput_turns,
+                                secs(plan.throughput_warmup_s),
+                                secs(plan.throughput_seconds),
+                                10_000,
+                                &probe,
+                            )
+                            .await
+                        }
+                    };
+                    report.throughput = Some(if attach {
+                        let client = attached(env, attach_prefix).await?;
+                        measured(sink, mode, work(client, others.to_vec())).await?
+                    } else {
+                        // Enough worker slots that the tools never queue the turns.
+                        let slots = (plan.throughput_turns * 3).max(8);
+                        let (prefix, fleet) = fleet_for("throughput", 1, slots).await?;
+                        let probe = fleet.probe(others);
+                        let m = measured(sink, mode, work(fleet.client.clone(), probe)).await;
+                        fleet.stop().await;
+                        env.cleanup(&prefix).await;
+                        m?
+                    });
+                }
+                Phase::Parallel => {
+                    let work = |client: toolfleet_common::FleetClient| async move {
+                        phases::parallel(&client, plan.parallel_turns).await
+                    };
+                    report.parallel = Some(if attach {
+                        let client = attached(env, attach_prefix).await?;
+                        measured(sink, mode, work(client)).await?
+                    } else {
+                        let (prefix, fleet) = fleet_for("parallel", 1, 8).await?;
+                        let m = measured(sink, mode, work(fleet.client.clone())).await;
+                        fleet.stop().await;
+                        env.cleanup(&prefix).await;
+                        m?
+                    });
+                }
+                Phase::Scaling if !attach => {
+                    for &workers in &plan.scaling_workers {
+                        let workers = workers.max(1);
+                        let (prefix, fleet) = fleet_for(
+                            &format!("scale{workers}"),
+                            workers,
+                            plan.scaling_concurrency,
+                        )
+                        .await?;
+                        let m = measured(
+                            sink,
+                            mode,
+                            phases::scaling_point(
+                                &fleet.client,
+                                workers,
+                                plan.scaling_concurrency,
+                                secs(plan.scaling_warmup_s),
+                                secs(plan.scaling_seconds),
+                                &fleet.probe(others),
+                            ),
+                        )
+                        .await;
+                        fleet.stop().await;
+                        env.cleanup(&prefix).await;
+                        report.scaling.push(m?);
+                    }
+                }
+                Phase::Memory if !attach => {
+                    let slots = plan.memory_turns * 3;
+                    let (prefix, fleet) = fleet_for("memory", 1, slots).await?;
+                    let m = measured(
+                        sink,
+                        mode,
+                        phases::memory(&fleet, plan.memory_turns, plan.memory_sleep_ms),
+                    )
+                    .await;
+                    fleet.stop().await;
+                    env.cleanup(&prefix).await;
+                    report.memory = Some(m?);
+                }
+                Phase::Scaling | Phase::Memory => {
+                    eprintln!("  skipped: needs a fleet the bench starts");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A client for the running fleet under `prefix`, once it lists the test tools.
+async fn attached(env: &Env, prefix: &str) -> Result<toolfleet_common::FleetClient> {
+    let client = env.client(prefix);
+    env.wait_ready(&client, &toolfleet_common::Names::new(prefix), 0)
+        .await
+        .context("the fleet must serve the test pack (toolfleet up --packs test)")?;
+    Ok(client)
+}

@@ -1,0 +1,626 @@
+//! The measurements: the floor of the servers, a turn's overhead at concurrency 1,
+//! throughput under concurrent turns, parallel speedup, worker scaling, and the
+//! coordinator's memory with many turns in flight.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use async_nats::jetstream;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use tokio::task::JoinSet;
+use toolfleet_common::{CallState, FleetClient, Names, TurnEvent, TurnRequest};
+
+use super::fleet::{floor_stream, Env, Fleet};
+use super::stats::{self, Latencies, Rss, Summary};
+
+/// Tenant of every bench turn.
+const TENANT: &str = "bench";
+/// Longest wait for any one event of a turn.
+const EVENT_WAIT: Duration = Duration::from_secs(20);
+
+/// A decision of `calls` calls of `tool` with `arguments`, in the simple form.
+pub fn decision(tool: &str, arguments: &Value, calls: usize) -> Value {
+    let calls: Vec<Value> = (0..calls)
+        .map(|i| json!({"id": format!("call_{i}"), "toolName": tool, "arguments": arguments}))
+        .collect();
+    json!({"type": "tool_calls", "calls": calls})
+}
+
+fn request(decision: &Value, deadline_ms: u64) -> TurnRequest {
+    TurnRequest {
+        turn_id: None,
+        tenant_id: TENANT.into(),
+        session_id: None,
+        user_message: None,
+        decision: decision.clone(),
+        deadline_ms: Some(deadline_ms),
+        options: Default::default(),
+        context: Map::new(),
+    }
+}
+
+/// When a turn's events arrived, counted from just before it was submitted.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    ack: Duration,
+    first_running: Duration,
+    first_done: Duration,
+    last_done: Duration,
+    fin: Duration,
+    ended: Instant,
+}
+
+/// Submits one turn and reads its events to `final`; an `error` event, a result that
+/// is not `ok`, or a missed deadline is a failure.
+async fn timed_turn(client: &FleetClient, request: TurnRequest) -> Result<Timing> {
+    let start = Instant::now();
+    let mut stream = client.submit(request).await?;
+    let mut ack = None;
+    let mut first_running = None;
+    let mut first_done = None;
+    let mut last_done = None;
+    loop {
+        match stream.next_event(EVENT_WAIT).await? {
+            TurnEvent::Ack { .. } => ack = Some(start.elapsed()),
+            TurnEvent::ToolState {
+                state: CallState::Running,
+                ..
+            } => {
+                first_running.get_or_insert(start.elapsed());
+            }
+            TurnEvent::ToolState { state, .. } if state.is_terminal() => {
+                let now = start.elapsed();
+                first_done.get_or_insert(now);
+                last_done = Some(now);
+            }
+            TurnEvent::Final(fin) => {
+                let elapsed = start.elapsed();
+                if fin.deadline_hit || fin.summary.ok != fin.summary.total {
+                    bail!(
+                        "turn ended with {} of {} calls ok (deadline hit: {})",
+                        fin.summary.ok,
+                        fin.summary.total,
+                        fin.deadline_hit
+                    );
+                }
+                return Ok(Timing {
+                    ack: ack.unwrap_or(elapsed),
+                    first_running: first_running.unwrap_or(elapsed),
+                    first_done: first_done.unwrap_or(elapsed),
+                    last_done: last_done.unwrap_or(elapsed),
+                    fin: elapsed,
+                    ended: Instant::now(),
+                });
+            }
+            TurnEvent::Error { error, .. } => {
+                bail!("turn failed: {}: {}", error.code, error.message)
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Round trips to the servers with nothing of toolfleet in between.
+#[derive(Debug, Clone, Serialize)]
+pub struct Floor {
+    /// Core NATS request to a responder on another connection and its reply.
+    pub nats_request_reply: Summary,
+    /// Redis `PING`.
+    pub redis_ping: Summary,
+    /// JetStream publish to a file-backed stream, until its ack.
+    pub jetstream_publish: Summary,
+    /// NATS request-reply p50 + Redis p50: the least any coordinator on these servers
+    /// can add to a turn.
+    pub floor_p50_ms: f64,
+}
+
+/// Measures the floor with `samples` round trips of each kind.
+pub async fn floor(env: &Env, prefix: &str, samples: usize) -> Result<Floor> {
+    let names = Names::new(prefix);
+    let warmup = (samples / 10).max(10);
+
+    let responder = async_nats::ConnectOptions::new()
+        .name("toolfleet-bench-echo")
+        .connect(&env.nats_url)
+        .await?;
+    let subject = format!("{prefix}.floor.echo");
+    let mut echo = responder.subscribe(subject.clone()).await?;
+    responder.flush().await?;
+    let echo_task = {
+        let responder = responder.clone();
+        tokio::spawn(async move {
+            while let Some(message) = echo.next().await {
+                if let Some(reply) = message.reply {
+                    let _ = responder.publish(reply, message.payload).await;
+                }
+            }
+        })
+    };
+    let mut nats_rtt = Latencies::default();
+    for i in 0..warmup + samples {
+        let start = Instant::now();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            env.nats.request(subject.clone(), "ping".into()),
+        )
+        .await
+        .context("no echo within 5 s")??;
+        if i >= warmup {
+            nats_rtt.push(start.elapsed());
+        }
+    }
+    echo_task.abort();
+
+    let mut redis = env.redis.clone();
+    let mut redis_rtt = Latencies::default();
+    for i in 0..warmup + samples {
+        let start = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut redis).await?;
+        if i >= warmup {
+            redis_rtt.push(start.elapsed());
+        }
+    }
+
+    let js = jetstream::new(env.nats.clone());
+    let stream_name = floor_stream(&names);
+    let floor_subject = format!("{prefix}.floor.js");
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: stream_name.clone(),
+        subjects: vec![floor_subject.clone()],
+        storage: jetstream::stream::StorageType::File,
+        retention: jetstream::stream::RetentionPolicy::Limits,
+        max_messages: 10_000,
+        ..Default::default()
+    })
+    .await?;
+    let mut js_rtt = Latencies::default();
+    for i in 0..warmup + samples {
+        let start = Instant::now();
+        js.publish(floor_subject.clone(), "x".repeat(256).into())
+            .await?
+            .await?;
+        if i >= warmup {
+            js_rtt.push(start.elapsed());
+        }
+    }
+    let _ = js.delete_stream(&stream_name).await;
+
+    let nats_request_reply = nats_rtt.summary();
+    let redis_ping = redis_rtt.summary();
+    Ok(Floor {
+        floor_p50_ms: stats::round3(nats_request_reply.p50_ms + redis_ping.p50_ms),
+        nats_request_reply,
+        redis_ping,
+        jetstream_publish: js_rtt.summary(),
+    })
+}
+
+/// A turn of three no-op calls at concurrency 1.
+#[derive(Debug, Clone, Serialize)]
+pub struct Overhead {
+    /// Calls per turn.
+    pub calls_per_turn: usize,
+    /// Turns that failed.
+    pub failed: usize,
+    /// Submit → `final`.
+    pub turn: Summary,
+    /// Submit → `ack`.
+    pub ack: Summary,
+    /// Submit → the first `running` state.
+    pub first_running: Summary,
+    /// Submit → the first terminal state of a call.
+    pub first_done: Summary,
+    /// Submit → the last terminal state of a call.
+    pub last_done: Summary,
+    /// `turn.p50_ms` over the floor's p50.
+    pub floor_multiple_p50: f64,
+}
+
+/// Runs `warmup` then up to `turns` turns one after another, for at most `cap`.
+pub async fn overhead(
+    client: &FleetClient,
+    warmup: usize,
+    turns: usize,
+    cap: Duration,
+    floor_p50_ms: f64,
+) -> Result<Overhead> {
+    let decision = decision("test.noop", &json!({}), 3);
+    let started = Instant::now();
+    let mut fin = Latencies::default();
+    let mut ack = Latencies::default();
+    let mut first_running = Latencies::default();
+    let mut first_done = Latencies::default();
+    let mut last_done = Latencies::default();
+    let mut failed = 0;
+    for i in 0..warmup + turns {
+        if started.elapsed() > cap {
+            break;
+        }
+        match timed_turn(client, request(&decision, 5_000)).await {
+            Ok(t) if i >= warmup => {
+                fin.push(t.fin);
+                ack.push(t.ack);
+                first_running.push(t.first_running);
+                first_done.push(t.first_done);
+                last_done.push(t.last_done);
+            }
+            Ok(_) => {}
+            Err(error) => {
+                failed += 1;
+                if failed == 1 {
+                    eprintln!("  a turn failed: {error:#}");
+                }
+            }
+        }
+    }
+    if fin.len() == 0 {
+        bail!("no turn completed");
+    }
+    let turn = fin.summary();
+    Ok(Overhead {
+        calls_per_turn: 3,
+        failed,
+        floor_multiple_p50: if floor_p50_ms > 0.0 {
+            stats::round3(turn.p50_ms / floor_p50_ms)
+        } else {
+            0.0
+        },
+        turn,
+        ack: ack.summary(),
+        first_running: first_running.summary(),
+        first_done: first_done.summary(),
+        last_done: last_done.summary(),
+    })
+}
+
+/// Turns run by a closed loop of concurrent submitters.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    /// Turns in flight at any time.
+    pub concurrency: usize,
+    /// Calls per turn.
+    pub calls_per_turn: usize,
+    /// Length of the measured window (after the warm-up), seconds.
+    pub seconds: f64,
+    /// Turns that ended inside the window.
+    pub turns: usize,
+    /// Turns that failed inside the window.
+    pub failed: usize,
+    /// `turns / seconds`.
+    pub turns_per_s: f64,
+    /// `turns * calls_per_turn / seconds`.
+    pub calls_per_s: f64,
+    /// Submit → `final` of the turns that ended inside the window.
+    pub turn: Summary,
+    /// CPU time per turn of each process (summed over processes of one kind) inside
+    /// the window, ms.
+    pub cpu_ms_per_turn: BTreeMap<String, f64>,
+    /// CPUs busy on average inside the window, over every process watched.
+    pub cpus_busy: f64,
+}
+
+/// Processes whose CPU time is watched, by kind.
+pub type Probe = Vec<(String, u32)>;
+
+fn cpu_by_kind(probe: &Probe) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (kind, pid) in probe {
+        if let Some(s) = stats::cpu_seconds(*pid) {
+            *out.entry(kind.clone()).or_insert(0.0) += s;
+        }
+    }
+    out
+}
+
+/// Keeps `concurrency` turns of `decision` in flight for `warmup + window`, counts the
+/// turns that end inside the window and the CPU time the `probe` processes use in it.
+#[allow(clippy::too_many_arguments)]
+pub async fn closed_loop(
+    client: &FleetClient,
+    decision: &Value,
+    calls_per_turn: usize,
+    concurrency: usize,
+    warmup: Duration,
+    window: Duration,
+    deadline_ms: u64,
+    probe: &Probe,
+) -> Result<Throughput> {
+    let start = Instant::now();
+    let from = start + warmup;
+    let to = from + window;
+    let sampler = {
+        let probe = probe.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(from.into()).await;
+            let before = cpu_by_kind(&probe);
+            tokio::time::sleep_until(to.into()).await;
+            let after = cpu_by_kind(&probe);
+            after
+                .into_iter()
+                .map(|(kind, s)| {
+                    let used = s - before.get(&kind).copied().unwrap_or(s);
+                    (kind, used)
+                })
+                .collect::<BTreeMap<String, f64>>()
+        })
+    };
+    let mut set = JoinSet::new();
+    for _ in 0..concurrency {
+        let client = client.clone();
+        let decision = decision.clone();
+        set.spawn(async move {
+            let mut latencies = Latencies::default();
+            let mut failed = 0usize;
+            let mut first_error = None;
+            while Instant::now() < to {
+                match timed_turn(&client, request(&decision, deadline_ms)).await {
+                    Ok(t) if t.ended >= from && t.ended <= to => latencies.push(t.fin),
+                    Ok(_) => {}
+                    Err(error) => {
+                        let now = Instant::now();
+                        if now >= from && now <= to {
+                            failed += 1;
+                        }
+                        first_error.get_or_insert_with(|| format!("{error:#}"));
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+            (latencies, failed, first_error)
+        });
+    }
+    let mut all = Latencies::default();
+    let mut failed = 0;
+    let mut first_error = None;
+    while let Some(joined) = set.join_next().await {
+        let (latencies, f, e) = joined?;
+        all.extend(latencies);
+        failed += f;
+        if first_error.is_none() {
+            first_error = e;
+        }
+    }
+    if let Some(error) = first_error {
+        eprintln!("  turns failed ({failed} in the window); the first: {error}");
+    }
+    let cpu = sampler.await?;
+    let seconds = window.as_secs_f64();
+    let turns = all.len();
+    let cpus_busy = stats::round3(cpu.values().sum::<f64>() / seconds);
+    let cpu_ms_per_turn = cpu
+        .into_iter()
+        .map(|(kind, s)| (kind, stats::round3(s * 1000.0 / turns.max(1) as f64)))
+        .collect();
+    Ok(Throughput {
+        concurrency,
+        calls_per_turn,
+        seconds: stats::round3(seconds),
+        turns,
+        failed,
+        turns_per_s: stats::round3(turns as f64 / seconds),
+        calls_per_s: stats::round3((turns * calls_per_turn) as f64 / seconds),
+        turn: all.summary(),
+        cpu_ms_per_turn,
+        cpus_busy,
+    })
+}
+
+/// Three calls of 50 ms each in one turn.
+#[derive(Debug, Clone, Serialize)]
+pub struct Parallel {
+    /// Calls per turn.
+    pub calls: usize,
+    /// Each call's sleep, ms.
+    pub sleep_ms: u64,
+    /// What a runner calling them one after another would need, ms.
+    pub sequential_ms: u64,
+    /// Turns that failed.
+    pub failed: usize,
+    /// Submit → `final`.
+    pub turn: Summary,
+    /// `sequential_ms / turn.p50_ms`.
+    pub speedup_p50: f64,
+}
+
+/// Runs `turns` turns of three 50 ms calls one after another (after a short warm-up).
+pub async fn parallel(client: &FleetClient, turns: usize) -> Result<Parallel> {
+    const SLEEP_MS: u64 = 50;
+    const CALLS: usize = 3;
+    let decision = decision("test.behave", &json!({"sleep_ms": SLEEP_MS}), CALLS);
+    let mut latencies = Latencies::default();
+    let mut failed = 0;
+    for i in 0..turns + 5 {
+        match timed_turn(client, request(&decision, 5_000)).await {
+            Ok(t) if i >= 5 => latencies.push(t.fin),
+            Ok(_) => {}
+            Err(error) => {
+                failed += 1;
+                if failed == 1 {
+                    eprintln!("  a turn failed: {error:#}");
+                }
+            }
+        }
+    }
+    let turn = latencies.summary();
+    let sequential_ms = SLEEP_MS * CALLS as u64;
+    Ok(Parallel {
+        calls: CALLS,
+        sleep_ms: SLEEP_MS,
+        sequential_ms,
+        failed,
+        speedup_p50: if turn.p50_ms > 0.0 {
+            stats::round3(sequential_ms as f64 / turn.p50_ms)
+        } else {
+            0.0
+        },
+        turn,
+    })
+}
+
+/// Throughput of a sleeping tool with a given number of worker processes.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingPoint {
+    /// Worker processes.
+    pub workers: usize,
+    /// Calls each worker runs at once.
+    pub concurrency_per_worker: usize,
+    /// The tool's sleep, ms.
+    pub sleep_ms: u64,
+    /// `workers * concurrency_per_worker * 1000 / sleep_ms`.
+    pub ideal_calls_per_s: f64,
+    /// `calls_per_s / ideal_calls_per_s`.
+    pub efficiency: f64,
+    /// The closed loop's figures.
+    #[serde(flatten)]
+    pub run: Throughput,
+}
+
+/// Saturates `workers` workers of `concurrency` slots each with 20 ms calls.
+pub async fn scaling_point(
+    client: &FleetClient,
+    workers: usize,
+    concurrency: usize,
+    warmup: Duration,
+    window: Duration,
+    probe: &Probe,
+) -> Result<ScalingPoint> {
+    const SLEEP_MS: u64 = 20;
+    const CALLS: usize = 3;
+    let slots = workers * concurrency;
+    // Twice as many calls in flight as there are slots keeps every slot busy.
+    let turns_in_flight = (2 * slots).div_ceil(CALLS).max(1);
+    let decision = decision("test.behave", &json!({"sleep_ms": SLEEP_MS}), CALLS);
+    let run = closed_loop(
+        client,
+        &decision,
+        CALLS,
+        turns_in_flight,
+        warmup,
+        window,
+        30_000,
+        probe,
+    )
+    .await?;
+    let ideal = slots as f64 * 1000.0 / SLEEP_MS as f64;
+    Ok(ScalingPoint {
+        workers,
+        concurrency_per_worker: concurrency,
+        sleep_ms: SLEEP_MS,
+        ideal_calls_per_s: ideal,
+        efficiency: stats::round3(run.calls_per_s / ideal),
+        run,
+    })
+}
+
+/// The coordinator's memory with many turns in flight.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// Turns submitted at once.
+    pub turns: usize,
+    /// Calls per turn.
+    pub calls_per_turn: usize,
+    /// Each call's sleep, ms.
+    pub sleep_ms: u64,
+    /// Coordinator memory before the turns were submitted.
+    pub idle: Rss,
+    /// Largest `VmRSS` sampled while every turn had been acknowledged and none had
+    /// ended, MiB.
+    pub in_flight_rss_mib: f64,
+    /// Samples taken in that interval.
+    pub samples: usize,
+    /// Coordinator memory after every turn ended (its `hwm_mib` is the peak over the
+    /// whole phase).
+    pub after: Rss,
+    /// Seconds from the first submit to the last `ack`.
+    pub submit_seconds: f64,
+    /// Turns that failed.
+    pub failed: usize,
+}
+
+/// Submits `turns` turns of three calls sleeping `sleep_ms` and samples the
+/// coordinator's resident memory while they are all in flight.
+pub async fn memory(fleet: &Fleet, turns: usize, sleep_ms: u64) -> Result<Memory> {
+    const CALLS: usize = 3;
+    let pid = fleet.coordinator.pid;
+    let idle = stats::rss(pid).context("reading the coordinator's memory")?;
+    let decision = decision("test.behave", &json!({"sleep_ms": sleep_ms}), CALLS);
+    let acked = Arc::new(AtomicUsize::new(0));
+    let ended = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut set = JoinSet::new();
+    for _ in 0..turns {
+        let stream = fleet
+            .client
+            .submit(request(&decision, sleep_ms + 30_000))
+            .await?;
+        let acked = Arc::clone(&acked);
+        let ended = Arc::clone(&ended);
+        set.spawn(async move {
+            let mut stream = stream;
+            let outcome = loop {
+                match stream
+                    .next_event(EVENT_WAIT + Duration::from_millis(sleep_ms))
+                    .await
+                {
+                    Ok(TurnEvent::Ack { .. }) => {
+                        acked.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(TurnEvent::Final(fin)) => {
+                        break fin.summary.ok == fin.summary.total && !fin.deadline_hit
+                    }
+                    Ok(TurnEvent::Error { .. }) | Err(_) => break false,
+                    Ok(_) => {}
+                }
+            };
+            ended.fetch_add(1, Ordering::Relaxed);
+            outcome
+        });
+    }
+    let all_acked = tokio::time::timeout(Duration::from_secs(60), async {
+        while acked.load(Ordering::Relaxed) < turns {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .is_ok();
+    let submit_seconds = stats::round3(start.elapsed().as_secs_f64());
+    let mut samples = 0;
+    let mut in_flight = 0.0f64;
+    if all_acked {
+        while ended.load(Ordering::Relaxed) == 0 {
+            if let Some(r) = stats::rss(pid) {
+                in_flight = in_flight.max(r.rss_mib);
+                samples += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let mut failed = 0;
+    while let Some(joined) = set.join_next().await {
+        if !joined.unwrap_or(false) {
+            failed += 1;
+        }
+    }
+    if samples == 0 {
+        bail!(
+            "the {turns} turns were not all in flight at once (acknowledged in {submit_seconds} s; calls sleep {sleep_ms} ms)"
+        );
+    }
+    let after = stats::rss(pid).context("reading the coordinator's memory")?;
+    Ok(Memory {
+        turns,
+        calls_per_turn: CALLS,
+        sleep_ms,
+        idle,
+        in_flight_rss_mib: in_flight,
+        samples,
+        after,
+        submit_seconds,
+        failed,
+    })
+}

@@ -1,0 +1,515 @@
+//! The bench's output: Markdown tables of every figure side by side for each tracing
+//! configuration, and the targets beside their measured figures.
+
+use serde::Serialize;
+
+use super::stats::{Machine, Summary};
+use super::{Measured, ModeReport, Plan};
+
+/// A target and how each configuration did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    /// What is measured.
+    pub target: &'static str,
+    /// The goal, in words.
+    pub goal: &'static str,
+    /// Measured figure per configuration, in the goal's unit (`None`: not measured).
+    pub measured: Vec<(String, Option<f64>)>,
+    /// Whether the traced figure (or the only one) meets the goal.
+    pub met: Option<bool>,
+}
+
+/// Bytes in a MiB over bytes in an MB.
+const MIB_IN_MB: f64 = 1.048_576;
+
+fn target(
+    reports: &[ModeReport],
+    name: &'static str,
+    goal: &'static str,
+    figure: impl Fn(&ModeReport) -> Option<f64>,
+    meets: impl Fn(f64) -> bool,
+) -> Target {
+    let measured: Vec<(String, Option<f64>)> = reports
+        .iter()
+        .map(|r| (r.tracing.to_string(), figure(r)))
+        .collect();
+    let judged = reports
+        .iter()
+        .find(|r| r.tracing == "on")
+        .or_else(|| reports.first())
+        .and_then(&figure);
+    Target {
+        target: name,
+        goal,
+        measured,
+        met: judged.map(meets),
+    }
+}
+
+/// The issue's targets beside the measured figures.
+pub fn targets(reports: &[ModeReport]) -> Vec<Target> {
+    vec![
+        target(
+            reports,
+            "overhead p50 at concurrency 1 (3 no-op calls), ms",
+            "≤ 1 ms with tracing on",
+            |r| r.overhead.as_ref().map(|m| m.figures.turn.p50_ms),
+            |v| v <= 1.0,
+        ),
+        target(
+            reports,
+            "overhead p99 at concurrency 1 (3 no-op calls), ms",
+            "≤ 3 ms with tracing on",
+            |r| r.overhead.as_ref().map(|m| m.figures.turn.p99_ms),
+            |v| v <= 3.0,
+        ),
+        target(
+            reports,
+            "throughput, turns/s of 3 calls each",
+            "≥ 2,500 turns/s",
+            |r| r.throughput.as_ref().map(|m| m.figures.turns_per_s),
+            |v| v >= 2_500.0,
+        ),
+        target(
+            reports,
+            "3 × 50 ms turn, p50 ms",
+            "≤ 52 ms",
+            |r| r.parallel.as_ref().map(|m| m.figures.turn.p50_ms),
+            |v| v <= 52.0,
+        ),
+        target(
+            reports,
+            "coordinator resident memory with 1,000 turns in flight, MB",
+            "≤ 64 MB",
+            |r| {
+                r.memory
+                    .as_ref()
+                    .map(|m| (m.figures.in_flight_rss_mib * MIB_IN_MB * 10.0).round() / 10.0)
+            },
+            |v| v <= 64.0,
+        ),
+    ]
+}
+
+/// A Markdown table with padded columns.
+struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(header: Vec<String>) -> Self {
+        Self {
+            header,
+            rows: Vec::new(),
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    fn render(&self) -> String {
+        let columns = self.header.len();
+        let mut widths = vec![3usize; columns];
+        for row in std::iter::once(&self.header).chain(&self.rows) {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let padded: Vec<String> = (0..columns)
+                .map(|i| {
+                    let cell = cells.get(i).map(String::as_str).unwrap_or("");
+                    let pad = widths[i].saturating_sub(cell.chars().count());
+                    format!("{cell}{}", " ".repeat(pad))
+                })
+                .collect();
+            format!("| {} |", padded.join(" | "))
+        };
+        let mut out = vec![line(&self.header)];
+        out.push(format!(
+            "|{}|",
+            widths
+                .iter()
+                .map(|w| "-".repeat(w + 2))
+                .collect::<Vec<_>>()
+                .join("|")
+        ));
+        out.extend(self.rows.iter().map(|r| line(r)));
+        out.join("\n")
+    }
+}
+
+fn f1(x: f64) -> String {
+    format!("{x:.1}")
+}
+
+fn ms(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+fn p50_p99(s: &Summary) -> String {
+    format!("{} / {}", ms(s.p50_ms), ms(s.p99_ms))
+}
+
+fn load(m: &Measured<impl Serialize>) -> String {
+    format!("{:.2} → {:.2}", m.load_before[0], m.load_after[0])
+}
+
+/// Adds one row whose cells come from each configuration's report.
+fn row(
+    table: &mut Table,
+    reports: &[ModeReport],
+    phase: &str,
+    figure: &str,
+    cell: impl Fn(&ModeReport) -> Option<String>,
+) {
+    let cells: Vec<Option<String>> = reports.iter().map(&cell).collect();
+    if cells.iter().all(Option::is_none) {
+        return;
+    }
+    let mut out = vec![phase.to_string(), figure.to_string()];
+    out.extend(cells.into_iter().map(|c| c.unwrap_or_else(|| "—".into())));
+    table.row(out);
+}
+
+/// Every figure and the targets, as Markdown.
+pub fn markdown(
+    machine: &Machine,
+    plan: &Plan,
+    reports: &[ModeReport],
+    load_start: [f64; 3],
+    load_end: [f64; 3],
+    seconds: f64,
+) -> String {
+    let mut header = vec!["phase".to_string(), "figure".to_string()];
+    header.extend(reports.iter().map(|r| format!("tracing {}", r.tracing)));
+    let mut t = Table::new(header);
+
+    row(
+        &mut t,
+        reports,
+        "floor",
+        "NATS request-reply p50 / p99 ms",
+        |r| {
+            r.floor
+                .as_ref()
+                .map(|m| p50_p99(&m.figures.nats_request_reply))
+        },
+    );
+    row(&mut t, reports, "floor", "Redis PING p50 / p99 ms", |r| {
+        r.floor.as_ref().map(|m| p50_p99(&m.figures.redis_ping))
+    });
+    row(
+        &mut t,
+        reports,
+        "floor",
+        "JetStream publish → ack p50 / p99 ms",
+        |r| {
+            r.floor
+                .as_ref()
+                .map(|m| p50_p99(&m.figures.jetstream_publish))
+        },
+    );
+    row(
+        &mut t,
+        reports,
+        "floor",
+        "floor = NATS p50 + Redis p50, ms",
+        |r| r.floor.as_ref().map(|m| ms(m.figures.floor_p50_ms)),
+    );
+
+    let phase = "1 overhead: 3 × test.noop, concurrency 1";
+    row(
+        &mut t,
+        reports,
+        phase,
+        "submit → final p50 / p99 / p99.9 ms",
+        |r| {
+            r.overhead.as_ref().map(|m| {
+                let s = &m.figures.turn;
+                format!("{} / {} / {}", ms(s.p50_ms), ms(s.p99_ms), ms(s.p999_ms))
+            })
+        },
+    );
+    row(
+        &mut t,
+        reports,
+        phase,
+        "p50 ms submit → ack / 1st running / 1st done / last done",
+        |r| {
+            r.overhead.as_ref().map(|m| {
+                let f = &m.figures;
+                format!(
+                    "{} / {} / {} / {}",
+                    ms(f.ack.p50_ms),
+                    ms(f.first_running.p50_ms),
+                    ms(f.first_done.p50_ms),
+                    ms(f.last_done.p50_ms)
+                )
+            })
+        },
+    );
+    row(
+        &mut t,
+        reports,
+        phase,
+        "p50 as a multiple of the floor",
+        |r| {
+            r.overhead
+                .as_ref()
+                .map(|m| format!("{:.1}×", m.figures.floor_multiple_p50))
+        },
+    );
+    row(&mut t, reports, phase, "turns measured (failed)", |r| {
+        r.overhead
+            .as_ref()
+            .map(|m| format!("{} ({})", m.figures.turn.count, m.figures.failed))
+    });
+    row(&mut t, reports, phase, "1-min load before → after", |r| {
+        r.overhead.as_ref().map(load)
+    });
+
+    let phase = format!(
+        "2 throughput: {} turns in flight, 3 × test.noop",
+        plan.throughput_turns
+    );
+    row(&mut t, reports, &phase, "turns/s", |r| {
+        r.throughput.as_ref().map(|m| f1(m.figures.turns_per_s))
+    });
+    row(&mut t, reports, &phase, "calls/s", |r| {
+        r.throughput.as_ref().map(|m| f1(m.figures.calls_per_s))
+    });
+    row(&mut t, reports, &phase, "turn p50 / p99 ms", |r| {
+        r.throughput.as_ref().map(|m| p50_p99(&m.figures.turn))
+    });
+    row(
+        &mut t,
+        reports,
+        &phase,
+        "CPU ms per turn: coordinator / worker / nats-server / redis / bench client",
+        |r| {
+            r.throughput.as_ref().map(|m| {
+                let cpu = &m.figures.cpu_ms_per_turn;
+                [
+                    "coordinator",
+                    "worker",
+                    "nats-server",
+                    "redis-server",
+                    "bench client",
+                ]
+                .iter()
+                .map(|k| {
+                    cpu.get(*k)
+                        .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
+                })
+                .collect::<Vec<_>>()
+                .join(" / ")
+            })
+        },
+    );
+    row(
+        &mut t,
+        reports,
+        &phase,
+        "CPUs busy (of the processes above)",
+        |r| {
+            r.throughput
+                .as_ref()
+                .map(|m| format!("{:.2}", m.figures.cpus_busy))
+        },
+    );
+    row(
+        &mut t,
+        reports,
+        &phase,
+        "turns in the window (failed)",
+        |r| {
+            r.throughput.as_ref().map(|m| {
+                format!(
+                    "{} in {} s ({})",
+                    m.figures.turns, m.figures.seconds, m.figures.failed
+                )
+            })
+        },
+    );
+    row(
+        &mut t,
+        reports,
+        &phase,
+        "1-min load before → after",
+        |r| r.throughput.as_ref().map(load),
+    );
+
+    let phase = "3 parallel: 3 × test.behave 50 ms";
+    row(&mut t, reports, phase, "turn p50 / p99 ms", |r| {
+        r.parallel.as_ref().map(|m| p50_p99(&m.figures.turn))
+    });
+    row(
+        &mut t,
+        reports,
+        phase,
+        "a sequential runner needs, ms",
+        |r| {
+            r.parallel
+                .as_ref()
+                .map(|m| m.figures.sequential_ms.to_string())
+        },
+    );
+    row(&mut t, reports, phase, "speedup (p50)", |r| {
+        r.parallel
+            .as_ref()
+            .map(|m| format!("{:.2}×", m.figures.speedup_p50))
+    });
+    row(&mut t, reports, phase, "turns measured (failed)", |r| {
+        r.parallel
+            .as_ref()
+            .map(|m| format!("{} ({})", m.figures.turn.count, m.figures.failed))
+    });
+
+    let phase = format!(
+        "4 worker scaling: test.behave 20 ms, {} slots per worker",
+        plan.scaling_concurrency
+    );
+    for (i, workers) in plan.scaling_workers.iter().enumerate() {
+        let ideal = *workers as f64 * plan.scaling_concurrency as f64 * 50.0;
+        let figure = format!(
+            "{workers} worker{}: calls/s (ideal {ideal:.0}), turn p50 ms",
+            if *workers == 1 { "" } else { "s" }
+        );
+        row(&mut t, reports, &phase, &figure, |r| {
+            r.scaling.get(i).map(|m| {
+                format!(
+                    "{} ({:.0}%), {}{}",
+                    f1(m.figures.run.calls_per_s),
+                    m.figures.efficiency * 100.0,
+                    ms(m.figures.run.turn.p50_ms),
+                    if m.figures.run.failed > 0 {
+                        format!(", {} failed", m.figures.run.failed)
+                    } else {
+                        String::new()
+                    }
+                )
+            })
+        });
+    }
+
+    let phase = format!("5 memory: {} turns × 3 calls in flight", plan.memory_turns);
+    row(
+        &mut t,
+        reports,
+        &phase,
+        "coordinator VmRSS idle / in flight / peak, MiB",
+        |r| {
+            r.memory.as_ref().map(|m| {
+                format!(
+                    "{} / {} / {}",
+                    f1(m.figures.idle.rss_mib),
+                    f1(m.figures.in_flight_rss_mib),
+                    f1(m.figures.after.hwm_mib)
+                )
+            })
+        },
+    );
+    row(&mut t, reports, &phase, "turns acknowledged in, s", |r| {
+        r.memory.as_ref().map(|m| {
+            format!(
+                "{:.2} ({} failed)",
+                m.figures.submit_seconds, m.figures.failed
+            )
+        })
+    });
+
+    row(
+        &mut t,
+        reports,
+        "OTLP sink",
+        "trace exports received (KiB) during throughput",
+        |r| {
+            r.throughput
+                .as_ref()
+                .and_then(|m| m.exported)
+                .map(|e| format!("{} ({:.0})", e.trace_requests, e.kib))
+        },
+    );
+
+    let mut header = vec!["target".to_string(), "goal".to_string()];
+    header.extend(reports.iter().map(|r| format!("tracing {}", r.tracing)));
+    header.push("met".to_string());
+    let mut goals = Table::new(header);
+    for target in targets(reports) {
+        let mut cells = vec![target.target.to_string(), target.goal.to_string()];
+        cells.extend(
+            target
+                .measured
+                .iter()
+                .map(|(_, v)| v.map_or_else(|| "—".to_string(), |v| format!("{v}"))),
+        );
+        cells.push(match target.met {
+            Some(true) => "yes".into(),
+            Some(false) => "no".into(),
+            None => "—".into(),
+        });
+        goals.row(cells);
+    }
+
+    format!(
+        "## toolfleet bench\n\n\
+         {} CPUs ({}), {} GiB, Linux {}; {} run, {:.0} s; load average 1/5/15 min: \
+         {:.2} {:.2} {:.2} at start, {:.2} {:.2} {:.2} at end.\n\n\
+         {}\n\n### Targets\n\n{}\n",
+        machine.cpus,
+        machine.cpu_model,
+        machine.memory_gib,
+        machine.kernel,
+        if plan.quick { "quick" } else { "full" },
+        seconds,
+        load_start[0],
+        load_start[1],
+        load_start[2],
+        load_end[0],
+        load_end[1],
+        load_end[2],
+        t.render(),
+        goals.render()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_pad_columns() {
+        let mut t = Table::new(vec!["a".into(), "bb".into()]);
+        t.row(vec!["long cell".into(), "x".into()]);
+        let text = t.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines
+            .iter()
+            .all(|l| l.chars().count() == lines[0].chars().count()));
+    }
+
+    #[test]
+    fn targets_judge_the_traced_figures() {
+        let reports = vec![
+            ModeReport {
+                tracing: "off",
+                ..Default::default()
+            },
+            ModeReport {
+                tracing: "on",
+                ..Default::default()
+            },
+        ];
+        let targets = targets(&reports);
+        assert_eq!(targets.len(), 5);
+        assert!(targets.iter().all(|t| t.met.is_none()));
+    }
+}

@@ -1,0 +1,64 @@
+//! One fleet component per process: `toolfleet coordinator` and `toolfleet worker`
+//! (hidden commands), configured by the same `TOOLFLEET_*` variables as the dedicated
+//! binaries. `bench` starts them as child processes, so each has its own telemetry.
+
+use anyhow::{Context, Result};
+use tokio_util::sync::CancellationToken;
+use toolfleet_coordinator::CoordinatorConfig;
+use toolfleet_worker::{packs, WorkerConfig};
+
+/// Runs a coordinator until SIGTERM or Ctrl-C.
+pub async fn coordinator(nats_url: &str, redis_url: &str, prefix: &str) -> Result<()> {
+    let config = CoordinatorConfig {
+        nats_url: nats_url.to_string(),
+        redis_url: redis_url.to_string(),
+        prefix: prefix.to_string(),
+        ..CoordinatorConfig::from_env()?
+    };
+    toolfleet_coordinator::run(config, stop_on_signal())
+        .await
+        .context("coordinator failed")
+}
+
+/// Runs a worker serving `pack_names` until SIGTERM or Ctrl-C.
+pub async fn worker(
+    nats_url: &str,
+    redis_url: &str,
+    prefix: &str,
+    pack_names: &[String],
+) -> Result<()> {
+    let config = WorkerConfig {
+        nats_url: nats_url.to_string(),
+        redis_url: redis_url.to_string(),
+        prefix: prefix.to_string(),
+        ..WorkerConfig::from_env()?
+    };
+    let names: Vec<&str> = pack_names.iter().map(String::as_str).collect();
+    let tools = packs::tools_for(&names).map_err(anyhow::Error::msg)?;
+    toolfleet_worker::run(config, tools, stop_on_signal())
+        .await
+        .context("worker failed")
+}
+
+/// A token cancelled by the first SIGTERM or Ctrl-C.
+fn stop_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            if let Ok(mut term) = signal(SignalKind::terminate()) {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                cancel.cancel();
+                return;
+            }
+        }
+        let _ = tokio::signal::ctrl_c().await;
+        cancel.cancel();
+    });
+    token
+}
