@@ -219,7 +219,10 @@ impl Inner {
         let mut locks = self.turn_locks();
         drop(lock);
         // Under the map guard, a count of one means nobody else holds or waits for it.
-        if locks.get(turn_id).is_some_and(|l| Arc::strong_count(l) == 1) {
+        if locks
+            .get(turn_id)
+            .is_some_and(|l| Arc::strong_count(l) == 1)
+        {
             locks.remove(turn_id);
         }
         out
