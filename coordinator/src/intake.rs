@@ -335,7 +335,9 @@ async fn take_turn(inner: Arc<Inner>, turn_id: String, reply: String, request: T
 
     if dispatch_count == 0 {
         match inner.join.finalize(&turn_id, "complete").await {
-            Ok(Finalized::Ended(closing)) => close_turn(&inner, &turn_id, closing, false).await,
+            Ok(Finalized::Ended(closing)) => {
+                Box::pin(close_turn(&inner, &turn_id, closing, false)).await
+            }
             Ok(_) => {}
             Err(error) => {
                 // The turn stays open in Redis with its deadline entry: the sweeper ends it.
@@ -380,6 +382,7 @@ async fn take_turn(inner: Arc<Inner>, turn_id: String, reply: String, request: T
             span: turn_span.clone(),
             queue,
             timer: timer.clone(),
+            ended_calls: Default::default(),
         },
     );
     arm_deadline(&inner, turn_id.clone(), deadline, timer);
@@ -406,14 +409,17 @@ fn arm_deadline(inner: &Arc<Inner>, turn_id: String, deadline: u64, cancel: Canc
 
 /// Ends `turn_id` at its deadline if nobody did.
 pub(crate) async fn finalize_at_deadline(inner: &Arc<Inner>, turn_id: &str) {
-    inner
-        .serialized(turn_id, end_at_deadline(inner, turn_id))
-        .await;
-}
-
-async fn end_at_deadline(inner: &Arc<Inner>, turn_id: &str) {
     match inner.join.finalize(turn_id, "deadline").await {
-        Ok(Finalized::Ended(closing)) => close_turn(inner, turn_id, closing, true).await,
+        Ok(Finalized::Ended(closing)) => {
+            inner
+                .gated(turn_id, |gate| async move {
+                    // States of results recorded here before the end are published first.
+                    let _ending = gate.recording.write().await;
+                    let _publishing = gate.publishing.lock().await;
+                    Box::pin(close_turn(inner, turn_id, closing, true)).await;
+                })
+                .await;
+        }
         Ok(Finalized::AlreadyEnded | Finalized::UnknownTurn) => {
             inner.release(turn_id);
             if let Err(error) = inner.join.forget_deadline(turn_id).await {
@@ -478,7 +484,8 @@ pub(crate) async fn dispatch(
             ),
         );
         result.ended_at = Some(toolfleet_common::call::now_rfc3339());
-        record_result(inner, turn_id, &key, result).await;
+        // Boxed: a rare path whose future would otherwise grow every dispatch.
+        Box::pin(record_result(inner, turn_id, &key, result)).await;
     }
 }
 

@@ -35,7 +35,7 @@ mod results;
 mod sweeper;
 pub mod validate;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -131,6 +131,22 @@ pub(crate) struct OwnedTurn {
     pub queue: VecDeque<QueuedJob>,
     /// Cancels the deadline timer when the turn ends early.
     pub timer: CancellationToken,
+    /// Calls whose terminal state this replica published; their `running` is not
+    /// relayed any more.
+    pub ended_calls: HashSet<String>,
+}
+
+/// How one replica orders what it publishes about a turn while it records the turn's
+/// results concurrently (their scripts share one pipelined Redis connection).
+#[derive(Default)]
+pub(crate) struct TurnGate {
+    /// Held for reading by each recording from before its script is sent until its
+    /// call's state is published; held for writing by whoever ended the turn while it
+    /// publishes the end, so `final` follows every state recorded here before the end.
+    pub recording: tokio::sync::RwLock<()>,
+    /// Held while publishing a state of one of the turn's calls or the turn's end, so a
+    /// relayed `running` never follows that call's terminal state.
+    pub publishing: tokio::sync::Mutex<()>,
 }
 
 /// State shared by every task of one coordinator.
@@ -147,9 +163,9 @@ pub(crate) struct Inner {
     pub tasks: TaskTracker,
     /// Turns taken by this replica and not yet ended.
     owned: Mutex<HashMap<String, OwnedTurn>>,
-    /// One lock per turn whose results are being recorded here, so that a call's
-    /// `tool_state` is published before the `final` of a turn recorded after it.
-    turn_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The gate of each turn whose results are being recorded or whose end is being
+    /// published here; dropped when nobody holds it.
+    gates: Mutex<HashMap<String, Arc<TurnGate>>>,
 }
 
 impl Inner {
@@ -166,10 +182,6 @@ impl Inner {
 
     pub(crate) fn owns(&self, turn_id: &str) -> bool {
         self.owned().contains_key(turn_id)
-    }
-
-    pub(crate) fn owner_reply(&self, turn_id: &str) -> Option<String> {
-        self.owned().get(turn_id).map(|t| t.reply.clone())
     }
 
     pub(crate) fn turn_span(&self, turn_id: &str) -> Option<tracing::Span> {
@@ -199,31 +211,43 @@ impl Inner {
         self.owned().len()
     }
 
-    fn turn_locks(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<()>>>> {
-        match self.turn_locks.lock() {
+    /// Notes that this replica published the terminal state of `call_id`.
+    pub(crate) fn mark_ended(&self, turn_id: &str, call_id: &str) {
+        if let Some(turn) = self.owned().get_mut(turn_id) {
+            turn.ended_calls.insert(call_id.to_string());
+        }
+    }
+
+    /// The reply subject for relaying `running` of `call_id`: only while this replica
+    /// owns the turn and has not published the call's terminal state.
+    pub(crate) fn running_target(&self, turn_id: &str, call_id: &str) -> Option<String> {
+        self.owned()
+            .get(turn_id)
+            .filter(|t| !t.ended_calls.contains(call_id))
+            .map(|t| t.reply.clone())
+    }
+
+    fn gates(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<TurnGate>>> {
+        match self.gates.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         }
     }
 
-    /// Runs `work` (recording a result or ending the turn, and publishing what follows)
-    /// while no other such work of `turn_id` runs on this replica.
-    pub(crate) async fn serialized<T>(&self, turn_id: &str, work: impl Future<Output = T>) -> T {
-        let lock = Arc::clone(self.turn_locks().entry(turn_id.to_string()).or_default());
-        let out = {
-            let _held = lock.lock().await;
-            work.await
-        };
-        let mut locks = self.turn_locks();
-        drop(lock);
+    /// Runs `work` with the gate of `turn_id` (recording a result, ending the turn, or
+    /// relaying a state), then forgets the gate when nobody else holds it.
+    pub(crate) async fn gated<T, F, Fut>(&self, turn_id: &str, work: F) -> T
+    where
+        F: FnOnce(Arc<TurnGate>) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let gate = Arc::clone(self.gates().entry(turn_id.to_string()).or_default());
+        let out = work(Arc::clone(&gate)).await;
+        let mut gates = self.gates();
+        drop(gate);
         // Under the map guard, a count of one means nobody else holds or waits for it.
-        if locks
-            .get(turn_id)
-            .is_some_and(|l| Arc::strong_count(l) == 1)
-        {
-            locks.remove(turn_id);
+        if gates.get(turn_id).is_some_and(|g| Arc::strong_count(g) == 1) {
+            gates.remove(turn_id);
         }
         out
     }
@@ -283,7 +307,7 @@ pub async fn run_with_narrator(
         metrics: toolfleet_common::metrics::FleetMetrics::new(),
         tasks: TaskTracker::new(),
         owned: Mutex::new(HashMap::new()),
-        turn_locks: Mutex::new(HashMap::new()),
+        gates: Mutex::new(HashMap::new()),
     });
 
     let background = TaskTracker::new();

@@ -39,8 +39,7 @@ pub(crate) async fn relay(
                 if inner.owns(&turn_id) {
                     let inner = Arc::clone(&inner);
                     inner.tasks.clone().spawn(async move {
-                        let relayed = relay_running(&inner, &turn_id, &tool_call_id, &name);
-                        inner.serialized(&turn_id, relayed).await;
+                        relay_running(&inner, &turn_id, &tool_call_id, &name).await;
                     });
                 }
             }
@@ -59,21 +58,28 @@ pub(crate) async fn relay(
 }
 
 /// Publishes `running` for a call of an owned turn unless the call's result is already
-/// recorded (its terminal state was then published first) or the turn has ended. Runs
-/// under the turn's lock, like recording, so `running` never follows `done`.
+/// recorded (its terminal state was then published first) or the turn has ended. The
+/// last check and the publish run under the turn's publishing lock, which this replica
+/// also holds while publishing terminal states and the turn's end, so `running` never
+/// follows `done`.
 async fn relay_running(inner: &Inner, turn_id: &str, tool_call_id: &str, name: &str) {
-    let Some(reply) = inner.owner_reply(turn_id) else {
-        return;
-    };
     match inner.join.has_result(turn_id, tool_call_id).await {
         Ok(true) => return,
         Ok(false) => {}
         Err(error) => debug!(%turn_id, %error, "could not check for a result; relaying running"),
     }
-    events::publish(
-        &inner.nats,
-        &reply,
-        &events::tool_state(turn_id, tool_call_id, name, CallState::Running, None),
-    )
-    .await;
+    inner
+        .gated(turn_id, |gate| async move {
+            let _publishing = gate.publishing.lock().await;
+            let Some(reply) = inner.running_target(turn_id, tool_call_id) else {
+                return;
+            };
+            events::publish(
+                &inner.nats,
+                &reply,
+                &events::tool_state(turn_id, tool_call_id, name, CallState::Running, None),
+            )
+            .await;
+        })
+        .await;
 }

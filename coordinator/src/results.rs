@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 use crate::events;
 use crate::finalize::close_turn;
 use crate::join::{JoinError, Recorded};
-use crate::Inner;
+use crate::{Inner, TurnGate};
 
 /// Ack wait of the results consumer: a result whose coordinator died is redelivered to
 /// another replica after this long.
@@ -151,16 +151,22 @@ async fn try_record(
     result: CallResult,
 ) -> Result<(), JoinError> {
     inner
-        .serialized(turn_id, record_and_report(inner, turn_id, key, result))
+        .gated(turn_id, |gate| {
+            record_and_report(inner, gate, turn_id, key, result)
+        })
         .await
 }
 
+/// Records one result and publishes what follows. Results of one turn are recorded
+/// concurrently; the gate keeps each call's state before the turn's `final`.
 async fn record_and_report(
     inner: &Arc<Inner>,
+    gate: Arc<TurnGate>,
     turn_id: &str,
     key: &str,
     result: CallResult,
 ) -> Result<(), JoinError> {
+    let recording = gate.recording.read().await;
     let outcome = inner.join.record(turn_id, key, &result).await?;
     match outcome {
         Recorded::UnknownTurn | Recorded::UnknownCall => {
@@ -176,15 +182,24 @@ async fn record_and_report(
         }
         Recorded::Recorded { reply, paced } => {
             count_call(inner, &result);
-            report_state(inner, turn_id, &reply, &result).await;
+            {
+                let _publishing = gate.publishing.lock().await;
+                inner.mark_ended(turn_id, key);
+                report_state(inner, turn_id, &reply, &result).await;
+            }
+            drop(recording);
             if paced {
                 notify_recorded(inner, turn_id, key).await;
             }
         }
         Recorded::Complete { closing, .. } => {
             count_call(inner, &result);
+            drop(recording);
+            // Every other recording of this turn in flight here publishes its state first.
+            let _ending = gate.recording.write().await;
+            let _publishing = gate.publishing.lock().await;
             report_state(inner, turn_id, &closing.reply, &result).await;
-            close_turn(inner, turn_id, closing, false).await;
+            Box::pin(close_turn(inner, turn_id, closing, false)).await;
         }
     }
     Ok(())
