@@ -209,19 +209,14 @@ impl JoinStore {
 
     /// Indexes the turn's deadline, then creates the turn; `false` if it already exists.
     /// The index comes first so that a turn is never stored without a deadline entry
-    /// (an entry without a turn is dropped by the sweeper).
+    /// (an entry without a turn is dropped by the sweeper). Both go out in one pipeline,
+    /// one round trip, and Redis runs them in that order.
     pub async fn create(&self, turn: NewTurn<'_>) -> Result<bool, JoinError> {
         let mut redis = self.redis.clone();
-        let _: () = redis::cmd("ZADD")
-            .arg(self.names.deadlines_key())
-            .arg("NX")
-            .arg(turn.deadline_unix_ms)
-            .arg(turn.turn_id)
-            .query_async(&mut redis)
-            .await?;
-        let mut invocation = self.create.prepare_invoke();
+        let mut invocation = redis::cmd("EVALSHA");
+        invocation.arg(self.create.get_hash()).arg(3);
         for key in self.keys(turn.turn_id) {
-            invocation.key(key);
+            invocation.arg(key);
         }
         invocation
             .arg(turn.ttl_ms)
@@ -240,7 +235,22 @@ impl JoinStore {
         for (key, result) in &turn.results {
             invocation.arg(key).arg(encode(result)?);
         }
-        let created: i64 = invocation.invoke_async(&mut redis).await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(self.names.deadlines_key())
+            .arg("NX")
+            .arg(turn.deadline_unix_ms)
+            .arg(turn.turn_id)
+            .ignore()
+            .add_command(invocation);
+        let (created,): (i64,) = match pipe.query_async(&mut redis).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // The index entry is `NX`, so sending it again changes nothing.
+                self.create.load_async(&mut redis).await?;
+                pipe.query_async(&mut redis).await?
+            }
+            other => other?,
+        };
         Ok(created == 1)
     }
 
