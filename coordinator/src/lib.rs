@@ -282,7 +282,12 @@ pub async fn run_with_narrator(
     let consumer = results::results_consumer(&results_stream, &names.results_consumer())
         .await
         .map_err(CoordinatorError::Consumer)?;
-    let redis_client = redis::Client::open(config.redis_url.as_str())?;
+    // Without TCP_NODELAY, a script sent while another's reply is outstanding waits for
+    // that reply (Nagle), which serializes concurrent recordings.
+    let redis_client = redis::Client::open(
+        redis::IntoConnectionInfo::into_connection_info(config.redis_url.as_str())?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true)),
+    )?;
     // A script that ran but whose reply was slow must not be reported as failed, so the
     // response timeout is generous.
     let mut redis = redis::aio::ConnectionManager::new_with_config(
