@@ -100,7 +100,10 @@ pub(crate) async fn close_turn(
         if deadline_hit { "deadline" } else { "complete" },
         turn_seconds,
     );
-    notify_ended(inner, turn_id).await;
+    // Another replica that took the turn is told; this one forgets it at once.
+    if !inner.owns(turn_id) {
+        notify_ended(inner, turn_id).await;
+    }
     inner.release(turn_id);
     if let Err(error) = inner.join.forget_deadline(turn_id).await {
         warn!(%turn_id, %error, "could not drop the turn from the deadline index");
