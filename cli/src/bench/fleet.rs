@@ -57,6 +57,9 @@ pub struct Spec {
     pub worker_concurrency: usize,
     /// OTLP endpoint the processes export to; `None` turns tracing export off.
     pub otlp: Option<String>,
+    /// Runtime worker threads of each process (`TOKIO_WORKER_THREADS`); `None`: one per
+    /// CPU.
+    pub threads: Option<usize>,
 }
 
 /// One child process.
@@ -150,6 +153,10 @@ impl Env {
         for name in OTEL_VARIABLES {
             cmd.env_remove(name);
         }
+        match spec.threads {
+            Some(n) => cmd.env("TOKIO_WORKER_THREADS", n.to_string()),
+            None => cmd.env_remove("TOKIO_WORKER_THREADS"),
+        };
         if let Some(endpoint) = &spec.otlp {
             cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
                 .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");

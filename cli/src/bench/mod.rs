@@ -96,6 +96,10 @@ pub struct BenchArgs {
     /// Turns in flight in the memory phase.
     #[arg(long, default_value_t = 1000)]
     memory_turns: usize,
+    /// Runtime worker threads of each coordinator and worker process (default: one per
+    /// CPU).
+    #[arg(long)]
+    node_threads: Option<usize>,
     /// Where the JSON report goes.
     #[arg(long, default_value = "target/bench/toolfleet-bench.json")]
     out: PathBuf,
@@ -127,6 +131,7 @@ struct Plan {
     scaling_seconds: f64,
     memory_turns: usize,
     memory_sleep_ms: u64,
+    node_threads: Option<usize>,
 }
 
 impl Plan {
@@ -148,6 +153,7 @@ impl Plan {
             scaling_seconds: if q { 1.5 } else { 4.0 },
             memory_turns: args.memory_turns.max(1),
             memory_sleep_ms: if q { 3_000 } else { 5_000 },
+            node_threads: args.node_threads,
         }
     }
 }
@@ -369,6 +375,7 @@ async fn run_phases(
                 workers,
                 worker_concurrency,
                 otlp: (mode == Mode::On).then(|| sink.endpoint()),
+                threads: plan.node_threads,
             };
             // With `attach`, the fleet under the given prefix is measured as it runs.
             let fleet_for = |name: &str, workers: usize, concurrency: usize| {

@@ -53,6 +53,8 @@ struct Timing {
     last_done: Duration,
     fin: Duration,
     ended: Instant,
+    /// The longest call's own duration as its worker measured it.
+    slowest_call: Duration,
 }
 
 /// Submits one turn and reads its events to `final`; an `error` event, a result that
@@ -94,6 +96,9 @@ async fn timed_turn(client: &FleetClient, request: TurnRequest) -> Result<Timing
                     first_done: first_done.unwrap_or(elapsed),
                     last_done: last_done.unwrap_or(elapsed),
                     fin: elapsed,
+                    slowest_call: Duration::from_millis(
+                        fin.results.iter().map(|r| r.duration_ms).max().unwrap_or(0),
+                    ),
                     ended: Instant::now(),
                 });
             }
@@ -423,6 +428,8 @@ pub struct Parallel {
     pub failed: usize,
     /// Submit → `final`.
     pub turn: Summary,
+    /// The slowest call's duration as its worker measured it (whole milliseconds).
+    pub slowest_call: Summary,
     /// `sequential_ms / turn.p50_ms`.
     pub speedup_p50: f64,
 }
@@ -433,10 +440,14 @@ pub async fn parallel(client: &FleetClient, turns: usize) -> Result<Parallel> {
     const CALLS: usize = 3;
     let decision = decision("test.behave", &json!({"sleep_ms": SLEEP_MS}), CALLS);
     let mut latencies = Latencies::default();
+    let mut slowest = Latencies::default();
     let mut failed = 0;
     for i in 0..turns + 5 {
         match timed_turn(client, request(&decision, 5_000)).await {
-            Ok(t) if i >= 5 => latencies.push(t.fin),
+            Ok(t) if i >= 5 => {
+                latencies.push(t.fin);
+                slowest.push(t.slowest_call);
+            }
             Ok(_) => {}
             Err(error) => {
                 failed += 1;
@@ -459,6 +470,7 @@ pub async fn parallel(client: &FleetClient, turns: usize) -> Result<Parallel> {
             0.0
         },
         turn,
+        slowest_call: slowest.summary(),
     })
 }
 

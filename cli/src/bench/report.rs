@@ -354,6 +354,17 @@ pub fn markdown(
         &mut t,
         reports,
         phase,
+        "slowest call as its worker timed it, p50 ms",
+        |r| {
+            r.parallel
+                .as_ref()
+                .map(|m| ms(m.figures.slowest_call.p50_ms))
+        },
+    );
+    row(
+        &mut t,
+        reports,
+        phase,
         "a sequential runner needs, ms",
         |r| {
             r.parallel
