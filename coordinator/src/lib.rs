@@ -246,7 +246,10 @@ impl Inner {
         let mut gates = self.gates();
         drop(gate);
         // Under the map guard, a count of one means nobody else holds or waits for it.
-        if gates.get(turn_id).is_some_and(|g| Arc::strong_count(g) == 1) {
+        if gates
+            .get(turn_id)
+            .is_some_and(|g| Arc::strong_count(g) == 1)
+        {
             gates.remove(turn_id);
         }
         out
