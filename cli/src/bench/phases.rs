@@ -146,6 +146,20 @@ pub async fn floor(env: &Env, prefix: &str, samples: usize) -> Result<Floor> {
             }
         })
     };
+    // The echo's subscription reaches the server over its own connection: wait until a
+    // request finds it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while env
+        .nats
+        .request(subject.clone(), "ping".into())
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("the echo responder did not answer within 5 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mut nats_rtt = Latencies::default();
     for i in 0..warmup + samples {
         let start = Instant::now();
