@@ -33,9 +33,26 @@ pub struct BehaveArgs {
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 pub struct NoopArgs {}
 
+/// The last stretch of a sleep, left to a blocking thread's timer.
+const FINE_SLEEP: Duration = Duration::from_millis(2);
+
+/// Sleeps for `duration`, accurate to a fraction of a millisecond. The runtime's timer
+/// has millisecond ticks and typically wakes 1-2 ms late, which would blur benchmark
+/// figures; the last couple of milliseconds are slept on a blocking thread instead.
+async fn sleep_precisely(duration: Duration) {
+    let until = std::time::Instant::now() + duration;
+    if duration > FINE_SLEEP {
+        tokio::time::sleep(duration - FINE_SLEEP).await;
+    }
+    let rest = until.saturating_duration_since(std::time::Instant::now());
+    if !rest.is_zero() {
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(rest)).await;
+    }
+}
+
 async fn behave(ctx: ToolContext, args: BehaveArgs) -> Result<ToolOutput, ToolError> {
     if args.sleep_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(args.sleep_ms)).await;
+        sleep_precisely(Duration::from_millis(args.sleep_ms)).await;
     }
     if args.panic {
         panic!("test.behave was asked to panic");
@@ -80,4 +97,23 @@ pub fn tools() -> Vec<Tool> {
                 Ok::<_, ToolError>(ToolOutput::new(json!({"ok": true})))
             }),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sleeps_are_precise() {
+        for ms in [1u64, 5, 20] {
+            let start = std::time::Instant::now();
+            sleep_precisely(Duration::from_millis(ms)).await;
+            let slept = start.elapsed();
+            assert!(slept >= Duration::from_millis(ms), "{ms} ms: {slept:?}");
+            assert!(
+                slept < Duration::from_millis(ms) + Duration::from_millis(50),
+                "{ms} ms: {slept:?}"
+            );
+        }
+    }
 }
