@@ -444,6 +444,9 @@ pub struct Parallel {
     pub turn: Summary,
     /// The slowest call's duration as its worker measured it (whole milliseconds).
     pub slowest_call: Summary,
+    /// Submit → `final` of three no-op calls, each turn after the fleet idled as long
+    /// as the calls sleep: the overhead of a fleet whose processes were asleep.
+    pub idle_noop_turn: Summary,
     /// `sequential_ms / turn.p50_ms`.
     pub speedup_p50: f64,
 }
@@ -471,6 +474,15 @@ pub async fn parallel(client: &FleetClient, turns: usize) -> Result<Parallel> {
             }
         }
     }
+    let noop = self::decision("test.noop", &json!({}), CALLS);
+    let mut idle_noop = Latencies::default();
+    for _ in 0..turns {
+        tokio::time::sleep(Duration::from_millis(SLEEP_MS)).await;
+        match timed_turn(client, request(&noop, 5_000)).await {
+            Ok(t) => idle_noop.push(t.fin),
+            Err(_) => failed += 1,
+        }
+    }
     let turn = latencies.summary();
     let sequential_ms = SLEEP_MS * CALLS as u64;
     Ok(Parallel {
@@ -485,6 +497,7 @@ pub async fn parallel(client: &FleetClient, turns: usize) -> Result<Parallel> {
         },
         turn,
         slowest_call: slowest.summary(),
+        idle_noop_turn: idle_noop.summary(),
     })
 }
 

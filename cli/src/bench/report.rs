@@ -365,6 +365,17 @@ pub fn markdown(
         &mut t,
         reports,
         phase,
+        "3 × test.noop after 50 ms idle, p50 / p99 ms",
+        |r| {
+            r.parallel
+                .as_ref()
+                .map(|m| p50_p99(&m.figures.idle_noop_turn))
+        },
+    );
+    row(
+        &mut t,
+        reports,
+        phase,
         "a sequential runner needs, ms",
         |r| {
             r.parallel
