@@ -127,10 +127,19 @@ impl Servers {
     /// Reuses the servers answering at `nats_url` and `redis_url`, and starts private
     /// ones on free loopback ports for those that do not answer.
     pub async fn start(nats_url: &str, redis_url: &str) -> Result<Self> {
+        Self::start_with(nats_url, redis_url, true).await
+    }
+
+    /// Starts private servers on free loopback ports, whatever answers elsewhere.
+    pub async fn private() -> Result<Self> {
+        Self::start_with("", "", false).await
+    }
+
+    async fn start_with(nats_url: &str, redis_url: &str, reuse: bool) -> Result<Self> {
         let mut servers = Vec::new();
         let mut started = Vec::new();
         let mut dirs = Vec::new();
-        let nats_url = if answers(nats_url, 4222).await {
+        let nats_url = if reuse && answers(nats_url, 4222).await {
             nats_url.to_string()
         } else {
             let bin = find_binary("nats-server")
@@ -152,7 +161,7 @@ impl Servers {
             eprintln!("started nats-server on 127.0.0.1:{port}");
             format!("nats://127.0.0.1:{port}")
         };
-        let redis_url = if answers(redis_url, 6379).await {
+        let redis_url = if reuse && answers(redis_url, 6379).await {
             redis_url.to_string()
         } else {
             let bin = find_binary("redis-server")

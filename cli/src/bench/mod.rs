@@ -108,6 +108,11 @@ pub struct BenchArgs {
     /// phases once, with whatever tracing that fleet has.
     #[arg(long)]
     attach: bool,
+    /// Use NATS and Redis at `--nats` / `--redis` (`TOOLFLEET_NATS_URL`,
+    /// `TOOLFLEET_REDIS_URL`) when they answer, instead of private `nats-server -js` and
+    /// `redis-server` on free loopback ports.
+    #[arg(long)]
+    given_servers: bool,
     /// Print each fleet's prefix and process ids.
     #[arg(long)]
     verbose: bool,
@@ -242,7 +247,11 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
         }
     };
 
-    let servers = Servers::start(nats_url, redis_url).await?;
+    let servers = if args.given_servers || args.attach {
+        Servers::start(nats_url, redis_url).await?
+    } else {
+        Servers::private().await?
+    };
     let env = Env::connect(&servers.nats_url, &servers.redis_url, args.verbose).await?;
     let sink = Sink::start().await?;
     let machine = Machine::read();
