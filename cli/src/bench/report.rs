@@ -470,7 +470,7 @@ pub fn markdown(
             target
                 .measured
                 .iter()
-                .map(|(_, v)| v.map_or_else(|| "—".to_string(), |v| format!("{v}"))),
+                .map(|(_, v)| v.map_or_else(|| "—".to_string(), ms)),
         );
         cells.push(match target.met {
             Some(true) => "yes".into(),
