@@ -386,7 +386,7 @@ async fn run_phases(
                 otlp: (mode == Mode::On).then(|| sink.endpoint()),
                 threads: plan.node_threads,
             };
-            // With `attach`, the fleet under the given prefix is measured as it runs.
+            // A fresh fleet under its own prefix, for one phase in this configuration.
             let fleet_for = |name: &str, workers: usize, concurrency: usize| {
                 let prefix = env.prefix(&format!("{name}_{tag}"));
                 let spec = spec(workers, concurrency);
