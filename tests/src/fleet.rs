@@ -246,34 +246,31 @@ impl Fleet {
         Ok(subscriber)
     }
 
-    /// The results recorded in Redis for `turn_id`, by call key.
-    pub async fn recorded_results(&self, turn_id: &str) -> Result<HashMap<String, CallResult>> {
+    /// A Redis hash of this fleet's Redis, as strings.
+    async fn hash(&self, key: String) -> Result<HashMap<String, String>> {
         let mut conn = self
             .redis
             .client()?
             .get_multiplexed_async_connection()
             .await?;
-        let raw: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(self.names.turn_results_key(turn_id))
+        Ok(redis::cmd("HGETALL")
+            .arg(key)
             .query_async(&mut conn)
-            .await?;
-        raw.into_iter()
+            .await?)
+    }
+
+    /// The results recorded in Redis for `turn_id`, by call key.
+    pub async fn recorded_results(&self, turn_id: &str) -> Result<HashMap<String, CallResult>> {
+        self.hash(self.names.turn_results_key(turn_id))
+            .await?
+            .into_iter()
             .map(|(k, v)| Ok((k, serde_json::from_str(&v)?)))
             .collect()
     }
 
     /// The turn's late-result and duplicate counters in Redis.
     pub async fn counters(&self, turn_id: &str) -> Result<HashMap<String, String>> {
-        let mut conn = self
-            .redis
-            .client()?
-            .get_multiplexed_async_connection()
-            .await?;
-        let map: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(self.names.turn_meta_key(turn_id))
-            .query_async(&mut conn)
-            .await?;
-        Ok(map)
+        self.hash(self.names.turn_meta_key(turn_id)).await
     }
 }
 
