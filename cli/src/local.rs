@@ -279,22 +279,6 @@ impl LocalFleet {
         }
     }
 
-    /// Waits for a shutdown request (Ctrl-C or SIGTERM).
-    pub async fn wait_for_signal(&self) {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            if let Ok(mut term) = signal(SignalKind::terminate()) {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-                return;
-            }
-        }
-        let _ = tokio::signal::ctrl_c().await;
-    }
-
     /// Stops the coordinator and worker gracefully, then the servers it started.
     pub async fn stop(self) {
         self.shutdown.cancel();

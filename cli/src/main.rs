@@ -191,7 +191,7 @@ async fn run(cli: Cli) -> Result<()> {
                 "fleet up: nats {} redis {} prefix {} (Ctrl-C to stop)",
                 fleet.nats_url, fleet.redis_url, cli.prefix
             );
-            fleet.wait_for_signal().await;
+            toolfleet_common::shutdown::signalled().await;
             fleet.stop().await;
             Ok(())
         }

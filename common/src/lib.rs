@@ -18,6 +18,8 @@
 //! | [`decision`] | parsing every supported model-decision shape into calls |
 //! | [`ack`] | composing the acknowledgement from waiting hints |
 //! | [`history`] | rendering results as OpenAI and Anthropic history |
+//! | `ready` | the `/readyz` check of the coordinator and worker (feature `redis`) |
+//! | [`shutdown`] | SIGTERM / Ctrl-C as a cancellation token |
 //! | [`streams`] | creating the jobs and results JetStream streams |
 //! | [`telemetry`] | logs, OTLP traces and metrics, Prometheus text, trace context in NATS headers |
 //! | [`client`] | `FleetClient`: submit a turn, stream its events, list the catalog |
@@ -33,6 +35,9 @@ pub mod http;
 pub mod job;
 pub mod metrics;
 pub mod names;
+#[cfg(feature = "redis")]
+pub mod ready;
+pub mod shutdown;
 pub mod streams;
 pub mod telemetry;
 pub mod tool;

@@ -81,38 +81,6 @@ pub enum CoordinatorError {
     Http(std::io::Error),
 }
 
-/// Ready when NATS is connected, Redis answers and both streams and the results
-/// consumer exist.
-fn readiness(
-    nats: async_nats::Client,
-    js: jetstream::Context,
-    redis: redis::aio::ConnectionManager,
-    names: Names,
-) -> toolfleet_common::http::Readiness {
-    Arc::new(move || {
-        let (nats, js, mut redis, names) = (nats.clone(), js.clone(), redis.clone(), names.clone());
-        Box::pin(async move {
-            if nats.connection_state() != async_nats::connection::State::Connected {
-                return Err("NATS is not connected".into());
-            }
-            let pong: Result<String, _> = redis::cmd("PING").query_async(&mut redis).await;
-            pong.map_err(|e| format!("Redis: {e}"))?;
-            js.get_stream(names.jobs_stream())
-                .await
-                .map_err(|e| format!("stream {}: {e}", names.jobs_stream()))?;
-            let results = js
-                .get_stream(names.results_stream())
-                .await
-                .map_err(|e| format!("stream {}: {e}", names.results_stream()))?;
-            results
-                .consumer_info(names.results_consumer())
-                .await
-                .map_err(|e| format!("consumer {}: {e}", names.results_consumer()))?;
-            Ok(())
-        })
-    })
-}
-
 /// A call held back by a turn's concurrency bound.
 pub(crate) struct QueuedJob {
     pub key: String,
@@ -363,11 +331,13 @@ pub async fn run_with_narrator(
     ));
 
     if let Some(addr) = config.http_addr {
-        let ready = readiness(
+        let ready = toolfleet_common::ready::readiness(
             nats.clone(),
-            jetstream::new(nats.clone()),
             redis_probe.clone(),
-            names.clone(),
+            toolfleet_common::ready::Needs {
+                streams: vec![names.jobs_stream()],
+                consumers: vec![(names.results_stream(), names.results_consumer())],
+            },
         );
         let bound = toolfleet_common::http::serve(
             addr,

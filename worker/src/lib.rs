@@ -105,43 +105,6 @@ pub enum WorkerError {
     Http(std::io::Error),
 }
 
-/// Ready when NATS is connected, Redis answers and every tool consumer exists.
-fn readiness(
-    nats: async_nats::Client,
-    js: jetstream::Context,
-    redis: redis::aio::ConnectionManager,
-    names: Names,
-    consumers: Vec<String>,
-) -> toolfleet_common::http::Readiness {
-    Arc::new(move || {
-        let (nats, js, mut redis, names, consumers) = (
-            nats.clone(),
-            js.clone(),
-            redis.clone(),
-            names.clone(),
-            consumers.clone(),
-        );
-        Box::pin(async move {
-            if nats.connection_state() != async_nats::connection::State::Connected {
-                return Err("NATS is not connected".into());
-            }
-            let pong: Result<String, _> = redis::cmd("PING").query_async(&mut redis).await;
-            pong.map_err(|e| format!("Redis: {e}"))?;
-            let stream = js
-                .get_stream(names.jobs_stream())
-                .await
-                .map_err(|e| format!("stream {}: {e}", names.jobs_stream()))?;
-            for consumer in &consumers {
-                stream
-                    .consumer_info(consumer)
-                    .await
-                    .map_err(|e| format!("consumer {consumer}: {e}"))?;
-            }
-            Ok(())
-        })
-    })
-}
-
 /// Serves `tools` until `shutdown` is cancelled, then stops pulling, lets in-flight calls
 /// finish within the grace period, withdraws the worker from the registry and flushes.
 pub async fn run(
@@ -258,15 +221,16 @@ pub async fn run(
     });
     let http_stop = CancellationToken::new();
     if let Some(addr) = config.http_addr {
-        let ready = readiness(
+        let ready = toolfleet_common::ready::readiness(
             nats.clone(),
-            jetstream::new(nats.clone()),
             redis_probe,
-            names.clone(),
-            definitions
-                .iter()
-                .map(|d| names.tool_consumer(&d.name))
-                .collect(),
+            toolfleet_common::ready::Needs {
+                streams: Vec::new(),
+                consumers: definitions
+                    .iter()
+                    .map(|d| (names.jobs_stream(), names.tool_consumer(&d.name)))
+                    .collect(),
+            },
         );
         let bound = toolfleet_common::http::serve(
             addr,
