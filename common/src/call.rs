@@ -179,32 +179,28 @@ pub struct CallResult {
 impl CallResult {
     /// A successful result.
     pub fn success(call: &ToolCall, result: Value) -> Self {
-        Self {
-            tool_call_id: call.id.clone(),
-            name: call.name.clone(),
-            ok: true,
-            state: CallState::Done,
-            result: Some(result),
-            error: None,
-            started_at: None,
-            ended_at: None,
-            duration_ms: 0,
-            attempts: 0,
-            summary: None,
-            worker_id: None,
-            parent_id: call.parent_id.clone(),
-        }
+        Self::ended(call, CallState::Done, Some(result), None)
     }
 
     /// A failed result in `state` (`error`, `timeout` or `skipped`).
     pub fn failure(call: &ToolCall, state: CallState, error: CallError) -> Self {
+        Self::ended(call, state, None, Some(error))
+    }
+
+    /// A result of `call` in `state`, with no timing, attempts or worker yet.
+    fn ended(
+        call: &ToolCall,
+        state: CallState,
+        result: Option<Value>,
+        error: Option<CallError>,
+    ) -> Self {
         Self {
             tool_call_id: call.id.clone(),
             name: call.name.clone(),
-            ok: false,
+            ok: state == CallState::Done,
             state,
-            result: None,
-            error: Some(error),
+            result,
+            error,
             started_at: None,
             ended_at: None,
             duration_ms: 0,

@@ -15,22 +15,16 @@
 //! | [`tool`] | `ToolDefinition`, retry policy, catalog formats (OpenAI, Anthropic, MCP) |
 //! | [`http`] | the operational HTTP endpoint server (`/healthz`, `/readyz`, `/metrics`) |
 //! | [`job`] | `JobEnvelope` (what a worker receives) and progress notices |
-//! | [`decision`] | parsing every supported model-decision shape into calls |
-//! | [`ack`] | composing the acknowledgement from waiting hints |
-//! | [`history`] | rendering results as OpenAI and Anthropic history |
 //! | `ready` | the `/readyz` check of the coordinator and worker (feature `redis`) |
 //! | [`shutdown`] | SIGTERM / Ctrl-C as a cancellation token |
 //! | [`streams`] | creating the jobs and results JetStream streams |
 //! | [`telemetry`] | logs, OTLP traces and metrics, Prometheus text, trace context in NATS headers |
 //! | [`client`] | `FleetClient`: submit a turn, stream its events, list the catalog |
 
-pub mod ack;
 pub mod call;
 pub mod client;
 pub mod config;
 pub mod credentials;
-pub mod decision;
-pub mod history;
 pub mod http;
 pub mod job;
 pub mod metrics;

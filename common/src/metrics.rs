@@ -102,6 +102,13 @@ impl FleetMetrics {
         }
     }
 
+    /// A call ended with `result`, counted under the `tool` label (its outcome is the
+    /// result's state: `done`, `error`, `timeout`, `skipped`).
+    pub fn call_result(&self, tool: &str, result: &crate::CallResult) {
+        let error_code = result.error.as_ref().map(|e| e.code.as_str());
+        self.call_ended(tool, result.state.as_str(), error_code);
+    }
+
     /// A call ended in `outcome` (`done`, `error`, `timeout`, `skipped`).
     pub fn call_ended(&self, tool: &str, outcome: &str, error_code: Option<&str>) {
         self.calls.add(

@@ -1,23 +1,25 @@
 //! Serving the tool catalog to frontends: tools with a live worker, in the format asked
 //! for, restricted to the tenant's allowlist when a tenant is named.
+//!
+//! Owns answering catalog requests from the cached registry (`registry.rs`). Never
+//! reads Redis itself and never touches a turn.
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::tool::{CatalogFormat, CatalogRequest, CatalogResponse};
 use toolfleet_common::turn::turn_codes;
 use toolfleet_common::CallError;
 
-use crate::Inner;
+use crate::startup::{next_message, Replica};
 
 /// The catalog for `request`.
-pub(crate) fn catalog(inner: &Inner, request: &CatalogRequest) -> CatalogResponse {
-    let snapshot = inner.registry.snapshot();
+pub(crate) fn catalog(replica: &Replica, request: &CatalogRequest) -> CatalogResponse {
+    let snapshot = replica.registry.snapshot();
     let policy = request
         .tenant_id
         .as_deref()
-        .map(|t| inner.config.tenants.get(t));
+        .map(|t| replica.config.tenants.get(t));
     let tools = snapshot
         .sorted()
         .into_iter()
@@ -34,15 +36,11 @@ pub(crate) fn catalog(inner: &Inner, request: &CatalogRequest) -> CatalogRespons
 
 /// Answers catalog requests until `shutdown`.
 pub(crate) async fn serve(
-    inner: Arc<Inner>,
+    replica: Arc<Replica>,
     mut subscriber: async_nats::Subscriber,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let message = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            m = subscriber.next() => match m { Some(m) => m, None => break },
-        };
+    while let Some(message) = next_message(&mut subscriber, &shutdown).await {
         let Some(reply) = message.reply.clone() else {
             continue;
         };
@@ -52,7 +50,7 @@ pub(crate) async fn serve(
             serde_json::from_slice::<CatalogRequest>(&message.payload)
         };
         let response = match parsed {
-            Ok(request) => catalog(&inner, &request),
+            Ok(request) => catalog(&replica, &request),
             Err(error) => CatalogResponse {
                 format: CatalogFormat::Native,
                 tools: Vec::new(),
@@ -63,7 +61,7 @@ pub(crate) async fn serve(
             },
         };
         if let Ok(body) = serde_json::to_vec(&response) {
-            let _ = inner.nats.publish(reply, body.into()).await;
+            let _ = replica.nats.publish(reply, body.into()).await;
         }
     }
     let _ = subscriber.unsubscribe().await;

@@ -139,23 +139,18 @@ impl CoordinatorConfig {
 
 /// Limits and allowlist of one tenant. Unset fields fall back to the coordinator's.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct TenantPolicy {
     /// Tools the tenant may call: exact names, or prefixes ending in `*`
     /// (`crm.*`). Absent means every tool.
-    #[serde(default)]
     pub allowed_tools: Option<Vec<String>>,
     /// Calls per turn.
-    #[serde(default)]
     pub max_calls: Option<usize>,
     /// Calls in flight per turn.
-    #[serde(default)]
     pub concurrency: Option<usize>,
     /// Per-call timeout cap in milliseconds.
-    #[serde(default)]
     pub tool_timeout_ms: Option<u64>,
     /// Turn deadline in milliseconds (default and cap).
-    #[serde(default)]
     pub deadline_ms: Option<u64>,
 }
 

@@ -1,34 +1,158 @@
-//! Ending a turn: ordering its results, filling in the calls that never answered,
-//! narrating, and publishing `narration` and `final`.
+//! How a turn ends: every way, matched in one place, each published exactly once.
+//!
+//! Owns [`TurnEnd`] and [`finish`]: ordering a turn's results, filling in the calls that
+//! never answered (`timeout`, or `skipped` when pacing never dispatched them), narrating,
+//! and publishing `narration` + `final` (or the turn-level `error` of a rejected turn);
+//! then forgetting the turn here and telling its owner when that is another replica.
+//!
+//! Only a caller that the join let end the turn reaches here with a [`Closing`]: the
+//! result that completed it (`results.rs`), the deadline timer or the sweeper
+//! (`deadline.rs`, through [`end_open_turn`]), or intake when no call could run. Never
+//! records results and never decides the deadline. This is the turn's last step.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use toolfleet_common::call::{codes, unix_ms};
-use toolfleet_common::history::render_history;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::names::spans;
 use toolfleet_common::telemetry;
 use toolfleet_common::{
     CallError, CallResult, CallState, FinalEvent, Summary, ToolCall, TurnEvent,
 };
-use tracing::{info_span, warn, Instrument};
+use toolfleet_decision::history::render_history;
+use tracing::{debug, info_span, warn, Instrument};
 
 use crate::events;
-use crate::join::{CallEntry, Closing};
+use crate::join::{CallEntry, Closing, Finalized};
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
-use crate::Inner;
+use crate::startup::Replica;
 
 /// Longest a narrator may take before the template narration is used instead.
-pub const NARRATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+pub const NARRATE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Publishes the end of `turn_id` from what the join returned. Runs exactly once per
-/// turn: only the caller whose script ended the turn gets a [`Closing`].
-pub(crate) async fn close_turn(
-    inner: &Arc<Inner>,
-    turn_id: &str,
-    closing: Closing,
-    deadline_hit: bool,
-) {
+/// Every way a turn ends.
+pub(crate) enum TurnEnd {
+    /// Every call has its result: the last one was just recorded, or every call was
+    /// refused up front.
+    AllResultsIn {
+        /// The turn.
+        turn_id: String,
+        /// Its calls and results from the join.
+        closing: Closing,
+    },
+    /// The deadline passed before every result was in.
+    Deadline {
+        /// The turn.
+        turn_id: String,
+        /// Its calls and the results recorded in time.
+        closing: Closing,
+    },
+    /// The model answered without calling a tool: its text is the answer.
+    NoTools {
+        /// The turn.
+        turn_id: String,
+        /// The frontend's reply subject.
+        reply: String,
+        /// The model's answer.
+        text: String,
+    },
+    /// The request, its decision or the turn store refused the turn before any call ran.
+    Rejected {
+        /// The turn, when the request named a usable one.
+        turn_id: Option<String>,
+        /// The frontend's reply subject.
+        reply: String,
+        /// Why, with a stable code.
+        error: CallError,
+    },
+}
+
+/// Publishes the end of a turn. For the two ends that come from the join, this runs
+/// once per turn: only the caller whose script ended the turn holds a [`Closing`].
+pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
+    match end {
+        TurnEnd::AllResultsIn { turn_id, closing } => {
+            close_turn(replica, &turn_id, closing, false).await;
+        }
+        TurnEnd::Deadline { turn_id, closing } => {
+            close_turn(replica, &turn_id, closing, true).await;
+        }
+        TurnEnd::NoTools {
+            turn_id,
+            reply,
+            text,
+        } => {
+            let narration = TurnEvent::Narration {
+                turn_id: turn_id.clone(),
+                text: text.clone(),
+            };
+            events::publish(replica, &reply, &narration).await;
+            let event = TurnEvent::Final(FinalEvent {
+                turn_id,
+                text,
+                results: Vec::new(),
+                summary: Summary::default(),
+                history: Default::default(),
+                deadline_hit: false,
+            });
+            events::publish(replica, &reply, &event).await;
+        }
+        TurnEnd::Rejected {
+            turn_id,
+            reply,
+            error,
+        } => {
+            let span = tracing::Span::current();
+            span.record("otel.status_code", "ERROR");
+            span.record("error.type", error.code.as_str());
+            let event = events::turn_error(turn_id.as_deref(), error);
+            events::publish(replica, &reply, &event).await;
+        }
+    }
+}
+
+/// Ends `turn_id` now unless it already ended: at its deadline (`deadline_hit`), or at
+/// once when none of its calls could run. States of results recorded here before the
+/// end are published first.
+pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool) {
+    let reason = if deadline_hit { "deadline" } else { "complete" };
+    match replica.join.finalize(turn_id, reason).await {
+        Ok(Finalized::Ended(closing)) => {
+            let turn_id = turn_id.to_string();
+            let end = if deadline_hit {
+                TurnEnd::Deadline {
+                    turn_id: turn_id.clone(),
+                    closing,
+                }
+            } else {
+                TurnEnd::AllResultsIn {
+                    turn_id: turn_id.clone(),
+                    closing,
+                }
+            };
+            replica
+                .turns
+                .gated(&turn_id, |gate| async move {
+                    let _ending = gate.recording.write().await;
+                    let _publishing = gate.publishing.lock().await;
+                    Box::pin(finish(replica, end)).await;
+                })
+                .await;
+        }
+        Ok(Finalized::AlreadyEnded | Finalized::UnknownTurn) => {
+            replica.turns.release(turn_id);
+            if let Err(error) = replica.join.forget_deadline(turn_id).await {
+                debug!(%turn_id, %error, "deadline index cleanup failed");
+            }
+        }
+        // The turn stays open in Redis with its deadline entry: the sweeper ends it.
+        Err(error) => warn!(%turn_id, %error, "ending the turn failed; the sweeper retries"),
+    }
+}
+
+/// Publishes the end of `turn_id` from what the join returned.
+async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, deadline_hit: bool) {
     let span = info_span!(
         parent: None,
         "join",
@@ -47,41 +171,8 @@ pub(crate) async fn close_turn(
     }
     let turn_seconds = unix_ms().saturating_sub(closing.created_unix_ms) as f64 / 1000.0;
     async {
-        let Closing {
-            reply,
-            calls,
-            mut results,
-            ..
-        } = closing;
-        let mut entries: Vec<(String, CallEntry)> = calls.into_iter().collect();
-        entries.sort_by_key(|(_, e)| e.index);
-        let mut ordered = Vec::with_capacity(entries.len());
-        for (key, entry) in entries {
-            match results.remove(&key) {
-                Some(r) => ordered.push(r),
-                None => {
-                    let missing = missing_result(&entry);
-                    inner.metrics.call_ended(
-                        &missing.name,
-                        missing.state.as_str(),
-                        missing.error.as_ref().map(|e| e.code.as_str()),
-                    );
-                    events::publish(
-                        &inner.nats,
-                        &reply,
-                        &events::tool_state(
-                            turn_id,
-                            &missing.tool_call_id,
-                            &missing.name,
-                            missing.state,
-                            missing.error.clone(),
-                        ),
-                    )
-                    .await;
-                    ordered.push(missing);
-                }
-            }
-        }
+        let reply = closing.reply.clone();
+        let ordered = complete_results(replica, turn_id, closing).await;
         let summary = Summary::of(&ordered);
         let current = tracing::Span::current();
         current.record("toolfleet.summary.ok", summary.ok);
@@ -92,33 +183,60 @@ pub(crate) async fn close_turn(
             current.record("otel.status_code", "ERROR");
             current.record("error.type", codes::DEADLINE_EXCEEDED);
         }
-        publish_final(inner, turn_id, &reply, ordered, deadline_hit).await;
+        publish_final(replica, turn_id, &reply, ordered, deadline_hit).await;
     }
     .instrument(span)
     .await;
-    inner.metrics.turn_ended(
+    replica.metrics.turn_ended(
         if deadline_hit { "deadline" } else { "complete" },
         turn_seconds,
     );
     // Another replica that took the turn is told; this one forgets it at once.
-    if !inner.owns(turn_id) {
-        notify_ended(inner, turn_id).await;
+    if !replica.turns.owns(turn_id) {
+        events::notify(replica, turn_id, &ProgressNotice::Ended).await;
     }
-    inner.release(turn_id);
-    if let Err(error) = inner.join.forget_deadline(turn_id).await {
+    replica.turns.release(turn_id);
+    if let Err(error) = replica.join.forget_deadline(turn_id).await {
         warn!(%turn_id, %error, "could not drop the turn from the deadline index");
     }
 }
 
+/// The turn's results in the model's order, a `timeout` or `skipped` result standing in
+/// for each call that has none (its state is published and counted here).
+async fn complete_results(replica: &Replica, turn_id: &str, closing: Closing) -> Vec<CallResult> {
+    let Closing {
+        reply,
+        calls,
+        mut results,
+        ..
+    } = closing;
+    let mut entries: Vec<(String, CallEntry)> = calls.into_iter().collect();
+    entries.sort_by_key(|(_, e)| e.index);
+    let mut ordered = Vec::with_capacity(entries.len());
+    for (key, entry) in entries {
+        let result = match results.remove(&key) {
+            Some(r) => r,
+            None => {
+                let missing = missing_result(&entry);
+                replica.metrics.call_result(&missing.name, &missing);
+                events::publish_result_state(replica, turn_id, &reply, &missing).await;
+                missing
+            }
+        };
+        ordered.push(result);
+    }
+    ordered
+}
+
 /// Narrates `results` and publishes the `narration` chunks and the `final` event.
-pub(crate) async fn publish_final(
-    inner: &Arc<Inner>,
+async fn publish_final(
+    replica: &Arc<Replica>,
     turn_id: &str,
     reply: &str,
     results: Vec<CallResult>,
     deadline_hit: bool,
 ) {
-    let registry = inner.registry.snapshot();
+    let registry = replica.registry.snapshot();
     let tools: Vec<_> = results
         .iter()
         .map(|r| registry.get(&r.name).map(|t| &t.definition))
@@ -128,7 +246,7 @@ pub(crate) async fn publish_final(
         results: &results,
         tools,
     };
-    let narration = tokio::time::timeout(NARRATE_TIMEOUT, inner.narrator.narrate(&input))
+    let narration = tokio::time::timeout(NARRATE_TIMEOUT, replica.narrator.narrate(&input))
         .instrument(info_span!(
             "narrate",
             otel.name = spans::NARRATE,
@@ -148,15 +266,11 @@ pub(crate) async fn publish_final(
         }
     };
     for chunk in &chunks {
-        events::publish(
-            &inner.nats,
-            reply,
-            &TurnEvent::Narration {
-                turn_id: turn_id.to_string(),
-                text: chunk.clone(),
-            },
-        )
-        .await;
+        let event = TurnEvent::Narration {
+            turn_id: turn_id.to_string(),
+            text: chunk.clone(),
+        };
+        events::publish(replica, reply, &event).await;
     }
     let summary = Summary::of(&results);
     let history = render_history(&results);
@@ -168,9 +282,11 @@ pub(crate) async fn publish_final(
         history,
         deadline_hit,
     });
-    events::publish(&inner.nats, reply, &event).await;
+    events::publish(replica, reply, &event).await;
 }
 
+/// The result of a call that has none at the end: `skipped` when pacing never
+/// dispatched it, `timeout` otherwise.
 fn missing_result(entry: &CallEntry) -> CallResult {
     let call = ToolCall {
         id: entry.id.clone(),
@@ -178,34 +294,18 @@ fn missing_result(entry: &CallEntry) -> CallResult {
         arguments: serde_json::Value::Null,
         parent_id: entry.parent_id.clone(),
     };
-    if entry.queued {
-        CallResult::failure(
-            &call,
+    let (state, error) = if entry.queued {
+        let message = "the turn ended before the call was dispatched";
+        (
             CallState::Skipped,
-            CallError::retryable(
-                codes::NOT_DISPATCHED,
-                "the turn ended before the call was dispatched",
-            ),
+            CallError::retryable(codes::NOT_DISPATCHED, message),
         )
     } else {
-        CallResult::failure(
-            &call,
+        let message = "no result before the turn's deadline";
+        (
             CallState::Timeout,
-            CallError::retryable(
-                codes::DEADLINE_EXCEEDED,
-                "no result before the turn's deadline",
-            ),
+            CallError::retryable(codes::DEADLINE_EXCEEDED, message),
         )
-    }
-}
-
-/// Tells the turn's owner (possibly another replica) that the turn ended, so it closes
-/// the turn span and forgets the turn at once.
-async fn notify_ended(inner: &Inner, turn_id: &str) {
-    if let Ok(body) = serde_json::to_vec(&ProgressNotice::Ended) {
-        let _ = inner
-            .nats
-            .publish(inner.names.progress_subject(turn_id), body.into())
-            .await;
-    }
+    };
+    CallResult::failure(&call, state, error)
 }

@@ -4,8 +4,8 @@
 
 use futures::future::BoxFuture;
 use serde_json::Value;
-use toolfleet_common::ack::base_form;
 use toolfleet_common::{CallResult, CallState, ToolDefinition};
+use toolfleet_decision::ack::base_form;
 
 /// The line spoken when every call failed.
 pub const FALLBACK: &str =

@@ -1,31 +1,32 @@
 //! Progress notices: workers announce that a call started; coordinators announce that a
-//! paced turn's call ended. The turn's owner relays `running` to the frontend and
-//! dispatches the next queued call. Notices are best effort: a lost one delays nothing
-//! but a `running` event.
+//! paced turn's call ended, or that they ended a turn another replica owns.
+//!
+//! Owns acting on notices for the turns this replica owns: relaying `running` to the
+//! frontend, dispatching the next queued call of a paced turn (`dispatch.rs`), and
+//! forgetting a turn another replica ended. Notices are best effort: a lost one delays
+//! nothing but a `running` event, a paced call (the deadline still ends the turn), or
+//! forgetting a turn (its timer finds the turn ended).
+//!
+//! Never records a result and never ends a turn.
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::CallState;
 use tracing::debug;
 
+use crate::dispatch::release_slot;
 use crate::events;
-use crate::intake::release_slot;
-use crate::Inner;
+use crate::startup::{next_message, Replica};
 
 /// Relays notices until `shutdown`.
 pub(crate) async fn relay(
-    inner: Arc<Inner>,
+    replica: Arc<Replica>,
     mut subscriber: async_nats::Subscriber,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let message = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            m = subscriber.next() => match m { Some(m) => m, None => break },
-        };
+    while let Some(message) = next_message(&mut subscriber, &shutdown).await {
         let Some(turn_id) = message.subject.rsplit('.').next().map(String::from) else {
             continue;
         };
@@ -36,22 +37,22 @@ pub(crate) async fn relay(
             ProgressNotice::Started {
                 tool_call_id, name, ..
             } => {
-                if inner.owns(&turn_id) {
-                    let inner = Arc::clone(&inner);
-                    inner.tasks.clone().spawn(async move {
-                        relay_running(&inner, &turn_id, &tool_call_id, &name).await;
+                if replica.turns.owns(&turn_id) {
+                    let replica = Arc::clone(&replica);
+                    replica.tasks.clone().spawn(async move {
+                        relay_running(&replica, &turn_id, &tool_call_id, &name).await;
                     });
                 }
             }
             ProgressNotice::Recorded { .. } => {
-                if inner.owns(&turn_id) {
-                    let inner = Arc::clone(&inner);
-                    inner.tasks.clone().spawn(async move {
-                        release_slot(&inner, &turn_id).await;
+                if replica.turns.owns(&turn_id) {
+                    let replica = Arc::clone(&replica);
+                    replica.tasks.clone().spawn(async move {
+                        release_slot(&replica, &turn_id).await;
                     });
                 }
             }
-            ProgressNotice::Ended => inner.release(&turn_id),
+            ProgressNotice::Ended => replica.turns.release(&turn_id),
         }
     }
     let _ = subscriber.unsubscribe().await;
@@ -62,20 +63,21 @@ pub(crate) async fn relay(
 /// last check and the publish run under the turn's publishing lock, which this replica
 /// also holds while publishing terminal states and the turn's end, so `running` never
 /// follows `done`.
-async fn relay_running(inner: &Inner, turn_id: &str, tool_call_id: &str, name: &str) {
-    match inner.join.has_result(turn_id, tool_call_id).await {
+async fn relay_running(replica: &Replica, turn_id: &str, tool_call_id: &str, name: &str) {
+    match replica.join.has_result(turn_id, tool_call_id).await {
         Ok(true) => return,
         Ok(false) => {}
         Err(error) => debug!(%turn_id, %error, "could not check for a result; relaying running"),
     }
-    inner
+    replica
+        .turns
         .gated(turn_id, |gate| async move {
             let _publishing = gate.publishing.lock().await;
-            let Some(reply) = inner.running_target(turn_id, tool_call_id) else {
+            let Some(reply) = replica.turns.running_target(turn_id, tool_call_id) else {
                 return;
             };
             events::publish(
-                &inner.nats,
+                replica,
                 &reply,
                 &events::tool_state(turn_id, tool_call_id, name, CallState::Running, None),
             )

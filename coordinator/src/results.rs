@@ -1,6 +1,16 @@
-//! Consuming results: every replica pulls from the shared results consumer, records each
-//! result in the join, reports the call's state, and finalizes the turn when it was the
-//! last one.
+//! Where a result goes: every replica pulls from the shared results consumer, records
+//! each result in the join, publishes the call's terminal state, and ends the turn when
+//! it was the last one.
+//!
+//! Owns the results consumer, the recording of every result (workers' and the
+//! coordinator's own `dispatch_failed`), and the ordering of a call's state before the
+//! turn's `final` through the turn's gate. A late result (after the turn ended or its
+//! deadline passed) is counted in the join and the metrics, never published. A duplicate
+//! is counted and ignored.
+//!
+//! Never builds the `final` (`finalize.rs` does) and never frees a paced slot itself: it
+//! notifies the turn's owner, whose `progress.rs` dispatches the next call. Next:
+//! `finalize.rs`, for the result that completes the turn.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,9 +24,10 @@ use toolfleet_common::CallResult;
 use tracing::{debug, warn};
 
 use crate::events;
-use crate::finalize::close_turn;
+use crate::finalize::{finish, TurnEnd};
 use crate::join::{JoinError, Recorded};
-use crate::{Inner, TurnGate};
+use crate::startup::Replica;
+use crate::turns::TurnGate;
 
 /// Ack wait of the results consumer: a result whose coordinator died is redelivered to
 /// another replica after this long.
@@ -48,7 +59,7 @@ pub(crate) async fn results_consumer(
 
 /// Pulls results until `shutdown`, handling up to `concurrency` at once.
 pub(crate) async fn consume(
-    inner: Arc<Inner>,
+    replica: Arc<Replica>,
     consumer: PullConsumer,
     concurrency: usize,
     shutdown: CancellationToken,
@@ -82,9 +93,9 @@ pub(crate) async fn consume(
                     let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
                         return;
                     };
-                    let inner = Arc::clone(&inner);
-                    inner.tasks.clone().spawn(async move {
-                        handle_result_message(&inner, message).await;
+                    let replica = Arc::clone(&replica);
+                    replica.tasks.clone().spawn(async move {
+                        handle_result_message(&replica, message).await;
                         drop(permit);
                     });
                 }
@@ -98,8 +109,8 @@ pub(crate) async fn consume(
     }
 }
 
-async fn handle_result_message(inner: &Arc<Inner>, message: jetstream::Message) {
-    let Some(turn_id) = inner
+async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Message) {
+    let Some(turn_id) = replica
         .names
         .turn_id_from_result_subject(&message.subject)
         .map(String::from)
@@ -116,7 +127,7 @@ async fn handle_result_message(inner: &Arc<Inner>, message: jetstream::Message) 
         }
     };
     let key = result.tool_call_id.clone();
-    match try_record(inner, &turn_id, &key, result).await {
+    match try_record(replica, &turn_id, &key, result).await {
         Ok(()) => {
             if let Err(error) = message.ack().await {
                 debug!(%error, "result ack failed; a duplicate will be ignored");
@@ -134,25 +145,26 @@ async fn handle_result_message(inner: &Arc<Inner>, message: jetstream::Message) 
 /// Records a result produced inside the coordinator (a dispatch failure); errors are
 /// logged, and the turn's deadline still ends it.
 pub(crate) async fn record_result(
-    inner: &Arc<Inner>,
+    replica: &Arc<Replica>,
     turn_id: &str,
     key: &str,
     result: CallResult,
 ) {
-    if let Err(error) = try_record(inner, turn_id, key, result).await {
+    if let Err(error) = try_record(replica, turn_id, key, result).await {
         warn!(%turn_id, %error, "recording a result failed");
     }
 }
 
 async fn try_record(
-    inner: &Arc<Inner>,
+    replica: &Arc<Replica>,
     turn_id: &str,
     key: &str,
     result: CallResult,
 ) -> Result<(), JoinError> {
-    inner
+    replica
+        .turns
         .gated(turn_id, |gate| {
-            record_and_report(inner, gate, turn_id, key, result)
+            record_and_report(replica, gate, turn_id, key, result)
         })
         .await
 }
@@ -160,82 +172,54 @@ async fn try_record(
 /// Records one result and publishes what follows. Results of one turn are recorded
 /// concurrently; the gate keeps each call's state before the turn's `final`.
 async fn record_and_report(
-    inner: &Arc<Inner>,
+    replica: &Arc<Replica>,
     gate: Arc<TurnGate>,
     turn_id: &str,
     key: &str,
     result: CallResult,
 ) -> Result<(), JoinError> {
     let recording = gate.recording.read().await;
-    let outcome = inner.join.record(turn_id, key, &result).await?;
+    let outcome = replica.join.record(turn_id, key, &result).await?;
     match outcome {
         Recorded::UnknownTurn | Recorded::UnknownCall => {
             debug!(%turn_id, call = %key, "result for no known call ignored");
         }
         Recorded::Duplicate => {
-            inner.metrics.duplicate_result();
+            replica.metrics.duplicate_result();
             debug!(%turn_id, call = %key, "duplicate result ignored");
         }
         Recorded::Late => {
-            inner.metrics.late_result();
+            replica.metrics.late_result();
             debug!(%turn_id, call = %key, "late result counted");
         }
         Recorded::Recorded { reply, paced } => {
-            count_call(inner, &result);
+            replica.metrics.call_result(&result.name, &result);
             {
                 let _publishing = gate.publishing.lock().await;
-                inner.mark_ended(turn_id, key);
-                report_state(inner, turn_id, &reply, &result).await;
+                replica.turns.mark_ended(turn_id, key);
+                events::publish_result_state(replica, turn_id, &reply, &result).await;
             }
             drop(recording);
             if paced {
-                notify_recorded(inner, turn_id, key).await;
+                let notice = ProgressNotice::Recorded {
+                    tool_call_id: key.to_string(),
+                };
+                events::notify(replica, turn_id, &notice).await;
             }
         }
         Recorded::Complete { closing, .. } => {
-            count_call(inner, &result);
+            replica.metrics.call_result(&result.name, &result);
             drop(recording);
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
-            report_state(inner, turn_id, &closing.reply, &result).await;
-            Box::pin(close_turn(inner, turn_id, closing, false)).await;
+            events::publish_result_state(replica, turn_id, &closing.reply, &result).await;
+            let end = TurnEnd::AllResultsIn {
+                turn_id: turn_id.to_string(),
+                closing,
+            };
+            Box::pin(finish(replica, end)).await;
         }
     }
     Ok(())
-}
-
-fn count_call(inner: &Inner, result: &CallResult) {
-    inner.metrics.call_ended(
-        &result.name,
-        result.state.as_str(),
-        result.error.as_ref().map(|e| e.code.as_str()),
-    );
-}
-
-async fn report_state(inner: &Inner, turn_id: &str, reply: &str, result: &CallResult) {
-    events::publish(
-        &inner.nats,
-        reply,
-        &events::tool_state(
-            turn_id,
-            &result.tool_call_id,
-            &result.name,
-            result.state,
-            result.error.clone(),
-        ),
-    )
-    .await;
-}
-
-async fn notify_recorded(inner: &Inner, turn_id: &str, key: &str) {
-    let notice = ProgressNotice::Recorded {
-        tool_call_id: key.to_string(),
-    };
-    if let Ok(body) = serde_json::to_vec(&notice) {
-        let _ = inner
-            .nats
-            .publish(inner.names.progress_subject(turn_id), body.into())
-            .await;
-    }
 }

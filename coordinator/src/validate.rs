@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use toolfleet_common::call::codes;
-use toolfleet_common::decision::DecisionCall;
 use toolfleet_common::tool::canonical_tool_name;
 use toolfleet_common::{CallError, ToolCall};
+use toolfleet_decision::parse::DecisionCall;
 
 use crate::config::TenantPolicy;
 use crate::registry::{KnownTool, Snapshot};

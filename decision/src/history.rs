@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use crate::call::{codes, CallError, CallResult, CallState};
-use crate::turn::History;
+use toolfleet_common::call::{codes, CallError, CallResult, CallState};
+use toolfleet_common::turn::History;
 
 /// Renders `results` (in decision order) as ready-to-append history.
 ///
@@ -144,7 +144,7 @@ fn error_value(result: &CallResult) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::call::ToolCall;
+    use toolfleet_common::call::ToolCall;
 
     fn call(id: &str, name: &str, parent: Option<&str>) -> ToolCall {
         ToolCall {

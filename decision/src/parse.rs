@@ -22,8 +22,8 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
-use crate::call::{codes, CallError, ToolCall};
-use crate::names::PARALLEL_TOOL;
+use toolfleet_common::call::{codes, CallError, ToolCall};
+use toolfleet_common::names::PARALLEL_TOOL;
 
 /// What the model decided.
 #[derive(Debug, Clone, PartialEq)]

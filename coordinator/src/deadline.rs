@@ -1,0 +1,67 @@
+//! Where a turn's deadline is decided to have passed: the owner's timer, and the sweeper
+//! every replica runs for turns whose owner is gone.
+//!
+//! Owns [`arm`] (one timer per owned turn, cancelled when the turn ends early) and
+//! [`sweep`] (periodically reads the deadline index in Redis and ends every turn past its
+//! deadline plus the grace). Both end the turn through `finalize::end_open_turn`; the
+//! join's script makes sure only one replica ends each turn, however many try.
+//!
+//! Never computes the deadline (`limits.rs` does) and never publishes the end itself
+//! (`finalize.rs` does). Next for a turn that times out: `finalize.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use toolfleet_common::call::unix_ms;
+use tracing::warn;
+
+use crate::finalize::end_open_turn;
+use crate::limits::millis;
+use crate::startup::Replica;
+
+/// Turns ended per sweep at most.
+const SWEEP_BATCH: usize = 200;
+
+/// Ends `turn_id` at `deadline` (Unix ms) unless `cancel` fires first.
+pub(crate) fn arm(
+    replica: &Arc<Replica>,
+    turn_id: String,
+    deadline: u64,
+    cancel: CancellationToken,
+) {
+    let timer_replica = Arc::clone(replica);
+    replica.tasks.spawn(async move {
+        let wait = Duration::from_millis(deadline.saturating_sub(unix_ms()));
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = tokio::time::sleep(wait) => end_open_turn(&timer_replica, &turn_id, true).await,
+        }
+    });
+}
+
+/// Ends turns past their deadline plus the sweep grace, until `shutdown`.
+pub(crate) async fn sweep(replica: Arc<Replica>, shutdown: CancellationToken) {
+    let grace = millis(replica.config.sweep_grace);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(replica.config.sweep_interval) => {}
+        }
+        let due = match replica
+            .join
+            .due(unix_ms().saturating_sub(grace), SWEEP_BATCH)
+            .await
+        {
+            Ok(due) => due,
+            Err(error) => {
+                warn!(%error, "deadline sweep failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for turn_id in due {
+            end_open_turn(&replica, &turn_id, true).await;
+        }
+    }
+}

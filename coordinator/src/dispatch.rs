@@ -1,0 +1,230 @@
+//! Where a job is published: one JetStream message per runnable call, on the subject of
+//! its tool, with the ids in headers and the turn's trace context.
+//!
+//! Owns the turn's call layout (which calls run now, which wait for a slot, which were
+//! refused up front), building each [`JobEnvelope`], publishing jobs and waiting for
+//! their stream acks, and releasing the next held-back call when a slot frees. A job
+//! that cannot be published gets a `dispatch_failed` result recorded through
+//! `results.rs`, so the turn still ends.
+//!
+//! Never decides whether a call may run (`validate.rs` does) and never publishes to a
+//! frontend (`events.rs` does). Next: workers run the jobs, and their results come back
+//! through `results.rs`.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::HeaderMap;
+use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
+use toolfleet_common::names::spans;
+use toolfleet_common::names::{HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID};
+use toolfleet_common::telemetry;
+use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
+use tracing::{info_span, warn, Instrument};
+
+use crate::join::CallEntry;
+use crate::results::record_result;
+use crate::startup::Replica;
+use crate::turns::QueuedJob;
+use crate::validate::{PlannedCall, Verdict};
+
+/// Where each call of a planned turn stands before anything is published.
+pub(crate) struct Layout {
+    /// Every call by key, in the model's order, as the join stores them.
+    pub calls: Vec<(String, CallEntry)>,
+    /// Results of the calls refused up front, by key.
+    pub refused: Vec<(String, CallResult)>,
+    /// How many calls are dispatched (now or later).
+    pub dispatched: usize,
+    /// Whether some dispatched calls wait for a slot.
+    pub paced: bool,
+}
+
+impl Layout {
+    /// Lays out `planned` under `concurrency`: the first `concurrency` dispatched calls
+    /// run at once, the rest are queued in the model's order.
+    pub(crate) fn new(planned: &[PlannedCall], concurrency: usize) -> Self {
+        let mut calls = Vec::with_capacity(planned.len());
+        let mut refused = Vec::new();
+        let mut dispatched = 0usize;
+        for p in planned {
+            let queued = p.dispatched() && {
+                dispatched += 1;
+                dispatched > concurrency
+            };
+            let entry = CallEntry {
+                index: p.index,
+                id: p.call.id.clone(),
+                name: p.call.name.clone(),
+                parent_id: p.call.parent_id.clone(),
+                queued,
+            };
+            calls.push((p.key.clone(), entry));
+            if let Verdict::Refuse(error) = &p.verdict {
+                let mut r = CallResult::failure(&p.call, CallState::Error, error.clone());
+                r.ended_at = Some(now_rfc3339());
+                refused.push((p.key.clone(), r));
+            }
+        }
+        Self {
+            calls,
+            refused,
+            dispatched,
+            paced: dispatched > concurrency,
+        }
+    }
+}
+
+/// The jobs of a turn: those published at once and those held back by pacing.
+pub(crate) struct Jobs {
+    /// Published at once, by call key.
+    pub now: Vec<(String, JobEnvelope)>,
+    /// Published one by one as slots free.
+    pub queued: VecDeque<QueuedJob>,
+}
+
+/// Builds the job of every dispatched call of `planned` (laid out in `calls`).
+pub(crate) fn build_jobs(
+    planned: Vec<PlannedCall>,
+    calls: &[(String, CallEntry)],
+    turn_id: &str,
+    request: &TurnRequest,
+    deadline_unix_ms: u64,
+) -> Jobs {
+    let mut jobs = Jobs {
+        now: Vec::new(),
+        queued: VecDeque::new(),
+    };
+    for (p, (_, entry)) in planned.into_iter().zip(calls) {
+        let Verdict::Dispatch { timeout_ms, .. } = p.verdict else {
+            continue;
+        };
+        let job = JobEnvelope {
+            turn_id: turn_id.to_string(),
+            tenant_id: request.tenant_id.clone(),
+            session_id: request.session_id.clone(),
+            call: p.call,
+            deadline_unix_ms,
+            timeout_ms,
+            dispatched_unix_ms: 0,
+            context: request.context.clone(),
+        };
+        if entry.queued {
+            jobs.queued.push_back(QueuedJob {
+                key: p.key,
+                job,
+                entry: entry.clone(),
+            });
+        } else {
+            jobs.now.push((p.key, job));
+        }
+    }
+    jobs
+}
+
+/// Publishes `jobs` (all at once, then waits for every stream ack). A job that cannot
+/// be published gets a `dispatch_failed` result.
+pub(crate) async fn dispatch(
+    replica: &Arc<Replica>,
+    turn_id: &str,
+    jobs: Vec<(String, JobEnvelope)>,
+    parent: &tracing::Span,
+) {
+    let mut pending = Vec::with_capacity(jobs.len());
+    for (key, mut job) in jobs {
+        job.dispatched_unix_ms = unix_ms();
+        let subject = replica.names.job_subject(&job.call.name);
+        let span = publish_span(parent, turn_id, &job, &subject);
+        let outcome = publish_job(replica, &job, subject, &span).await;
+        pending.push((key, job, outcome, span));
+    }
+    for (key, job, outcome, span) in pending {
+        let error = match outcome {
+            Ok(ack) => match std::future::IntoFuture::into_future(ack)
+                .instrument(span.clone())
+                .await
+            {
+                Ok(_) => continue,
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e,
+        };
+        span.record("otel.status_code", "ERROR");
+        span.record("error.type", codes::DISPATCH_FAILED);
+        warn!(%turn_id, call = %job.call.id, %error, "job publish failed");
+        let message = format!("job publish failed: {error}");
+        let error = CallError::retryable(codes::DISPATCH_FAILED, message);
+        let mut result = CallResult::failure(&job.call, CallState::Error, error);
+        result.ended_at = Some(now_rfc3339());
+        // Boxed: a rare path whose future would otherwise grow every dispatch.
+        Box::pin(record_result(replica, turn_id, &key, result)).await;
+    }
+}
+
+/// The producer span of one job publish, a child of the turn span.
+fn publish_span(
+    parent: &tracing::Span,
+    turn_id: &str,
+    job: &JobEnvelope,
+    subject: &str,
+) -> tracing::Span {
+    info_span!(
+        parent: parent,
+        "publish",
+        otel.name = %format!("{} {subject}", spans::PUBLISH),
+        otel.kind = "producer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = "nats",
+        messaging.operation.name = spans::PUBLISH,
+        messaging.operation.type = "send",
+        messaging.destination.name = %subject,
+        messaging.message.id = %job.msg_id(),
+        gen_ai.tool.name = %job.call.name,
+        gen_ai.tool.call.id = %job.call.id,
+        toolfleet.turn.id = %turn_id,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// Sends one job; the returned future resolves with the stream's ack.
+async fn publish_job(
+    replica: &Replica,
+    job: &JobEnvelope,
+    subject: String,
+    span: &tracing::Span,
+) -> Result<PublishAckFuture, String> {
+    let body = serde_json::to_vec(job).map_err(|e| e.to_string())?;
+    let mut headers = HeaderMap::new();
+    headers.insert(HEADER_MSG_ID, job.msg_id().as_str());
+    headers.insert(HEADER_TURN_ID, job.turn_id.as_str());
+    headers.insert(HEADER_CALL_ID, job.call.id.as_str());
+    headers.insert(HEADER_TENANT_ID, job.tenant_id.as_str());
+    telemetry::inject_span(span, &mut headers);
+    replica
+        .js
+        .publish_with_headers(subject, headers, body.into())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Dispatches the next queued job of an owned, paced turn after one of its calls ended.
+pub(crate) async fn release_slot(replica: &Arc<Replica>, turn_id: &str) {
+    let Some(next) = replica.turns.next_queued(turn_id) else {
+        return;
+    };
+    let mut entry = next.entry.clone();
+    entry.queued = false;
+    if let Err(error) = replica
+        .join
+        .mark_dispatched(turn_id, &next.key, &entry)
+        .await
+    {
+        warn!(%turn_id, %error, "could not mark a queued call dispatched");
+    }
+    let parent = replica
+        .turns
+        .span(turn_id)
+        .unwrap_or_else(tracing::Span::current);
+    dispatch(replica, turn_id, vec![(next.key, next.job)], &parent).await;
+}
