@@ -9,6 +9,44 @@ pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 /// Default Redis URL.
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 
+/// Where a process finds the fleet: NATS (with its role's credentials), Redis, and the
+/// prefix of every subject and key. The coordinator and worker configs start from it.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    /// NATS URL (`TOOLFLEET_NATS_URL`).
+    pub nats_url: String,
+    /// NATS user, password and inbox prefix (`TOOLFLEET_NATS_USER`,
+    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`).
+    pub nats_credentials: crate::credentials::NatsCredentials,
+    /// Redis URL (`TOOLFLEET_REDIS_URL`).
+    pub redis_url: String,
+    /// Subject and key prefix (`TOOLFLEET_PREFIX`).
+    pub prefix: String,
+}
+
+impl Endpoints {
+    /// Local servers, no credentials, the default prefix.
+    pub fn local() -> Self {
+        Self {
+            nats_url: DEFAULT_NATS_URL.to_string(),
+            nats_credentials: crate::credentials::NatsCredentials::none(),
+            redis_url: DEFAULT_REDIS_URL.to_string(),
+            prefix: crate::names::DEFAULT_PREFIX.to_string(),
+        }
+    }
+
+    /// Reads the endpoints from the environment, [`Endpoints::local`] where unset.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::local();
+        Ok(Self {
+            nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
+            nats_credentials: crate::credentials::NatsCredentials::from_env()?,
+            redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
+            prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
+        })
+    }
+}
+
 /// A setting that could not be read.
 #[derive(Debug, thiserror::Error)]
 #[error("{name}={value:?}: {reason}")]

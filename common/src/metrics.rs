@@ -55,46 +55,36 @@ impl FleetMetrics {
     /// Instruments on the global meter provider.
     pub fn new() -> Self {
         let meter = opentelemetry::global::meter("toolfleet");
+        let counter = |name: &'static str, description: &'static str| {
+            meter
+                .u64_counter(name)
+                .with_description(description)
+                .build()
+        };
+        let seconds = |name: &'static str, description: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_unit("s")
+                .with_description(description)
+                .with_boundaries(LATENCY_BOUNDS.to_vec())
+                .build()
+        };
         Self {
-            calls: meter
-                .u64_counter(names::CALLS)
-                .with_description("Calls ended, by tool and outcome")
-                .build(),
-            call_duration: meter
-                .f64_histogram(names::CALL_DURATION)
-                .with_unit("s")
-                .with_description("Tool execution time")
-                .with_boundaries(LATENCY_BOUNDS.to_vec())
-                .build(),
-            queue_wait: meter
-                .f64_histogram(names::CALL_QUEUE_WAIT)
-                .with_unit("s")
-                .with_description("Time a job waited between dispatch and execution")
-                .with_boundaries(LATENCY_BOUNDS.to_vec())
-                .build(),
-            errors: meter
-                .u64_counter(names::ERRORS)
-                .with_description("Failed calls by error code")
-                .build(),
+            calls: counter(names::CALLS, "Calls ended, by tool and outcome"),
+            call_duration: seconds(names::CALL_DURATION, "Tool execution time"),
+            queue_wait: seconds(
+                names::CALL_QUEUE_WAIT,
+                "Time a job waited between dispatch and execution",
+            ),
+            errors: counter(names::ERRORS, "Failed calls by error code"),
             turn_calls: meter
                 .u64_histogram(names::TURN_CALLS)
                 .with_description("Calls per turn")
                 .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0])
                 .build(),
-            turn_duration: meter
-                .f64_histogram(names::TURN_DURATION)
-                .with_unit("s")
-                .with_description("Turn latency from intake to final")
-                .with_boundaries(LATENCY_BOUNDS.to_vec())
-                .build(),
-            late: meter
-                .u64_counter(names::LATE_RESULTS)
-                .with_description("Results after their turn ended")
-                .build(),
-            duplicates: meter
-                .u64_counter(names::DUPLICATE_RESULTS)
-                .with_description("Results ignored as duplicates")
-                .build(),
+            turn_duration: seconds(names::TURN_DURATION, "Turn latency from intake to final"),
+            late: counter(names::LATE_RESULTS, "Results after their turn ended"),
+            duplicates: counter(names::DUPLICATE_RESULTS, "Results ignored as duplicates"),
             in_flight: meter
                 .i64_up_down_counter(names::JOBS_IN_FLIGHT)
                 .with_description("Calls executing on this worker")

@@ -81,33 +81,14 @@ pub enum TelemetryError {
 impl TelemetryConfig {
     /// Reads the configuration for a binary whose default service name is `service`.
     pub fn from_env(service: &str) -> Result<Self, TelemetryError> {
+        use LogFormat::{Json, Text};
+        use OtlpProtocol::{Grpc, HttpProtobuf};
+        let protocol_choices = [("http/protobuf", HttpProtobuf), ("grpc", Grpc)];
+        let protocol = env_choice("OTEL_EXPORTER_OTLP_PROTOCOL", &protocol_choices)?;
         let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
         let export =
             set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
-        let protocol = match std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL")
-            .unwrap_or_default()
-            .trim()
-        {
-            "" | "http/protobuf" => OtlpProtocol::HttpProtobuf,
-            "grpc" => OtlpProtocol::Grpc,
-            other => {
-                return Err(TelemetryError::Config(format!(
-                    "OTEL_EXPORTER_OTLP_PROTOCOL={other:?}: use http/protobuf or grpc"
-                )))
-            }
-        };
-        let log_format = match std::env::var("TOOLFLEET_LOG_FORMAT")
-            .unwrap_or_default()
-            .trim()
-        {
-            "" | "text" => LogFormat::Text,
-            "json" => LogFormat::Json,
-            other => {
-                return Err(TelemetryError::Config(format!(
-                    "TOOLFLEET_LOG_FORMAT={other:?}: use text or json"
-                )))
-            }
-        };
+        let log_format = env_choice("TOOLFLEET_LOG_FORMAT", &[("text", Text), ("json", Json)])?;
         Ok(Self {
             default_service_name: service.to_string(),
             export,
@@ -117,6 +98,24 @@ impl TelemetryConfig {
             always_trace: false,
         })
     }
+}
+
+/// The choice `name` names among `choices`, the default when unset or empty; anything
+/// else is an error listing the accepted values.
+fn env_choice<T: Copy + Default>(name: &str, choices: &[(&str, T)]) -> Result<T, TelemetryError> {
+    let value = std::env::var(name).unwrap_or_default();
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(T::default());
+    }
+    if let Some((_, choice)) = choices.iter().find(|(v, _)| *v == value) {
+        return Ok(*choice);
+    }
+    let accepted: Vec<&str> = choices.iter().map(|(v, _)| *v).collect();
+    Err(TelemetryError::Config(format!(
+        "{name}={value:?}: use {}",
+        accepted.join(" or ")
+    )))
 }
 
 /// Installed telemetry; call [`Telemetry::shutdown`] before exit to flush.

@@ -5,11 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolfleet_common::config::{
-    env_ms, env_or, env_string, ConfigError, DEFAULT_NATS_URL, DEFAULT_REDIS_URL,
-};
+use toolfleet_common::config::{env_ms, env_or, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
-use toolfleet_common::names::DEFAULT_PREFIX;
 
 /// Everything a coordinator needs to run.
 #[derive(Debug, Clone)]
@@ -65,11 +62,17 @@ pub struct CoordinatorConfig {
 impl CoordinatorConfig {
     /// Defaults against local servers.
     pub fn local() -> Self {
+        let Endpoints {
+            nats_url,
+            nats_credentials,
+            redis_url,
+            prefix,
+        } = Endpoints::local();
         Self {
-            nats_url: DEFAULT_NATS_URL.to_string(),
-            nats_credentials: NatsCredentials::none(),
-            redis_url: DEFAULT_REDIS_URL.to_string(),
-            prefix: DEFAULT_PREFIX.to_string(),
+            nats_url,
+            nats_credentials,
+            redis_url,
+            prefix,
             default_deadline: Duration::from_secs(15),
             max_deadline: Duration::from_secs(300),
             max_calls: 16,
@@ -107,11 +110,17 @@ impl CoordinatorConfig {
             }
             _ => TenantPolicies::default(),
         };
+        let Endpoints {
+            nats_url,
+            nats_credentials,
+            redis_url,
+            prefix,
+        } = Endpoints::from_env()?;
         Ok(Self {
-            nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
-            nats_credentials: NatsCredentials::from_env()?,
-            redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
-            prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
+            nats_url,
+            nats_credentials,
+            redis_url,
+            prefix,
             default_deadline: env_ms("TOOLFLEET_DEFAULT_DEADLINE_MS", d.default_deadline)?,
             max_deadline: env_ms("TOOLFLEET_MAX_DEADLINE_MS", d.max_deadline)?,
             max_calls: env_or("TOOLFLEET_MAX_CALLS", d.max_calls)?,
