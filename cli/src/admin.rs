@@ -1,13 +1,19 @@
 //! `toolfleet admin`: set up the database of the receptionist and CRM packs and manage
 //! each business's policies and FAQs. Connects with `--database-url` /
 //! `TOOLFLEET_DATABASE_URL` as a user that may write (not the tools' read-only role).
+//!
+//! Owns the admin subcommands and their SQL for policies and FAQs; migrations and
+//! demo data belong to the packs' `db` module. It must never update or delete rows,
+//! never add a policy or FAQ to a business it has not found, and never splice user
+//! input into SQL: values go as query parameters.
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Row};
-use toolfleet_worker::db;
-use toolfleet_worker::packs::receptionist::normalize_topic;
+use toolfleet_packs::db;
+use toolfleet_packs::receptionist::{normalize_topic, topic_match};
 use uuid::Uuid;
 
 /// Database used when neither `--database-url` nor `TOOLFLEET_DATABASE_URL` is set.
@@ -96,37 +102,43 @@ pub enum FaqCommand {
 pub async fn run(database_url: &str, command: AdminCommand) -> Result<()> {
     let answer = match command {
         AdminCommand::Migrate { seed } => migrate(database_url, seed).await?,
-        AdminCommand::Policies { command } => {
-            let client = connect(database_url).await?;
-            match command {
-                PolicyCommand::Add {
-                    business,
-                    topic,
-                    content,
-                } => add_policy(&client, business, &topic, &content).await?,
-                PolicyCommand::List { business, topic } => {
-                    list_policies(&client, business, topic.as_deref()).await?
-                }
-            }
-        }
-        AdminCommand::Faqs { command } => {
-            let client = connect(database_url).await?;
-            match command {
-                FaqCommand::Add {
-                    business,
-                    question,
-                    answer,
-                    topic,
-                    tags,
-                } => add_faq(&client, business, &question, &answer, topic, tags).await?,
-                FaqCommand::List { business, topic } => {
-                    list_faqs(&client, business, topic.as_deref()).await?
-                }
-            }
-        }
+        AdminCommand::Policies { command } => command.run(&connect(database_url).await?).await?,
+        AdminCommand::Faqs { command } => command.run(&connect(database_url).await?).await?,
     };
     println!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(())
+}
+
+impl PolicyCommand {
+    /// Runs this command on `client`; its JSON answer.
+    async fn run(self, client: &Client) -> Result<Value> {
+        match self {
+            Self::Add {
+                business,
+                topic,
+                content,
+            } => add_policy(client, business, &topic, &content).await,
+            Self::List { business, topic } => {
+                list_policies(client, business, topic.as_deref()).await
+            }
+        }
+    }
+}
+
+impl FaqCommand {
+    /// Runs this command on `client`; its JSON answer.
+    async fn run(self, client: &Client) -> Result<Value> {
+        match self {
+            Self::Add {
+                business,
+                question,
+                answer,
+                topic,
+                tags,
+            } => add_faq(client, business, &question, &answer, topic, tags).await,
+            Self::List { business, topic } => list_faqs(client, business, topic.as_deref()).await,
+        }
+    }
 }
 
 async fn connect(url: &str) -> Result<Client> {
@@ -178,31 +190,24 @@ fn text(row: &Row, name: &str) -> Result<String> {
     row.try_get(name).with_context(|| format!("column {name}"))
 }
 
-fn policy_json(row: &Row) -> Result<Value> {
-    Ok(json!({
-        "id": text(row, "id")?,
-        "business_id": text(row, "business_id")?,
-        "topic": text(row, "topic")?,
-        "content": text(row, "content")?,
-        "updated_at": text(row, "updated_at")?,
-    }))
-}
-
-fn faq_json(row: &Row) -> Result<Value> {
-    Ok(json!({
-        "id": text(row, "id")?,
-        "business_id": text(row, "business_id")?,
-        "question": text(row, "question")?,
-        "answer": text(row, "answer")?,
-        "tags": row.try_get::<_, Vec<String>>("tags").context("column tags")?,
-        "updated_at": text(row, "updated_at")?,
-    }))
-}
-
-/// SQL: whether the text `col` and the normalized topic `$2` match.
-fn topic_match(col: &str) -> String {
-    let norm = format!("btrim(regexp_replace(lower({col}), '[^[:alnum:]]+', ' ', 'g'))");
-    format!("($2 = '' OR strpos($2, {norm}) > 0 OR strpos({norm}, $2) > 0)")
+/// `row` as a JSON object, column by column in the order its query lists them (the
+/// column names are the keys): `text[]` columns as arrays of strings, every other column
+/// as text.
+fn row_json(row: &Row) -> Result<Value> {
+    let mut object = Map::new();
+    for column in row.columns() {
+        let name = column.name();
+        let value = if *column.type_() == Type::TEXT_ARRAY {
+            let list: Vec<String> = row
+                .try_get(name)
+                .with_context(|| format!("column {name}"))?;
+            json!(list)
+        } else {
+            Value::String(text(row, name)?)
+        };
+        object.insert(name.to_string(), value);
+    }
+    Ok(Value::Object(object))
 }
 
 async fn add_policy(client: &Client, business: Uuid, topic: &str, content: &str) -> Result<Value> {
@@ -210,35 +215,22 @@ async fn add_policy(client: &Client, business: Uuid, topic: &str, content: &str)
     if topic.is_empty() || content.is_empty() {
         bail!("a policy needs a topic and content");
     }
-    ensure_business(client, business).await?;
-    let row = client
-        .query_one(
-            &format!(
-                "INSERT INTO policies (business_id, topic, content) VALUES ($1, $2, $3)
-                 RETURNING id::text, business_id::text, topic, content, {UPDATED_AT}"
-            ),
-            &[&business, &topic, &content],
-        )
-        .await?;
-    Ok(json!({"status": "ok", "policy": policy_json(&row)?}))
+    let sql = format!(
+        "INSERT INTO policies (business_id, topic, content) VALUES ($1, $2, $3)
+         RETURNING id::text, business_id::text, topic, content, {UPDATED_AT}"
+    );
+    let params: [&(dyn ToSql + Sync); 3] = [&business, &topic, &content];
+    insert_one(client, business, &sql, &params, "policy").await
 }
 
 async fn list_policies(client: &Client, business: Uuid, topic: Option<&str>) -> Result<Value> {
-    ensure_business(client, business).await?;
-    let topic = normalize_topic(topic.unwrap_or_default());
-    let rows = client
-        .query(
-            &format!(
-                "SELECT id::text, business_id::text, topic, content, {UPDATED_AT}
-                 FROM policies WHERE business_id = $1 AND {}
-                 ORDER BY topic, updated_at DESC",
-                topic_match("topic")
-            ),
-            &[&business, &topic],
-        )
-        .await?;
-    let policies = rows.iter().map(policy_json).collect::<Result<Vec<_>>>()?;
-    Ok(json!({"status": "ok", "policies": policies}))
+    let sql = format!(
+        "SELECT id::text, business_id::text, topic, content, {UPDATED_AT}
+         FROM policies WHERE business_id = $1 AND {}
+         ORDER BY topic, updated_at DESC",
+        topic_match("topic")
+    );
+    list_matching(client, business, topic, &sql, "policies").await
 }
 
 async fn add_faq(
@@ -260,36 +252,54 @@ async fn add_faq(
             all.push(tag);
         }
     }
-    ensure_business(client, business).await?;
-    let row = client
-        .query_one(
-            &format!(
-                "INSERT INTO faqs (business_id, question, answer, tags) VALUES ($1, $2, $3, $4)
-                 RETURNING id::text, business_id::text, question, answer, tags, {UPDATED_AT}"
-            ),
-            &[&business, &question, &answer, &all],
-        )
-        .await?;
-    Ok(json!({"status": "ok", "faq": faq_json(&row)?}))
+    let sql = format!(
+        "INSERT INTO faqs (business_id, question, answer, tags) VALUES ($1, $2, $3, $4)
+         RETURNING id::text, business_id::text, question, answer, tags, {UPDATED_AT}"
+    );
+    let params: [&(dyn ToSql + Sync); 4] = [&business, &question, &answer, &all];
+    insert_one(client, business, &sql, &params, "faq").await
 }
 
 async fn list_faqs(client: &Client, business: Uuid, topic: Option<&str>) -> Result<Value> {
+    let sql = format!(
+        "SELECT id::text, business_id::text, question, answer, tags, {UPDATED_AT}
+         FROM faqs f WHERE business_id = $1
+           AND (EXISTS (SELECT 1 FROM unnest(f.tags) AS t(tag) WHERE {})
+                OR {})
+         ORDER BY updated_at DESC",
+        topic_match("t.tag"),
+        topic_match("f.question")
+    );
+    list_matching(client, business, topic, &sql, "faqs").await
+}
+
+/// Once `business` exists, runs the `INSERT ... RETURNING` `sql` with `params` and
+/// answers `{"status": "ok", key: <the row as JSON>}` (see [`row_json`]).
+async fn insert_one(
+    client: &Client,
+    business: Uuid,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    key: &str,
+) -> Result<Value> {
+    ensure_business(client, business).await?;
+    let row = client.query_one(sql, params).await?;
+    Ok(json!({"status": "ok", key: row_json(&row)?}))
+}
+
+/// Once `business` exists, runs the `SELECT` `sql` with `$1` the business and `$2` the
+/// normalized `topic` (empty: all), and answers `{"status": "ok", key: [<rows as JSON>]}`
+/// (see [`row_json`]).
+async fn list_matching(
+    client: &Client,
+    business: Uuid,
+    topic: Option<&str>,
+    sql: &str,
+    key: &str,
+) -> Result<Value> {
     ensure_business(client, business).await?;
     let topic = normalize_topic(topic.unwrap_or_default());
-    let rows = client
-        .query(
-            &format!(
-                "SELECT id::text, business_id::text, question, answer, tags, {UPDATED_AT}
-                 FROM faqs f WHERE business_id = $1
-                   AND (EXISTS (SELECT 1 FROM unnest(f.tags) AS t(tag) WHERE {})
-                        OR {})
-                 ORDER BY updated_at DESC",
-                topic_match("t.tag"),
-                topic_match("f.question")
-            ),
-            &[&business, &topic],
-        )
-        .await?;
-    let faqs = rows.iter().map(faq_json).collect::<Result<Vec<_>>>()?;
-    Ok(json!({"status": "ok", "faqs": faqs}))
+    let rows = client.query(sql, &[&business, &topic]).await?;
+    let items = rows.iter().map(row_json).collect::<Result<Vec<_>>>()?;
+    Ok(json!({"status": "ok", key: items}))
 }

@@ -1,6 +1,10 @@
 //! A local fleet: NATS and Redis at the given URLs, or `nats-server` / `redis-server`
 //! started on free loopback ports when nothing answers; a coordinator and a worker
 //! in-process.
+//!
+//! Owns the server processes it starts and their temporary data folders. It must never
+//! stop or alter a server it did not start, and never leave one it started running:
+//! they die when the [`Servers`] that holds them is dropped.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::PathBuf;
@@ -13,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::{CatalogFormat, FleetClient, Names};
 use toolfleet_coordinator::CoordinatorConfig;
-use toolfleet_worker::{packs, WorkerConfig};
+use toolfleet_worker::WorkerConfig;
 
 /// A running local fleet; dropping it stops the servers it started.
 pub struct LocalFleet {
@@ -43,6 +47,9 @@ pub struct Servers {
 }
 
 mod tempdir {
+    //! Temporary folders for the servers' data. Owns only the folders it creates; it
+    //! must never remove anything else.
+
     use std::path::{Path, PathBuf};
 
     /// A directory removed on drop.
@@ -136,72 +143,102 @@ impl Servers {
     }
 
     async fn start_with(nats_url: &str, redis_url: &str, reuse: bool) -> Result<Self> {
-        let mut servers = Vec::new();
-        let mut started = Vec::new();
-        let mut dirs = Vec::new();
-        let nats_url = if reuse && answers(nats_url, 4222).await {
-            nats_url.to_string()
-        } else {
-            let bin = find_binary("nats-server")
-                .context("no NATS answers and nats-server is not installed")?;
-            let port = free_port()?;
-            let dir = tempdir::Dir::new("nats")?;
-            let child = Command::new(bin)
-                .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .context("starting nats-server")?;
-            started.extend(child.id().map(|pid| ("nats-server", pid)));
-            servers.push(child);
-            dirs.push(dir);
-            wait_port(port, "nats-server").await?;
-            eprintln!("started nats-server on 127.0.0.1:{port}");
-            format!("nats://127.0.0.1:{port}")
+        let mut servers = Self {
+            nats_url: String::new(),
+            redis_url: String::new(),
+            started: Vec::new(),
+            _children: Vec::new(),
+            _dirs: Vec::new(),
         };
-        let redis_url = if reuse && answers(redis_url, 6379).await {
-            redis_url.to_string()
-        } else {
-            let bin = find_binary("redis-server")
-                .context("no Redis answers and redis-server is not installed")?;
-            let port = free_port()?;
-            let dir = tempdir::Dir::new("redis")?;
-            let child = Command::new(bin)
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                ])
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .context("starting redis-server")?;
-            started.extend(child.id().map(|pid| ("redis-server", pid)));
-            servers.push(child);
-            dirs.push(dir);
-            wait_port(port, "redis-server").await?;
-            eprintln!("started redis-server on 127.0.0.1:{port}");
-            format!("redis://127.0.0.1:{port}/")
-        };
-        Ok(Self {
-            nats_url,
-            redis_url,
-            started,
-            _children: servers,
-            _dirs: dirs,
-        })
+        servers.nats_url = servers.reuse_or_start(&NATS, nats_url, reuse).await?;
+        servers.redis_url = servers.reuse_or_start(&REDIS, redis_url, reuse).await?;
+        Ok(servers)
+    }
+
+    /// `url` when `reuse` is set and a server answers there; otherwise the URL of
+    /// `server`, started here on a free loopback port with a fresh data folder.
+    async fn reuse_or_start(&mut self, server: &Server, url: &str, reuse: bool) -> Result<String> {
+        if reuse && answers(url, server.default_port).await {
+            return Ok(url.to_string());
+        }
+        let name = server.bin;
+        let bin = find_binary(name)
+            .with_context(|| format!("no {} answers and {name} is not installed", server.what))?;
+        let port = free_port()?;
+        let dir = tempdir::Dir::new(server.dir_tag)?;
+        let child = Command::new(bin)
+            .args(server.args_before_port)
+            .arg(port.to_string())
+            .args(server.args_before_dir)
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        self.started.extend(child.id().map(|pid| (name, pid)));
+        self._children.push(child);
+        self._dirs.push(dir);
+        wait_port(port, name).await?;
+        eprintln!("started {name} on 127.0.0.1:{port}");
+        Ok(format!(
+            "{}://127.0.0.1:{port}{}",
+            server.scheme, server.path
+        ))
     }
 }
+
+/// A server a local fleet starts when none answers at the URL it was given.
+struct Server {
+    /// Its executable, also the name its process goes by in `Servers::started`.
+    bin: &'static str,
+    /// What it serves, in messages.
+    what: &'static str,
+    /// The port a URL without one means.
+    default_port: u16,
+    /// Tag of its temporary data folder.
+    dir_tag: &'static str,
+    /// Its arguments before the port.
+    args_before_port: &'static [&'static str],
+    /// Its arguments after the port, up to the data folder's path.
+    args_before_dir: &'static [&'static str],
+    /// Scheme of the URL it answers at.
+    scheme: &'static str,
+    /// Path of that URL after the port.
+    path: &'static str,
+}
+
+/// `nats-server` with JetStream, its store in the data folder.
+const NATS: Server = Server {
+    bin: "nats-server",
+    what: "NATS",
+    default_port: 4222,
+    dir_tag: "nats",
+    args_before_port: &["-js", "-a", "127.0.0.1", "-p"],
+    args_before_dir: &["-sd"],
+    scheme: "nats",
+    path: "",
+};
+
+/// `redis-server` without persistence, working in the data folder.
+const REDIS: Server = Server {
+    bin: "redis-server",
+    what: "Redis",
+    default_port: 6379,
+    dir_tag: "redis",
+    args_before_port: &["--port"],
+    args_before_dir: &[
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+    ],
+    scheme: "redis",
+    path: "/",
+};
 
 impl LocalFleet {
     /// Starts (or reuses) the servers and runs a coordinator and a worker with `packs`.
@@ -227,7 +264,8 @@ impl LocalFleet {
             prefix: prefix.to_string(),
             ..WorkerConfig::from_env()?
         };
-        let tools = packs::tools_with(pack_names, &packs::PackSettings::from_env(&worker)?)?;
+        let settings = toolfleet_packs::PackSettings::from_env(&worker)?;
+        let tools = toolfleet_packs::tools_with(pack_names, &settings)?;
         let wanted: Vec<String> = tools.iter().map(|t| t.definition().name.clone()).collect();
         let mut tasks = Vec::new();
         {

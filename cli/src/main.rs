@@ -1,6 +1,11 @@
 //! `toolfleet`: run a local fleet, send the demo turn, submit a decision from a file,
 //! list the tool catalog.
 //!
+//! Owns the command line (flags, subcommands, their defaults), telemetry set-up for
+//! this process, and streaming one turn's events to the terminal. It must never hold
+//! fleet logic of its own: coordinating, running tools and storing results stay in the
+//! coordinator, worker and packs crates, which it only wires together.
+//!
 //! # Layout
 //!
 //! | module | what lives there |

@@ -1,11 +1,15 @@
 //! One fleet component per process: `toolfleet coordinator` and `toolfleet worker`
 //! (hidden commands), configured by the same `TOOLFLEET_*` variables as the dedicated
 //! binaries. `bench` starts them as child processes, so each has its own telemetry.
+//!
+//! Owns only turning flags and environment into a config and stopping on SIGTERM or
+//! Ctrl-C. It must never start servers or other processes, and never configure a node
+//! differently from the dedicated binaries.
 
 use anyhow::{Context, Result};
 use tokio_util::sync::CancellationToken;
 use toolfleet_coordinator::CoordinatorConfig;
-use toolfleet_worker::{packs, WorkerConfig};
+use toolfleet_worker::WorkerConfig;
 
 /// Runs a coordinator until SIGTERM or Ctrl-C.
 pub async fn coordinator(nats_url: &str, redis_url: &str, prefix: &str) -> Result<()> {
@@ -34,7 +38,7 @@ pub async fn worker(
         ..WorkerConfig::from_env()?
     };
     let names: Vec<&str> = pack_names.iter().map(String::as_str).collect();
-    let tools = packs::tools_for(&names).map_err(anyhow::Error::msg)?;
+    let tools = toolfleet_packs::tools_for(&names).map_err(anyhow::Error::msg)?;
     toolfleet_worker::run(config, tools, stop_on_signal())
         .await
         .context("worker failed")

@@ -1,4 +1,8 @@
 //! Rendering turn events for a terminal.
+//!
+//! Owns the human-readable layout of each event (`--json` prints them raw instead). It
+//! must never decide anything from an event (failure, retries, exit status are the
+//! caller's) and never write anywhere but standard output.
 
 use std::time::Duration;
 

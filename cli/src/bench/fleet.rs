@@ -1,6 +1,10 @@
 //! The fleets under measurement: a coordinator and workers as child processes of this
 //! executable (`toolfleet coordinator`, `toolfleet worker --packs test`), each phase
 //! under its own prefix; cleanup of the streams and keys a prefix left behind.
+//!
+//! Owns the child processes it spawns and the prefixes it hands out. It must never
+//! signal a process it did not spawn, and never delete anything outside a prefix it
+//! is given.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -135,21 +139,21 @@ impl Env {
         if role == "worker" {
             cmd.args(["--packs", "test"]);
         }
-        cmd.env("TOOLFLEET_HTTP_ADDR", "off")
-            .env(
+        let log_filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
+        cmd.envs([
+            ("TOOLFLEET_HTTP_ADDR", "off".to_string()),
+            (
                 "TOOLFLEET_WORKER_CONCURRENCY",
                 spec.worker_concurrency.to_string(),
-            )
-            .env("TOOLFLEET_WORKER_ID", format!("{prefix}-{role}-{index}"))
-            .env("TOOLFLEET_RETENTION_MS", "60000")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
+            ),
+            ("TOOLFLEET_WORKER_ID", format!("{prefix}-{role}-{index}")),
+            ("TOOLFLEET_RETENTION_MS", "60000".to_string()),
+            ("RUST_LOG", log_filter),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
         for name in OTEL_VARIABLES {
             cmd.env_remove(name);
         }

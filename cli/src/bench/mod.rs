@@ -1,6 +1,12 @@
 //! `toolfleet bench`: what the fleet adds on top of the tools, against the floor of the
 //! same NATS and Redis, with tracing export off and on.
 //!
+//! Owns the bench's flags, its plan (counts and durations), running each phase in each
+//! tracing configuration on a fleet of its own, and writing the JSON report. It must
+//! never measure on shared servers unless asked (`--given-servers`, `--attach`), and
+//! never delete streams or keys outside the prefixes it made (an attached fleet's are
+//! left alone).
+//!
 //! # Layout
 //!
 //! | module | what lives there |
@@ -24,9 +30,10 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 use serde::Serialize;
 use serde_json::json;
+use toolfleet_common::FleetClient;
 
 use crate::local::Servers;
-use fleet::{Env, Spec};
+use fleet::{Env, Fleet, Spec};
 use phases::{Floor, Memory, Overhead, Parallel, ScalingPoint, Throughput};
 use sink::{Counts, Sink};
 use stats::Machine;
@@ -223,6 +230,15 @@ impl Mode {
             Mode::Attached => "as configured",
         }
     }
+
+    /// The configuration's part of a prefix.
+    fn tag(self) -> &'static str {
+        match self {
+            Mode::Off => "off",
+            Mode::On => "on",
+            Mode::Attached => "attached",
+        }
+    }
 }
 
 /// Runs the bench.
@@ -374,30 +390,18 @@ async fn run_phases(
 ) -> Result<()> {
     for phase in phases {
         for (mode, report) in modes.iter().copied().zip(reports.iter_mut()) {
-            let tag = match mode {
-                Mode::Off => "off",
-                Mode::On => "on",
-                Mode::Attached => "attached",
-            };
             eprintln!("{phase:?}, tracing {}", mode.label());
-            let spec = |workers: usize, worker_concurrency: usize| Spec {
-                workers,
-                worker_concurrency,
-                otlp: (mode == Mode::On).then(|| sink.endpoint()),
-                threads: plan.node_threads,
-            };
-            // A fresh fleet under its own prefix, for one phase in this configuration.
-            let fleet_for = |name: &str, workers: usize, concurrency: usize| {
-                let prefix = env.prefix(&format!("{name}_{tag}"));
-                let spec = spec(workers, concurrency);
-                async move {
-                    let fleet = env.start(&prefix, &spec).await?;
-                    anyhow::Ok((prefix, fleet))
-                }
+            let stage = Stage {
+                env,
+                sink,
+                plan,
+                mode,
+                attached_to: attach.then_some(attach_prefix),
+                others,
             };
             match phase {
                 Phase::Floor => {
-                    let prefix = env.prefix(&format!("floor_{tag}"));
+                    let prefix = stage.prefix("floor");
                     let m = measured(sink, mode, phases::floor(env, &prefix, plan.floor_samples))
                         .await?;
                     report.floor = Some(m);
@@ -407,32 +411,26 @@ async fn run_phases(
                         .floor
                         .as_ref()
                         .map_or(0.0, |f| f.figures.floor_p50_ms);
-                    let work = |client: toolfleet_common::FleetClient| async move {
-                        phases::overhead(
-                            &client,
-                            plan.overhead_warmup,
-                            plan.overhead_turns,
-                            secs(plan.overhead_cap_s),
-                            floor,
-                        )
-                        .await
-                    };
-                    report.overhead = Some(if attach {
-                        let client = attached(env, attach_prefix).await?;
-                        measured(sink, mode, work(client)).await?
-                    } else {
-                        let (prefix, fleet) = fleet_for("overhead", 1, 8).await?;
-                        let m = measured(sink, mode, work(fleet.client.clone())).await;
-                        fleet.stop().await;
-                        env.cleanup(&prefix).await;
-                        m?
-                    });
+                    let m = stage
+                        .on_fleet("overhead", 1, 8, |client, _| async move {
+                            phases::overhead(
+                                &client,
+                                plan.overhead_warmup,
+                                plan.overhead_turns,
+                                secs(plan.overhead_cap_s),
+                                floor,
+                            )
+                            .await
+                        })
+                        .await?;
+                    report.overhead = Some(m);
                 }
                 Phase::Throughput => {
                     let decision = phases::decision("test.noop", &json!({}), 3);
-                    let work = |client: toolfleet_common::FleetClient, probe: phases::Probe| {
-                        let decision = decision.clone();
-                        async move {
+                    // Enough worker slots that the tools never queue the turns.
+                    let slots = (plan.throughput_turns * 3).max(8);
+                    let m = stage
+                        .on_fleet("throughput", 1, slots, |client, probe| async move {
                             phases::closed_loop(
                                 &client,
                                 &decision,
@@ -444,76 +442,49 @@ async fn run_phases(
                                 &probe,
                             )
                             .await
-                        }
-                    };
-                    report.throughput = Some(if attach {
-                        let client = attached(env, attach_prefix).await?;
-                        measured(sink, mode, work(client, others.to_vec())).await?
-                    } else {
-                        // Enough worker slots that the tools never queue the turns.
-                        let slots = (plan.throughput_turns * 3).max(8);
-                        let (prefix, fleet) = fleet_for("throughput", 1, slots).await?;
-                        let probe = fleet.probe(others);
-                        let m = measured(sink, mode, work(fleet.client.clone(), probe)).await;
-                        fleet.stop().await;
-                        env.cleanup(&prefix).await;
-                        m?
-                    });
+                        })
+                        .await?;
+                    report.throughput = Some(m);
                 }
                 Phase::Parallel => {
-                    let work = |client: toolfleet_common::FleetClient| async move {
-                        phases::parallel(&client, plan.parallel_turns).await
-                    };
-                    report.parallel = Some(if attach {
-                        let client = attached(env, attach_prefix).await?;
-                        measured(sink, mode, work(client)).await?
-                    } else {
-                        let (prefix, fleet) = fleet_for("parallel", 1, 8).await?;
-                        let m = measured(sink, mode, work(fleet.client.clone())).await;
-                        fleet.stop().await;
-                        env.cleanup(&prefix).await;
-                        m?
-                    });
+                    let m = stage
+                        .on_fleet("parallel", 1, 8, |client, _| async move {
+                            phases::parallel(&client, plan.parallel_turns).await
+                        })
+                        .await?;
+                    report.parallel = Some(m);
                 }
                 Phase::Scaling if !attach => {
                     for &workers in &plan.scaling_workers {
                         let workers = workers.max(1);
-                        let (prefix, fleet) = fleet_for(
-                            &format!("scale{workers}"),
-                            workers,
-                            plan.scaling_concurrency,
-                        )
-                        .await?;
-                        let m = measured(
-                            sink,
-                            mode,
-                            phases::scaling_point(
-                                &fleet.client,
-                                workers,
-                                plan.scaling_concurrency,
-                                secs(plan.scaling_warmup_s),
-                                secs(plan.scaling_seconds),
-                                &fleet.probe(others),
-                            ),
-                        )
-                        .await;
-                        fleet.stop().await;
-                        env.cleanup(&prefix).await;
-                        report.scaling.push(m?);
+                        let concurrency = plan.scaling_concurrency;
+                        let name = format!("scale{workers}");
+                        let m = stage
+                            .on_fleet(&name, workers, concurrency, |client, probe| async move {
+                                phases::scaling_point(
+                                    &client,
+                                    workers,
+                                    concurrency,
+                                    secs(plan.scaling_warmup_s),
+                                    secs(plan.scaling_seconds),
+                                    &probe,
+                                )
+                                .await
+                            })
+                            .await?;
+                        report.scaling.push(m);
                     }
                 }
                 Phase::Memory if !attach => {
                     let slots = plan.memory_turns * 3;
-                    let (prefix, fleet) = fleet_for("memory", 1, slots).await?;
+                    let (prefix, fleet) = stage.fresh("memory", 1, slots).await?;
                     let m = measured(
                         sink,
                         mode,
                         phases::memory(&fleet, plan.memory_turns, plan.memory_sleep_ms),
                     )
                     .await;
-                    fleet.stop().await;
-                    env.cleanup(&prefix).await;
-                    report.memory = Some(m?);
+                    report.memory = Some(stage.retire(&prefix, fleet, m).await?);
                 }
                 Phase::Scaling | Phase::Memory => {
                     eprintln!("  skipped: needs a fleet the bench starts");
@@ -524,8 +495,79 @@ async fn run_phases(
     Ok(())
 }
 
+/// Where one phase runs in one tracing configuration.
+struct Stage<'a> {
+    env: &'a Env,
+    sink: &'a Sink,
+    plan: &'a Plan,
+    mode: Mode,
+    /// The prefix of the running fleet measured instead of fresh ones (`--attach`).
+    attached_to: Option<&'a str>,
+    /// Processes watched besides a fleet's own: the servers and this process.
+    others: &'a [(String, u32)],
+}
+
+impl Stage<'_> {
+    /// A fresh prefix for `name` in this configuration, remembered for cleanup.
+    fn prefix(&self, name: &str) -> String {
+        self.env.prefix(&format!("{name}_{}", self.mode.tag()))
+    }
+
+    /// A fresh fleet under its own prefix, for one phase in this configuration: `workers`
+    /// workers of `concurrency` slots each.
+    async fn fresh(
+        &self,
+        name: &str,
+        workers: usize,
+        concurrency: usize,
+    ) -> Result<(String, Fleet)> {
+        let prefix = self.prefix(name);
+        let spec = Spec {
+            workers,
+            worker_concurrency: concurrency,
+            otlp: (self.mode == Mode::On).then(|| self.sink.endpoint()),
+            threads: self.plan.node_threads,
+        };
+        let fleet = self.env.start(&prefix, &spec).await?;
+        Ok((prefix, fleet))
+    }
+
+    /// Measures `work` on the running fleet under `attached_to`, or else on a fresh one
+    /// (see [`Stage::fresh`]) that is stopped and cleaned up afterwards, whatever the
+    /// outcome. `work` gets a client of that fleet and the processes to watch: the fresh
+    /// fleet's with `others`, or `others` alone.
+    async fn on_fleet<T, W, F>(
+        &self,
+        name: &str,
+        workers: usize,
+        concurrency: usize,
+        work: W,
+    ) -> Result<Measured<T>>
+    where
+        W: FnOnce(FleetClient, phases::Probe) -> F,
+        F: std::future::Future<Output = Result<T>>,
+    {
+        if let Some(prefix) = self.attached_to {
+            let client = attached(self.env, prefix).await?;
+            return measured(self.sink, self.mode, work(client, self.others.to_vec())).await;
+        }
+        let (prefix, fleet) = self.fresh(name, workers, concurrency).await?;
+        let probe = fleet.probe(self.others);
+        let m = measured(self.sink, self.mode, work(fleet.client.clone(), probe)).await;
+        self.retire(&prefix, fleet, m).await
+    }
+
+    /// Stops `fleet`, deletes the streams and keys left under its `prefix`, and hands
+    /// back `outcome`, the result of what ran on it.
+    async fn retire<T>(&self, prefix: &str, fleet: Fleet, outcome: Result<T>) -> Result<T> {
+        fleet.stop().await;
+        self.env.cleanup(prefix).await;
+        outcome
+    }
+}
+
 /// A client for the running fleet under `prefix`, once it lists the test tools.
-async fn attached(env: &Env, prefix: &str) -> Result<toolfleet_common::FleetClient> {
+async fn attached(env: &Env, prefix: &str) -> Result<FleetClient> {
     let client = env.client(prefix);
     env.wait_ready(&client, &toolfleet_common::Names::new(prefix), 0)
         .await

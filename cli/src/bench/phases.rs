@@ -1,6 +1,10 @@
 //! The measurements: the floor of the servers, a turn's overhead at concurrency 1,
 //! throughput under concurrent turns, parallel speedup, worker scaling, and the
 //! coordinator's memory with many turns in flight.
+//!
+//! Owns the turns each phase submits and the figures it computes from them. It must
+//! never start or stop fleets or servers (it is handed a client or a running fleet) and
+//! never format the report.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -108,6 +112,37 @@ async fn timed_turn(client: &FleetClient, request: TurnRequest) -> Result<Timing
             _ => {}
         }
     }
+}
+
+/// Runs `warmup` then `turns` turns of `decision` one after another, stopping early
+/// once `cap` (when given) has passed, and hands each measured turn's timing to
+/// `record`. Returns how many turns failed; the first failure is printed.
+async fn one_after_another(
+    client: &FleetClient,
+    decision: &Value,
+    warmup: usize,
+    turns: usize,
+    cap: Option<Duration>,
+    mut record: impl FnMut(Timing),
+) -> usize {
+    let started = Instant::now();
+    let mut failed = 0;
+    for i in 0..warmup + turns {
+        if cap.is_some_and(|cap| started.elapsed() > cap) {
+            break;
+        }
+        match timed_turn(client, request(decision, 5_000)).await {
+            Ok(t) if i >= warmup => record(t),
+            Ok(_) => {}
+            Err(error) => {
+                failed += 1;
+                if failed == 1 {
+                    eprintln!("  a turn failed: {error:#}");
+                }
+            }
+        }
+    }
+    failed
 }
 
 /// Round trips to the servers with nothing of toolfleet in between.
@@ -249,34 +284,19 @@ pub async fn overhead(
     floor_p50_ms: f64,
 ) -> Result<Overhead> {
     let decision = decision("test.noop", &json!({}), 3);
-    let started = Instant::now();
     let mut fin = Latencies::default();
     let mut ack = Latencies::default();
     let mut first_running = Latencies::default();
     let mut first_done = Latencies::default();
     let mut last_done = Latencies::default();
-    let mut failed = 0;
-    for i in 0..warmup + turns {
-        if started.elapsed() > cap {
-            break;
-        }
-        match timed_turn(client, request(&decision, 5_000)).await {
-            Ok(t) if i >= warmup => {
-                fin.push(t.fin);
-                ack.push(t.ack);
-                first_running.push(t.first_running);
-                first_done.push(t.first_done);
-                last_done.push(t.last_done);
-            }
-            Ok(_) => {}
-            Err(error) => {
-                failed += 1;
-                if failed == 1 {
-                    eprintln!("  a turn failed: {error:#}");
-                }
-            }
-        }
-    }
+    let failed = one_after_another(client, &decision, warmup, turns, Some(cap), |t| {
+        fin.push(t.fin);
+        ack.push(t.ack);
+        first_running.push(t.first_running);
+        first_done.push(t.first_done);
+        last_done.push(t.last_done);
+    })
+    .await;
     if fin.len() == 0 {
         bail!("no turn completed");
     }
@@ -458,22 +478,11 @@ pub async fn parallel(client: &FleetClient, turns: usize) -> Result<Parallel> {
     let decision = decision("test.behave", &json!({"sleep_ms": SLEEP_MS}), CALLS);
     let mut latencies = Latencies::default();
     let mut slowest = Latencies::default();
-    let mut failed = 0;
-    for i in 0..turns + 5 {
-        match timed_turn(client, request(&decision, 5_000)).await {
-            Ok(t) if i >= 5 => {
-                latencies.push(t.fin);
-                slowest.push(t.slowest_call);
-            }
-            Ok(_) => {}
-            Err(error) => {
-                failed += 1;
-                if failed == 1 {
-                    eprintln!("  a turn failed: {error:#}");
-                }
-            }
-        }
-    }
+    let mut failed = one_after_another(client, &decision, 5, turns, None, |t| {
+        latencies.push(t.fin);
+        slowest.push(t.slowest_call);
+    })
+    .await;
     let noop = self::decision("test.noop", &json!({}), CALLS);
     let mut idle_noop = Latencies::default();
     for _ in 0..turns {

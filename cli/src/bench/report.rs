@@ -1,8 +1,13 @@
 //! The bench's output: Markdown tables of every figure side by side for each tracing
 //! configuration, and the targets beside their measured figures.
+//!
+//! Owns the targets (goals and bounds) and the layout of the tables. It must never
+//! measure, print or write files: it turns finished reports into text and values, and
+//! the caller does the output.
 
 use serde::Serialize;
 
+use super::phases::{Floor, Memory, Overhead, Parallel, Throughput};
 use super::stats::{Machine, Summary};
 use super::{Measured, ModeReport, Plan};
 
@@ -22,73 +27,96 @@ pub struct Target {
 /// Bytes in a MiB over bytes in an MB.
 const MIB_IN_MB: f64 = 1.048_576;
 
-fn target(
-    reports: &[ModeReport],
-    name: &'static str,
+/// Which side of its bound a figure must fall on.
+#[derive(Debug, Clone, Copy)]
+enum Bound {
+    /// At most this much.
+    AtMost(f64),
+    /// At least this much.
+    AtLeast(f64),
+}
+
+impl Bound {
+    fn met_by(self, v: f64) -> bool {
+        match self {
+            Bound::AtMost(max) => v <= max,
+            Bound::AtLeast(min) => v >= min,
+        }
+    }
+}
+
+/// One of the targets: what is measured, the goal, how to read the figure from a
+/// configuration's report, and the bound the figure must meet.
+struct Goal {
+    target: &'static str,
     goal: &'static str,
-    figure: impl Fn(&ModeReport) -> Option<f64>,
-    meets: impl Fn(f64) -> bool,
-) -> Target {
-    let measured: Vec<(String, Option<f64>)> = reports
-        .iter()
-        .map(|r| (r.tracing.to_string(), figure(r)))
-        .collect();
-    let judged = reports
-        .iter()
-        .find(|r| r.tracing == "on")
-        .or_else(|| reports.first())
-        .and_then(&figure);
-    Target {
-        target: name,
-        goal,
-        measured,
-        met: judged.map(meets),
+    figure: fn(&ModeReport) -> Option<f64>,
+    bound: Bound,
+}
+
+/// The targets, in the order they are reported.
+const GOALS: [Goal; 5] = [
+    Goal {
+        target: "overhead p50 at concurrency 1 (3 no-op calls), ms",
+        goal: "≤ 1 ms with tracing on",
+        figure: |r| r.overhead.as_ref().map(|m| m.figures.turn.p50_ms),
+        bound: Bound::AtMost(1.0),
+    },
+    Goal {
+        target: "overhead p99 at concurrency 1 (3 no-op calls), ms",
+        goal: "≤ 3 ms with tracing on",
+        figure: |r| r.overhead.as_ref().map(|m| m.figures.turn.p99_ms),
+        bound: Bound::AtMost(3.0),
+    },
+    Goal {
+        target: "throughput, turns/s of 3 calls each",
+        goal: "≥ 2,500 turns/s",
+        figure: |r| r.throughput.as_ref().map(|m| m.figures.turns_per_s),
+        bound: Bound::AtLeast(2_500.0),
+    },
+    Goal {
+        target: "3 × 50 ms turn, p50 ms",
+        goal: "≤ 52 ms",
+        figure: |r| r.parallel.as_ref().map(|m| m.figures.turn.p50_ms),
+        bound: Bound::AtMost(52.0),
+    },
+    Goal {
+        target: "coordinator resident memory with 1,000 turns in flight, MB",
+        goal: "≤ 64 MB",
+        figure: |r| {
+            r.memory
+                .as_ref()
+                .map(|m| (m.figures.in_flight_rss_mib * MIB_IN_MB * 10.0).round() / 10.0)
+        },
+        bound: Bound::AtMost(64.0),
+    },
+];
+
+impl Goal {
+    /// This goal beside each configuration's figure; judged on the traced figure (or
+    /// the only one).
+    fn judge(&self, reports: &[ModeReport]) -> Target {
+        let measured: Vec<(String, Option<f64>)> = reports
+            .iter()
+            .map(|r| (r.tracing.to_string(), (self.figure)(r)))
+            .collect();
+        let judged = reports
+            .iter()
+            .find(|r| r.tracing == "on")
+            .or_else(|| reports.first())
+            .and_then(self.figure);
+        Target {
+            target: self.target,
+            goal: self.goal,
+            measured,
+            met: judged.map(|v| self.bound.met_by(v)),
+        }
     }
 }
 
 /// The targets beside the measured figures.
 pub fn targets(reports: &[ModeReport]) -> Vec<Target> {
-    vec![
-        target(
-            reports,
-            "overhead p50 at concurrency 1 (3 no-op calls), ms",
-            "≤ 1 ms with tracing on",
-            |r| r.overhead.as_ref().map(|m| m.figures.turn.p50_ms),
-            |v| v <= 1.0,
-        ),
-        target(
-            reports,
-            "overhead p99 at concurrency 1 (3 no-op calls), ms",
-            "≤ 3 ms with tracing on",
-            |r| r.overhead.as_ref().map(|m| m.figures.turn.p99_ms),
-            |v| v <= 3.0,
-        ),
-        target(
-            reports,
-            "throughput, turns/s of 3 calls each",
-            "≥ 2,500 turns/s",
-            |r| r.throughput.as_ref().map(|m| m.figures.turns_per_s),
-            |v| v >= 2_500.0,
-        ),
-        target(
-            reports,
-            "3 × 50 ms turn, p50 ms",
-            "≤ 52 ms",
-            |r| r.parallel.as_ref().map(|m| m.figures.turn.p50_ms),
-            |v| v <= 52.0,
-        ),
-        target(
-            reports,
-            "coordinator resident memory with 1,000 turns in flight, MB",
-            "≤ 64 MB",
-            |r| {
-                r.memory
-                    .as_ref()
-                    .map(|m| (m.figures.in_flight_rss_mib * MIB_IN_MB * 10.0).round() / 10.0)
-            },
-            |v| v <= 64.0,
-        ),
-    ]
+    GOALS.iter().map(|g| g.judge(reports)).collect()
 }
 
 /// A Markdown table with padded columns.
@@ -178,6 +206,35 @@ fn row(
     table.row(out);
 }
 
+/// A cell of one phase's row, from that phase's figures in one configuration.
+type Cell<T> = fn(&Measured<T>) -> String;
+
+/// Adds a row for each `(figure, cell)` of one phase, whose figures `part` reads from
+/// each configuration's report.
+fn phase_rows<T>(
+    table: &mut Table,
+    reports: &[ModeReport],
+    phase: &str,
+    part: fn(&ModeReport) -> Option<&Measured<T>>,
+    rows: &[(&str, Cell<T>)],
+) {
+    for (figure, cell) in rows {
+        row(table, reports, phase, figure, |r| part(r).map(cell));
+    }
+}
+
+/// `turns measured (failed)`: the turns a summary counts and the failed ones.
+fn counted(turn: &Summary, failed: usize) -> String {
+    format!("{} ({})", turn.count, failed)
+}
+
+/// A table's header: two leading columns, then one per tracing configuration.
+fn header(first: &str, second: &str, reports: &[ModeReport]) -> Vec<String> {
+    let mut header = vec![first.to_string(), second.to_string()];
+    header.extend(reports.iter().map(|r| format!("tracing {}", r.tracing)));
+    header
+}
+
 /// Every figure and the targets, as Markdown.
 pub fn markdown(
     machine: &Machine,
@@ -187,212 +244,131 @@ pub fn markdown(
     load_end: [f64; 3],
     seconds: f64,
 ) -> String {
-    let mut header = vec!["phase".to_string(), "figure".to_string()];
-    header.extend(reports.iter().map(|r| format!("tracing {}", r.tracing)));
-    let mut t = Table::new(header);
+    let mut t = Table::new(header("phase", "figure", reports));
 
-    row(
+    phase_rows::<Floor>(
         &mut t,
         reports,
         "floor",
-        "NATS request-reply p50 / p99 ms",
-        |r| {
-            r.floor
-                .as_ref()
-                .map(|m| p50_p99(&m.figures.nats_request_reply))
-        },
-    );
-    row(&mut t, reports, "floor", "Redis PING p50 / p99 ms", |r| {
-        r.floor.as_ref().map(|m| p50_p99(&m.figures.redis_ping))
-    });
-    row(
-        &mut t,
-        reports,
-        "floor",
-        "JetStream publish → ack p50 / p99 ms",
-        |r| {
-            r.floor
-                .as_ref()
-                .map(|m| p50_p99(&m.figures.jetstream_publish))
-        },
-    );
-    row(
-        &mut t,
-        reports,
-        "floor",
-        "floor = NATS p50 + Redis p50, ms",
-        |r| r.floor.as_ref().map(|m| ms(m.figures.floor_p50_ms)),
+        |r| r.floor.as_ref(),
+        &[
+            ("NATS request-reply p50 / p99 ms", |m| {
+                p50_p99(&m.figures.nats_request_reply)
+            }),
+            ("Redis PING p50 / p99 ms", |m| {
+                p50_p99(&m.figures.redis_ping)
+            }),
+            ("JetStream publish → ack p50 / p99 ms", |m| {
+                p50_p99(&m.figures.jetstream_publish)
+            }),
+            ("floor = NATS p50 + Redis p50, ms", |m| {
+                ms(m.figures.floor_p50_ms)
+            }),
+        ],
     );
 
-    let phase = "1 overhead: 3 × test.noop, concurrency 1";
-    row(
+    phase_rows::<Overhead>(
         &mut t,
         reports,
-        phase,
-        "submit → final p50 / p99 / p99.9 ms",
-        |r| {
-            r.overhead.as_ref().map(|m| {
+        "1 overhead: 3 × test.noop, concurrency 1",
+        |r| r.overhead.as_ref(),
+        &[
+            ("submit → final p50 / p99 / p99.9 ms", |m| {
                 let s = &m.figures.turn;
                 format!("{} / {} / {}", ms(s.p50_ms), ms(s.p99_ms), ms(s.p999_ms))
-            })
-        },
+            }),
+            (
+                "p50 ms submit → ack / 1st running / 1st done / last done",
+                |m| {
+                    let f = &m.figures;
+                    format!(
+                        "{} / {} / {} / {}",
+                        ms(f.ack.p50_ms),
+                        ms(f.first_running.p50_ms),
+                        ms(f.first_done.p50_ms),
+                        ms(f.last_done.p50_ms)
+                    )
+                },
+            ),
+            ("p50 as a multiple of the floor", |m| {
+                format!("{:.1}×", m.figures.floor_multiple_p50)
+            }),
+            ("turns measured (failed)", |m| {
+                counted(&m.figures.turn, m.figures.failed)
+            }),
+            ("1-min load before → after", load),
+        ],
     );
-    row(
-        &mut t,
-        reports,
-        phase,
-        "p50 ms submit → ack / 1st running / 1st done / last done",
-        |r| {
-            r.overhead.as_ref().map(|m| {
-                let f = &m.figures;
-                format!(
-                    "{} / {} / {} / {}",
-                    ms(f.ack.p50_ms),
-                    ms(f.first_running.p50_ms),
-                    ms(f.first_done.p50_ms),
-                    ms(f.last_done.p50_ms)
-                )
-            })
-        },
-    );
-    row(
-        &mut t,
-        reports,
-        phase,
-        "p50 as a multiple of the floor",
-        |r| {
-            r.overhead
-                .as_ref()
-                .map(|m| format!("{:.1}×", m.figures.floor_multiple_p50))
-        },
-    );
-    row(&mut t, reports, phase, "turns measured (failed)", |r| {
-        r.overhead
-            .as_ref()
-            .map(|m| format!("{} ({})", m.figures.turn.count, m.figures.failed))
-    });
-    row(&mut t, reports, phase, "1-min load before → after", |r| {
-        r.overhead.as_ref().map(load)
-    });
 
-    let phase = format!(
-        "2 throughput: {} turns in flight, 3 × test.noop",
-        plan.throughput_turns
-    );
-    row(&mut t, reports, &phase, "turns/s", |r| {
-        r.throughput.as_ref().map(|m| f1(m.figures.turns_per_s))
-    });
-    row(&mut t, reports, &phase, "calls/s", |r| {
-        r.throughput.as_ref().map(|m| f1(m.figures.calls_per_s))
-    });
-    row(&mut t, reports, &phase, "turn p50 / p99 ms", |r| {
-        r.throughput.as_ref().map(|m| p50_p99(&m.figures.turn))
-    });
-    row(
+    phase_rows::<Throughput>(
         &mut t,
         reports,
-        &phase,
-        "CPU ms per turn: coordinator / worker / nats-server / redis / bench client",
-        |r| {
-            r.throughput.as_ref().map(|m| {
-                let cpu = &m.figures.cpu_ms_per_turn;
-                [
-                    "coordinator",
-                    "worker",
-                    "nats-server",
-                    "redis-server",
-                    "bench client",
-                ]
-                .iter()
-                .map(|k| {
-                    cpu.get(*k)
-                        .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
-                })
-                .collect::<Vec<_>>()
-                .join(" / ")
-            })
-        },
-    );
-    row(
-        &mut t,
-        reports,
-        &phase,
-        "CPUs busy (of the processes above)",
-        |r| {
-            r.throughput
-                .as_ref()
-                .map(|m| format!("{:.2}", m.figures.cpus_busy))
-        },
-    );
-    row(
-        &mut t,
-        reports,
-        &phase,
-        "turns in the window (failed)",
-        |r| {
-            r.throughput.as_ref().map(|m| {
+        &format!(
+            "2 throughput: {} turns in flight, 3 × test.noop",
+            plan.throughput_turns
+        ),
+        |r| r.throughput.as_ref(),
+        &[
+            ("turns/s", |m| f1(m.figures.turns_per_s)),
+            ("calls/s", |m| f1(m.figures.calls_per_s)),
+            ("turn p50 / p99 ms", |m| p50_p99(&m.figures.turn)),
+            (
+                "CPU ms per turn: coordinator / worker / nats-server / redis / bench client",
+                |m| {
+                    let cpu = &m.figures.cpu_ms_per_turn;
+                    [
+                        "coordinator",
+                        "worker",
+                        "nats-server",
+                        "redis-server",
+                        "bench client",
+                    ]
+                    .iter()
+                    .map(|k| {
+                        cpu.get(*k)
+                            .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+                },
+            ),
+            ("CPUs busy (of the processes above)", |m| {
+                format!("{:.2}", m.figures.cpus_busy)
+            }),
+            ("turns in the window (failed)", |m| {
                 format!(
                     "{} in {} s ({})",
                     m.figures.turns, m.figures.seconds, m.figures.failed
                 )
-            })
-        },
-    );
-    row(
-        &mut t,
-        reports,
-        &phase,
-        "1-min load before → after",
-        |r| r.throughput.as_ref().map(load),
+            }),
+            ("1-min load before → after", load),
+        ],
     );
 
-    let phase = "3 parallel: 3 × test.behave 50 ms";
-    row(&mut t, reports, phase, "turn p50 / p99 ms", |r| {
-        r.parallel.as_ref().map(|m| p50_p99(&m.figures.turn))
-    });
-    row(
+    phase_rows::<Parallel>(
         &mut t,
         reports,
-        phase,
-        "slowest call as its worker timed it, p50 ms",
-        |r| {
-            r.parallel
-                .as_ref()
-                .map(|m| ms(m.figures.slowest_call.p50_ms))
-        },
+        "3 parallel: 3 × test.behave 50 ms",
+        |r| r.parallel.as_ref(),
+        &[
+            ("turn p50 / p99 ms", |m| p50_p99(&m.figures.turn)),
+            ("slowest call as its worker timed it, p50 ms", |m| {
+                ms(m.figures.slowest_call.p50_ms)
+            }),
+            ("3 × test.noop after 50 ms idle, p50 / p99 ms", |m| {
+                p50_p99(&m.figures.idle_noop_turn)
+            }),
+            ("a sequential runner needs, ms", |m| {
+                m.figures.sequential_ms.to_string()
+            }),
+            ("speedup (p50)", |m| {
+                format!("{:.2}×", m.figures.speedup_p50)
+            }),
+            ("turns measured (failed)", |m| {
+                counted(&m.figures.turn, m.figures.failed)
+            }),
+        ],
     );
-    row(
-        &mut t,
-        reports,
-        phase,
-        "3 × test.noop after 50 ms idle, p50 / p99 ms",
-        |r| {
-            r.parallel
-                .as_ref()
-                .map(|m| p50_p99(&m.figures.idle_noop_turn))
-        },
-    );
-    row(
-        &mut t,
-        reports,
-        phase,
-        "a sequential runner needs, ms",
-        |r| {
-            r.parallel
-                .as_ref()
-                .map(|m| m.figures.sequential_ms.to_string())
-        },
-    );
-    row(&mut t, reports, phase, "speedup (p50)", |r| {
-        r.parallel
-            .as_ref()
-            .map(|m| format!("{:.2}×", m.figures.speedup_p50))
-    });
-    row(&mut t, reports, phase, "turns measured (failed)", |r| {
-        r.parallel
-            .as_ref()
-            .map(|m| format!("{} ({})", m.figures.turn.count, m.figures.failed))
-    });
 
     let phase = format!(
         "4 worker scaling: test.behave 20 ms, {} slots per worker",
@@ -421,31 +397,28 @@ pub fn markdown(
         });
     }
 
-    let phase = format!("5 memory: {} turns × 3 calls in flight", plan.memory_turns);
-    row(
+    phase_rows::<Memory>(
         &mut t,
         reports,
-        &phase,
-        "coordinator VmRSS idle / in flight / peak, MiB",
-        |r| {
-            r.memory.as_ref().map(|m| {
+        &format!("5 memory: {} turns × 3 calls in flight", plan.memory_turns),
+        |r| r.memory.as_ref(),
+        &[
+            ("coordinator VmRSS idle / in flight / peak, MiB", |m| {
                 format!(
                     "{} / {} / {}",
                     f1(m.figures.idle.rss_mib),
                     f1(m.figures.in_flight_rss_mib),
                     f1(m.figures.after.hwm_mib)
                 )
-            })
-        },
+            }),
+            ("turns acknowledged in, s", |m| {
+                format!(
+                    "{:.2} ({} failed)",
+                    m.figures.submit_seconds, m.figures.failed
+                )
+            }),
+        ],
     );
-    row(&mut t, reports, &phase, "turns acknowledged in, s", |r| {
-        r.memory.as_ref().map(|m| {
-            format!(
-                "{:.2} ({} failed)",
-                m.figures.submit_seconds, m.figures.failed
-            )
-        })
-    });
 
     row(
         &mut t,
@@ -460,10 +433,9 @@ pub fn markdown(
         },
     );
 
-    let mut header = vec!["target".to_string(), "goal".to_string()];
-    header.extend(reports.iter().map(|r| format!("tracing {}", r.tracing)));
-    header.push("met".to_string());
-    let mut goals = Table::new(header);
+    let mut goals_header = header("target", "goal", reports);
+    goals_header.push("met".to_string());
+    let mut goals = Table::new(goals_header);
     for target in targets(reports) {
         let mut cells = vec![target.target.to_string(), target.goal.to_string()];
         cells.extend(

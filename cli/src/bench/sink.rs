@@ -1,6 +1,9 @@
 //! An OTLP/HTTP sink on loopback: accepts `POST /v1/traces` and `POST /v1/metrics`,
 //! counts requests and bytes, and discards the bodies, so the fleet's processes export
 //! exactly as they would to a collector without one running.
+//!
+//! Owns its listener and counters. It must never listen beyond loopback, and never
+//! decode or keep the bodies it receives.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

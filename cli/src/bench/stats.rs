@@ -1,4 +1,7 @@
 //! Latency samples and their percentiles; machine facts read from `/proc`.
+//!
+//! Owns the percentile method and the parsing of `/proc`. It must never write anything
+//! or touch a process beyond reading its `/proc` files.
 
 use std::time::Duration;
 
