@@ -1,8 +1,11 @@
 //! A whole fleet for one test: private `nats-server` and `redis-server`, coordinators and
 //! workers in-process (stoppable by token) or as child processes (killable), and a
-//! frontend client.
+//! frontend client; and the helpers the integration tests share to drive it: run a turn
+//! with these calls and collect its `final`, wait until a call reaches a state, until the
+//! catalog lists some tools, until a turn's counter reaches a value.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -12,14 +15,20 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use toolfleet_common::client::TurnStream;
+use toolfleet_common::client::{TurnOutcome, TurnStream};
 use toolfleet_common::{
-    CallResult, CatalogFormat, FinalEvent, FleetClient, Names, TurnEvent, TurnRequest,
+    CallResult, CallState, CatalogFormat, FinalEvent, FleetClient, Names, TurnEvent, TurnRequest,
 };
-use toolfleet_coordinator::CoordinatorConfig;
-use toolfleet_worker::{packs, Tool, WorkerConfig};
+use toolfleet_coordinator::{CoordinatorConfig, TenantPolicies, TenantPolicy};
+use toolfleet_worker::{Tool, WorkerConfig};
 
 use crate::{eventually_named, NatsServer, RedisServer};
+
+/// How long the catalog waits ([`wait_for_catalog`]) may take.
+const CATALOG_WAIT: Duration = Duration::from_secs(15);
+
+/// How long one catalog request of a catalog wait may take.
+const CATALOG_REQUEST: Duration = Duration::from_millis(500);
 
 /// Path of the `fleet-node` test binary (coordinator or worker in a child process):
 /// beside the running test executable's `deps/` directory.
@@ -44,10 +53,89 @@ pub struct Running {
 }
 
 impl Running {
+    /// Runs the component `what` in a task: `start` gets the shutdown token and returns
+    /// the component's run; its error, if any, is logged.
+    pub fn spawn<F, Fut, E>(what: &'static str, start: F) -> Self
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: std::fmt::Display,
+    {
+        let shutdown = CancellationToken::new();
+        let run = start(shutdown.clone());
+        let handle = tokio::spawn(async move {
+            if let Err(error) = run.await {
+                tracing::error!(%error, "{what} failed");
+            }
+        });
+        Self { shutdown, handle }
+    }
+
+    /// An in-process coordinator with `config`.
+    pub fn coordinator(config: CoordinatorConfig) -> Self {
+        Self::spawn("coordinator", |token| {
+            toolfleet_coordinator::run(config, token)
+        })
+    }
+
+    /// An in-process worker with `config`, serving `tools`.
+    pub fn worker(config: WorkerConfig, tools: Vec<Tool>) -> Self {
+        Self::spawn("worker", |token| {
+            toolfleet_worker::run(config, tools, token)
+        })
+    }
+
     /// Graceful stop, bounded.
     pub async fn stop(self) {
         self.shutdown.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(15), self.handle).await;
+    }
+}
+
+/// Coordinator settings for the servers at `nats_url` and `redis_url` under `names`,
+/// with short sweeps for tests.
+pub fn coordinator_settings(
+    nats_url: String,
+    redis_url: String,
+    names: &Names,
+) -> CoordinatorConfig {
+    CoordinatorConfig {
+        nats_url,
+        redis_url,
+        prefix: names.prefix().to_string(),
+        sweep_interval: Duration::from_millis(100),
+        sweep_grace: Duration::from_millis(300),
+        registry_refresh: Duration::from_millis(250),
+        shutdown_grace: Duration::from_secs(2),
+        ..CoordinatorConfig::local()
+    }
+}
+
+/// Worker settings for the servers at `nats_url` and `redis_url` under `names`, with a
+/// short ack wait so redelivery is quick.
+pub fn worker_settings(nats_url: String, redis_url: String, names: &Names) -> WorkerConfig {
+    WorkerConfig {
+        heartbeat: Duration::from_millis(500),
+        ack_wait: Duration::from_millis(1000),
+        nats_url,
+        redis_url,
+        prefix: names.prefix().to_string(),
+        ..WorkerConfig::local()
+    }
+}
+
+/// Tenant policies where `tenant` may use only the tools matching `patterns` and every
+/// other tenant has the default policy.
+pub fn allowlist(tenant: &str, patterns: &[&str]) -> TenantPolicies {
+    TenantPolicies {
+        default: TenantPolicy::default(),
+        tenants: BTreeMap::from([(
+            tenant.to_string(),
+            TenantPolicy {
+                allowed_tools: Some(patterns.iter().map(|p| p.to_string()).collect()),
+                ..TenantPolicy::default()
+            },
+        )]),
     }
 }
 
@@ -81,65 +169,72 @@ impl Fleet {
         })
     }
 
+    /// [`Fleet::start`], then [`Fleet::start_default`]: a fleet with an in-process
+    /// coordinator and a worker with the demo and test packs, their tools listed.
+    pub async fn start_with_default_nodes() -> Result<(Self, Running, Running)> {
+        let fleet = Self::start().await?;
+        let (coordinator, worker) = fleet.start_default().await?;
+        Ok((fleet, coordinator, worker))
+    }
+
     /// Coordinator settings for this fleet, with short sweeps for tests.
     pub fn coordinator_config(&self) -> CoordinatorConfig {
-        CoordinatorConfig {
-            nats_url: self.nats.url(),
-            redis_url: self.redis.url(),
-            prefix: self.names.prefix().to_string(),
-            sweep_interval: Duration::from_millis(100),
-            sweep_grace: Duration::from_millis(300),
-            registry_refresh: Duration::from_millis(250),
-            shutdown_grace: Duration::from_secs(2),
-            ..CoordinatorConfig::local()
-        }
+        coordinator_settings(self.nats.url(), self.redis.url(), &self.names)
     }
 
     /// Worker settings for this fleet, with a short ack wait so redelivery is quick.
     pub fn worker_config(&self) -> WorkerConfig {
-        WorkerConfig {
-            nats_url: self.nats.url(),
-            redis_url: self.redis.url(),
-            prefix: self.names.prefix().to_string(),
-            heartbeat: Duration::from_millis(500),
-            ack_wait: Duration::from_millis(1000),
-            ..WorkerConfig::local()
-        }
+        worker_settings(self.nats.url(), self.redis.url(), &self.names)
     }
 
     /// Starts an in-process coordinator.
     pub fn coordinator(&self, config: CoordinatorConfig) -> Running {
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let handle = tokio::spawn(async move {
-            if let Err(error) = toolfleet_coordinator::run(config, token).await {
-                tracing::error!(%error, "coordinator failed");
-            }
-        });
-        Running { shutdown, handle }
+        Running::coordinator(config)
     }
 
     /// Starts an in-process worker serving `tools`.
     pub fn worker(&self, config: WorkerConfig, tools: Vec<Tool>) -> Running {
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let handle = tokio::spawn(async move {
-            if let Err(error) = toolfleet_worker::run(config, tools, token).await {
-                tracing::error!(%error, "worker failed");
-            }
-        });
-        Running { shutdown, handle }
+        Running::worker(config, tools)
+    }
+
+    /// Starts an in-process coordinator with `config` and a worker serving `tools`, and
+    /// waits until the catalog lists every tool in `listed`.
+    pub async fn start_with(
+        &self,
+        config: CoordinatorConfig,
+        tools: Vec<Tool>,
+        listed: &[&str],
+    ) -> Result<(Running, Running)> {
+        let c = self.coordinator(config);
+        let w = self.worker(self.worker_config(), tools);
+        self.wait_for_tools(listed).await?;
+        Ok((c, w))
+    }
+
+    /// Like [`Fleet::start_with`], with this fleet's coordinator settings but for a
+    /// tenant `tenant` that may use only the tools matching `patterns`.
+    pub async fn start_with_allowlist(
+        &self,
+        tenant: &str,
+        patterns: &[&str],
+        tools: Vec<Tool>,
+        listed: &[&str],
+    ) -> Result<(Running, Running)> {
+        let mut config = self.coordinator_config();
+        config.tenants = allowlist(tenant, patterns);
+        self.start_with(config, tools, listed).await
     }
 
     /// Starts an in-process coordinator and a worker with the demo and test packs, and
     /// waits until the catalog lists the tools.
     pub async fn start_default(&self) -> Result<(Running, Running)> {
-        let c = self.coordinator(self.coordinator_config());
-        let tools = packs::tools_for(&["demo", "test"]).map_err(anyhow::Error::msg)?;
-        let w = self.worker(self.worker_config(), tools);
-        self.wait_for_tools(&["crm.getOpenInvoices", "test.behave", "test.behave_once"])
-            .await?;
-        Ok((c, w))
+        let tools = toolfleet_packs::tools_for(&["demo", "test"]).map_err(anyhow::Error::msg)?;
+        self.start_with(
+            self.coordinator_config(),
+            tools,
+            &["crm.getOpenInvoices", "test.behave", "test.behave_once"],
+        )
+        .await
     }
 
     /// Spawns `fleet-node <role>` as a child process with this fleet's settings and
@@ -199,39 +294,40 @@ impl Fleet {
 
     /// Waits until the catalog (native format) lists every tool in `names`.
     pub async fn wait_for_tools(&self, names: &[&str]) -> Result<()> {
-        let client = self.client.clone();
-        eventually_named("tools in the catalog", Duration::from_secs(15), || {
-            let client = client.clone();
-            async move {
-                let tools = client
-                    .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
-                    .await
-                    .ok()?;
-                let listed: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-                names.iter().all(|n| listed.contains(n)).then_some(())
-            }
-        })
-        .await
+        wait_for_tools_on(&self.client, names).await
     }
 
     /// Waits until the catalog no longer lists `name`.
     pub async fn wait_for_tool_gone(&self, name: &str) -> Result<()> {
-        let client = self.client.clone();
-        eventually_named(
-            "tool gone from the catalog",
-            Duration::from_secs(15),
-            || {
-                let client = client.clone();
-                async move {
-                    let tools = client
-                        .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
-                        .await
-                        .ok()?;
-                    (!tools.iter().any(|t| t["name"] == name)).then_some(())
-                }
-            },
-        )
+        wait_for_catalog(&self.client, "tool gone from the catalog", |tools| {
+            !tools.iter().any(|t| t["name"] == name)
+        })
         .await
+    }
+
+    /// Submits `request` and collects every event up to its `final` (each wait for an
+    /// event bounded by `wait`).
+    pub async fn run(&self, request: TurnRequest, wait: Duration) -> Result<TurnOutcome> {
+        Ok(self.client.run_turn(request, wait).await?)
+    }
+
+    /// Runs a turn of `tenant` whose decision holds `calls` (see [`Fleet::run`]).
+    pub async fn run_calls(
+        &self,
+        tenant: &str,
+        calls: Vec<Value>,
+        wait: Duration,
+    ) -> Result<TurnOutcome> {
+        self.run(turn(tenant, tool_calls(calls)), wait).await
+    }
+
+    /// A subscription to every worker's progress notices.
+    pub async fn subscribe_progress(&self) -> Result<async_nats::Subscriber> {
+        Ok(self
+            .client
+            .nats()
+            .subscribe(self.names.progress_wildcard())
+            .await?)
     }
 
     /// Publishes raw `payload` on the turn subject with a fresh inbox as the reply
@@ -272,6 +368,49 @@ impl Fleet {
     pub async fn counters(&self, turn_id: &str) -> Result<HashMap<String, String>> {
         self.hash(self.names.turn_meta_key(turn_id)).await
     }
+
+    /// Waits (at most `wait`) until the turn's `counter` in Redis reads `want`.
+    pub async fn wait_for_counter(
+        &self,
+        turn_id: &str,
+        counter: &str,
+        want: &str,
+        wait: Duration,
+    ) -> Result<()> {
+        let what = format!("the turn's {counter} counter to reach {want}");
+        eventually_named(&what, wait, || async move {
+            let counters = self.counters(turn_id).await.ok()?;
+            (counters.get(counter).map(String::as_str) == Some(want)).then_some(())
+        })
+        .await
+    }
+}
+
+/// Waits (at most 15 s) until the catalog (native format) that `client` gets satisfies
+/// `ready`; `what` names the wait in its timeout error.
+pub async fn wait_for_catalog(
+    client: &FleetClient,
+    what: &str,
+    ready: impl Fn(&[Value]) -> bool,
+) -> Result<()> {
+    let ready = &ready;
+    eventually_named(what, CATALOG_WAIT, || async move {
+        let tools = client
+            .catalog(CatalogFormat::Native, None, CATALOG_REQUEST)
+            .await
+            .ok()?;
+        ready(&tools).then_some(())
+    })
+    .await
+}
+
+/// Waits until the catalog that `client` gets lists every tool in `names`.
+pub async fn wait_for_tools_on(client: &FleetClient, names: &[&str]) -> Result<()> {
+    wait_for_catalog(client, "tools in the catalog", |tools| {
+        let listed: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+        names.iter().all(|n| listed.contains(n))
+    })
+    .await
 }
 
 /// A turn request for `tenant` with `decision`.
@@ -286,6 +425,14 @@ pub fn turn(tenant: &str, decision: Value) -> TurnRequest {
         options: Default::default(),
         context: Default::default(),
     }
+}
+
+/// A turn request for `tenant` whose decision holds `calls`, with a deadline of
+/// `deadline_ms`.
+pub fn timed_turn(tenant: &str, deadline_ms: u64, calls: Vec<Value>) -> TurnRequest {
+    let mut request = turn(tenant, tool_calls(calls));
+    request.deadline_ms = Some(deadline_ms);
+    request
 }
 
 /// A simple-form call `{id, toolName, arguments}`.
@@ -312,6 +459,45 @@ pub async fn read_to_end(stream: &mut TurnStream, wait: Duration) -> Result<Vec<
     }
 }
 
+/// Reads the first event of `stream` (bounded by `wait`) and fails unless it is the
+/// `ack`.
+pub async fn read_ack(stream: &mut TurnStream, wait: Duration) -> Result<()> {
+    match stream.next_event(wait).await? {
+        TurnEvent::Ack { .. } => Ok(()),
+        other => anyhow::bail!("expected ack, got {other:?}"),
+    }
+}
+
+/// Reads `stream` to its end (see [`read_to_end`]) and returns its `final` event; an
+/// `error` event instead is an error.
+pub async fn read_final(stream: &mut TurnStream, wait: Duration) -> Result<FinalEvent> {
+    let events = read_to_end(stream, wait).await?;
+    Ok(final_of(&events)?.clone())
+}
+
+/// Reads `stream` until call `id` (any call, when `None`) is reported in `state`, each
+/// read bounded by `wait`; fails if the turn ends first.
+pub async fn until_state(
+    stream: &mut TurnStream,
+    id: Option<&str>,
+    state: CallState,
+    wait: Duration,
+) -> Result<()> {
+    loop {
+        match stream.next_event(wait).await? {
+            TurnEvent::ToolState {
+                tool_call_id,
+                state: reported,
+                ..
+            } if reported == state && id.is_none_or(|id| id == tool_call_id) => return Ok(()),
+            event if event.is_last() => {
+                anyhow::bail!("turn ended before call {id:?} was {state:?}: {event:?}")
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The `final` event among `events`.
 pub fn final_of(events: &[TurnEvent]) -> Result<&FinalEvent> {
     events
@@ -321,6 +507,14 @@ pub fn final_of(events: &[TurnEvent]) -> Result<&FinalEvent> {
             _ => None,
         })
         .context("no final event")
+}
+
+/// The call ids of the results in `fin`, in order.
+pub fn call_ids(fin: &FinalEvent) -> Vec<&str> {
+    fin.results
+        .iter()
+        .map(|r| r.tool_call_id.as_str())
+        .collect()
 }
 
 /// The result of call `id` in `fin`.
@@ -334,6 +528,31 @@ pub fn result_of<'a>(fin: &'a FinalEvent, id: &str) -> Result<&'a CallResult> {
 /// The error code of a result, if it has an error.
 pub fn code_of(result: &CallResult) -> Option<&str> {
     result.error.as_ref().map(|e| e.code.as_str())
+}
+
+/// Asserts that of the two calls of `fin`, `failed` ended in an error with `code` and
+/// `succeeded` succeeded.
+pub fn assert_one_error(fin: &FinalEvent, failed: &str, code: &str, succeeded: &str) -> Result<()> {
+    let r = result_of(fin, failed)?;
+    assert_eq!(r.state, CallState::Error, "{failed}: {r:?}");
+    assert_eq!(code_of(r), Some(code), "{failed}: {r:?}");
+    assert!(result_of(fin, succeeded)?.ok, "{succeeded}: {fin:?}");
+    assert_eq!((fin.summary.ok, fin.summary.errors), (1, 1), "{fin:?}");
+    Ok(())
+}
+
+/// The error code of the result of call `id` in `fin`, if it has an error.
+pub fn code_at<'a>(fin: &'a FinalEvent, id: &str) -> Result<Option<&'a str>> {
+    Ok(code_of(result_of(fin, id)?))
+}
+
+/// The value at JSON `pointer` (e.g. `/booking/status`) in a result's value: `None`
+/// without a value, `null` where the value has nothing at `pointer`.
+pub fn value_at(result: &CallResult, pointer: &str) -> Option<Value> {
+    result
+        .result
+        .as_ref()
+        .map(|v| v.pointer(pointer).cloned().unwrap_or(Value::Null))
 }
 
 /// The next event on a raw subscription (see [`Fleet::submit_raw`]), waiting at most

@@ -8,12 +8,18 @@
 //!   listening on a free loopback port. It can be stopped and restarted on the
 //!   same port with the same store, so JetStream data survives a restart.
 //! - [`RedisServer`]: a private, non-persistent `redis-server` on a free
-//!   loopback port, with the same stop/restart controls.
+//!   loopback port. Both are a [`Server`], which holds their shared
+//!   stop/kill/restart controls.
+//! - [`fleet::Fleet`]: a whole fleet on those servers, with the shared helpers
+//!   of the integration tests (run a turn with these calls, wait for a call's
+//!   state, a catalog or a counter, read a turn to its `final`).
 //! - [`eventually`] and [`eventually_named`]: bounded polling helpers for
 //!   asserting on state that converges asynchronously.
 //! - [`pg::TestDatabase`]: a private PostgreSQL database, migrated and seeded,
 //!   dropped on `Drop`.
 //! - [`init_test_tracing`]: an idempotent `tracing` subscriber for tests.
+//! - [`free_port`], [`repo_path`], [`read_repo_file`] and [`read_repo_json`]:
+//!   a free loopback port and the repository's own files.
 //!
 //! Every server lives in its own temporary directory that also holds its log
 //! file (server output never goes to the test's stdout/stderr). Startup waits
@@ -84,7 +90,7 @@ const REDIS_READY_MARKER: &str = "Ready to accept connections";
 ///
 /// The port is found by binding port 0 and dropping the listener, so another
 /// process may take it before the caller binds it; callers retry on failure.
-fn free_port() -> Result<u16> {
+pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
         .context("binding 127.0.0.1:0 to find a free port")?;
     Ok(listener.local_addr()?.port())
@@ -355,32 +361,29 @@ async fn kill_and_reap(child: &mut Child) {
     let _ = tokio::time::timeout(KILL_WAIT, child.wait()).await;
 }
 
-/// A private `nats-server` with JetStream, for one test.
+/// A private server process for one test, in its own temporary directory.
 ///
-/// The server listens on `127.0.0.1` on a free port, stores JetStream data in
-/// its own temporary directory and allows payloads of up to
-/// [`NATS_MAX_PAYLOAD`] bytes. The binary is taken from `$NATS_SERVER_BIN`,
-/// else `nats-server` on `PATH`, else `/usr/sbin/nats-server`.
+/// The server listens on `127.0.0.1` on a free port that it keeps across
+/// restarts. `K` is what kind of server it is: [`NatsServer`] and
+/// [`RedisServer`] add their own constructors and client helpers.
 ///
 /// Dropping the value kills the server and deletes its directory.
-pub struct NatsServer {
+pub struct Server<K> {
     /// The server process; declared before `dir` so it dies first.
     process: ServerProcess,
     /// Arguments of the current configuration (port included).
     args: Vec<OsString>,
     /// Port the server listens on.
     port: u16,
-    /// JetStream store directory (inside `dir`).
-    store_dir: PathBuf,
-    /// Generated configuration file (inside `dir`).
-    config_path: PathBuf,
-    /// Temporary directory holding config, store and log.
+    /// What the kind of server keeps (paths of its configuration, ...).
+    kind: K,
+    /// Temporary directory holding configuration, data and log.
     dir: tempfile::TempDir,
 }
 
-impl std::fmt::Debug for NatsServer {
+impl<K> std::fmt::Debug for Server<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NatsServer")
+        f.debug_struct(self.process.name)
             .field("port", &self.port)
             .field("dir", &self.dir.path())
             .field("pid", &self.process.pid())
@@ -388,7 +391,124 @@ impl std::fmt::Debug for NatsServer {
     }
 }
 
-impl NatsServer {
+impl<K> Server<K> {
+    /// Starts `name` from `binary` in `dir` on a free port, trying up to
+    /// [`START_ATTEMPTS`] ports, each waited for at most [`READY_TIMEOUT`].
+    /// `args_for` gives the command line for a port.
+    async fn launch(
+        name: &'static str,
+        binary: PathBuf,
+        probe: Probe,
+        dir: tempfile::TempDir,
+        kind: K,
+        args_for: impl Fn(&K, &Path, u16) -> Vec<OsString>,
+    ) -> Result<Self> {
+        let mut server = Server {
+            process: ServerProcess {
+                name,
+                binary,
+                log_path: dir.path().join(format!("{name}.log")),
+                probe,
+                child: None,
+            },
+            args: Vec::new(),
+            port: 0,
+            kind,
+            dir,
+        };
+        let mut last_error = None;
+        for _ in 0..START_ATTEMPTS {
+            server.port = free_port()?;
+            server.args = args_for(&server.kind, server.dir.path(), server.port);
+            match server.process.spawn_ready(&server.args, server.port).await {
+                Ok(()) => return Ok(server),
+                Err(err) => last_error = Some(err),
+            }
+        }
+        Err(last_error
+            .unwrap_or_else(|| anyhow!("no start attempt was made"))
+            .context(format!("starting {name} ({START_ATTEMPTS} attempts)")))
+    }
+
+    /// TCP port the server listens on (kept across restarts).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Path of the file receiving the server's output.
+    pub fn log_path(&self) -> &Path {
+        &self.process.log_path
+    }
+
+    /// The last lines of the server's log, for diagnostics.
+    pub fn log_tail(&self) -> String {
+        log_tail(&self.process.log_path)
+    }
+
+    /// OS process id of the running server, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    /// Stops the server: SIGTERM (so NATS flushes its JetStream store), then
+    /// SIGKILL if it has not exited within a few seconds; waits for the exit.
+    /// Does nothing if the server is not running.
+    pub async fn stop(&mut self) {
+        self.process.stop().await;
+    }
+
+    /// Kills the server abruptly (SIGKILL, no shutdown) and waits for it,
+    /// simulating a crash. Does nothing if the server is not running.
+    pub async fn kill(&mut self) {
+        self.process.kill().await;
+    }
+
+    /// Stops the server if it runs and starts it again on the same port with
+    /// the same configuration, and waits until it accepts clients. NATS keeps
+    /// its JetStream store (streams and their messages survive); Redis starts
+    /// with an empty dataset (persistence is disabled).
+    pub async fn restart(&mut self) -> Result<()> {
+        self.process.stop().await;
+        let mut last_error = None;
+        for _ in 0..RESTART_ATTEMPTS {
+            match self.process.spawn_ready(&self.args, self.port).await {
+                Ok(()) => return Ok(()),
+                Err(err) => last_error = Some(err),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(last_error
+            .unwrap_or_else(|| anyhow!("no restart attempt was made"))
+            .context(format!(
+                "restarting {} on port {}",
+                self.process.name, self.port
+            )))
+    }
+}
+
+/// What a [`NatsServer`] keeps: its generated configuration and store.
+#[derive(Debug)]
+pub struct Nats {
+    /// JetStream store directory (inside the server's directory).
+    store_dir: PathBuf,
+    /// Generated configuration file (inside the server's directory).
+    config_path: PathBuf,
+}
+
+/// A private `nats-server` with JetStream, for one test.
+///
+/// The server stores JetStream data in its own temporary directory and
+/// allows payloads of up to [`NATS_MAX_PAYLOAD`] bytes. The binary is taken
+/// from `$NATS_SERVER_BIN`, else `nats-server` on `PATH`, else
+/// `/usr/sbin/nats-server`.
+pub type NatsServer = Server<Nats>;
+
+impl Server<Nats> {
     /// Starts a JetStream-enabled server on a free port and waits (at most
     /// [`READY_TIMEOUT`] per attempt) until it accepts clients.
     pub async fn start() -> Result<Self> {
@@ -413,48 +533,31 @@ impl NatsServer {
         let config = format!("max_payload: 8MB\njetstream: enabled\n\n{extra_conf}\n");
         std::fs::write(&config_path, config)
             .with_context(|| format!("writing {}", config_path.display()))?;
-
-        let mut server = NatsServer {
-            process: ServerProcess {
-                name: "nats-server",
-                binary,
-                log_path: dir.path().join("nats-server.log"),
-                probe: Probe::Nats,
-                child: None,
-            },
-            args: Vec::new(),
-            port: 0,
+        let kind = Nats {
             store_dir,
             config_path,
-            dir,
         };
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS {
-            server.port = free_port()?;
-            server.args = server.build_args();
-            match server.process.spawn_ready(&server.args, server.port).await {
-                Ok(()) => return Ok(server),
-                Err(err) => last_error = Some(err),
-            }
-        }
-        Err(last_error
-            .unwrap_or_else(|| anyhow!("no start attempt was made"))
-            .context(format!("starting nats-server ({START_ATTEMPTS} attempts)")))
-    }
-
-    /// Command-line arguments for the current port.
-    fn build_args(&self) -> Vec<OsString> {
-        vec![
-            "-c".into(),
-            self.config_path.clone().into_os_string(),
-            "-a".into(),
-            "127.0.0.1".into(),
-            "-p".into(),
-            self.port.to_string().into(),
-            "-js".into(),
-            "-sd".into(),
-            self.store_dir.clone().into_os_string(),
-        ]
+        Self::launch(
+            "nats-server",
+            binary,
+            Probe::Nats,
+            dir,
+            kind,
+            |kind, _, port| {
+                vec![
+                    "-c".into(),
+                    kind.config_path.clone().into_os_string(),
+                    "-a".into(),
+                    "127.0.0.1".into(),
+                    "-p".into(),
+                    port.to_string().into(),
+                    "-js".into(),
+                    "-sd".into(),
+                    kind.store_dir.clone().into_os_string(),
+                ]
+            },
+        )
+        .await
     }
 
     /// Client URL of the server, `nats://127.0.0.1:PORT`.
@@ -462,39 +565,14 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
-    /// TCP port the server listens on (kept across restarts).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// JetStream store directory (kept across restarts).
     pub fn store_dir(&self) -> &Path {
-        &self.store_dir
+        &self.kind.store_dir
     }
 
     /// Path of the generated configuration file.
     pub fn config_path(&self) -> &Path {
-        &self.config_path
-    }
-
-    /// Path of the file receiving the server's output.
-    pub fn log_path(&self) -> &Path {
-        &self.process.log_path
-    }
-
-    /// The last lines of the server's log, for diagnostics.
-    pub fn log_tail(&self) -> String {
-        log_tail(&self.process.log_path)
-    }
-
-    /// OS process id of the running server, if it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    /// Whether the server process is running.
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
+        &self.kind.config_path
     }
 
     /// Connects a plain client (no credentials) with a bounded connect timeout.
@@ -508,69 +586,20 @@ impl NatsServer {
             .map_err(|_| anyhow!("connecting to {url} timed out"))?
             .with_context(|| format!("connecting to {url}"))
     }
-
-    /// Stops the server: SIGTERM (so JetStream flushes its store), then
-    /// SIGKILL if it has not exited within a few seconds; waits for the exit.
-    /// Does nothing if the server is not running.
-    pub async fn stop(&mut self) {
-        self.process.stop().await;
-    }
-
-    /// Kills the server abruptly (SIGKILL, no shutdown) and waits for it,
-    /// simulating a crash. Does nothing if the server is not running.
-    pub async fn kill(&mut self) {
-        self.process.kill().await;
-    }
-
-    /// Stops the server if it runs and starts it again on the same port with
-    /// the same configuration and store directory, so JetStream streams and
-    /// their messages survive. Waits until it accepts clients.
-    pub async fn restart(&mut self) -> Result<()> {
-        self.process.stop().await;
-        let mut last_error = None;
-        for _ in 0..RESTART_ATTEMPTS {
-            match self.process.spawn_ready(&self.args, self.port).await {
-                Ok(()) => return Ok(()),
-                Err(err) => last_error = Some(err),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Err(last_error
-            .unwrap_or_else(|| anyhow!("no restart attempt was made"))
-            .context(format!("restarting nats-server on port {}", self.port)))
-    }
 }
+
+/// What a [`RedisServer`] keeps: nothing beyond its directory.
+#[derive(Debug)]
+pub struct Redis;
 
 /// A private, non-persistent `redis-server` for one test.
 ///
-/// The server listens on `127.0.0.1` on a free port with persistence disabled
-/// (`--save "" --appendonly no`), so a restart starts with an empty dataset.
-/// The binary is taken from `$REDIS_SERVER_BIN`, else `redis-server` on
-/// `PATH`, else `/usr/bin/redis-server`.
-///
-/// Dropping the value kills the server and deletes its directory.
-pub struct RedisServer {
-    /// The server process; declared before `dir` so it dies first.
-    process: ServerProcess,
-    /// Arguments of the current configuration (port included).
-    args: Vec<OsString>,
-    /// Port the server listens on.
-    port: u16,
-    /// Temporary working directory holding the log.
-    dir: tempfile::TempDir,
-}
+/// Persistence is disabled (`--save "" --appendonly no`), so a restart starts
+/// with an empty dataset. The binary is taken from `$REDIS_SERVER_BIN`, else
+/// `redis-server` on `PATH`, else `/usr/bin/redis-server`.
+pub type RedisServer = Server<Redis>;
 
-impl std::fmt::Debug for RedisServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisServer")
-            .field("port", &self.port)
-            .field("dir", &self.dir.path())
-            .field("pid", &self.process.pid())
-            .finish()
-    }
-}
-
-impl RedisServer {
+impl Server<Redis> {
     /// Starts a server on a free port and waits (at most [`READY_TIMEOUT`] per
     /// attempt) until it answers `PING`.
     pub async fn start() -> Result<Self> {
@@ -587,48 +616,30 @@ impl RedisServer {
             .prefix("toolfleet-redis-")
             .tempdir()
             .context("creating temporary directory for redis-server")?;
-        let mut server = RedisServer {
-            process: ServerProcess {
-                name: "redis-server",
-                binary,
-                log_path: dir.path().join("redis-server.log"),
-                probe: Probe::Redis,
-                child: None,
-            },
-            args: Vec::new(),
-            port: 0,
+        Self::launch(
+            "redis-server",
+            binary,
+            Probe::Redis,
             dir,
-        };
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS {
-            server.port = free_port()?;
-            server.args = server.build_args();
-            match server.process.spawn_ready(&server.args, server.port).await {
-                Ok(()) => return Ok(server),
-                Err(err) => last_error = Some(err),
-            }
-        }
-        Err(last_error
-            .unwrap_or_else(|| anyhow!("no start attempt was made"))
-            .context(format!("starting redis-server ({START_ATTEMPTS} attempts)")))
-    }
-
-    /// Command-line arguments for the current port.
-    fn build_args(&self) -> Vec<OsString> {
-        vec![
-            "--port".into(),
-            self.port.to_string().into(),
-            "--bind".into(),
-            "127.0.0.1".into(),
-            "--save".into(),
-            "".into(),
-            "--appendonly".into(),
-            "no".into(),
-            "--daemonize".into(),
-            "no".into(),
-            "--dir".into(),
-            self.dir.path().as_os_str().to_os_string(),
-        ]
+            Redis,
+            |_, dir, port| {
+                vec![
+                    "--port".into(),
+                    port.to_string().into(),
+                    "--bind".into(),
+                    "127.0.0.1".into(),
+                    "--save".into(),
+                    "".into(),
+                    "--appendonly".into(),
+                    "no".into(),
+                    "--daemonize".into(),
+                    "no".into(),
+                    "--dir".into(),
+                    dir.as_os_str().to_os_string(),
+                ]
+            },
+        )
+        .await
     }
 
     /// Client URL of the server, `redis://127.0.0.1:PORT/`.
@@ -636,64 +647,9 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
-    /// TCP port the server listens on (kept across restarts).
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Path of the file receiving the server's output.
-    pub fn log_path(&self) -> &Path {
-        &self.process.log_path
-    }
-
-    /// The last lines of the server's log, for diagnostics.
-    pub fn log_tail(&self) -> String {
-        log_tail(&self.process.log_path)
-    }
-
-    /// OS process id of the running server, if it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.process.pid()
-    }
-
-    /// Whether the server process is running.
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
-    }
-
     /// A `redis` client for [`RedisServer::url`] (connects lazily).
     pub fn client(&self) -> Result<redis::Client> {
         redis::Client::open(self.url()).context("creating redis client")
-    }
-
-    /// Stops the server: SIGTERM, then SIGKILL if it has not exited within a
-    /// few seconds; waits for the exit. Does nothing if it is not running.
-    pub async fn stop(&mut self) {
-        self.process.stop().await;
-    }
-
-    /// Kills the server abruptly (SIGKILL) and waits for it, simulating a
-    /// crash. Does nothing if the server is not running.
-    pub async fn kill(&mut self) {
-        self.process.kill().await;
-    }
-
-    /// Stops the server if it runs and starts it again on the same port. The
-    /// dataset is empty afterwards (persistence is disabled). Waits until the
-    /// server answers `PING`.
-    pub async fn restart(&mut self) -> Result<()> {
-        self.process.stop().await;
-        let mut last_error = None;
-        for _ in 0..RESTART_ATTEMPTS {
-            match self.process.spawn_ready(&self.args, self.port).await {
-                Ok(()) => return Ok(()),
-                Err(err) => last_error = Some(err),
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        Err(last_error
-            .unwrap_or_else(|| anyhow!("no restart attempt was made"))
-            .context(format!("restarting redis-server on port {}", self.port)))
     }
 }
 
@@ -752,6 +708,24 @@ pub fn init_test_tracing() {
         .try_init();
 }
 
+/// The path of `relative` in the repository (the workspace root).
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
+}
+
+/// The text of the repository file `relative`.
+pub fn read_repo_file(relative: &str) -> Result<String> {
+    let path = repo_path(relative);
+    std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// The repository file `relative`, parsed as JSON.
+pub fn read_repo_json(relative: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(&read_repo_file(relative)?).with_context(|| format!("parsing {relative}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -778,6 +752,45 @@ mod tests {
         )
     }
 
+    /// Creates the stream `name` on `subjects` in `js`.
+    async fn create_stream(
+        js: &async_nats::jetstream::Context,
+        name: &str,
+        subjects: &str,
+    ) -> Result<async_nats::jetstream::stream::Stream> {
+        Ok(js
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: name.to_string(),
+                subjects: vec![subjects.to_string()],
+                ..Default::default()
+            })
+            .await?)
+    }
+
+    /// How many messages the stream `DURABLE` of `nats` holds.
+    async fn durable_messages(nats: &NatsServer) -> Result<u64> {
+        let js = async_nats::jetstream::new(nats.connect().await?);
+        let mut stream = js.get_stream("DURABLE").await?;
+        Ok(stream.info().await?.state.messages)
+    }
+
+    /// What the server of `client` answers to `PING`.
+    async fn ping(client: &redis::Client) -> Result<String> {
+        let mut con = client.get_multiplexed_async_connection().await?;
+        Ok(redis::cmd("PING").query_async(&mut con).await?)
+    }
+
+    /// Drops `server` and waits (bounded) until its port refuses connections.
+    async fn drop_and_wait_closed<K>(server: Server<K>) -> Result<()> {
+        let port = server.port();
+        let what = format!("{} port to refuse connections", server.process.name);
+        drop(server);
+        eventually_named(&what, Duration::from_secs(5), || async {
+            connect_fails(port).await.then_some(())
+        })
+        .await
+    }
+
     #[tokio::test]
     async fn nats_server_accepts_jetstream_stream() -> Result<()> {
         init_test_tracing();
@@ -791,13 +804,7 @@ mod tests {
             assert!(client.server_info().jetstream);
 
             let js = async_nats::jetstream::new(client);
-            let stream = js
-                .create_stream(async_nats::jetstream::stream::Config {
-                    name: "HARNESS".to_string(),
-                    subjects: vec!["harness.>".to_string()],
-                    ..Default::default()
-                })
-                .await?;
+            let stream = create_stream(&js, "HARNESS", "harness.>").await?;
             assert_eq!(stream.cached_info().config.name, "HARNESS");
             let ack = js.publish("harness.one", "hello".into()).await?.await?;
             assert_eq!(ack.stream, "HARNESS");
@@ -818,12 +825,7 @@ mod tests {
             let port = nats.port();
             {
                 let js = async_nats::jetstream::new(nats.connect().await?);
-                js.create_stream(async_nats::jetstream::stream::Config {
-                    name: "DURABLE".to_string(),
-                    subjects: vec!["durable.>".to_string()],
-                    ..Default::default()
-                })
-                .await?;
+                create_stream(&js, "DURABLE", "durable.>").await?;
                 js.publish("durable.a", "kept".into()).await?.await?;
             }
 
@@ -834,15 +836,11 @@ mod tests {
             nats.restart().await?;
             assert_eq!(nats.port(), port);
             assert!(nats.is_running());
-            let js = async_nats::jetstream::new(nats.connect().await?);
-            let mut stream = js.get_stream("DURABLE").await?;
-            assert_eq!(stream.info().await?.state.messages, 1);
+            assert_eq!(durable_messages(&nats).await?, 1);
 
             nats.kill().await;
             nats.restart().await?;
-            let js = async_nats::jetstream::new(nats.connect().await?);
-            let mut stream = js.get_stream("DURABLE").await?;
-            assert_eq!(stream.info().await?.state.messages, 1);
+            assert_eq!(durable_messages(&nats).await?, 1);
             Ok(())
         })
         .await
@@ -884,15 +882,8 @@ mod tests {
     async fn nats_process_gone_after_drop() -> Result<()> {
         bounded(async {
             let nats = NatsServer::start().await?;
-            let port = nats.port();
             let dir = nats.store_dir().to_path_buf();
-            drop(nats);
-            eventually_named(
-                "nats port to refuse connections",
-                Duration::from_secs(5),
-                || async { connect_fails(port).await.then_some(()) },
-            )
-            .await?;
+            drop_and_wait_closed(nats).await?;
             assert!(!dir.exists(), "temp dir not removed");
             Ok(())
         })
@@ -907,15 +898,11 @@ mod tests {
             let port = redis_server.port();
             assert_eq!(redis_server.url(), format!("redis://127.0.0.1:{port}/"));
             let client = redis_server.client()?;
-            let mut con = client.get_multiplexed_async_connection().await?;
-            let pong: String = redis::cmd("PING").query_async(&mut con).await?;
-            assert_eq!(pong, "PONG");
+            assert_eq!(ping(&client).await?, "PONG");
 
             redis_server.restart().await?;
             assert_eq!(redis_server.port(), port);
-            let mut con = client.get_multiplexed_async_connection().await?;
-            let pong: String = redis::cmd("PING").query_async(&mut con).await?;
-            assert_eq!(pong, "PONG");
+            assert_eq!(ping(&client).await?, "PONG");
             Ok(())
         })
         .await
@@ -923,19 +910,7 @@ mod tests {
 
     #[tokio::test]
     async fn redis_process_gone_after_drop() -> Result<()> {
-        bounded(async {
-            let redis_server = RedisServer::start().await?;
-            let port = redis_server.port();
-            drop(redis_server);
-            eventually_named(
-                "redis port to refuse connections",
-                Duration::from_secs(5),
-                || async { connect_fails(port).await.then_some(()) },
-            )
-            .await?;
-            Ok(())
-        })
-        .await
+        bounded(async { drop_and_wait_closed(RedisServer::start().await?).await }).await
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use toolfleet_worker::db::{self, DbConfig};
+use toolfleet_packs::db::{self, DbConfig};
 
 /// Server used when `TOOLFLEET_TEST_DATABASE_URL` is unset.
 pub const DEFAULT_ADMIN_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";

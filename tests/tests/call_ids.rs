@@ -5,26 +5,19 @@ use std::time::Duration;
 
 use serde_json::json;
 use toolfleet_common::call::codes;
-use toolfleet_tests::fleet::{call, code_of, tool_calls, turn, Fleet};
+use toolfleet_tests::fleet::{call, code_of, Fleet};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusable_call_ids_fail_their_call_only() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
+    let calls = vec![
+        call("line\r\nbreak", "test.behave", json!({})),
+        call("#1", "test.behave", json!({})),
+        call("c3", "no.such.tool", json!({})),
+        call("ok", "test.behave", json!({})),
+    ];
     let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                "acme",
-                tool_calls(vec![
-                    call("line\r\nbreak", "test.behave", json!({})),
-                    call("#1", "test.behave", json!({})),
-                    call("c3", "no.such.tool", json!({})),
-                    call("ok", "test.behave", json!({})),
-                ]),
-            ),
-            Duration::from_secs(10),
-        )
+        .run_calls("acme", calls, Duration::from_secs(10))
         .await?;
     let fin = outcome.final_event;
     let codes_seen: Vec<Option<&str>> = fin.results.iter().map(code_of).collect();

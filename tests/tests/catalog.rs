@@ -1,14 +1,12 @@
 //! The catalog lists the live tools in every provider format, restricted to a tenant's
 //! allowlist when a tenant is named.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
 use toolfleet_common::CatalogFormat;
-use toolfleet_coordinator::{TenantPolicies, TenantPolicy};
+use toolfleet_packs as packs;
 use toolfleet_tests::fleet::Fleet;
-use toolfleet_worker::packs;
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -29,22 +27,11 @@ fn names_at<'a>(tools: &'a [Value], pointer: &str) -> Vec<&'a str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_catalog_in_every_format() -> anyhow::Result<()> {
     let fleet = Fleet::start().await?;
-    let mut config = fleet.coordinator_config();
-    config.tenants = TenantPolicies {
-        default: TenantPolicy::default(),
-        tenants: BTreeMap::from([(
-            "t1".to_string(),
-            TenantPolicy {
-                allowed_tools: Some(vec!["crm.*".into()]),
-                ..TenantPolicy::default()
-            },
-        )]),
-    };
-    let _c = fleet.coordinator(config);
     let tools = packs::tools_for(&["demo", "test"]).map_err(anyhow::Error::msg)?;
-    let _w = fleet.worker(fleet.worker_config(), tools);
     let all: Vec<&str> = CRM_TOOLS.iter().chain(&TEST_TOOLS).copied().collect();
-    fleet.wait_for_tools(&all).await?;
+    let (_c, _w) = fleet
+        .start_with_allowlist("t1", &["crm.*"], tools, &all)
+        .await?;
     let client = &fleet.client;
 
     // OpenAI: function tools, dots spelled `__`, sorted by name.

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use toolfleet_common::call::codes;
 use toolfleet_common::client::TurnStream;
-use toolfleet_common::{CallState, FinalEvent, TurnEvent};
-use toolfleet_tests::eventually_named;
+use toolfleet_common::{CallState, FinalEvent};
+use toolfleet_packs as packs;
 use toolfleet_tests::fleet::{
-    call, code_of, final_of, read_to_end, result_of, tool_calls, turn, Fleet, Running,
+    call, code_of, read_ack, read_final, result_of, timed_turn, until_state, value_at, Fleet,
+    Running,
 };
-use toolfleet_worker::packs;
 
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 
@@ -34,39 +34,24 @@ async fn kill_coordinator_mid_turn(
     deadline_ms: u64,
 ) -> anyhow::Result<(Fleet, FinalEvent, String, Duration)> {
     let (mut fleet, first, _worker) = fleet_with_coordinator_process().await?;
-    let mut request = turn(
-        "acme",
-        tool_calls(vec![call(
-            "orphan",
-            "test.behave",
-            json!({"sleep_ms": sleep_ms, "value": "kept"}),
-        )]),
+    let orphan = call(
+        "orphan",
+        "test.behave",
+        json!({"sleep_ms": sleep_ms, "value": "kept"}),
     );
-    request.deadline_ms = Some(deadline_ms);
+    let request = timed_turn("acme", deadline_ms, vec![orphan]);
     let submitted = Instant::now();
     let mut stream: TurnStream = fleet.client.submit(request).await?;
     let turn_id = stream.turn_id().to_string();
-    let ack = stream.next_event(EVENT_WAIT).await?;
-    assert_eq!(ack.kind(), "ack");
+    read_ack(&mut stream, EVENT_WAIT).await?;
     // `ack` leaves before the job does; `running` shows the job is out.
-    loop {
-        match stream.next_event(EVENT_WAIT).await? {
-            TurnEvent::ToolState {
-                state: CallState::Running,
-                ..
-            } => break,
-            event if event.is_last() => anyhow::bail!("turn ended early: {event:?}"),
-            _ => {}
-        }
-    }
+    until_state(&mut stream, None, CallState::Running, EVENT_WAIT).await?;
 
     fleet.kill_node(first).await?;
     let _second = fleet.coordinator(fleet.coordinator_config());
 
-    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
-    let took = submitted.elapsed();
-    let fin = final_of(&events)?.clone();
-    Ok((fleet, fin, turn_id, took))
+    let fin = read_final(&mut stream, EVENT_WAIT).await?;
+    Ok((fleet, fin, turn_id, submitted.elapsed()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,10 +60,7 @@ async fn another_coordinator_records_the_last_result() -> anyhow::Result<()> {
     let r = result_of(&fin, "orphan")?;
     assert!(r.ok, "{r:?}");
     assert_eq!(r.state, CallState::Done);
-    assert_eq!(
-        r.result.as_ref().map(|v| v["value"].clone()),
-        Some(json!("kept"))
-    );
+    assert_eq!(value_at(r, "/value"), Some(json!("kept")));
     assert!(!fin.deadline_hit);
     assert_eq!((fin.summary.total, fin.summary.ok), (1, 1));
     assert!(took < Duration::from_secs(5), "final after {took:?}");
@@ -103,14 +85,8 @@ async fn another_coordinator_ends_the_turn_at_its_deadline() -> anyhow::Result<(
     let counters = fleet.counters(&turn_id).await?;
     assert_eq!(counters.get("ended").map(String::as_str), Some("deadline"));
     // The worker gave up at the deadline too; its answer is late.
-    eventually_named("the worker's late answer", Duration::from_secs(5), || {
-        let fleet = &fleet;
-        let turn_id = turn_id.as_str();
-        async move {
-            let counters = fleet.counters(turn_id).await.ok()?;
-            (counters.get("late").map(String::as_str) == Some("1")).then_some(())
-        }
-    })
-    .await?;
+    fleet
+        .wait_for_counter(&turn_id, "late", "1", Duration::from_secs(5))
+        .await?;
     Ok(())
 }

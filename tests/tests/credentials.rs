@@ -4,22 +4,24 @@
 //! another tool's jobs, and a whole turn still runs with every role on its own
 //! credentials.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::streams::ensure_streams;
-use toolfleet_common::{CallState, CatalogFormat, FleetClient, Names, TurnRequest};
+use toolfleet_common::{CallState, FleetClient, Names};
 use toolfleet_coordinator::CoordinatorConfig;
-use toolfleet_tests::fleet::Running;
-use toolfleet_tests::{eventually_named, NatsServer, RedisServer};
-use toolfleet_worker::{packs, WorkerConfig};
+use toolfleet_packs as packs;
+use toolfleet_tests::fleet::{
+    coordinator_settings, turn, wait_for_catalog, wait_for_tools_on, worker_settings, Running,
+};
+use toolfleet_tests::{free_port, read_repo_file, read_repo_json, repo_path};
+use toolfleet_tests::{NatsServer, RedisServer};
+use toolfleet_worker::WorkerConfig;
 
 const COORDINATOR_PASSWORD: &str = "coordinator-test-password";
 const WORKER_PASSWORD: &str = "worker-test-password";
@@ -34,10 +36,7 @@ const JS_TIMEOUT: Duration = Duration::from_secs(1);
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 
 fn deploy_file(path: &str) -> Result<String> {
-    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy")
-        .join(path);
-    std::fs::read_to_string(&full).with_context(|| format!("reading {}", full.display()))
+    read_repo_file(&format!("deploy/{path}"))
 }
 
 /// `deploy/nats/auth.conf` with its password variables defined.
@@ -62,15 +61,9 @@ fn frontend_credentials() -> NatsCredentials {
     NatsCredentials::user_and_password("frontend", FRONTEND_PASSWORD)
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// Runs `deploy/probe.sh` (the image's `toolfleet-probe`) against `port` and `path`.
 async fn probe(port: u16, path: &str) -> Result<bool> {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/probe.sh");
+    let script = repo_path("deploy/probe.sh");
     let status = tokio::time::timeout(
         EVENT_WAIT,
         tokio::process::Command::new("bash")
@@ -193,49 +186,24 @@ impl SecuredServers {
         Ok(stream.info().await?.state.messages)
     }
 
+    /// A coordinator on the coordinator user, serving HTTP on `http_port`.
     fn coordinator(&self, http_port: u16) -> Running {
-        let config = CoordinatorConfig {
-            http_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], http_port))),
-            nats_url: self.nats.url(),
+        Running::coordinator(CoordinatorConfig {
+            http_addr: Some(loopback(http_port)),
             nats_credentials: coordinator_credentials(),
-            redis_url: self.redis_url.clone(),
-            prefix: self.names.prefix().to_string(),
-            sweep_interval: Duration::from_millis(100),
-            sweep_grace: Duration::from_millis(300),
-            registry_refresh: Duration::from_millis(250),
-            shutdown_grace: Duration::from_secs(2),
-            ..CoordinatorConfig::local()
-        };
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let handle = tokio::spawn(async move {
-            if let Err(error) = toolfleet_coordinator::run(config, token).await {
-                tracing::error!(%error, "coordinator failed");
-            }
-        });
-        Running { shutdown, handle }
+            ..coordinator_settings(self.nats.url(), self.redis_url.clone(), &self.names)
+        })
     }
 
+    /// A worker with the demo pack on the worker user, serving HTTP on `http_port`.
     fn demo_worker(&self, http_port: u16) -> Result<Running> {
         let config = WorkerConfig {
-            http_addr: Some(std::net::SocketAddr::from(([127, 0, 0, 1], http_port))),
-            nats_url: self.nats.url(),
+            http_addr: Some(loopback(http_port)),
             nats_credentials: worker_credentials(),
-            redis_url: self.redis_url.clone(),
-            prefix: self.names.prefix().to_string(),
-            heartbeat: Duration::from_millis(500),
-            ack_wait: Duration::from_millis(1000),
-            ..WorkerConfig::local()
+            ..worker_settings(self.nats.url(), self.redis_url.clone(), &self.names)
         };
         let tools = packs::tools_for(&["demo"]).map_err(anyhow::Error::msg)?;
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let handle = tokio::spawn(async move {
-            if let Err(error) = toolfleet_worker::run(config, tools, token).await {
-                tracing::error!(%error, "worker failed");
-            }
-        });
-        Ok(Running { shutdown, handle })
+        Ok(Running::worker(config, tools))
     }
 
     async fn frontend(&self) -> Result<FleetClient> {
@@ -246,6 +214,11 @@ impl SecuredServers {
         )
         .await?)
     }
+}
+
+/// `127.0.0.1:port`.
+fn loopback(port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// A job body; its content does not matter to the permissions under test.
@@ -359,30 +332,15 @@ async fn a_worker_cannot_submit_a_turn() -> Result<()> {
     let servers = SecuredServers::start().await?;
     let _coordinator = servers.coordinator(free_port()?);
     let frontend = servers.frontend().await?;
-    eventually_named("a coordinator answers", Duration::from_secs(10), || {
-        let frontend = frontend.clone();
-        async move {
-            frontend
-                .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
-                .await
-                .ok()
-        }
-    })
-    .await?;
+    wait_for_catalog(&frontend, "a coordinator answers", |_| true).await?;
 
     let mut worker = RoleConnection::open(&servers.nats, &worker_credentials()).await?;
     let inbox = worker.client.new_inbox();
     let mut events = worker.client.subscribe(inbox.clone()).await?;
-    let request = TurnRequest {
-        turn_id: Some("forged-by-a-worker".into()),
-        tenant_id: "acme".into(),
-        session_id: None,
-        user_message: None,
-        decision: json!({"type": "final", "text": "hello"}),
-        deadline_ms: Some(5_000),
-        options: Default::default(),
-        context: Default::default(),
-    };
+    let mut request = turn("acme", json!({"type": "final", "text": "hello"}));
+    request.turn_id = Some("forged-by-a-worker".into());
+    request.session_id = None;
+    request.deadline_ms = Some(5_000);
     worker
         .client
         .publish_with_reply(
@@ -428,43 +386,15 @@ async fn a_turn_runs_with_each_role_on_its_own_credentials() -> Result<()> {
     let coordinator = servers.coordinator(coordinator_port);
     let worker = servers.demo_worker(worker_port)?;
     let frontend = servers.frontend().await?;
-    eventually_named(
-        "the demo tools in the catalog",
-        Duration::from_secs(15),
-        || {
-            let frontend = frontend.clone();
-            async move {
-                let tools = frontend
-                    .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
-                    .await
-                    .ok()?;
-                let listed: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-                ["crm.getOpenInvoices", "crm.listUpcomingAppointments"]
-                    .iter()
-                    .all(|n| listed.contains(n))
-                    .then_some(())
-            }
-        },
+    wait_for_tools_on(
+        &frontend,
+        &["crm.getOpenInvoices", "crm.listUpcomingAppointments"],
     )
     .await?;
 
-    let decision: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../examples/decisions/appointments_and_billing.openai.json"),
-        )
-        .context("reading the demo decision")?,
-    )?;
-    let request = TurnRequest {
-        turn_id: None,
-        tenant_id: "acme".into(),
-        session_id: Some("session-1".into()),
-        user_message: Some("Show me my appointments and my billing".into()),
-        decision,
-        deadline_ms: Some(10_000),
-        options: Default::default(),
-        context: Default::default(),
-    };
+    let decision = read_repo_json("examples/decisions/appointments_and_billing.openai.json")?;
+    let mut request = turn("acme", decision);
+    request.user_message = Some("Show me my appointments and my billing".into());
     let outcome = frontend.run_turn(request, EVENT_WAIT).await?;
     let fin = outcome.final_event;
     assert_eq!(fin.summary.total, 2, "{fin:?}");

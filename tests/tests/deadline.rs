@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use toolfleet_common::call::codes;
 use toolfleet_common::{CallState, TurnEvent};
-use toolfleet_tests::eventually_named;
-use toolfleet_tests::fleet::{call, code_of, next_raw_event, result_of, tool_calls, turn, Fleet};
+use toolfleet_tests::fleet::{call, code_of, next_raw_event, result_of, timed_turn, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(5);
 const DEADLINE_MS: u64 = 500;
@@ -15,18 +14,12 @@ const SLOW_MS: u64 = 1500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deadline_ends_the_turn_and_late_results_change_nothing() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let turn_id = uuid::Uuid::new_v4().simple().to_string();
-    let mut request = turn(
-        "acme",
-        tool_calls(vec![
-            call("fast", "test.behave", json!({"value": "quick"})),
-            call("slow", "test.behave", json!({"sleep_ms": SLOW_MS})),
-        ]),
-    );
+    let fast = call("fast", "test.behave", json!({"value": "quick"}));
+    let slow = call("slow", "test.behave", json!({"sleep_ms": SLOW_MS}));
+    let mut request = timed_turn("acme", DEADLINE_MS, vec![fast, slow]);
     request.turn_id = Some(turn_id.clone());
-    request.deadline_ms = Some(DEADLINE_MS);
 
     let submitted = Instant::now();
     let mut events = fleet.submit_raw(serde_json::to_vec(&request)?).await?;
@@ -56,19 +49,9 @@ async fn the_deadline_ends_the_turn_and_late_results_change_nothing() -> anyhow:
 
     // The worker's own answer for the slow call arrives after the turn ended: counted
     // as late, and not recorded.
-    eventually_named(
-        "the late result to be counted",
-        Duration::from_secs(5),
-        || {
-            let fleet = &fleet;
-            let turn_id = turn_id.as_str();
-            async move {
-                let counters = fleet.counters(turn_id).await.ok()?;
-                (counters.get("late").map(String::as_str) == Some("1")).then_some(())
-            }
-        },
-    )
-    .await?;
+    fleet
+        .wait_for_counter(&turn_id, "late", "1", Duration::from_secs(5))
+        .await?;
     let counters = fleet.counters(&turn_id).await?;
     assert_eq!(counters.get("duplicates").map(String::as_str), Some("0"));
     assert_eq!(counters.get("state").map(String::as_str), Some("final"));

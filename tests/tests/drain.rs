@@ -6,37 +6,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use toolfleet_common::client::TurnStream;
-use toolfleet_common::{CallState, FleetClient, TurnEvent};
+use toolfleet_common::{CallState, FinalEvent, FleetClient, TurnRequest};
+use toolfleet_packs as packs;
 use toolfleet_tests::eventually_named;
-use toolfleet_tests::fleet::{call, final_of, read_to_end, result_of, tool_calls, turn, Fleet};
-use toolfleet_worker::packs;
+use toolfleet_tests::fleet::{
+    call, read_ack, read_final, result_of, timed_turn, until_state, Fleet,
+};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 const EXIT_WAIT: Duration = Duration::from_secs(20);
-
-/// Reads `stream` until call `id` is reported `running`.
-async fn until_running(stream: &mut TurnStream, id: &str) -> Result<()> {
-    loop {
-        match stream.next_event(EVENT_WAIT).await? {
-            TurnEvent::ToolState {
-                tool_call_id,
-                state: CallState::Running,
-                ..
-            } if tool_call_id == id => return Ok(()),
-            event if event.is_last() => anyhow::bail!("turn ended before {id} ran: {event:?}"),
-            _ => {}
-        }
-    }
-}
-
-/// Reads the first event of `stream` and checks it is the `ack`.
-async fn acked(stream: &mut TurnStream) -> Result<()> {
-    match stream.next_event(EVENT_WAIT).await? {
-        TurnEvent::Ack { .. } => Ok(()),
-        other => anyhow::bail!("expected ack, got {other:?}"),
-    }
-}
 
 /// Waits until every job of `fleet`'s jobs stream is acked and gone.
 async fn jobs_all_acked(fleet: &Fleet, tools: &[&str]) -> Result<()> {
@@ -102,13 +80,18 @@ async fn a_terminated_worker_finishes_its_call_and_takes_no_new_jobs() -> Result
     )?;
     fleet.wait_for_tools(&[TOOL]).await?;
 
-    let mut request = turn(
-        "acme",
-        tool_calls(vec![call("in-flight", TOOL, json!({"sleep_ms": SLEEP_MS}))]),
-    );
-    request.deadline_ms = Some(30_000);
-    let mut in_flight = fleet.client.submit(request).await?;
-    until_running(&mut in_flight, "in-flight").await?;
+    let in_flight = call("in-flight", TOOL, json!({"sleep_ms": SLEEP_MS}));
+    let mut in_flight = fleet
+        .client
+        .submit(timed_turn("acme", 30_000, vec![in_flight]))
+        .await?;
+    until_state(
+        &mut in_flight,
+        Some("in-flight"),
+        CallState::Running,
+        EVENT_WAIT,
+    )
+    .await?;
 
     fleet.spawn_node("worker", &[("TOOLFLEET_WORKER_ID", "successor")])?;
     worker_live(&fleet, TOOL, "successor").await?;
@@ -118,21 +101,15 @@ async fn a_terminated_worker_finishes_its_call_and_takes_no_new_jobs() -> Result
     let after_signal = async move {
         // Past the drained worker's last pull request, well before its call ends.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let mut request = turn(
-            "acme",
-            tool_calls(vec![call("after-signal", TOOL, json!({"sleep_ms": 10}))]),
-        );
-        request.deadline_ms = Some(20_000);
-        let mut stream = client.submit(request).await?;
-        read_to_end(&mut stream, EVENT_WAIT).await
+        let after = call("after-signal", TOOL, json!({"sleep_ms": 10}));
+        submit_and_finish(&client, timed_turn("acme", 20_000, vec![after])).await
     };
     let (terminated, later) = tokio::join!(fleet.terminate_node(draining, EXIT_WAIT), after_signal);
     terminated.context("the worker did not exit after SIGTERM")?;
     let exited_after = signalled.elapsed();
 
-    let events = read_to_end(&mut in_flight, EVENT_WAIT).await?;
-    let fin = final_of(&events)?;
-    let r = result_of(fin, "in-flight")?;
+    let fin = read_final(&mut in_flight, EVENT_WAIT).await?;
+    let r = result_of(&fin, "in-flight")?;
     assert_eq!(r.state, CallState::Done, "{r:?}");
     assert_eq!(r.attempts, 1, "the call ran again: {r:?}");
     assert_eq!(r.worker_id.as_deref(), Some("draining"));
@@ -144,7 +121,7 @@ async fn a_terminated_worker_finishes_its_call_and_takes_no_new_jobs() -> Result
     );
 
     let later = later?;
-    let r = result_of(final_of(&later)?, "after-signal")?;
+    let r = result_of(&later, "after-signal")?;
     assert_eq!(r.state, CallState::Done, "{r:?}");
     assert_eq!(r.worker_id.as_deref(), Some("successor"));
 
@@ -166,24 +143,16 @@ async fn a_terminated_coordinator_leaves_its_turns_to_another_replica() -> Resul
     let submitted = Instant::now();
     let mut streams = Vec::new();
     for n in 0..TURNS {
-        let mut request = turn(
-            "acme",
-            tool_calls(vec![
-                call(
-                    &format!("t{n}-a"),
-                    "test.behave",
-                    json!({"sleep_ms": SLEEP_MS}),
-                ),
-                call(
-                    &format!("t{n}-b"),
-                    "test.behave",
-                    json!({"sleep_ms": SLEEP_MS}),
-                ),
-            ]),
-        );
-        request.deadline_ms = Some(DEADLINE_MS);
+        let calls = ["a", "b"].map(|c| {
+            call(
+                &format!("t{n}-{c}"),
+                "test.behave",
+                json!({"sleep_ms": SLEEP_MS}),
+            )
+        });
+        let request = timed_turn("acme", DEADLINE_MS, calls.to_vec());
         let mut stream = fleet.client.submit(request).await?;
-        acked(&mut stream).await?;
+        read_ack(&mut stream, EVENT_WAIT).await?;
         streams.push(stream);
     }
 
@@ -192,12 +161,8 @@ async fn a_terminated_coordinator_leaves_its_turns_to_another_replica() -> Resul
 
     let client = fleet.client.clone();
     let during_drain = async move {
-        let mut request = turn(
-            "acme",
-            tool_calls(vec![call("during-drain", "test.noop", json!({}))]),
-        );
-        request.deadline_ms = Some(DEADLINE_MS);
-        submit_and_finish(&client, request).await
+        let during = call("during-drain", "test.noop", json!({}));
+        submit_and_finish(&client, timed_turn("acme", DEADLINE_MS, vec![during])).await
     };
     let (terminated, drained_turn) =
         tokio::join!(fleet.terminate_node(first, EXIT_WAIT), during_drain);
@@ -208,8 +173,7 @@ async fn a_terminated_coordinator_leaves_its_turns_to_another_replica() -> Resul
     );
 
     for mut stream in streams {
-        let events = read_to_end(&mut stream, EVENT_WAIT).await?;
-        let fin = final_of(&events)?;
+        let fin = read_final(&mut stream, EVENT_WAIT).await?;
         assert!(!fin.deadline_hit, "{fin:?}");
         assert_eq!(fin.summary.ok, 2, "{fin:?}");
     }
@@ -224,13 +188,8 @@ async fn a_terminated_coordinator_leaves_its_turns_to_another_replica() -> Resul
 }
 
 /// Submits `request` and reads it to `final`.
-async fn submit_and_finish(
-    client: &FleetClient,
-    request: toolfleet_common::TurnRequest,
-) -> Result<toolfleet_common::FinalEvent> {
-    let mut stream = client.submit(request).await?;
-    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
-    Ok(final_of(&events)?.clone())
+async fn submit_and_finish(client: &FleetClient, request: TurnRequest) -> Result<FinalEvent> {
+    read_final(&mut client.submit(request).await?, EVENT_WAIT).await
 }
 
 /// Waits until two replicas have pull requests waiting on the results consumer.

@@ -9,7 +9,9 @@ use serde_json::{json, Value};
 use toolfleet_common::names::HEADER_MSG_ID;
 use toolfleet_common::{CallResult, CallState, ToolCall, TurnEvent};
 use toolfleet_tests::eventually_named;
-use toolfleet_tests::fleet::{call, final_of, read_to_end, result_of, tool_calls, turn, Fleet};
+use toolfleet_tests::fleet::{
+    call, call_ids, final_of, read_ack, read_to_end, result_of, timed_turn, value_at, Fleet,
+};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 const SLEEP_MS: u64 = 1500;
@@ -29,31 +31,21 @@ fn forged(id: &str, value: Value) -> anyhow::Result<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_result_wins_and_copies_are_counted() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let js = async_nats::jetstream::new(fleet.client.nats().clone());
 
-    let mut request = turn(
-        "acme",
-        tool_calls(vec![
-            call(
-                "a",
-                "test.behave",
-                json!({"sleep_ms": SLEEP_MS, "value": "real"}),
-            ),
-            call(
-                "b",
-                "test.behave",
-                json!({"sleep_ms": SLEEP_MS, "value": "real"}),
-            ),
-        ]),
-    );
-    request.deadline_ms = Some(5000);
+    let calls = ["a", "b"].map(|id| {
+        call(
+            id,
+            "test.behave",
+            json!({"sleep_ms": SLEEP_MS, "value": "real"}),
+        )
+    });
+    let request = timed_turn("acme", 5000, calls.to_vec());
     let mut stream = fleet.client.submit(request).await?;
     let turn_id = stream.turn_id().to_string();
     let subject = fleet.names.result_subject(&turn_id);
-    let ack = stream.next_event(EVENT_WAIT).await?;
-    assert_eq!(ack.kind(), "ack");
+    read_ack(&mut stream, EVENT_WAIT).await?;
 
     // A forged result for `a`, without a message id, is recorded first.
     js.publish(subject.clone(), forged("a", json!({"forged": 1}))?.into())
@@ -90,21 +82,13 @@ async fn the_first_result_wins_and_copies_are_counted() -> anyhow::Result<()> {
     let events = read_to_end(&mut stream, EVENT_WAIT).await?;
     let fin = final_of(&events)?;
     assert!(!fin.deadline_hit);
-    let ids: Vec<&str> = fin
-        .results
-        .iter()
-        .map(|r| r.tool_call_id.as_str())
-        .collect();
-    assert_eq!(ids, ["a", "b"]);
+    assert_eq!(call_ids(fin), ["a", "b"]);
     let a = result_of(fin, "a")?;
     assert_eq!(a.result, Some(json!({"forged": 1})));
     assert_eq!(a.worker_id.as_deref(), Some("forger"));
     let b = result_of(fin, "b")?;
     assert!(b.ok);
-    assert_eq!(
-        b.result.as_ref().map(|v| v["value"].clone()),
-        Some(json!("real"))
-    );
+    assert_eq!(value_at(b, "/value"), Some(json!("real")));
     assert_eq!((fin.summary.total, fin.summary.ok), (2, 2));
     assert_eq!(fin.history.openai.len(), 2);
 
@@ -119,15 +103,9 @@ async fn the_first_result_wins_and_copies_are_counted() -> anyhow::Result<()> {
     assert_eq!(a_done, 1);
 
     // The copy and the worker's real answer for `a` are duplicates.
-    eventually_named("both copies to be counted", EVENT_WAIT, || {
-        let fleet = &fleet;
-        let turn_id = turn_id.as_str();
-        async move {
-            let counters = fleet.counters(turn_id).await.ok()?;
-            (counters.get("duplicates").map(String::as_str) == Some("2")).then_some(())
-        }
-    })
-    .await?;
+    fleet
+        .wait_for_counter(&turn_id, "duplicates", "2", EVENT_WAIT)
+        .await?;
 
     // Every result was consumed and acked; the ghost left no trace.
     eventually_named("the results consumer to drain", EVENT_WAIT, || {

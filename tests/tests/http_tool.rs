@@ -13,9 +13,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use toolfleet_common::CallState;
-use toolfleet_tests::fleet::{call, code_of, result_of, tool_calls, turn, Fleet};
-use toolfleet_worker::http_tool;
-use toolfleet_worker::packs::{self, PackSettings};
+use toolfleet_packs::{self as packs, http_tool, PackSettings};
+use toolfleet_tests::fleet::{call, code_of, result_of, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 const MAX_REQUEST: usize = 64 * 1024;
@@ -140,9 +139,7 @@ async fn serve(mut socket: TcpStream, hits: Arc<Mutex<HashMap<String, usize>>>) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_tools_map_answers_to_results_and_retryable_errors() -> Result<()> {
     let upstream = Upstream::start().await?;
-    let refused = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let refused = toolfleet_tests::free_port()?;
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("http_tools.json");
     let spec = |name: &str, url: String, extra: Value| {
@@ -172,36 +169,28 @@ async fn http_tools_map_answers_to_results_and_retryable_errors() -> Result<()> 
     std::fs::write(&file, serde_json::to_vec_pretty(&declared)?)?;
 
     let fleet = Fleet::start().await?;
-    let _c = fleet.coordinator(fleet.coordinator_config());
     let settings = PackSettings {
         http_tools_file: Some(file),
         ..PackSettings::default()
     };
     let tools = packs::tools_with(&["http"], &settings)?;
-    let _w = fleet.worker(fleet.worker_config(), tools);
-    fleet
-        .wait_for_tools(&["http.echo", "http.gone", "http.slow"])
+    let listed = ["http.echo", "http.gone", "http.slow"];
+    let (_c, _w) = fleet
+        .start_with(fleet.coordinator_config(), tools, &listed)
         .await?;
 
     let args = json!({"city": "Sydney"});
-    let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                "acme",
-                tool_calls(vec![
-                    call("echo", "http.echo", args.clone()),
-                    call("unavailable", "http.unavailable", args.clone()),
-                    call("limited", "http.limited", args.clone()),
-                    call("rejected", "http.rejected", args.clone()),
-                    call("slow", "http.slow", args.clone()),
-                    call("not_json", "http.not_json", args.clone()),
-                    call("gone", "http.gone", args.clone()),
-                ]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
+    let calls = [
+        "echo",
+        "unavailable",
+        "limited",
+        "rejected",
+        "slow",
+        "not_json",
+        "gone",
+    ]
+    .map(|id| call(id, &format!("http.{id}"), args.clone()));
+    let outcome = fleet.run_calls("acme", calls.to_vec(), EVENT_WAIT).await?;
     let fin = &outcome.final_event;
 
     let echo = result_of(fin, "echo")?;

@@ -7,9 +7,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use toolfleet_common::call::codes;
 use toolfleet_common::turn::turn_codes;
-use toolfleet_common::{CallError, CallState, TurnEvent};
+use toolfleet_common::{CallError, TurnEvent};
 use toolfleet_tests::fleet::{
-    call, code_of, next_raw_event, read_to_end, result_of, tool_calls, turn, Fleet,
+    assert_one_error, call, call_ids, code_at, next_raw_event, read_to_end, result_of, tool_calls,
+    turn, Fleet,
 };
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
@@ -39,8 +40,7 @@ async fn raw_error(fleet: &Fleet, payload: &[u8]) -> anyhow::Result<CallError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_input_is_refused_and_the_coordinator_lives_on() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (coordinator, _w) = fleet.start_default().await?;
+    let (fleet, coordinator, _w) = Fleet::start_with_default_nodes().await?;
 
     // Requests that are not a turn request at all.
     for payload in [
@@ -94,30 +94,16 @@ async fn malformed_input_is_refused_and_the_coordinator_lives_on() -> anyhow::Re
              "function": {"name": "test.noop", "arguments": "[1, 2]"}},
         ]
     });
-    let outcome = fleet
-        .client
-        .run_turn(turn("acme", decision), EVENT_WAIT)
-        .await?;
+    let outcome = fleet.run(turn("acme", decision), EVENT_WAIT).await?;
     let fin = &outcome.final_event;
-    let ids: Vec<&str> = fin
-        .results
-        .iter()
-        .map(|r| r.tool_call_id.as_str())
-        .collect();
-    assert_eq!(ids, ["cut", "whole", "no_function", "array_args"]);
-    assert_eq!(
-        code_of(result_of(fin, "cut")?),
-        Some(codes::MALFORMED_ARGUMENTS)
-    );
+    assert_eq!(call_ids(fin), ["cut", "whole", "no_function", "array_args"]);
+    assert_eq!(code_at(fin, "cut")?, Some(codes::MALFORMED_ARGUMENTS));
     let whole = result_of(fin, "whole")?;
     assert!(whole.ok, "{whole:?}");
     assert_eq!(whole.name, "test.behave");
+    assert_eq!(code_at(fin, "no_function")?, Some(codes::MALFORMED_CALL));
     assert_eq!(
-        code_of(result_of(fin, "no_function")?),
-        Some(codes::MALFORMED_CALL)
-    );
-    assert_eq!(
-        code_of(result_of(fin, "array_args")?),
+        code_at(fin, "array_args")?,
         Some(codes::MALFORMED_ARGUMENTS)
     );
     assert_eq!((fin.summary.ok, fin.summary.errors), (1, 3));
@@ -125,33 +111,22 @@ async fn malformed_input_is_refused_and_the_coordinator_lives_on() -> anyhow::Re
 
     // A multi-megabyte argument is refused; the turn still ends.
     let huge = "x".repeat(3 * 1024 * 1024);
-    let decision = tool_calls(vec![
+    let calls = vec![
         call("huge", "test.behave", json!({"value": huge})),
         call("small", "test.behave", json!({"value": "small"})),
-    ]);
-    let outcome = fleet
-        .client
-        .run_turn(turn("acme", decision), EVENT_WAIT)
-        .await?;
-    let fin = &outcome.final_event;
-    let big = result_of(fin, "huge")?;
-    assert_eq!(big.state, CallState::Error);
-    assert_eq!(code_of(big), Some(codes::ARGUMENTS_TOO_LARGE));
-    assert!(result_of(fin, "small")?.ok);
-    assert_eq!((fin.summary.ok, fin.summary.errors), (1, 1));
+    ];
+    let outcome = fleet.run_calls("acme", calls, EVENT_WAIT).await?;
+    assert_one_error(
+        &outcome.final_event,
+        "huge",
+        codes::ARGUMENTS_TOO_LARGE,
+        "small",
+    )?;
 
     // After all that, an ordinary turn still works.
     assert!(!coordinator.handle.is_finished(), "the coordinator stopped");
-    let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                "acme",
-                tool_calls(vec![call("after", "test.behave", json!({"value": 1}))]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
+    let after = call("after", "test.behave", json!({"value": 1}));
+    let outcome = fleet.run_calls("acme", vec![after], EVENT_WAIT).await?;
     assert!(result_of(&outcome.final_event, "after")?.ok);
     assert_eq!(outcome.events.first().map(TurnEvent::kind), Some("ack"));
     Ok(())

@@ -4,20 +4,13 @@
 //! stream and tool consumers), and the NATS and Redis credentials they use.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 use serde_norway::Value;
 use toolfleet_common::Names;
-use toolfleet_worker::packs;
-
-fn repo_file(path: &str) -> Result<String> {
-    let full = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(path);
-    std::fs::read_to_string(&full).with_context(|| format!("reading {}", full.display()))
-}
+use toolfleet_packs as packs;
+use toolfleet_tests::read_repo_file as repo_file;
 
 fn yaml(path: &str) -> Result<Value> {
     serde_norway::from_str(&repo_file(path)?).with_context(|| format!("parsing {path}"))
@@ -162,10 +155,7 @@ fn compose_jaeger_takes_otlp_and_shows_its_ui() -> Result<()> {
     for wanted in ["16686:16686", "4318:4318"] {
         assert!(ports.iter().any(|p| p == wanted), "{wanted} in {ports:?}");
     }
-    assert_eq!(
-        str_at(jaeger, &["environment", "COLLECTOR_OTLP_ENABLED"]),
-        Some("true")
-    );
+    assert_eq!(compose_env(jaeger, "COLLECTOR_OTLP_ENABLED"), Some("true"));
     Ok(())
 }
 
@@ -603,7 +593,7 @@ fn keda_scales_workers_on_the_tool_consumers_lag() -> Result<()> {
 
 #[test]
 fn kustomize_builds_the_manifests_when_kubectl_is_installed() -> Result<()> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s");
+    let dir = toolfleet_tests::repo_path("deploy/k8s");
     let output = match std::process::Command::new("kubectl")
         .arg("kustomize")
         .arg(&dir)

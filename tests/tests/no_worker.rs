@@ -6,24 +6,20 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use toolfleet_common::call::codes;
 use toolfleet_common::CallState;
-use toolfleet_tests::fleet::{call, code_of, result_of, tool_calls, turn, Fleet};
+use toolfleet_tests::fleet::{call, code_of, result_of, timed_turn, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_without_workers_fails_fast() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, worker) = fleet.start_default().await?;
+    let (fleet, _c, worker) = Fleet::start_with_default_nodes().await?;
     worker.stop().await;
     fleet.wait_for_tool_gone("test.behave").await?;
 
-    let mut request = turn(
-        "acme",
-        tool_calls(vec![call("orphan", "test.behave", json!({"value": 1}))]),
-    );
-    request.deadline_ms = Some(10_000);
+    let orphan = call("orphan", "test.behave", json!({"value": 1}));
+    let request = timed_turn("acme", 10_000, vec![orphan]);
     let started = Instant::now();
-    let outcome = fleet.client.run_turn(request, EVENT_WAIT).await?;
+    let outcome = fleet.run(request, EVENT_WAIT).await?;
     let took = started.elapsed();
 
     assert!(took < Duration::from_secs(1), "final after {took:?}");

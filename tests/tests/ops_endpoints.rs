@@ -5,14 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use toolfleet_tests::eventually_named;
-use toolfleet_tests::fleet::{call, tool_calls, turn, Fleet};
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
+use toolfleet_tests::fleet::{call, Fleet};
+use toolfleet_tests::{eventually_named, free_port};
 
 /// `GET path` on loopback; `(status, body)`.
 async fn get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
@@ -64,18 +58,12 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
         assert_eq!(get(port, "/nope").await?.0, 404);
     }
 
+    let calls = vec![
+        call("a", "test.behave", json!({})),
+        call("b", "test.behave", json!({"fail": "boom"})),
+    ];
     let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                "acme",
-                tool_calls(vec![
-                    call("a", "test.behave", json!({})),
-                    call("b", "test.behave", json!({"fail": "boom"})),
-                ]),
-            ),
-            Duration::from_secs(10),
-        )
+        .run_calls("acme", calls, Duration::from_secs(10))
         .await?;
     assert_eq!(outcome.final_event.summary.ok, 1);
 

@@ -5,33 +5,28 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use toolfleet_common::CallState;
-use toolfleet_tests::fleet::{call, tool_calls, turn, Fleet};
+use toolfleet_tests::fleet::{call, call_ids, value_at, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 const SLEEP_MS: u64 = 300;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sleeping_calls_overlap() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let ids = ["p1", "p2", "p3"];
-    let decision = tool_calls(
-        ids.iter()
-            .map(|id| {
-                call(
-                    id,
-                    "test.behave",
-                    json!({"sleep_ms": SLEEP_MS, "value": id}),
-                )
-            })
-            .collect(),
-    );
+    let calls = ids
+        .iter()
+        .map(|id| {
+            call(
+                id,
+                "test.behave",
+                json!({"sleep_ms": SLEEP_MS, "value": id}),
+            )
+        })
+        .collect();
 
     let started = Instant::now();
-    let outcome = fleet
-        .client
-        .run_turn(turn("acme", decision), EVENT_WAIT)
-        .await?;
+    let outcome = fleet.run_calls("acme", calls, EVENT_WAIT).await?;
     let wall = started.elapsed();
 
     let fin = &outcome.final_event;
@@ -42,12 +37,7 @@ async fn three_sleeping_calls_overlap() -> anyhow::Result<()> {
     assert!(!fin.deadline_hit);
     assert_eq!(fin.summary.total, 3);
     assert_eq!(fin.summary.ok, 3);
-    let got: Vec<&str> = fin
-        .results
-        .iter()
-        .map(|r| r.tool_call_id.as_str())
-        .collect();
-    assert_eq!(got, ids);
+    assert_eq!(call_ids(fin), ids);
     for r in &fin.results {
         assert!(r.ok, "{r:?}");
         assert_eq!(r.state, CallState::Done);
@@ -57,8 +47,7 @@ async fn three_sleeping_calls_overlap() -> anyhow::Result<()> {
             r.tool_call_id,
             r.duration_ms
         );
-        let value = r.result.as_ref().map(|v| v["value"].clone());
-        assert_eq!(value, Some(json!(r.tool_call_id)));
+        assert_eq!(value_at(r, "/value"), Some(json!(r.tool_call_id)));
     }
     Ok(())
 }

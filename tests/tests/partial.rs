@@ -1,40 +1,23 @@
 //! A failing call never sinks its turn: every call gets its own result with a stable
 //! code, the rest still run, and the history holds one entry per call.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use toolfleet_common::call::codes;
 use toolfleet_common::{CallState, TurnEvent, TurnOptions};
 use toolfleet_coordinator::narrate::FALLBACK;
-use toolfleet_coordinator::{TenantPolicies, TenantPolicy};
-use toolfleet_tests::fleet::{call, code_of, result_of, tool_calls, turn, Fleet};
-use toolfleet_worker::packs;
+use toolfleet_packs as packs;
+use toolfleet_tests::fleet::{
+    assert_one_error, call, call_ids, code_at, code_of, result_of, tool_calls, turn, value_at,
+    Fleet,
+};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_failure_gets_its_own_code() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
-    let decision = tool_calls(vec![
-        call("good", "test.behave", json!({"value": 7})),
-        call("boom", "test.behave", json!({"fail": "boom"})),
-        call("unknown", "test.nosuchtool", json!({})),
-        call("bad_type", "test.behave", json!({"sleep_ms": "soon"})),
-        call(
-            "bad_field",
-            "test.behave",
-            json!({"sleep_ms": 1, "colour": "red"}),
-        ),
-    ]);
-    let outcome = fleet
-        .client
-        .run_turn(turn("acme", decision), EVENT_WAIT)
-        .await?;
-    let fin = &outcome.final_event;
-
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let expected = [
         ("good", CallState::Done, None),
         ("boom", CallState::Error, Some("boom")),
@@ -46,11 +29,21 @@ async fn each_failure_gets_its_own_code() -> anyhow::Result<()> {
             Some(codes::INVALID_ARGUMENTS),
         ),
     ];
-    let ids: Vec<&str> = fin
-        .results
-        .iter()
-        .map(|r| r.tool_call_id.as_str())
-        .collect();
+    let calls = vec![
+        call("good", "test.behave", json!({"value": 7})),
+        call("boom", "test.behave", json!({"fail": "boom"})),
+        call("unknown", "test.nosuchtool", json!({})),
+        call("bad_type", "test.behave", json!({"sleep_ms": "soon"})),
+        call(
+            "bad_field",
+            "test.behave",
+            json!({"sleep_ms": 1, "colour": "red"}),
+        ),
+    ];
+    let outcome = fleet.run_calls("acme", calls, EVENT_WAIT).await?;
+    let fin = &outcome.final_event;
+
+    let ids = call_ids(fin);
     assert_eq!(ids, expected.map(|(id, _, _)| id));
     for (id, state, code) in expected {
         let r = result_of(fin, id)?;
@@ -58,13 +51,7 @@ async fn each_failure_gets_its_own_code() -> anyhow::Result<()> {
         assert_eq!(r.ok, state == CallState::Done, "{id}");
         assert_eq!(code_of(r), code, "{id}: {r:?}");
     }
-    assert_eq!(
-        result_of(fin, "good")?
-            .result
-            .as_ref()
-            .map(|v| v["value"].clone()),
-        Some(json!(7))
-    );
+    assert_eq!(value_at(result_of(fin, "good")?, "/value"), Some(json!(7)));
     // The tool's own failure ran on a worker; validation failures never left the
     // coordinator.
     assert_eq!(result_of(fin, "boom")?.attempts, 1);
@@ -128,73 +115,42 @@ async fn each_failure_gets_its_own_code() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panics_duplicates_and_the_call_cap() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
 
     // A panicking tool is an error for its call only, and the worker lives on.
+    let panics = call("panics", "test.behave", json!({"panic": true}));
+    let fine = call("fine", "test.noop", json!({}));
     let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                "acme",
-                tool_calls(vec![
-                    call("panics", "test.behave", json!({"panic": true})),
-                    call("fine", "test.noop", json!({})),
-                ]),
-            ),
-            EVENT_WAIT,
-        )
+        .run_calls("acme", vec![panics, fine], EVENT_WAIT)
         .await?;
-    let fin = &outcome.final_event;
-    let panicked = result_of(fin, "panics")?;
-    assert_eq!(panicked.state, CallState::Error);
-    assert_eq!(code_of(panicked), Some(codes::TOOL_PANICKED));
-    assert!(result_of(fin, "fine")?.ok);
-    assert_eq!((fin.summary.ok, fin.summary.errors), (1, 1));
+    assert_one_error(&outcome.final_event, "panics", codes::TOOL_PANICKED, "fine")?;
 
     // The second use of a call id is refused; the first runs.
+    let first = call("same", "test.behave", json!({"value": "first"}));
+    let second = call("same", "test.behave", json!({"value": "second"}));
     let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                "acme",
-                tool_calls(vec![
-                    call("same", "test.behave", json!({"value": "first"})),
-                    call("same", "test.behave", json!({"value": "second"})),
-                ]),
-            ),
-            EVENT_WAIT,
-        )
+        .run_calls("acme", vec![first, second], EVENT_WAIT)
         .await?;
     let fin = &outcome.final_event;
     assert_eq!(fin.results.len(), 2);
     assert!(fin.results[0].ok, "{:?}", fin.results[0]);
-    assert_eq!(
-        fin.results[0].result.as_ref().map(|v| v["value"].clone()),
-        Some(json!("first"))
-    );
+    assert_eq!(value_at(&fin.results[0], "/value"), Some(json!("first")));
     assert_eq!(fin.results[1].tool_call_id, "same");
     assert_eq!(code_of(&fin.results[1]), Some(codes::DUPLICATE_CALL_ID));
     assert_eq!((fin.summary.ok, fin.summary.errors), (1, 1));
 
     // Calls past the turn's cap are refused; the others run.
-    let mut request = turn(
-        "acme",
-        tool_calls(vec![
-            call("c1", "test.noop", json!({})),
-            call("c2", "test.noop", json!({})),
-            call("c3", "test.noop", json!({})),
-        ]),
-    );
+    let noops = ["c1", "c2", "c3"].map(|id| call(id, "test.noop", json!({})));
+    let mut request = turn("acme", tool_calls(noops.to_vec()));
     request.options = TurnOptions {
         max_calls: Some(2),
         concurrency: None,
     };
-    let outcome = fleet.client.run_turn(request, EVENT_WAIT).await?;
+    let outcome = fleet.run(request, EVENT_WAIT).await?;
     let fin = &outcome.final_event;
     assert!(result_of(fin, "c1")?.ok);
     assert!(result_of(fin, "c2")?.ok);
-    assert_eq!(code_of(result_of(fin, "c3")?), Some(codes::TOO_MANY_CALLS));
+    assert_eq!(code_at(fin, "c3")?, Some(codes::TOO_MANY_CALLS));
     assert_eq!(
         (fin.summary.total, fin.summary.ok, fin.summary.errors),
         (3, 2, 1)
@@ -205,25 +161,13 @@ async fn panics_duplicates_and_the_call_cap() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenant_policy_refuses_calls() -> anyhow::Result<()> {
     let fleet = Fleet::start().await?;
-    let mut config = fleet.coordinator_config();
-    config.tenants = TenantPolicies {
-        default: TenantPolicy::default(),
-        tenants: BTreeMap::from([(
-            "t1".to_string(),
-            TenantPolicy {
-                allowed_tools: Some(vec!["crm.*".into()]),
-                ..TenantPolicy::default()
-            },
-        )]),
-    };
-    let _c = fleet.coordinator(config);
     let tools = packs::tools_for(&["demo", "test"]).map_err(anyhow::Error::msg)?;
-    let _w = fleet.worker(fleet.worker_config(), tools);
-    fleet
-        .wait_for_tools(&["crm.getOpenInvoices", "test.behave"])
+    let listed = ["crm.getOpenInvoices", "test.behave"];
+    let (_c, _w) = fleet
+        .start_with_allowlist("t1", &["crm.*"], tools, &listed)
         .await?;
 
-    let decision = tool_calls(vec![
+    let calls = vec![
         call(
             "crm",
             "crm.getOpenInvoices",
@@ -235,57 +179,34 @@ async fn tenant_policy_refuses_calls() -> anyhow::Result<()> {
             "crm.getOpenInvoices",
             json!({"customerId": "cust_001", "tenant_id": "other"}),
         ),
-    ]);
-    let outcome = fleet
-        .client
-        .run_turn(turn("t1", decision.clone()), EVENT_WAIT)
-        .await?;
+    ];
+    let outcome = fleet.run_calls("t1", calls.clone(), EVENT_WAIT).await?;
     let fin = &outcome.final_event;
     assert!(result_of(fin, "crm")?.ok, "{:?}", result_of(fin, "crm")?);
-    assert_eq!(
-        code_of(result_of(fin, "test")?),
-        Some(codes::TOOL_NOT_ALLOWED)
-    );
-    assert_eq!(
-        code_of(result_of(fin, "other_tenant")?),
-        Some(codes::TENANT_MISMATCH)
-    );
+    assert_eq!(code_at(fin, "test")?, Some(codes::TOOL_NOT_ALLOWED));
+    assert_eq!(code_at(fin, "other_tenant")?, Some(codes::TENANT_MISMATCH));
     assert_eq!(
         (fin.summary.total, fin.summary.ok, fin.summary.errors),
         (3, 1, 2)
     );
 
     // Another tenant has no allowlist; naming a foreign tenant is still refused.
-    let outcome = fleet
-        .client
-        .run_turn(turn("t2", decision), EVENT_WAIT)
-        .await?;
+    let outcome = fleet.run_calls("t2", calls, EVENT_WAIT).await?;
     let fin = &outcome.final_event;
     assert!(result_of(fin, "crm")?.ok);
     assert!(result_of(fin, "test")?.ok);
-    assert_eq!(
-        code_of(result_of(fin, "other_tenant")?),
-        Some(codes::TENANT_MISMATCH)
-    );
+    assert_eq!(code_at(fin, "other_tenant")?, Some(codes::TENANT_MISMATCH));
 
     // Naming the turn's own tenant is fine as far as the tenant check goes (the CRM
     // schema then refuses the extra field).
-    let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                "t1",
-                tool_calls(vec![call(
-                    "own_tenant",
-                    "crm.getOpenInvoices",
-                    json!({"customerId": "cust_001", "tenant_id": "t1"}),
-                )]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
+    let own_tenant = call(
+        "own_tenant",
+        "crm.getOpenInvoices",
+        json!({"customerId": "cust_001", "tenant_id": "t1"}),
+    );
+    let outcome = fleet.run_calls("t1", vec![own_tenant], EVENT_WAIT).await?;
     assert_eq!(
-        code_of(result_of(&outcome.final_event, "own_tenant")?),
+        code_at(&outcome.final_event, "own_tenant")?,
         Some(codes::INVALID_ARGUMENTS)
     );
     Ok(())
@@ -293,24 +214,17 @@ async fn tenant_policy_refuses_calls() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_all_failed_turn_speaks_the_fallback() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
-    let decision = tool_calls(vec![
-        call("boom", "test.behave", json!({"fail": "boom"})),
-        call("unknown", "nope.nothing", json!({})),
-    ]);
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
+    let boom = call("boom", "test.behave", json!({"fail": "boom"}));
+    let unknown = call("unknown", "nope.nothing", json!({}));
     let outcome = fleet
-        .client
-        .run_turn(turn("acme", decision), EVENT_WAIT)
+        .run_calls("acme", vec![boom, unknown], EVENT_WAIT)
         .await?;
     let fin = &outcome.final_event;
     assert_eq!(fin.summary.ok, 0);
     assert_eq!(fin.summary.errors, 2);
-    assert_eq!(code_of(result_of(fin, "boom")?), Some("boom"));
-    assert_eq!(
-        code_of(result_of(fin, "unknown")?),
-        Some(codes::UNKNOWN_TOOL)
-    );
+    assert_eq!(code_at(fin, "boom")?, Some("boom"));
+    assert_eq!(code_at(fin, "unknown")?, Some(codes::UNKNOWN_TOOL));
     assert_eq!(fin.text, FALLBACK);
     let narration: Vec<&str> = outcome
         .events

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use serde_json::json;
 use tokio::process::Command;
-use toolfleet_tests::fleet::{call, result_of, tool_calls, turn, Fleet};
+use toolfleet_tests::fleet::{call, result_of, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 
@@ -40,10 +40,8 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
         bail!("python3 lacks nats-py or redis-py: pip install -r examples/python-worker/requirements.txt");
     }
 
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/python-worker/worker.py");
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
+    let script = toolfleet_tests::repo_path("examples/python-worker/worker.py");
     let mut child = Command::new(&python)
         .arg(&script)
         .env("TOOLFLEET_NATS_URL", fleet.nats.url())
@@ -61,33 +59,21 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
     // Progress notices are what the Python worker must send; whether the owner's
     // `running` relay beats the `done` of an instant tool is a race, so the notice
     // itself is checked.
-    let mut progress = fleet
-        .client
-        .nats()
-        .subscribe(fleet.names.progress_wildcard())
-        .await?;
+    let mut progress = fleet.subscribe_progress().await?;
 
-    let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                "acme",
-                tool_calls(vec![
-                    call(
-                        "rust",
-                        "crm.getOpenInvoices",
-                        json!({"customerId": "cust_001"}),
-                    ),
-                    call(
-                        "python",
-                        "text.stats",
-                        json!({"text": "Show me my appointments. And my billing!"}),
-                    ),
-                ]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
+    let calls = vec![
+        call(
+            "rust",
+            "crm.getOpenInvoices",
+            json!({"customerId": "cust_001"}),
+        ),
+        call(
+            "python",
+            "text.stats",
+            json!({"text": "Show me my appointments. And my billing!"}),
+        ),
+    ];
+    let outcome = fleet.run_calls("acme", calls, EVENT_WAIT).await?;
     let fin = &outcome.final_event;
     assert_eq!(fin.summary.ok, 2, "{fin:?}");
     let rust = result_of(fin, "rust")?;

@@ -2,7 +2,6 @@
 //! read-only role, the tenant limits of `examples/receptionist/tenants.json`, the result
 //! cache and database failures.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -10,17 +9,19 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use toolfleet_common::call::codes;
 use toolfleet_common::job::ProgressNotice;
-use toolfleet_common::{CallState, TurnRequest};
+use toolfleet_common::{CallState, FinalEvent, TurnRequest};
 use toolfleet_coordinator::TenantPolicies;
-use toolfleet_tests::eventually_named;
-use toolfleet_tests::fleet::{call, code_of, result_of, tool_calls, turn, Fleet, Running};
+use toolfleet_packs::db::{Db, DbConfig, DbError, DATABASE_UNAVAILABLE};
+use toolfleet_packs::{crm_db, receptionist};
+use toolfleet_tests::fleet::{
+    call, code_at, code_of, result_of, tool_calls, turn, value_at, Fleet, Running,
+};
 use toolfleet_tests::otlp::{OtlpReceiver, ReceivedSpan};
 use toolfleet_tests::pg::{
     TestDatabase, BOOKING_A, BOOKING_B, BUSINESS_A, BUSINESS_B, CALLER_PHONE,
 };
+use toolfleet_tests::{eventually_named, free_port, read_repo_json, repo_path};
 use toolfleet_worker::cache::{CacheConfig, ResultCache};
-use toolfleet_worker::db::{Db, DbConfig, DbError, DATABASE_UNAVAILABLE};
-use toolfleet_worker::packs::{crm_db, receptionist};
 use uuid::Uuid;
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
@@ -57,14 +58,8 @@ const RECEPTIONIST_TOOLS: &[&str] = &[
     "get_faqs",
 ];
 
-fn repo_file(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(path)
-}
-
 fn tenants() -> Result<TenantPolicies> {
-    TenantPolicies::from_file(&repo_file("examples/receptionist/tenants.json"))
+    TenantPolicies::from_file(&repo_path("examples/receptionist/tenants.json"))
         .map_err(anyhow::Error::msg)
 }
 
@@ -76,26 +71,49 @@ struct Receptionist {
     cache: ResultCache,
     _coordinator: Running,
     _worker: Running,
+    /// The test database behind `db`, if the test made one; dropped last.
+    database: Option<TestDatabase>,
 }
 
-async fn receptionist_fleet(db_config: DbConfig) -> Result<Receptionist> {
+impl Receptionist {
+    /// A receptionist fleet on a fresh test database.
+    async fn on_test_database() -> Result<Self> {
+        let database = TestDatabase::create().await?;
+        receptionist_fleet(database.db_config(), Some(database)).await
+    }
+
+    /// An administrator connection to the test database.
+    async fn admin(&self) -> Result<tokio_postgres::Client> {
+        self.database
+            .as_ref()
+            .context("this fleet has no test database")?
+            .admin()
+            .await
+    }
+}
+
+/// A receptionist fleet on `db_config`, holding `database` (the test database behind
+/// `db_config`, if any).
+async fn receptionist_fleet(
+    db_config: DbConfig,
+    database: Option<TestDatabase>,
+) -> Result<Receptionist> {
     let fleet = Fleet::start().await?;
     let mut coordinator = fleet.coordinator_config();
     coordinator.tenants = tenants()?;
-    let coordinator = fleet.coordinator(coordinator);
     let db = Db::new(db_config);
     let cache = ResultCache::new(CacheConfig::new(fleet.redis.url(), fleet.names.clone()))?;
-    let worker = fleet.worker(
-        fleet.worker_config(),
-        receptionist::tools(&db, Some(&cache)),
-    );
-    fleet.wait_for_tools(RECEPTIONIST_TOOLS).await?;
+    let tools = receptionist::tools(&db, Some(&cache));
+    let (coordinator, worker) = fleet
+        .start_with(coordinator, tools, RECEPTIONIST_TOOLS)
+        .await?;
     Ok(Receptionist {
         fleet,
         db,
         cache,
         _coordinator: coordinator,
         _worker: worker,
+        database,
     })
 }
 
@@ -108,27 +126,39 @@ fn call_turn(tenant: &str, decision: Value) -> TurnRequest {
     request
 }
 
+/// Runs a turn of `tenant` from the caller's phone whose decision holds `calls`, and
+/// returns its `final` event.
+async fn caller_turn(fleet: &Fleet, tenant: &str, calls: Vec<Value>) -> Result<FinalEvent> {
+    let request = call_turn(tenant, tool_calls(calls));
+    Ok(fleet.run(request, EVENT_WAIT).await?.final_event)
+}
+
+/// Asserts that the spoken `text` starts with `opening` and says every one of `parts`.
+fn assert_says(text: &str, opening: &str, parts: &[&str]) {
+    assert!(text.starts_with(opening), "{text}");
+    for part in parts {
+        assert!(text.contains(part), "{part} in {text}");
+    }
+}
+
 fn text_of(value: &Option<Value>) -> String {
     value.as_ref().map(Value::to_string).unwrap_or_default()
 }
 
+/// A database URL on loopback `port`, where no PostgreSQL answers.
+fn unanswered_db(port: u16) -> DbConfig {
+    DbConfig::new(format!("postgres://postgres@127.0.0.1:{port}/toolfleet"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_turn_is_answered_from_postgres() -> Result<()> {
-    let database = TestDatabase::create().await?;
-    let r = receptionist_fleet(database.db_config()).await?;
-    let decision: Value = serde_json::from_str(&std::fs::read_to_string(repo_file(
-        "examples/decisions/receptionist_booking_and_policy.openai.json",
-    ))?)?;
-    let mut progress = r
-        .fleet
-        .client
-        .nats()
-        .subscribe(r.fleet.names.progress_wildcard())
-        .await?;
+    let r = Receptionist::on_test_database().await?;
+    let decision =
+        read_repo_json("examples/decisions/receptionist_booking_and_policy.openai.json")?;
+    let mut progress = r.fleet.subscribe_progress().await?;
     let outcome = r
         .fleet
-        .client
-        .run_turn(call_turn(BUSINESS_A, decision), EVENT_WAIT)
+        .run(call_turn(BUSINESS_A, decision), EVENT_WAIT)
         .await?;
     let fin = &outcome.final_event;
     assert_eq!(fin.summary.ok, 2, "{fin:?}");
@@ -136,37 +166,22 @@ async fn the_example_turn_is_answered_from_postgres() -> Result<()> {
 
     let booking = result_of(fin, "call_booking_01")?;
     assert_eq!(
-        booking
-            .result
-            .as_ref()
-            .map(|v| v["booking"]["booking_id"].clone()),
+        value_at(booking, "/booking/booking_id"),
         Some(json!(BOOKING_A))
     );
     assert_eq!(
-        booking
-            .result
-            .as_ref()
-            .map(|v| v["booking"]["status"].clone()),
+        value_at(booking, "/booking/status"),
         Some(json!("confirmed"))
     );
     let policy = result_of(fin, "call_policy_02")?;
     assert_eq!(
-        policy
-            .result
-            .as_ref()
-            .map(|v| v["policies"][0]["topic"].clone()),
+        value_at(policy, "/policies/0/topic"),
         Some(json!("cancellation"))
     );
-    assert!(
-        fin.text
-            .starts_with("Your check-up and clean is confirmed for "),
-        "{}",
-        fin.text
-    );
-    assert!(
-        fin.text.contains("at least 24 hours' notice"),
-        "{}",
-        fin.text
+    assert_says(
+        &fin.text,
+        "Your check-up and clean is confirmed for ",
+        &["at least 24 hours' notice"],
     );
     // What a caller must never hear stays in the database.
     let everything = serde_json::to_string(fin)?;
@@ -185,92 +200,48 @@ async fn the_example_turn_is_answered_from_postgres() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_never_sees_another_tenants_rows() -> Result<()> {
-    let database = TestDatabase::create().await?;
-    let r = receptionist_fleet(database.db_config()).await?;
+    let r = Receptionist::on_test_database().await?;
 
     // Business A asks for business B's booking by id, and for the same caller's booking.
-    let outcome = r
-        .fleet
-        .client
-        .run_turn(
-            call_turn(
-                BUSINESS_A,
-                tool_calls(vec![
-                    call(
-                        "b_booking",
-                        "get_booking_by_id",
-                        json!({"booking_id": BOOKING_B}),
-                    ),
-                    call("latest", "get_latest_booking", json!({})),
-                ]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
-    let fin = &outcome.final_event;
-    let b_booking = result_of(fin, "b_booking")?;
+    let b_booking = call(
+        "b_booking",
+        "get_booking_by_id",
+        json!({"booking_id": BOOKING_B}),
+    );
+    let latest = call("latest", "get_latest_booking", json!({}));
+    let fin = caller_turn(&r.fleet, BUSINESS_A, vec![b_booking, latest]).await?;
+    let b_booking = result_of(&fin, "b_booking")?;
     assert_eq!(
         code_of(b_booking),
         Some(receptionist::BOOKING_NOT_FOUND),
         "{b_booking:?}"
     );
-    let latest = result_of(fin, "latest")?;
+    let latest = result_of(&fin, "latest")?;
     assert_eq!(
-        latest
-            .result
-            .as_ref()
-            .map(|v| v["booking"]["booking_id"].clone()),
+        value_at(latest, "/booking/booking_id"),
         Some(json!(BOOKING_A)),
         "{latest:?}"
     );
     assert!(!text_of(&latest.result).contains("blow-dry"));
 
     // Arguments naming business B are refused; A's policy is A's.
-    let outcome = r
-        .fleet
-        .client
-        .run_turn(
-            call_turn(
-                BUSINESS_A,
-                tool_calls(vec![
-                    call(
-                        "named_b",
-                        "get_policies",
-                        json!({"business_id": BUSINESS_B, "topic": "cancellation"}),
-                    ),
-                    call("own", "get_policies", json!({"topic": "cancellation"})),
-                ]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
-    let fin = &outcome.final_event;
-    assert_eq!(
-        code_of(result_of(fin, "named_b")?),
-        Some(codes::TENANT_MISMATCH)
+    let named_b = call(
+        "named_b",
+        "get_policies",
+        json!({"business_id": BUSINESS_B, "topic": "cancellation"}),
     );
-    let own = text_of(&result_of(fin, "own")?.result);
+    let own = call("own", "get_policies", json!({"topic": "cancellation"}));
+    let fin = caller_turn(&r.fleet, BUSINESS_A, vec![named_b, own]).await?;
+    assert_eq!(code_at(&fin, "named_b")?, Some(codes::TENANT_MISMATCH));
+    let own = text_of(&result_of(&fin, "own")?.result);
     assert!(own.contains("24 hours"), "{own}");
     assert!(!own.contains("no-shows"), "{own}");
 
     // The same caller at business B gets B's booking.
-    let outcome = r
-        .fleet
-        .client
-        .run_turn(
-            call_turn(
-                BUSINESS_B,
-                tool_calls(vec![call("latest", "get_latest_booking", json!({}))]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
-    let latest = result_of(&outcome.final_event, "latest")?;
+    let latest = call("latest", "get_latest_booking", json!({}));
+    let fin = caller_turn(&r.fleet, BUSINESS_B, vec![latest]).await?;
     assert_eq!(
-        latest
-            .result
-            .as_ref()
-            .map(|v| v["booking"]["booking_id"].clone()),
+        value_at(result_of(&fin, "latest")?, "/booking/booking_id"),
         Some(json!(BOOKING_B))
     );
     Ok(())
@@ -293,50 +264,35 @@ async fn the_reader_role_sees_only_its_business_and_the_hearable_columns() -> Re
     let businesses = db.query_scoped(a, "SELECT id FROM businesses", &[]).await?;
     assert_eq!(businesses.len(), 1);
 
-    // Columns a caller must not hear are not readable at all.
+    // Columns a caller must not hear are not readable at all, and nothing can be
+    // written.
     for sql in [
         "SELECT internal_notes FROM bookings",
         "SELECT customer_email FROM bookings",
         "SELECT id FROM calls",
+        "UPDATE policies SET content = 'x'",
     ] {
         let err = db.query_scoped(a, sql, &[]).await.err();
         assert!(matches!(err, Some(DbError::Query(_))), "{sql}: {err:?}");
     }
-    // And nothing can be written.
-    let err = db
-        .query_scoped(a, "UPDATE policies SET content = 'x'", &[])
-        .await
-        .err();
-    assert!(matches!(err, Some(DbError::Query(_))), "{err:?}");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_topic_is_a_clear_error() -> Result<()> {
-    let database = TestDatabase::create().await?;
-    let r = receptionist_fleet(database.db_config()).await?;
-    let outcome = r
-        .fleet
-        .client
-        .run_turn(
-            call_turn(
-                BUSINESS_A,
-                tool_calls(vec![
-                    call("absent", "get_policies", json!({})),
-                    call("blank", "get_faqs", json!({"topic": "  "})),
-                ]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
-    let fin = &outcome.final_event;
-    let absent = result_of(fin, "absent")?;
+    let r = Receptionist::on_test_database().await?;
+    let calls = vec![
+        call("absent", "get_policies", json!({})),
+        call("blank", "get_faqs", json!({"topic": "  "})),
+    ];
+    let fin = caller_turn(&r.fleet, BUSINESS_A, calls).await?;
+    let absent = result_of(&fin, "absent")?;
     assert_eq!(code_of(absent), Some(codes::INVALID_ARGUMENTS));
     assert!(absent
         .error
         .as_ref()
         .is_some_and(|e| e.message.contains("topic")));
-    let blank = result_of(fin, "blank")?;
+    let blank = result_of(&fin, "blank")?;
     assert_eq!(code_of(blank), Some(receptionist::MISSING_TOPIC));
     assert_eq!(blank.error.as_ref().map(|e| e.retryable), Some(false));
     assert_eq!(blank.attempts, 1);
@@ -345,30 +301,16 @@ async fn a_missing_topic_is_a_clear_error() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tenants_limits_apply() -> Result<()> {
-    let database = TestDatabase::create().await?;
-    let r = receptionist_fleet(database.db_config()).await?;
-    let outcome = r
-        .fleet
-        .client
-        .run_turn(
-            call_turn(
-                BUSINESS_A,
-                tool_calls(vec![
-                    call("hours", "get_working_hours", json!({})),
-                    call("services", "get_business_services", json!({})),
-                    call("third", "get_faqs", json!({"topic": "parking"})),
-                ]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
-    let fin = &outcome.final_event;
-    assert_eq!(result_of(fin, "hours")?.state, CallState::Done);
-    assert_eq!(result_of(fin, "services")?.state, CallState::Done);
-    assert_eq!(
-        code_of(result_of(fin, "third")?),
-        Some(codes::TOO_MANY_CALLS)
-    );
+    let r = Receptionist::on_test_database().await?;
+    let calls = vec![
+        call("hours", "get_working_hours", json!({})),
+        call("services", "get_business_services", json!({})),
+        call("third", "get_faqs", json!({"topic": "parking"})),
+    ];
+    let fin = caller_turn(&r.fleet, BUSINESS_A, calls).await?;
+    assert_eq!(result_of(&fin, "hours")?.state, CallState::Done);
+    assert_eq!(result_of(&fin, "services")?.state, CallState::Done);
+    assert_eq!(code_at(&fin, "third")?, Some(codes::TOO_MANY_CALLS));
     assert!(
         fin.text.contains("Monday to Wednesday 8:00 AM to 5:00 PM"),
         "{}",
@@ -384,32 +326,26 @@ async fn the_tenants_limits_apply() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_identical_call_is_served_from_the_cache() -> Result<()> {
-    let database = TestDatabase::create().await?;
-    let r = receptionist_fleet(database.db_config()).await?;
-    let policy_turn = |tenant: &str, topic: &str| {
-        call_turn(
-            tenant,
-            tool_calls(vec![call(
-                "policy",
-                "get_policies",
-                json!({"topic": topic}),
-            )]),
-        )
+    let r = Receptionist::on_test_database().await?;
+    let fleet = &r.fleet;
+    let policy = |tenant: &'static str| async move {
+        let calls = vec![call(
+            "policy",
+            "get_policies",
+            json!({"topic": "cancellation"}),
+        )];
+        caller_turn(fleet, tenant, calls).await
     };
 
-    let first = r
-        .fleet
-        .client
-        .run_turn(policy_turn(BUSINESS_A, "cancellation"), EVENT_WAIT)
-        .await?;
-    let original = text_of(&result_of(&first.final_event, "policy")?.result);
+    let first = policy(BUSINESS_A).await?;
+    let original = text_of(&result_of(&first, "policy")?.result);
     assert!(original.contains("24 hours"), "{original}");
     let stats = r.cache.stats();
     assert_eq!((stats.hits, stats.misses, stats.stores), (0, 1, 1));
     let queries = r.db.stats().queries;
 
     // Change the row: a result served from the cache still shows the old text.
-    let admin = database.admin().await?;
+    let admin = r.admin().await?;
     admin
         .execute(
             "UPDATE policies SET content = 'Changed after caching.' WHERE business_id = $1 AND topic = 'cancellation'",
@@ -417,18 +353,9 @@ async fn a_second_identical_call_is_served_from_the_cache() -> Result<()> {
         )
         .await?;
 
-    let mut progress = r
-        .fleet
-        .client
-        .nats()
-        .subscribe(r.fleet.names.progress_wildcard())
-        .await?;
-    let second = r
-        .fleet
-        .client
-        .run_turn(policy_turn(BUSINESS_A, "cancellation"), EVENT_WAIT)
-        .await?;
-    let cached = result_of(&second.final_event, "policy")?;
+    let mut progress = r.fleet.subscribe_progress().await?;
+    let second = policy(BUSINESS_A).await?;
+    let cached = result_of(&second, "policy")?;
     assert_eq!(cached.state, CallState::Done);
     assert_eq!(text_of(&cached.result), original);
     assert!(cached.worker_id.is_some());
@@ -446,12 +373,8 @@ async fn a_second_identical_call_is_served_from_the_cache() -> Result<()> {
     );
 
     // Another tenant with the same arguments is its own entry.
-    let other = r
-        .fleet
-        .client
-        .run_turn(policy_turn(BUSINESS_B, "cancellation"), EVENT_WAIT)
-        .await?;
-    let other = text_of(&result_of(&other.final_event, "policy")?.result);
+    let other = policy(BUSINESS_B).await?;
+    let other = text_of(&result_of(&other, "policy")?.result);
     assert!(other.contains("no-shows"), "{other}");
     assert_eq!(r.cache.stats().hits, 1);
     assert_eq!(r.db.stats().queries, queries + 1);
@@ -460,23 +383,14 @@ async fn a_second_identical_call_is_served_from_the_cache() -> Result<()> {
 
 /// A worker whose database never answers: `url` refuses connections or stays silent.
 async fn assert_database_down(db_config: DbConfig) -> Result<()> {
-    let r = receptionist_fleet(db_config).await?;
+    let r = receptionist_fleet(db_config, None).await?;
     // A business without limits in the tenants file, so the turn may wait for the retry.
     let tenant = "b3000000-0000-4000-8000-000000000003";
     let started = Instant::now();
-    let outcome = r
-        .fleet
-        .client
-        .run_turn(
-            call_turn(
-                tenant,
-                tool_calls(vec![call("hours", "get_working_hours", json!({}))]),
-            ),
-            EVENT_WAIT,
-        )
-        .await?;
+    let hours = call("hours", "get_working_hours", json!({}));
+    let fin = caller_turn(&r.fleet, tenant, vec![hours]).await?;
     let elapsed = started.elapsed();
-    let hours = result_of(&outcome.final_event, "hours")?;
+    let hours = result_of(&fin, "hours")?;
     assert_eq!(hours.state, CallState::Error, "{hours:?}");
     assert_eq!(code_of(hours), Some(DATABASE_UNAVAILABLE), "{hours:?}");
     assert_eq!(hours.error.as_ref().map(|e| e.retryable), Some(true));
@@ -484,20 +398,14 @@ async fn assert_database_down(db_config: DbConfig) -> Result<()> {
         hours.attempts, 2,
         "a retryable failure is delivered once more"
     );
-    assert!(!outcome.final_event.deadline_hit);
+    assert!(!fin.deadline_hit);
     assert!(elapsed < Duration::from_secs(5), "took {elapsed:?}");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusing_database_is_a_retryable_error() -> Result<()> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    assert_database_down(DbConfig::new(format!(
-        "postgres://postgres@127.0.0.1:{port}/toolfleet"
-    )))
-    .await
+    assert_database_down(unanswered_db(free_port()?)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -511,10 +419,7 @@ async fn a_silent_database_is_a_retryable_error_without_a_hang() -> Result<()> {
             held.push(socket);
         }
     });
-    let outcome = assert_database_down(DbConfig::new(format!(
-        "postgres://postgres@127.0.0.1:{port}/toolfleet"
-    )))
-    .await;
+    let outcome = assert_database_down(unanswered_db(port)).await;
     silent.abort();
     outcome
 }
@@ -524,25 +429,17 @@ async fn terminated_connections_are_replaced() -> Result<()> {
     let database = TestDatabase::create().await?;
     let mut config = database.db_config();
     config.max_connections = 1;
-    let r = receptionist_fleet(config).await?;
-    let hours = |tenant: &str| {
-        call_turn(
-            tenant,
-            tool_calls(vec![call("hours", "get_working_hours", json!({}))]),
-        )
+    let r = receptionist_fleet(config, Some(database)).await?;
+    let fleet = &r.fleet;
+    let hours = |tenant: &'static str| async move {
+        let calls = vec![call("hours", "get_working_hours", json!({}))];
+        caller_turn(fleet, tenant, calls).await
     };
-    let first = r
-        .fleet
-        .client
-        .run_turn(hours(BUSINESS_A), EVENT_WAIT)
-        .await?;
-    assert_eq!(
-        result_of(&first.final_event, "hours")?.state,
-        CallState::Done
-    );
+    let first = hours(BUSINESS_A).await?;
+    assert_eq!(result_of(&first, "hours")?.state, CallState::Done);
     assert_eq!(r.db.stats().connections_opened, 1);
 
-    let admin = database.admin().await?;
+    let admin = r.admin().await?;
     let killed: i64 = admin
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -554,12 +451,8 @@ async fn terminated_connections_are_replaced() -> Result<()> {
     assert!(killed >= 1);
 
     // Another business, so the answer cannot come from the cache.
-    let second = r
-        .fleet
-        .client
-        .run_turn(hours(BUSINESS_B), EVENT_WAIT)
-        .await?;
-    let result = result_of(&second.final_event, "hours")?;
+    let second = hours(BUSINESS_B).await?;
+    let result = result_of(&second, "hours")?;
     assert_eq!(result.state, CallState::Done, "{result:?}");
     assert!(text_of(&result.result).contains("Harbour Hair Studio"));
     assert_eq!(r.db.stats().connections_opened, 2);
@@ -570,56 +463,39 @@ async fn terminated_connections_are_replaced() -> Result<()> {
 async fn the_crm_pack_on_postgres_keeps_its_tools_and_scoping() -> Result<()> {
     let database = TestDatabase::create().await?;
     let fleet = Fleet::start().await?;
-    let _c = fleet.coordinator(fleet.coordinator_config());
     let db = Db::new(database.db_config());
-    let _w = fleet.worker(fleet.worker_config(), crm_db::tools(&db, None));
-    fleet
-        .wait_for_tools(&[
-            "crm.listUpcomingAppointments",
-            "crm.getOpenInvoices",
-            "crm.getNextAppointment",
-        ])
+    let tools = crm_db::tools(&db, None);
+    let listed = [
+        "crm.listUpcomingAppointments",
+        "crm.getOpenInvoices",
+        "crm.getNextAppointment",
+    ];
+    let (_c, _w) = fleet
+        .start_with(fleet.coordinator_config(), tools, &listed)
         .await?;
-    let decision: Value = serde_json::from_str(&std::fs::read_to_string(repo_file(
-        "examples/decisions/appointments_and_billing.openai.json",
-    ))?)?;
-    let outcome = fleet
-        .client
-        .run_turn(turn(BUSINESS_A, decision), EVENT_WAIT)
-        .await?;
+    let decision = read_repo_json("examples/decisions/appointments_and_billing.openai.json")?;
+    let outcome = fleet.run(turn(BUSINESS_A, decision), EVENT_WAIT).await?;
     let fin = &outcome.final_event;
     assert_eq!(fin.summary.ok, 2, "{fin:?}");
-    assert!(
-        fin.text
-            .starts_with("You have 2 upcoming appointments: a dental cleaning on "),
-        "{}",
-        fin.text
-    );
-    assert!(
-        fin.text.contains("You have one open invoice for $150.00"),
-        "{}",
-        fin.text
+    assert_says(
+        &fin.text,
+        "You have 2 upcoming appointments: a dental cleaning on ",
+        &["You have one open invoice for $150.00"],
     );
 
     // Business B's customer is invisible to business A.
+    let b = call(
+        "b",
+        "crm.getOpenInvoices",
+        json!({"customerId": "cust_101"}),
+    );
     let outcome = fleet
-        .client
-        .run_turn(
-            turn(
-                BUSINESS_A,
-                tool_calls(vec![call(
-                    "b",
-                    "crm.getOpenInvoices",
-                    json!({"customerId": "cust_101"}),
-                )]),
-            ),
-            EVENT_WAIT,
-        )
+        .run_calls(BUSINESS_A, vec![b], EVENT_WAIT)
         .await
         .context("turn for another business's customer")?;
     assert_eq!(
-        code_of(result_of(&outcome.final_event, "b")?),
-        Some(toolfleet_worker::packs::crm::CUSTOMER_NOT_FOUND)
+        code_at(&outcome.final_event, "b")?,
+        Some(toolfleet_packs::crm::CUSTOMER_NOT_FOUND)
     );
     Ok(())
 }
@@ -642,24 +518,9 @@ async fn a_cache_hit_still_has_its_execute_tool_span() -> Result<()> {
     let worker = fleet.spawn_node("worker", &env)?;
     fleet.wait_for_tools(&["get_policies"]).await?;
     for _ in 0..2 {
-        let outcome = fleet
-            .client
-            .run_turn(
-                call_turn(
-                    BUSINESS_A,
-                    tool_calls(vec![call(
-                        "policy",
-                        "get_policies",
-                        json!({"topic": "deposits"}),
-                    )]),
-                ),
-                EVENT_WAIT,
-            )
-            .await?;
-        assert_eq!(
-            result_of(&outcome.final_event, "policy")?.state,
-            CallState::Done
-        );
+        let calls = vec![call("policy", "get_policies", json!({"topic": "deposits"}))];
+        let fin = caller_turn(&fleet, BUSINESS_A, calls).await?;
+        assert_eq!(result_of(&fin, "policy")?.state, CallState::Done);
     }
     fleet
         .terminate_node(worker, Duration::from_secs(15))

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use toolfleet_common::{CallState, TurnEvent};
-use toolfleet_tests::fleet::{turn, Fleet};
+use toolfleet_tests::fleet::{call_ids, turn, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 
@@ -97,20 +97,11 @@ fn decisions() -> Vec<(&'static str, Value, [&'static str; 3])> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_shape_runs_three_calls_in_order() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     for (shape, decision, ids) in decisions() {
-        let outcome = fleet
-            .client
-            .run_turn(turn("acme", decision), EVENT_WAIT)
-            .await?;
+        let outcome = fleet.run(turn("acme", decision), EVENT_WAIT).await?;
         let fin = &outcome.final_event;
-        let got: Vec<&str> = fin
-            .results
-            .iter()
-            .map(|r| r.tool_call_id.as_str())
-            .collect();
-        assert_eq!(got, ids, "{shape}: results in call order");
+        assert_eq!(call_ids(fin), ids, "{shape}: results in call order");
         assert!(
             fin.results.iter().all(|r| r.ok),
             "{shape}: {:?}",
@@ -176,15 +167,9 @@ async fn every_shape_runs_three_calls_in_order() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_decision_passes_straight_through() -> anyhow::Result<()> {
-    let fleet = Fleet::start().await?;
-    let (_c, _w) = fleet.start_default().await?;
-    let outcome = fleet
-        .client
-        .run_turn(
-            turn("acme", json!({"type": "final", "text": "You're welcome!"})),
-            EVENT_WAIT,
-        )
-        .await?;
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
+    let decision = json!({"type": "final", "text": "You're welcome!"});
+    let outcome = fleet.run(turn("acme", decision), EVENT_WAIT).await?;
     assert_eq!(outcome.final_event.text, "You're welcome!");
     assert!(outcome.final_event.results.is_empty());
     Ok(())

@@ -9,7 +9,7 @@ use serde_json::json;
 use toolfleet_common::names::HEADER_TRACEPARENT;
 use toolfleet_common::CallState;
 use toolfleet_tests::eventually_named;
-use toolfleet_tests::fleet::{call, tool_calls, turn, Fleet};
+use toolfleet_tests::fleet::{call, read_final, timed_turn, Fleet};
 use toolfleet_tests::otlp::{OtlpReceiver, ReceivedSpan};
 
 const PRODUCER: i32 = 4;
@@ -38,26 +38,15 @@ async fn a_turn_is_one_trace_from_frontend_to_every_tool() -> anyhow::Result<()>
         HEADER_TRACEPARENT,
         format!("00-{frontend_trace}-{frontend_span}-01").as_str(),
     );
-    let mut request = turn(
-        "acme",
-        tool_calls(vec![
-            call("fast_1", "test.behave", json!({"sleep_ms": 10})),
-            call("fast_2", "test.behave", json!({"sleep_ms": 20})),
-            call("slow", "test.behave", json!({"sleep_ms": 3000})),
-        ]),
-    );
-    request.deadline_ms = Some(700);
+    let calls = vec![
+        call("fast_1", "test.behave", json!({"sleep_ms": 10})),
+        call("fast_2", "test.behave", json!({"sleep_ms": 20})),
+        call("slow", "test.behave", json!({"sleep_ms": 3000})),
+    ];
+    let request = timed_turn("acme", 700, calls);
     let mut stream = fleet.client.submit_with_headers(request, headers).await?;
     let turn_id = stream.turn_id().to_string();
-    let fin = loop {
-        match stream.next_event(Duration::from_secs(10)).await? {
-            toolfleet_common::TurnEvent::Final(f) => break f,
-            toolfleet_common::TurnEvent::Error { error, .. } => {
-                anyhow::bail!("turn failed: {error:?}")
-            }
-            _ => {}
-        }
-    };
+    let fin = read_final(&mut stream, Duration::from_secs(10)).await?;
     let states: Vec<CallState> = fin.results.iter().map(|r| r.state).collect();
     assert_eq!(
         states,

@@ -34,7 +34,7 @@ async fn main() -> anyhow::Result<()> {
             let config = toolfleet_worker::WorkerConfig::from_env()?;
             let packs = std::env::var("FLEET_NODE_PACKS").unwrap_or_else(|_| "demo,test".into());
             let names: Vec<&str> = packs.split(',').collect();
-            let tools = toolfleet_worker::packs::tools_for(&names).map_err(anyhow::Error::msg)?;
+            let tools = toolfleet_packs::tools_for(&names).map_err(anyhow::Error::msg)?;
             toolfleet_worker::run(config, tools, shutdown).await?;
         }
         other => anyhow::bail!("usage: fleet-node coordinator|worker (got {other:?})"),
