@@ -1,16 +1,20 @@
-//! The demo CRM pack: appointments and invoices of sample customers, read from
-//! `worker/data/crm_sample.json` (shipped in the binary). Dates are relative to today,
-//! so upcoming appointments stay upcoming.
+//! The demo CRM pack (`demo`, alias `crm`): appointments and invoices of sample
+//! customers, read from `packs/data/crm_sample.json` (shipped in the binary). Dates are
+//! relative to today, so upcoming appointments stay upcoming.
+//!
+//! Owns the CRM tools' definitions, arguments, result shapes and spoken summaries, which
+//! [`crate::crm_db`] reuses so that both packs answer alike, and the spoken forms of
+//! dates, times and amounts the other packs share. It must never reach a database or
+//! the network: the sample data is all it reads.
 
 use std::sync::OnceLock;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
-use time::{Date, OffsetDateTime, Time};
+use time::{Date, OffsetDateTime, PrimitiveDateTime, Time};
+use toolfleet_worker::tool::{Tool, ToolBuilder, ToolContext, ToolError, ToolOutput};
 
-use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
-
-const SAMPLE: &str = include_str!("../../data/crm_sample.json");
+const SAMPLE: &str = include_str!("../data/crm_sample.json");
 
 /// Code returned when the customer id is not in the data.
 pub const CUSTOMER_NOT_FOUND: &str = "customer_not_found";
@@ -67,7 +71,12 @@ fn customer(id: &str) -> Result<&'static Customer, ToolError> {
     data()?
         .customers
         .get(id)
-        .ok_or_else(|| ToolError::fatal(CUSTOMER_NOT_FOUND, format!("no customer with id {id:?}")))
+        .ok_or_else(|| customer_not_found(id))
+}
+
+/// The error of a customer id the business does not have.
+pub(crate) fn customer_not_found(id: &str) -> ToolError {
+    ToolError::fatal(CUSTOMER_NOT_FOUND, format!("no customer with id {id:?}"))
 }
 
 fn today() -> Date {
@@ -119,33 +128,6 @@ pub fn spoken_amount(cents: u64, currency: &str) -> String {
     }
 }
 
-fn appointment_json(a: &Appointment) -> Value {
-    let date = day(a.in_days);
-    json!({
-        "id": a.id,
-        "date": date.to_string(),
-        "time": a.time,
-        "service": a.service,
-        "location": a.location,
-        "durationMinutes": a.duration_minutes,
-    })
-}
-
-fn upcoming(c: &Customer) -> Vec<&Appointment> {
-    let mut list: Vec<&Appointment> = c.appointments.iter().filter(|a| a.in_days >= 0).collect();
-    list.sort_by_key(|a| (a.in_days, parse_time(&a.time)));
-    list
-}
-
-fn describe(a: &Appointment) -> String {
-    format!(
-        "a {} on {} at {}",
-        a.service,
-        spoken_date(day(a.in_days)),
-        spoken_time(parse_time(&a.time))
-    )
-}
-
 /// "a, b and c".
 pub fn join_and(items: &[String]) -> String {
     match items {
@@ -155,57 +137,111 @@ pub fn join_and(items: &[String]) -> String {
     }
 }
 
-async fn list_upcoming(_ctx: ToolContext, args: CustomerArgs) -> Result<ToolOutput, ToolError> {
-    let c = customer(&args.customer_id)?;
-    let list = upcoming(c);
-    let summary = match list.len() {
-        0 => "You have no upcoming appointments.".to_string(),
-        1 => format!("You have one upcoming appointment: {}.", describe(list[0])),
-        n => format!(
-            "You have {n} upcoming appointments: {}.",
-            join_and(&list.iter().map(|a| describe(a)).collect::<Vec<_>>())
+/// An appointment as the CRM tools report it, whichever pack read it.
+pub(crate) struct AppointmentView {
+    /// The CRM's id of the appointment (`appt_001`).
+    pub(crate) id: String,
+    /// What is booked, as a caller would say it ("dental cleaning").
+    pub(crate) service: String,
+    pub(crate) location: String,
+    pub(crate) duration_minutes: i64,
+    /// When it starts, in the business's local time.
+    pub(crate) at: PrimitiveDateTime,
+}
+
+impl AppointmentView {
+    fn json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "date": self.at.date().to_string(),
+            "time": format!("{:02}:{:02}", self.at.hour(), self.at.minute()),
+            "service": self.service,
+            "location": self.location,
+            "durationMinutes": self.duration_minutes,
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "a {} on {} at {}",
+            self.service,
+            spoken_date(self.at.date()),
+            spoken_time(self.at.time())
+        )
+    }
+}
+
+/// An open invoice as the CRM tools report it, whichever pack read it: `amount_cents`
+/// of `currency` (an ISO 4217 code such as `USD`) owed by `due`.
+pub(crate) struct InvoiceView {
+    pub(crate) id: String,
+    pub(crate) amount_cents: u64,
+    pub(crate) currency: String,
+    pub(crate) due: Date,
+    pub(crate) description: String,
+}
+
+/// The result of `crm.listUpcomingAppointments`: `list` is soonest first.
+pub(crate) fn upcoming_output(
+    customer_id: &str,
+    customer_name: &str,
+    list: &[AppointmentView],
+) -> ToolOutput {
+    let summary = match list {
+        [] => "You have no upcoming appointments.".to_string(),
+        [one] => format!("You have one upcoming appointment: {}.", one.describe()),
+        many => format!(
+            "You have {} upcoming appointments: {}.",
+            many.len(),
+            join_and(
+                &many
+                    .iter()
+                    .map(AppointmentView::describe)
+                    .collect::<Vec<_>>()
+            )
         ),
     };
-    let items: Vec<Value> = list.iter().map(|a| appointment_json(a)).collect();
-    Ok(ToolOutput::new(json!({
-        "customerId": args.customer_id,
-        "customerName": c.name,
-        "appointments": items,
+    ToolOutput::new(json!({
+        "customerId": customer_id,
+        "customerName": customer_name,
+        "appointments": list.iter().map(AppointmentView::json).collect::<Vec<_>>(),
     }))
-    .with_summary(summary))
+    .with_summary(summary)
 }
 
-async fn next_appointment(_ctx: ToolContext, args: CustomerArgs) -> Result<ToolOutput, ToolError> {
-    let c = customer(&args.customer_id)?;
-    let next = upcoming(c).into_iter().next();
+/// The result of `crm.getNextAppointment`.
+pub(crate) fn next_output(customer_id: &str, next: Option<&AppointmentView>) -> ToolOutput {
     let summary = match next {
-        Some(a) => format!("Your next appointment is {}.", describe(a)),
+        Some(a) => format!("Your next appointment is {}.", a.describe()),
         None => "You have no upcoming appointments.".to_string(),
     };
-    Ok(ToolOutput::new(json!({
-        "customerId": args.customer_id,
-        "appointment": next.map(appointment_json),
+    ToolOutput::new(json!({
+        "customerId": customer_id,
+        "appointment": next.map(AppointmentView::json),
     }))
-    .with_summary(summary))
+    .with_summary(summary)
 }
 
-async fn open_invoices(_ctx: ToolContext, args: CustomerArgs) -> Result<ToolOutput, ToolError> {
-    let c = customer(&args.customer_id)?;
-    let open: Vec<&Invoice> = c.invoices.iter().filter(|i| i.status == "open").collect();
+/// The result of `crm.getOpenInvoices`.
+pub(crate) fn invoices_output(customer_id: &str, open: &[InvoiceView]) -> ToolOutput {
     let total: u64 = open.iter().map(|i| i.amount_cents).sum();
     let currency = open.first().map_or("USD", |i| i.currency.as_str());
-    let summary = match open.as_slice() {
+    let summary = match open {
         [] => "You have no open invoices.".to_string(),
         [one] => format!(
             "You have one open invoice for {}, due {}.",
             spoken_amount(one.amount_cents, &one.currency),
-            spoken_date(day(one.due_in_days))
+            spoken_date(one.due)
         ),
         many => format!(
             "You have {} open invoices totalling {}; the next is due {}.",
             many.len(),
             spoken_amount(total, currency),
-            spoken_date(day(many.iter().map(|i| i.due_in_days).min().unwrap_or(0)))
+            many.iter()
+                .map(|i| i.due)
+                .min()
+                .map(spoken_date)
+                .unwrap_or_default()
         ),
     };
     let items: Vec<Value> = open
@@ -215,42 +251,94 @@ async fn open_invoices(_ctx: ToolContext, args: CustomerArgs) -> Result<ToolOutp
                 "id": i.id,
                 "amount": i.amount_cents as f64 / 100.0,
                 "currency": i.currency,
-                "dueDate": day(i.due_in_days).to_string(),
+                "dueDate": i.due.to_string(),
                 "description": i.description,
             })
         })
         .collect();
-    Ok(ToolOutput::new(json!({
-        "customerId": args.customer_id,
+    ToolOutput::new(json!({
+        "customerId": customer_id,
         "invoices": items,
         "totalDue": total as f64 / 100.0,
         "currency": currency,
     }))
-    .with_summary(summary))
+    .with_summary(summary)
+}
+
+/// The upcoming appointments of `c`, soonest first.
+fn upcoming(c: &Customer) -> Vec<AppointmentView> {
+    let mut list: Vec<AppointmentView> = c
+        .appointments
+        .iter()
+        .filter(|a| a.in_days >= 0)
+        .map(|a| AppointmentView {
+            id: a.id.clone(),
+            service: a.service.clone(),
+            location: a.location.clone(),
+            duration_minutes: a.duration_minutes.into(),
+            at: PrimitiveDateTime::new(day(a.in_days), parse_time(&a.time)),
+        })
+        .collect();
+    list.sort_by_key(|a| a.at);
+    list
+}
+
+async fn list_upcoming(_ctx: ToolContext, args: CustomerArgs) -> Result<ToolOutput, ToolError> {
+    let c = customer(&args.customer_id)?;
+    Ok(upcoming_output(&args.customer_id, &c.name, &upcoming(c)))
+}
+
+async fn next_appointment(_ctx: ToolContext, args: CustomerArgs) -> Result<ToolOutput, ToolError> {
+    let c = customer(&args.customer_id)?;
+    Ok(next_output(&args.customer_id, upcoming(c).first()))
+}
+
+async fn open_invoices(_ctx: ToolContext, args: CustomerArgs) -> Result<ToolOutput, ToolError> {
+    let c = customer(&args.customer_id)?;
+    let open: Vec<InvoiceView> = c
+        .invoices
+        .iter()
+        .filter(|i| i.status == "open")
+        .map(|i| InvoiceView {
+            id: i.id.clone(),
+            amount_cents: i.amount_cents,
+            currency: i.currency.clone(),
+            due: day(i.due_in_days),
+            description: i.description.clone(),
+        })
+        .collect();
+    Ok(invoices_output(&args.customer_id, &open))
+}
+
+/// The CRM tools' definitions without handlers, in the order `crm.listUpcomingAppointments`,
+/// `crm.getOpenInvoices`, `crm.getNextAppointment`; both CRM packs finish these, so their
+/// names, descriptions and hints cannot drift apart.
+pub(crate) fn builders() -> [ToolBuilder; 3] {
+    [
+        Tool::builder(
+            "crm.listUpcomingAppointments",
+            "List the customer's upcoming appointments",
+        )
+        .waiting_hint("looking up your upcoming appointments"),
+        Tool::builder("crm.getOpenInvoices", "Get the customer's open invoices")
+            .waiting_hint("checking your billing"),
+        Tool::builder(
+            "crm.getNextAppointment",
+            "Get the customer's next appointment",
+        )
+        .waiting_hint("checking your next appointment"),
+    ]
+    .map(|builder| builder.idempotent(3))
 }
 
 /// The CRM tools: `crm.listUpcomingAppointments`, `crm.getOpenInvoices`,
 /// `crm.getNextAppointment`.
 pub fn tools() -> Vec<Tool> {
+    let [list, invoices, next] = builders();
     vec![
-        Tool::builder(
-            "crm.listUpcomingAppointments",
-            "List the customer's upcoming appointments",
-        )
-        .waiting_hint("looking up your upcoming appointments")
-        .idempotent(3)
-        .handler(list_upcoming),
-        Tool::builder("crm.getOpenInvoices", "Get the customer's open invoices")
-            .waiting_hint("checking your billing")
-            .idempotent(3)
-            .handler(open_invoices),
-        Tool::builder(
-            "crm.getNextAppointment",
-            "Get the customer's next appointment",
-        )
-        .waiting_hint("checking your next appointment")
-        .idempotent(3)
-        .handler(next_appointment),
+        list.handler(list_upcoming),
+        invoices.handler(open_invoices),
+        next.handler(next_appointment),
     ]
 }
 
@@ -259,15 +347,7 @@ mod tests {
     use super::*;
 
     fn ctx() -> ToolContext {
-        ToolContext {
-            tenant_id: "t".into(),
-            turn_id: "turn".into(),
-            call_id: "c".into(),
-            session_id: None,
-            deadline_unix_ms: u64::MAX,
-            attempt: 1,
-            context: Default::default(),
-        }
+        ToolContext::new("t", Default::default())
     }
 
     #[tokio::test]

@@ -1,65 +1,36 @@
 //! The CRM pack on PostgreSQL (`crm-db`): the same tools, arguments and result shapes as
-//! the sample-data pack in [`crate::packs::crm`], read from the `customers`,
+//! the sample-data pack in [`crate::crm`], read from the `customers`,
 //! `appointments` and `invoices` tables of the turn's business (the tenant id is the
 //! `businesses.id` UUID, as in the receptionist pack). Times are spoken in the business's
 //! time zone (`businesses.ai_config.timezone`).
+//!
+//! Owns only the queries: definitions, result shapes and summaries come from
+//! [`crate::crm`]. It must never write to the database nor read outside the turn's
+//! business: every query goes through [`Db::query_scoped`].
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
-use time::{Date, PrimitiveDateTime};
+use time::Date;
+use tokio_postgres::Row;
+use toolfleet_worker::cache::ResultCache;
+use toolfleet_worker::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
-use crate::cache::ResultCache;
-use crate::db::Db;
-use crate::packs::crm::{
-    join_and, spoken_amount, spoken_date, spoken_time, CustomerArgs, CUSTOMER_NOT_FOUND,
+use crate::crm::{
+    self, customer_not_found, invoices_output, next_output, upcoming_output, AppointmentView,
+    CustomerArgs, InvoiceView,
 };
-use crate::packs::receptionist::{business_of, column};
-use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::db::{cached, Db};
+use crate::receptionist::{business_of, column};
 
 /// Per-call timeout of the CRM tools.
 const TOOL_TIMEOUT: Duration = Duration::from_secs(2);
-
-struct Appointment {
-    id: String,
-    service: String,
-    location: String,
-    duration_minutes: i32,
-    local: PrimitiveDateTime,
-}
-
-impl Appointment {
-    fn json(&self) -> Value {
-        json!({
-            "id": self.id,
-            "date": self.local.date().to_string(),
-            "time": format!("{:02}:{:02}", self.local.hour(), self.local.minute()),
-            "service": self.service,
-            "location": self.location,
-            "durationMinutes": self.duration_minutes,
-        })
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "a {} on {} at {}",
-            self.service,
-            spoken_date(self.local.date()),
-            spoken_time(self.local.time())
-        )
-    }
-}
-
-fn not_found(id: &str) -> ToolError {
-    ToolError::fatal(CUSTOMER_NOT_FOUND, format!("no customer with id {id:?}"))
-}
 
 /// The customer's name and upcoming scheduled appointments, soonest first.
 async fn upcoming(
     db: &Db,
     ctx: &ToolContext,
     customer_id: &str,
-) -> Result<(String, Vec<Appointment>), ToolError> {
+) -> Result<(String, Vec<AppointmentView>), ToolError> {
     let business = business_of(ctx, None)?;
     let rows = db
         .query_scoped(
@@ -76,67 +47,39 @@ async fn upcoming(
             &[&business, &customer_id],
         )
         .await?;
-    let first = rows.first().ok_or_else(|| not_found(customer_id))?;
+    let first = rows
+        .first()
+        .ok_or_else(|| customer_not_found(customer_id))?;
     let name: String = column(first, "name")?;
-    let mut list = Vec::new();
-    for row in &rows {
-        let Some(id) = column::<Option<String>>(row, "id")? else {
-            continue;
-        };
-        list.push(Appointment {
+    let list = joined(&rows, |id, row| {
+        Ok(AppointmentView {
             id,
             service: column(row, "service")?,
             location: column(row, "location")?,
-            duration_minutes: column(row, "duration_minutes")?,
-            local: column(row, "local_start")?,
-        });
-    }
+            duration_minutes: column::<i32>(row, "duration_minutes")?.into(),
+            at: column(row, "local_start")?,
+        })
+    })?;
     Ok((name, list))
 }
 
-async fn list_upcoming(
-    db: &Db,
-    ctx: ToolContext,
-    args: CustomerArgs,
-) -> Result<ToolOutput, ToolError> {
-    let (name, list) = upcoming(db, &ctx, &args.customer_id).await?;
-    let summary = match list.as_slice() {
-        [] => "You have no upcoming appointments.".to_string(),
-        [one] => format!("You have one upcoming appointment: {}.", one.describe()),
-        many => format!(
-            "You have {} upcoming appointments: {}.",
-            many.len(),
-            join_and(&many.iter().map(Appointment::describe).collect::<Vec<_>>())
-        ),
-    };
-    Ok(ToolOutput::new(json!({
-        "customerId": args.customer_id,
-        "customerName": name,
-        "appointments": list.iter().map(Appointment::json).collect::<Vec<_>>(),
-    }))
-    .with_summary(summary))
-}
-
-async fn next_appointment(
-    db: &Db,
-    ctx: ToolContext,
-    args: CustomerArgs,
-) -> Result<ToolOutput, ToolError> {
-    let (_, list) = upcoming(db, &ctx, &args.customer_id).await?;
-    let next = list.first();
-    let summary = match next {
-        Some(a) => format!("Your next appointment is {}.", a.describe()),
-        None => "You have no upcoming appointments.".to_string(),
-    };
-    Ok(ToolOutput::new(json!({
-        "customerId": args.customer_id,
-        "appointment": next.map(Appointment::json),
-    }))
-    .with_summary(summary))
+/// The rows of a `LEFT JOIN` whose joined side is there (its `id` is not NULL), each
+/// read by `read` with that id.
+fn joined<T>(
+    rows: &[Row],
+    read: impl Fn(String, &Row) -> Result<T, ToolError>,
+) -> Result<Vec<T>, ToolError> {
+    let mut items = Vec::new();
+    for row in rows {
+        if let Some(id) = column::<Option<String>>(row, "id")? {
+            items.push(read(id, row)?);
+        }
+    }
+    Ok(items)
 }
 
 async fn open_invoices(
-    db: &Db,
+    db: Db,
     ctx: ToolContext,
     args: CustomerArgs,
 ) -> Result<ToolOutput, ToolError> {
@@ -154,107 +97,40 @@ async fn open_invoices(
         )
         .await?;
     if rows.is_empty() {
-        return Err(not_found(&args.customer_id));
+        return Err(customer_not_found(&args.customer_id));
     }
-    let mut items = Vec::new();
-    let mut open: Vec<(i64, String, Date)> = Vec::new();
-    for row in &rows {
-        let Some(id) = column::<Option<String>>(row, "id")? else {
-            continue;
-        };
-        let cents: i64 = column(row, "amount_cents")?;
-        let currency: String = column(row, "currency")?;
-        let due: Date = column(row, "due_date")?;
-        items.push(json!({
-            "id": id,
-            "amount": cents as f64 / 100.0,
-            "currency": currency,
-            "dueDate": due.to_string(),
-            "description": column::<String>(row, "description")?,
-        }));
-        open.push((cents, currency, due));
-    }
-    let total: i64 = open.iter().map(|(c, _, _)| *c).sum();
-    let currency = open
-        .first()
-        .map_or("USD", |(_, c, _)| c.as_str())
-        .to_string();
-    let cents = |c: i64| u64::try_from(c).unwrap_or(0);
-    let summary = match open.as_slice() {
-        [] => "You have no open invoices.".to_string(),
-        [(c, cur, due)] => format!(
-            "You have one open invoice for {}, due {}.",
-            spoken_amount(cents(*c), cur),
-            spoken_date(*due)
-        ),
-        many => format!(
-            "You have {} open invoices totalling {}; the next is due {}.",
-            many.len(),
-            spoken_amount(cents(total), &currency),
-            spoken_date(many[0].2)
-        ),
-    };
-    Ok(ToolOutput::new(json!({
-        "customerId": args.customer_id,
-        "invoices": items,
-        "totalDue": total as f64 / 100.0,
-        "currency": currency,
-    }))
-    .with_summary(summary))
+    let open = joined(&rows, |id, row| {
+        Ok(InvoiceView {
+            id,
+            // `invoices.amount_cents` is CHECKed to be non-negative.
+            amount_cents: u64::try_from(column::<i64>(row, "amount_cents")?).unwrap_or(0),
+            currency: column(row, "currency")?,
+            due: column::<Date>(row, "due_date")?,
+            description: column(row, "description")?,
+        })
+    })?;
+    Ok(invoices_output(&args.customer_id, &open))
 }
 
 /// The CRM tools on PostgreSQL: `crm.listUpcomingAppointments`, `crm.getOpenInvoices`,
 /// `crm.getNextAppointment`; cached when `cache` is given.
 pub fn tools(db: &Db, cache: Option<&ResultCache>) -> Vec<Tool> {
-    let list = {
-        let db = db.clone();
-        Tool::builder(
-            "crm.listUpcomingAppointments",
-            "List the customer's upcoming appointments",
-        )
-        .waiting_hint("looking up your upcoming appointments")
-        .idempotent(3)
-        .timeout(TOOL_TIMEOUT)
-        .tenant_scoped()
-        .handler(move |ctx, args: CustomerArgs| {
-            let db = db.clone();
-            async move { list_upcoming(&db, ctx, args).await }
-        })
-    };
-    let invoices = {
-        let db = db.clone();
-        Tool::builder("crm.getOpenInvoices", "Get the customer's open invoices")
-            .waiting_hint("checking your billing")
-            .idempotent(3)
-            .timeout(TOOL_TIMEOUT)
-            .tenant_scoped()
-            .handler(move |ctx, args: CustomerArgs| {
-                let db = db.clone();
-                async move { open_invoices(&db, ctx, args).await }
-            })
-    };
-    let next = {
-        let db = db.clone();
-        Tool::builder(
-            "crm.getNextAppointment",
-            "Get the customer's next appointment",
-        )
-        .waiting_hint("checking your next appointment")
-        .idempotent(3)
-        .timeout(TOOL_TIMEOUT)
-        .tenant_scoped()
-        .handler(move |ctx, args: CustomerArgs| {
-            let db = db.clone();
-            async move { next_appointment(&db, ctx, args).await }
-        })
-    };
-    [list, invoices, next]
-        .into_iter()
-        .map(|tool| match cache {
-            Some(cache) => cache.wrap(tool, &[]),
-            None => tool,
-        })
-        .collect()
+    let [list, invoices, next] =
+        crm::builders().map(|builder| builder.timeout(TOOL_TIMEOUT).tenant_scoped());
+    [
+        db.tool(list, |db, ctx, args: CustomerArgs| async move {
+            let (name, list) = upcoming(&db, &ctx, &args.customer_id).await?;
+            Ok(upcoming_output(&args.customer_id, &name, &list))
+        }),
+        db.tool(invoices, open_invoices),
+        db.tool(next, |db, ctx, args: CustomerArgs| async move {
+            let (_, list) = upcoming(&db, &ctx, &args.customer_id).await?;
+            Ok(next_output(&args.customer_id, list.first()))
+        }),
+    ]
+    .into_iter()
+    .map(|tool| cached(cache, tool, &[]))
+    .collect()
 }
 
 #[cfg(test)]
@@ -275,7 +151,7 @@ mod tests {
                 )
             })
             .collect();
-        let sample: Vec<_> = crate::packs::crm::tools()
+        let sample: Vec<_> = crate::crm::tools()
             .iter()
             .map(|t| {
                 (

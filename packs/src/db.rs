@@ -1,22 +1,28 @@
 //! PostgreSQL for the database-backed tool packs: settings, a small connection pool whose
 //! connections run as the read-only role, tenant-scoped read-only queries, the schema
-//! migrations (`migrations/*.sql`, tracked in `schema_migrations`) and the demo seed.
+//! migrations (`migrations/*.sql`, tracked in `schema_migrations`) and the demo seed,
+//! and [`Db::tool`] / [`cached`], which turn a database handler into a (cached) tool.
+//! It must never run a tool's query outside [`Db::query_scoped`], nor hold tool logic.
 //!
 //! Every query a tool runs goes through [`Db::query_scoped`]: one `READ ONLY` transaction
 //! on a connection that did `SET ROLE <reader>` and `default_transaction_read_only = on`,
 //! with `toolfleet.business_id` set to the turn's tenant so the row-level security
 //! policies of `migrations/0003_reader_role.sql` hide every other business's rows.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row};
 use toolfleet_common::config::{env_ms, env_or, ConfigError};
 use toolfleet_common::CallError;
+use toolfleet_worker::cache::ResultCache;
+use toolfleet_worker::tool::{Tool, ToolBuilder, ToolContext, ToolError, ToolOutput};
 use tracing::debug;
 use uuid::Uuid;
 
@@ -223,6 +229,18 @@ impl Db {
         }
     }
 
+    /// `builder` finished with `handler`, which gets a handle on this pool with every call
+    /// (a database tool's handler is `async fn(Db, ToolContext, Args)`).
+    pub fn tool<A, F, Fut>(&self, builder: ToolBuilder, handler: F) -> Tool
+    where
+        A: DeserializeOwned + schemars::JsonSchema + Send + 'static,
+        F: Fn(Db, ToolContext, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<ToolOutput, ToolError>> + Send + 'static,
+    {
+        let db = self.clone();
+        builder.handler(move |ctx, args: A| handler(db.clone(), ctx, args))
+    }
+
     /// Runs `sql` with `params` in a read-only transaction scoped to `business`, within
     /// the configured budget. A connection that failed or timed out is not reused.
     pub async fn query_scoped(
@@ -314,6 +332,15 @@ impl Db {
             .connections_opened
             .fetch_add(1, Ordering::Relaxed);
         Ok(client)
+    }
+}
+
+/// `tool` with its results cached in `cache` (varying on the context entries `vary_on`),
+/// or `tool` unchanged without a cache.
+pub fn cached(cache: Option<&ResultCache>, tool: Tool, vary_on: &[&str]) -> Tool {
+    match cache {
+        Some(cache) => cache.wrap(tool, vary_on),
+        None => tool,
     }
 }
 

@@ -1,4 +1,8 @@
-//! Tools declared in configuration that call an HTTP endpoint.
+//! Tools declared in configuration that call an HTTP endpoint (the `http` pack).
+//!
+//! Owns the tools file format and the mapping of HTTP outcomes to call results. It must
+//! never follow the model's arguments to another URL than the declared one, nor retry
+//! on its own: redelivery is the runner's.
 //!
 //! A tools file (`TOOLFLEET_HTTP_TOOLS_FILE`, JSON) declares each tool's definition and
 //! URL. A call POSTs the call's arguments as the JSON body, with the headers
@@ -47,7 +51,7 @@ use toolfleet_common::names::{
 };
 use toolfleet_common::{RetryPolicy, ToolDefinition};
 
-use crate::tool::{Tool, ToolContext, ToolError, ToolFuture, ToolOutput};
+use toolfleet_worker::tool::{Tool, ToolContext, ToolError, ToolFuture, ToolOutput};
 
 /// No response within the timeout.
 pub const UPSTREAM_TIMEOUT: &str = "upstream_timeout";

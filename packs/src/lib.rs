@@ -1,4 +1,11 @@
-//! Tool packs the worker binary can host, chosen by name (`TOOLFLEET_PACKS=demo,test`).
+//! # toolfleet-packs
+//!
+//! The tool packs the `toolfleet-worker` binary hosts, chosen by name
+//! (`TOOLFLEET_PACKS=demo,test`), and what they need: PostgreSQL ([`db`]) and tools
+//! declared in a file that call HTTP endpoints ([`http_tool`]). Tools are built with the
+//! worker SDK (`toolfleet-worker`: [`Tool`], `run`, the result cache); this crate owns
+//! every tool toolfleet ships and must never reimplement what the SDK does (serving,
+//! registering, acking, caching): a pack only builds [`Tool`]s.
 //!
 //! | pack | tools | needs |
 //! |---|---|---|
@@ -10,9 +17,23 @@
 //!
 //! `demo` and `crm-db` serve the same tool names, so one worker serves one of them.
 //! Results of the database packs are cached in Redis for `TOOLFLEET_CACHE_TTL_MS`.
+//!
+//! # Layout
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | this file | pack selection: [`tools_for`], [`tools_with`], [`PackSettings`], [`PackError`] |
+//! | [`crm`] | the `demo` pack on the sample data, and the spoken forms the other packs share |
+//! | [`crm_db`] | the `crm-db` pack: the `demo` tools on PostgreSQL |
+//! | [`receptionist`] | the `receptionist` pack |
+//! | [`testing`] | the `test` pack |
+//! | [`db`] | PostgreSQL for the database packs: pool, scoped read-only queries, migrations |
+//! | [`http_tool`] | the `http` pack: tools declared in a file that POST to an HTTP endpoint |
 
 pub mod crm;
 pub mod crm_db;
+pub mod db;
+pub mod http_tool;
 pub mod receptionist;
 pub mod testing;
 
@@ -21,12 +42,11 @@ use std::time::Duration;
 
 use toolfleet_common::config::{env_ms, ConfigError};
 use toolfleet_common::Names;
+use toolfleet_worker::cache::{CacheConfig, CacheError, ResultCache};
+use toolfleet_worker::{Tool, WorkerConfig};
 
-use crate::cache::{CacheConfig, CacheError, ResultCache};
-use crate::config::WorkerConfig;
 use crate::db::{Db, DbConfig};
-use crate::http_tool::{self, HttpToolError};
-use crate::tool::Tool;
+use crate::http_tool::HttpToolError;
 
 /// Pack names the binary knows.
 pub const PACKS: &[&str] = &["demo", "test", "receptionist", "crm-db", "http"];

@@ -1,6 +1,10 @@
 //! The receptionist pack: read-only tools over a business's bookings, services, hours,
 //! policies and FAQs in PostgreSQL, for a voice receptionist.
 //!
+//! Owns these tools and the one SQL topic match ([`topic_match`]) that `toolfleet admin`
+//! reuses. It must never write, never read another business's rows and never return a
+//! field a caller may not hear (below).
+//!
 //! Tenant scoping: the business is always the turn's tenant (`ToolContext::tenant_id`,
 //! a `businesses.id` UUID). A `business_id` argument is accepted only when it names that
 //! same business (`tenant_mismatch` otherwise); every query runs through
@@ -14,20 +18,23 @@
 //! (`customer_phone` or `caller_phone`); a phone argument must match it. Only when the
 //! context has none (a chat frontend) is the argument used.
 
+use std::future::Future;
 use std::time::Duration;
 
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use time::format_description::well_known::Rfc3339;
 use time::{OffsetDateTime, PrimitiveDateTime};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use toolfleet_common::call::codes;
+use toolfleet_worker::cache::ResultCache;
+use toolfleet_worker::tool::{Tool, ToolBuilder, ToolContext, ToolError, ToolOutput};
 use uuid::Uuid;
 
-use crate::cache::ResultCache;
-use crate::db::{Db, DATABASE_ERROR};
-use crate::packs::crm::{join_and, spoken_date, spoken_time};
-use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::crm::{join_and, spoken_date, spoken_time};
+use crate::db::{cached, Db, DATABASE_ERROR};
 
 /// The turn's tenant is not a known business.
 pub const UNKNOWN_BUSINESS: &str = "unknown_business";
@@ -51,49 +58,64 @@ pub const TOOL_TIMEOUT: Duration = Duration::from_millis(400);
 /// Deliveries of a call that failed with a retryable error (the database was down).
 const MAX_ATTEMPTS: u32 = 2;
 
-/// Arguments of `get_latest_booking`.
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LatestBookingArgs {
-    /// Optional; if given it must be the current business (the turn's tenant).
-    #[serde(default)]
-    pub business_id: Option<String>,
-    /// The caller's phone number. The phone of the call is used when the session knows
-    /// it; this must then be the same number.
-    #[serde(default)]
-    pub customer_phone: Option<String>,
+/// Arguments that may name the business a call is about.
+trait NamesBusiness {
+    /// The `business_id` argument, if any.
+    fn named_business(&self) -> Option<&str>;
 }
 
-/// Arguments of `get_booking_by_id`.
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BookingByIdArgs {
-    /// Optional; if given it must be the current business (the turn's tenant).
-    #[serde(default)]
-    pub business_id: Option<String>,
-    /// The booking's id (a UUID).
-    pub booking_id: String,
+/// Declares the arguments of a receptionist tool: every one takes an optional
+/// `business_id`, which [`business_of`] holds to the turn's tenant, then `fields`.
+macro_rules! business_args {
+    ($(#[$meta:meta])* $name:ident { $($fields:tt)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Deserialize, schemars::JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            /// Optional; if given it must be the current business (the turn's tenant).
+            #[serde(default)]
+            pub business_id: Option<String>,
+            $($fields)*
+        }
+
+        impl NamesBusiness for $name {
+            fn named_business(&self) -> Option<&str> {
+                self.business_id.as_deref()
+            }
+        }
+    };
 }
 
-/// Arguments of `get_business_services` and `get_working_hours`.
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BusinessArgs {
-    /// Optional; if given it must be the current business (the turn's tenant).
-    #[serde(default)]
-    pub business_id: Option<String>,
+business_args! {
+    /// Arguments of `get_latest_booking`.
+    LatestBookingArgs {
+        /// The caller's phone number. The phone of the call is used when the session knows
+        /// it; this must then be the same number.
+        #[serde(default)]
+        pub customer_phone: Option<String>,
+    }
 }
 
-/// Arguments of `get_policies` and `get_faqs`.
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TopicArgs {
-    /// Optional; if given it must be the current business (the turn's tenant).
-    #[serde(default)]
-    pub business_id: Option<String>,
-    /// What the caller asks about, e.g. cancellation, reschedule, late arrival, deposits,
-    /// refunds, pricing, hours, location, parking.
-    pub topic: String,
+business_args! {
+    /// Arguments of `get_booking_by_id`.
+    BookingByIdArgs {
+        /// The booking's id (a UUID).
+        pub booking_id: String,
+    }
+}
+
+business_args! {
+    /// Arguments of `get_business_services` and `get_working_hours`.
+    BusinessArgs {}
+}
+
+business_args! {
+    /// Arguments of `get_policies` and `get_faqs`.
+    TopicArgs {
+        /// What the caller asks about, e.g. cancellation, reschedule, late arrival, deposits,
+        /// refunds, pricing, hours, location, parking.
+        pub topic: String,
+    }
 }
 
 fn fatal(code: &str, message: impl Into<String>) -> ToolError {
@@ -232,13 +254,28 @@ fn booking_sentence(b: &Booking) -> String {
     }
 }
 
-/// Schema of a booking in results.
-fn booking_schema() -> Value {
+/// Schema of an object with exactly `properties`, of which `required` must be present.
+fn closed_object(required: &[&str], properties: Value) -> Value {
     json!({
         "type": "object",
         "additionalProperties": false,
-        "required": ["booking_id", "status", "service", "booking_datetime", "local_datetime", "customer_name"],
-        "properties": {
+        "required": required,
+        "properties": properties,
+    })
+}
+
+/// Schema of a booking in results.
+fn booking_schema() -> Value {
+    closed_object(
+        &[
+            "booking_id",
+            "status",
+            "service",
+            "booking_datetime",
+            "local_datetime",
+            "customer_name",
+        ],
+        json!({
             "booking_id": {"type": "string"},
             "status": {"type": "string"},
             "service": {"type": "string"},
@@ -248,17 +285,12 @@ fn booking_schema() -> Value {
             "customer_name": {"type": "string"},
             "price": {"type": ["number", "null"]},
             "customer_notes": {"type": ["string", "null"]}
-        }
-    })
+        }),
+    )
 }
 
-async fn latest_booking(
-    db: &Db,
-    ctx: ToolContext,
-    args: LatestBookingArgs,
-) -> Result<ToolOutput, ToolError> {
-    let business = business_of(&ctx, args.business_id.as_deref())?;
-    let phone = caller_phone(&ctx, args.customer_phone.as_deref())?;
+async fn latest_booking(call: Call, args: LatestBookingArgs) -> Result<ToolOutput, ToolError> {
+    let phone = caller_phone(&call.ctx, args.customer_phone.as_deref())?;
     let sql = format!(
         "SELECT {BOOKING_COLUMNS}
          FROM businesses b
@@ -275,11 +307,8 @@ async fn latest_booking(
          ) k ON true
          WHERE b.id = $1"
     );
-    let rows = db
-        .query_scoped(business, &sql, &[&business, &phone])
-        .await?;
-    let row = rows.first().ok_or_else(unknown_business)?;
-    Ok(match booking_from(row)? {
+    let row = call.row(&sql, &[&phone]).await?;
+    Ok(match booking_from(&row)? {
         Some(booking) => {
             let summary = booking_sentence(&booking);
             ToolOutput::new(json!({"booking": booking.value})).with_summary(summary)
@@ -289,12 +318,7 @@ async fn latest_booking(
     })
 }
 
-async fn booking_by_id(
-    db: &Db,
-    ctx: ToolContext,
-    args: BookingByIdArgs,
-) -> Result<ToolOutput, ToolError> {
-    let business = business_of(&ctx, args.business_id.as_deref())?;
+async fn booking_by_id(call: Call, args: BookingByIdArgs) -> Result<ToolOutput, ToolError> {
     let id = Uuid::parse_str(args.booking_id.trim()).map_err(|_| {
         fatal(
             INVALID_BOOKING_ID,
@@ -307,9 +331,8 @@ async fn booking_by_id(
          LEFT JOIN bookings k ON k.business_id = b.id AND k.id = $2
          WHERE b.id = $1"
     );
-    let rows = db.query_scoped(business, &sql, &[&business, &id]).await?;
-    let row = rows.first().ok_or_else(unknown_business)?;
-    let booking = booking_from(row)?.ok_or_else(|| {
+    let row = call.row(&sql, &[&id]).await?;
+    let booking = booking_from(&row)?.ok_or_else(|| {
         fatal(
             BOOKING_NOT_FOUND,
             format!("no booking {id} at this business"),
@@ -321,6 +344,50 @@ async fn booking_by_id(
 
 fn unknown_business() -> ToolError {
     fatal(UNKNOWN_BUSINESS, "no business with the turn's tenant id")
+}
+
+/// What a receptionist handler works with: the pool, the call's context and the turn's
+/// business, already held to any `business_id` argument ([`business_of`]).
+struct Call {
+    db: Db,
+    ctx: ToolContext,
+    business: Uuid,
+}
+
+impl Call {
+    /// The rows of `sql` for the business (`$1`; `more` are `$2`, ...). Every
+    /// receptionist query starts from the `businesses` row, so no rows at all means the
+    /// tenant is not a business.
+    async fn rows(&self, sql: &str, more: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, ToolError> {
+        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(1 + more.len());
+        params.push(&self.business);
+        params.extend_from_slice(more);
+        let rows = self.db.query_scoped(self.business, sql, &params).await?;
+        if rows.is_empty() {
+            return Err(unknown_business());
+        }
+        Ok(rows)
+    }
+
+    /// The first row of [`Call::rows`].
+    async fn row(&self, sql: &str, more: &[&(dyn ToSql + Sync)]) -> Result<Row, ToolError> {
+        let rows = self.rows(sql, more).await?;
+        rows.into_iter().next().ok_or_else(unknown_business)
+    }
+}
+
+/// `builder` finished with `handler`, which runs once the turn's business is known.
+fn tool<A, F, Fut>(db: &Db, builder: ToolBuilder, handler: F) -> Tool
+where
+    A: NamesBusiness + DeserializeOwned + schemars::JsonSchema + Send + 'static,
+    F: Fn(Call, A) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<ToolOutput, ToolError>> + Send + 'static,
+{
+    db.tool(builder, move |db, ctx, args: A| {
+        let call = business_of(&ctx, args.named_business())
+            .map(|business| handler(Call { db, ctx, business }, args));
+        async move { call?.await }
+    })
 }
 
 fn money(amount: f64) -> String {
@@ -350,22 +417,11 @@ fn describe_service(service: &Value) -> Option<String> {
     })
 }
 
-async fn business_services(
-    db: &Db,
-    ctx: ToolContext,
-    args: BusinessArgs,
-) -> Result<ToolOutput, ToolError> {
-    let business = business_of(&ctx, args.business_id.as_deref())?;
-    let rows = db
-        .query_scoped(
-            business,
-            "SELECT name, services FROM businesses WHERE id = $1",
-            &[&business],
-        )
-        .await?;
-    let row = rows.first().ok_or_else(unknown_business)?;
-    let name: String = column(row, "name")?;
-    let services: Value = column(row, "services")?;
+async fn business_services(call: Call, _args: BusinessArgs) -> Result<ToolOutput, ToolError> {
+    let sql = "SELECT name, services FROM businesses WHERE id = $1";
+    let row = call.row(sql, &[]).await?;
+    let name: String = column(&row, "name")?;
+    let services: Value = column(&row, "services")?;
     let services = match services {
         Value::Array(items) => items,
         Value::Null => Vec::new(),
@@ -446,24 +502,13 @@ pub fn spoken_hours(hours: &Value) -> Option<String> {
     Some(join_and(&parts))
 }
 
-async fn working_hours(
-    db: &Db,
-    ctx: ToolContext,
-    args: BusinessArgs,
-) -> Result<ToolOutput, ToolError> {
-    let business = business_of(&ctx, args.business_id.as_deref())?;
-    let rows = db
-        .query_scoped(
-            business,
-            "SELECT name, working_hours, COALESCE(ai_config->>'timezone', 'UTC') AS timezone
-             FROM businesses WHERE id = $1",
-            &[&business],
-        )
-        .await?;
-    let row = rows.first().ok_or_else(unknown_business)?;
-    let name: String = column(row, "name")?;
-    let hours: Value = column(row, "working_hours")?;
-    let timezone: String = column(row, "timezone")?;
+async fn working_hours(call: Call, _args: BusinessArgs) -> Result<ToolOutput, ToolError> {
+    let sql = "SELECT name, working_hours, COALESCE(ai_config->>'timezone', 'UTC') AS timezone
+               FROM businesses WHERE id = $1";
+    let row = call.row(sql, &[]).await?;
+    let name: String = column(&row, "name")?;
+    let hours: Value = column(&row, "working_hours")?;
+    let timezone: String = column(&row, "timezone")?;
     let summary = match spoken_hours(&hours) {
         Some(text) => format!("We're open {text}."),
         None => format!("I don't have opening hours for {name} on file."),
@@ -487,16 +532,83 @@ fn topic_of(args: &TopicArgs) -> Result<String, ToolError> {
     Ok(topic)
 }
 
-/// SQL: whether the stored text `$col` and the topic `$2` match (either contains the
-/// other, compared as normalized words).
-fn topic_match(col: &str) -> String {
+/// SQL: whether the stored text `col` and the normalized topic `$2` ([`normalize_topic`])
+/// match: either contains the other, compared as normalized words. The one definition
+/// of a topic match: `get_policies`, `get_faqs` and `toolfleet admin ... list --topic`
+/// all use it. An empty `$2` matches every non-NULL text.
+pub fn topic_match(col: &str) -> String {
     let norm = format!("btrim(regexp_replace(lower({col}), '[^[:alnum:]]+', ' ', 'g'))");
     format!("(strpos($2, {norm}) > 0 OR strpos({norm}, $2) > 0)")
 }
 
-async fn policies(db: &Db, ctx: ToolContext, args: TopicArgs) -> Result<ToolOutput, ToolError> {
-    let business = business_of(&ctx, args.business_id.as_deref())?;
-    let topic = topic_of(&args)?;
+/// A stored policy or FAQ as a topic lookup reads it: the topics it is filed under, and
+/// the fields that name it in results (a match adds its spoken text and `updated_at`).
+struct Filed {
+    topics: Vec<String>,
+    fields: Map<String, Value>,
+}
+
+/// What a topic lookup found: the asked topic (normalized), the matching entries' JSON
+/// and spoken texts, and every topic on file in order of appearance.
+struct TopicLookup {
+    topic: String,
+    matched: Vec<Value>,
+    spoken: Vec<String>,
+    available: Vec<String>,
+}
+
+impl TopicLookup {
+    /// The tool's result, the matches listed under `list_key`.
+    fn output(self, list_key: &str, summary: String) -> ToolOutput {
+        ToolOutput::new(json!({
+            "topic": self.topic,
+            list_key: self.matched,
+            "available_topics": self.available,
+        }))
+        .with_summary(summary)
+    }
+}
+
+/// Runs the topic query `sql` (`$1` the business, `$2` the normalized topic; one row per
+/// stored entry with its `matches`, `updated_at` and spoken `text_column`, NULLs when the
+/// business has none) and reads each row's entry with `read` (`None`: no entry).
+async fn look_up_topic(
+    call: &Call,
+    args: &TopicArgs,
+    sql: &str,
+    text_column: &str,
+    read: impl Fn(&Row) -> Result<Option<Filed>, ToolError>,
+) -> Result<TopicLookup, ToolError> {
+    let topic = topic_of(args)?;
+    let rows = call.rows(sql, &[&topic]).await?;
+    let mut found = TopicLookup {
+        topic,
+        matched: Vec::new(),
+        spoken: Vec::new(),
+        available: Vec::new(),
+    };
+    for row in &rows {
+        let Some(Filed { topics, mut fields }) = read(row)? else {
+            continue;
+        };
+        for topic in topics {
+            if !found.available.contains(&topic) {
+                found.available.push(topic);
+            }
+        }
+        if column::<bool>(row, "matches")? {
+            let text: String = column(row, text_column)?;
+            let updated: OffsetDateTime = column(row, "updated_at")?;
+            fields.insert(text_column.to_string(), json!(text));
+            fields.insert("updated_at".to_string(), json!(rfc3339(updated)));
+            found.spoken.push(text);
+            found.matched.push(Value::Object(fields));
+        }
+    }
+    Ok(found)
+}
+
+async fn policies(call: Call, args: TopicArgs) -> Result<ToolOutput, ToolError> {
     let sql = format!(
         "SELECT p.topic, p.content, p.updated_at, COALESCE({}, false) AS matches
          FROM businesses b LEFT JOIN policies p ON p.business_id = b.id
@@ -504,49 +616,27 @@ async fn policies(db: &Db, ctx: ToolContext, args: TopicArgs) -> Result<ToolOutp
          ORDER BY p.topic, p.updated_at DESC",
         topic_match("p.topic")
     );
-    let rows = db
-        .query_scoped(business, &sql, &[&business, &topic])
-        .await?;
-    if rows.is_empty() {
-        return Err(unknown_business());
-    }
-    let mut matched = Vec::new();
-    let mut spoken = Vec::new();
-    let mut available: Vec<String> = Vec::new();
-    for row in &rows {
-        let Some(stored_topic) = column::<Option<String>>(row, "topic")? else {
-            continue;
+    let found = look_up_topic(&call, &args, &sql, "content", |row| {
+        let Some(topic) = column::<Option<String>>(row, "topic")? else {
+            return Ok(None);
         };
-        if !available.contains(&stored_topic) {
-            available.push(stored_topic.clone());
-        }
-        if column::<bool>(row, "matches")? {
-            let content: String = column(row, "content")?;
-            let updated: OffsetDateTime = column(row, "updated_at")?;
-            spoken.push(content.clone());
-            matched.push(json!({
-                "topic": stored_topic,
-                "content": content,
-                "updated_at": rfc3339(updated),
-            }));
-        }
-    }
-    let summary = if spoken.is_empty() {
-        format!("I don't have a {topic} policy on file.")
+        let mut fields = Map::new();
+        fields.insert("topic".to_string(), json!(topic));
+        Ok(Some(Filed {
+            topics: vec![topic],
+            fields,
+        }))
+    })
+    .await?;
+    let summary = if found.spoken.is_empty() {
+        format!("I don't have a {} policy on file.", found.topic)
     } else {
-        spoken.join(" ")
+        found.spoken.join(" ")
     };
-    Ok(ToolOutput::new(json!({
-        "topic": topic,
-        "policies": matched,
-        "available_topics": available,
-    }))
-    .with_summary(summary))
+    Ok(found.output("policies", summary))
 }
 
-async fn faqs(db: &Db, ctx: ToolContext, args: TopicArgs) -> Result<ToolOutput, ToolError> {
-    let business = business_of(&ctx, args.business_id.as_deref())?;
-    let topic = topic_of(&args)?;
+async fn faqs(call: Call, args: TopicArgs) -> Result<ToolOutput, ToolError> {
     let sql = format!(
         "SELECT f.question, f.answer, f.tags, f.updated_at,
                 COALESCE(EXISTS (SELECT 1 FROM unnest(f.tags) AS t(tag) WHERE {})
@@ -557,61 +647,37 @@ async fn faqs(db: &Db, ctx: ToolContext, args: TopicArgs) -> Result<ToolOutput, 
         topic_match("t.tag"),
         topic_match("f.question")
     );
-    let rows = db
-        .query_scoped(business, &sql, &[&business, &topic])
-        .await?;
-    if rows.is_empty() {
-        return Err(unknown_business());
-    }
-    let mut matched = Vec::new();
-    let mut answers = Vec::new();
-    let mut available: Vec<String> = Vec::new();
-    for row in &rows {
+    let mut found = look_up_topic(&call, &args, &sql, "answer", |row| {
         let Some(question) = column::<Option<String>>(row, "question")? else {
-            continue;
+            return Ok(None);
         };
         let tags: Vec<String> = column(row, "tags")?;
-        for tag in &tags {
-            if !available.contains(tag) {
-                available.push(tag.clone());
-            }
-        }
-        if column::<bool>(row, "matches")? {
-            let answer: String = column(row, "answer")?;
-            let updated: OffsetDateTime = column(row, "updated_at")?;
-            answers.push(answer.clone());
-            matched.push(json!({
-                "question": question,
-                "answer": answer,
-                "tags": tags,
-                "updated_at": rfc3339(updated),
-            }));
-        }
-    }
-    available.sort();
-    let summary = match answers.as_slice() {
-        [] => format!("I don't have an answer about {topic} on file."),
+        let mut fields = Map::new();
+        fields.insert("question".to_string(), json!(question));
+        fields.insert("tags".to_string(), json!(tags));
+        Ok(Some(Filed {
+            topics: tags,
+            fields,
+        }))
+    })
+    .await?;
+    found.available.sort();
+    let summary = match found.spoken.as_slice() {
+        [] => format!("I don't have an answer about {} on file.", found.topic),
         [one, ..] => one.clone(),
     };
-    Ok(ToolOutput::new(json!({
-        "topic": topic,
-        "faqs": matched,
-        "available_topics": available,
-    }))
-    .with_summary(summary))
+    Ok(found.output("faqs", summary))
 }
 
 fn topics_output_schema(list_key: &str, item: Value) -> Value {
-    json!({
-        "type": "object",
-        "additionalProperties": false,
-        "required": ["topic", list_key, "available_topics"],
-        "properties": {
+    closed_object(
+        &["topic", list_key, "available_topics"],
+        json!({
             "topic": {"type": "string"},
             list_key: {"type": "array", "items": item},
             "available_topics": {"type": "array", "items": {"type": "string"}}
-        }
-    })
+        }),
+    )
 }
 
 /// The receptionist tools: `get_latest_booking`, `get_booking_by_id`,
@@ -619,191 +685,146 @@ fn topics_output_schema(list_key: &str, item: Value) -> Value {
 /// cache, results are served from Redis for its TTL (`get_latest_booking` keyed also by
 /// the caller's phone).
 pub fn tools(db: &Db, cache: Option<&ResultCache>) -> Vec<Tool> {
-    let base = |name: &str, description: &str, hint: &str| {
+    let base = |name: &str, description: &str, hint: &str, output_schema: Value| {
         Tool::builder(name, description)
             .waiting_hint(hint)
             .timeout(TOOL_TIMEOUT)
             .idempotent(MAX_ATTEMPTS)
             .tenant_scoped()
+            .output_schema(output_schema)
     };
-    let tools = vec![
+    let booking = |schema: Value| closed_object(&["booking"], json!({ "booking": schema }));
+    let no_context: &[&str] = &[];
+    let tools = [
         (
-            {
-                let db = db.clone();
+            tool(
+                db,
                 base(
                     "get_latest_booking",
                     "The caller's next booking (or their most recent one when none is upcoming), found by the caller's phone number",
                     "checking your booking",
-                )
-                .output_schema(json!({
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["booking"],
-                    "properties": {"booking": {"anyOf": [{"type": "null"}, booking_schema()]}}
-                }))
-                .handler(move |ctx, args: LatestBookingArgs| {
-                    let db = db.clone();
-                    async move { latest_booking(&db, ctx, args).await }
-                })
-            },
+                    booking(json!({"anyOf": [{"type": "null"}, booking_schema()]})),
+                ),
+                latest_booking,
+            ),
             PHONE_CONTEXT_KEYS,
         ),
         (
-            {
-                let db = db.clone();
+            tool(
+                db,
                 base(
                     "get_booking_by_id",
                     "A booking of this business by its id",
                     "looking up that booking",
-                )
-                .output_schema(json!({
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["booking"],
-                    "properties": {"booking": booking_schema()}
-                }))
-                .handler(move |ctx, args: BookingByIdArgs| {
-                    let db = db.clone();
-                    async move { booking_by_id(&db, ctx, args).await }
-                })
-            },
-            &[][..],
+                    booking(booking_schema()),
+                ),
+                booking_by_id,
+            ),
+            no_context,
         ),
         (
-            {
-                let db = db.clone();
+            tool(
+                db,
                 base(
                     "get_business_services",
                     "The services this business offers, with durations and prices",
                     "checking our services",
-                )
-                .output_schema(json!({
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["business_name", "services"],
-                    "properties": {
-                        "business_name": {"type": "string"},
-                        "services": {"type": "array"}
-                    }
-                }))
-                .handler(move |ctx, args: BusinessArgs| {
-                    let db = db.clone();
-                    async move { business_services(&db, ctx, args).await }
-                })
-            },
-            &[][..],
+                    closed_object(
+                        &["business_name", "services"],
+                        json!({
+                            "business_name": {"type": "string"},
+                            "services": {"type": "array"}
+                        }),
+                    ),
+                ),
+                business_services,
+            ),
+            no_context,
         ),
         (
-            {
-                let db = db.clone();
+            tool(
+                db,
                 base(
                     "get_working_hours",
                     "This business's opening hours by weekday",
                     "checking our opening hours",
-                )
-                .output_schema(json!({
-                    "type": "object",
-                    "additionalProperties": false,
-                    "required": ["business_name", "timezone", "working_hours"],
-                    "properties": {
-                        "business_name": {"type": "string"},
-                        "timezone": {"type": "string"},
-                        "working_hours": {"type": ["object", "null"]}
-                    }
-                }))
-                .handler(move |ctx, args: BusinessArgs| {
-                    let db = db.clone();
-                    async move { working_hours(&db, ctx, args).await }
-                })
-            },
-            &[][..],
+                    closed_object(
+                        &["business_name", "timezone", "working_hours"],
+                        json!({
+                            "business_name": {"type": "string"},
+                            "timezone": {"type": "string"},
+                            "working_hours": {"type": ["object", "null"]}
+                        }),
+                    ),
+                ),
+                working_hours,
+            ),
+            no_context,
         ),
         (
-            {
-                let db = db.clone();
+            tool(
+                db,
                 base(
                     "get_policies",
                     "This business's policy on a topic (cancellation, reschedule, late arrival, deposits, refunds, ...); topic required",
                     "checking our policies",
-                )
-                .output_schema(topics_output_schema(
-                    "policies",
-                    json!({
-                        "type": "object",
-                        "additionalProperties": false,
-                        "required": ["topic", "content", "updated_at"],
-                        "properties": {
-                            "topic": {"type": "string"},
-                            "content": {"type": "string"},
-                            "updated_at": {"type": "string"}
-                        }
-                    }),
-                ))
-                .handler(move |ctx, args: TopicArgs| {
-                    let db = db.clone();
-                    async move { policies(&db, ctx, args).await }
-                })
-            },
-            &[][..],
+                    topics_output_schema(
+                        "policies",
+                        closed_object(
+                            &["topic", "content", "updated_at"],
+                            json!({
+                                "topic": {"type": "string"},
+                                "content": {"type": "string"},
+                                "updated_at": {"type": "string"}
+                            }),
+                        ),
+                    ),
+                ),
+                policies,
+            ),
+            no_context,
         ),
         (
-            {
-                let db = db.clone();
+            tool(
+                db,
                 base(
                     "get_faqs",
                     "Answers to frequently asked questions on a topic (parking, location, pricing, payment, ...); topic required",
                     "looking that up",
-                )
-                .output_schema(topics_output_schema(
-                    "faqs",
-                    json!({
-                        "type": "object",
-                        "additionalProperties": false,
-                        "required": ["question", "answer", "tags", "updated_at"],
-                        "properties": {
-                            "question": {"type": "string"},
-                            "answer": {"type": "string"},
-                            "tags": {"type": "array", "items": {"type": "string"}},
-                            "updated_at": {"type": "string"}
-                        }
-                    }),
-                ))
-                .handler(move |ctx, args: TopicArgs| {
-                    let db = db.clone();
-                    async move { faqs(&db, ctx, args).await }
-                })
-            },
-            &[][..],
+                    topics_output_schema(
+                        "faqs",
+                        closed_object(
+                            &["question", "answer", "tags", "updated_at"],
+                            json!({
+                                "question": {"type": "string"},
+                                "answer": {"type": "string"},
+                                "tags": {"type": "array", "items": {"type": "string"}},
+                                "updated_at": {"type": "string"}
+                            }),
+                        ),
+                    ),
+                ),
+                faqs,
+            ),
+            no_context,
         ),
     ];
     tools
         .into_iter()
-        .map(|(tool, vary_on)| match cache {
-            Some(cache) => cache.wrap(tool, vary_on),
-            None => tool,
-        })
+        .map(|(tool, vary_on)| cached(cache, tool, vary_on))
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Map;
 
     fn ctx(tenant: &str, phone: Option<&str>) -> ToolContext {
         let mut context = Map::new();
         if let Some(p) = phone {
             context.insert("customer_phone".into(), json!(p));
         }
-        ToolContext {
-            tenant_id: tenant.into(),
-            turn_id: "t".into(),
-            call_id: "c".into(),
-            session_id: None,
-            deadline_unix_ms: u64::MAX,
-            attempt: 1,
-            context,
-        }
+        ToolContext::new(tenant, context)
     }
 
     const A: &str = "b1000000-0000-4000-8000-000000000001";

@@ -1,12 +1,15 @@
-//! The test pack: tools that sleep, fail or panic on request, for tests, fault drills
-//! and benchmarks.
+//! The test pack (`test`): tools that sleep, fail or panic on request, for tests, fault
+//! drills and benchmarks.
+//!
+//! Owns `test.behave`, `test.behave_once` and `test.noop`. It must never touch anything
+//! outside the call: no network, no files, no shared state.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use toolfleet_worker::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 /// What `test.behave` should do.
 #[derive(Debug, Default, Deserialize, schemars::JsonSchema)]

@@ -1,5 +1,9 @@
 //! A result cache in Redis for idempotent, read-only tools.
 //!
+//! Owns the cache keys (`tool_cache_key`) and their entries. It must never cache a tool
+//! that is not idempotent (`wrap` returns it unchanged), never share an entry across
+//! tenants, and never fail a call because Redis did.
+//!
 //! [`ResultCache::wrap`] returns a tool with the same definition whose handler first
 //! looks the call up under a key made of the tenant, the tool, the arguments and the
 //! context values the tool reads (`vary_on`), and stores successful results with a TTL.
@@ -303,15 +307,7 @@ mod tests {
     fn ctx(tenant: &str, phone: &str) -> ToolContext {
         let mut context = Map::new();
         context.insert("customer_phone".into(), json!(phone));
-        ToolContext {
-            tenant_id: tenant.into(),
-            turn_id: "t".into(),
-            call_id: "c".into(),
-            session_id: None,
-            deadline_unix_ms: u64::MAX,
-            attempt: 1,
-            context,
-        }
+        ToolContext::new(tenant, context)
     }
 
     #[test]

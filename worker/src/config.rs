@@ -1,12 +1,13 @@
 //! Worker configuration from environment variables.
+//!
+//! Owns `WorkerConfig`: how a worker reaches NATS and Redis and how it serves
+//! (`TOOLFLEET_*`). It must never hold settings of a tool or a pack: those are read
+//! by the packs themselves (`toolfleet-packs`).
 
 use std::time::Duration;
 
-use toolfleet_common::config::{
-    env_ms, env_or, env_string, ConfigError, DEFAULT_NATS_URL, DEFAULT_REDIS_URL,
-};
+use toolfleet_common::config::{env_ms, env_or, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
-use toolfleet_common::names::DEFAULT_PREFIX;
 
 /// Everything a worker needs to run.
 #[derive(Debug, Clone)]
@@ -43,11 +44,16 @@ pub struct WorkerConfig {
 impl WorkerConfig {
     /// Default settings against local servers.
     pub fn local() -> Self {
+        Self::at(Endpoints::local())
+    }
+
+    /// Default settings against `endpoints`.
+    fn at(endpoints: Endpoints) -> Self {
         Self {
-            nats_url: DEFAULT_NATS_URL.to_string(),
-            nats_credentials: NatsCredentials::none(),
-            redis_url: DEFAULT_REDIS_URL.to_string(),
-            prefix: DEFAULT_PREFIX.to_string(),
+            nats_url: endpoints.nats_url,
+            nats_credentials: endpoints.nats_credentials,
+            redis_url: endpoints.redis_url,
+            prefix: endpoints.prefix,
             worker_id: default_worker_id(),
             concurrency: 8,
             heartbeat: Duration::from_secs(2),
@@ -60,12 +66,8 @@ impl WorkerConfig {
 
     /// Reads the configuration from the environment.
     pub fn from_env() -> Result<Self, ConfigError> {
-        let d = Self::local();
+        let d = Self::at(Endpoints::from_env()?);
         Ok(Self {
-            nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
-            nats_credentials: NatsCredentials::from_env()?,
-            redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
-            prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
             worker_id: env_string("TOOLFLEET_WORKER_ID", &d.worker_id),
             concurrency: env_or("TOOLFLEET_WORKER_CONCURRENCY", d.concurrency)?.max(1),
             heartbeat: env_ms("TOOLFLEET_HEARTBEAT_MS", d.heartbeat)?,
@@ -73,6 +75,7 @@ impl WorkerConfig {
             max_result_bytes: env_or("TOOLFLEET_MAX_RESULT_BYTES", d.max_result_bytes)?,
             shutdown_grace: env_ms("TOOLFLEET_SHUTDOWN_GRACE_MS", d.shutdown_grace)?,
             http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9091")?,
+            ..d
         })
     }
 }

@@ -22,22 +22,25 @@
 //!
 //! # Layout
 //!
+//! This crate is the SDK only: it owns serving tools (consumers, registry, the runner,
+//! the result cache) and never contains tools of its own; the tool packs and the
+//! `toolfleet-worker` binary that hosts them live in the `toolfleet-packs` crate
+//! (`packs/`). Nothing here may depend on a database, an HTTP client or any one pack.
+//!
 //! | module | what lives there |
 //! |---|---|
+//! | this file | [`run`]: consumers, registration, heartbeat, draining on shutdown; [`WorkerError`] |
 //! | [`tool`] | `Tool`, its builder, `ToolContext`, `ToolOutput`, `ToolError` |
 //! | [`config`] | `WorkerConfig` from environment variables |
 //! | [`registry`] | announcing tools and liveness in Redis |
 //! | `runner` | pulling jobs, running calls, publishing results, acking |
-//! | [`db`] | PostgreSQL for the database packs: pool, scoped read-only queries, migrations |
-//! | [`cache`] | Redis result cache for idempotent read-only tools |
-//! | [`http_tool`] | tools declared in a file that POST their arguments to an HTTP endpoint |
-//! | [`packs`] | the tool packs the binary hosts: `demo` (CRM) and `test` |
+//! | [`cache`] | Redis result cache for idempotent read-only tools (`ResultCache::wrap`) |
+//!
+//! The example in the README's "Writing a tool" section is
+//! `examples/writing_a_tool.rs` (`cargo run -p toolfleet-worker --example writing_a_tool`).
 
 pub mod cache;
 pub mod config;
-pub mod db;
-pub mod http_tool;
-pub mod packs;
 pub mod registry;
 mod runner;
 pub mod tool;

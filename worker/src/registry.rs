@@ -1,5 +1,8 @@
 //! Announcing this worker's tools in Redis: definitions for the coordinators' catalog
 //! and validation, and a liveness entry per tool refreshed by a heartbeat.
+//!
+//! Owns this worker's registry keys only; it must never write another worker's entries
+//! or any key of a turn.
 
 use redis::aio::ConnectionManager;
 use toolfleet_common::call::unix_ms;

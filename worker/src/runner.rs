@@ -1,5 +1,9 @@
 //! Serving one tool: pulling its jobs, running the handler under its timeout, publishing
 //! the result, acking the job.
+//!
+//! Owns the life of a job on this worker. It must never ack a job whose result was not
+//! published (the job is handed back instead), nor run a handler past the call's time
+//! budget.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

@@ -1,4 +1,8 @@
 //! A tool: one async fn with typed arguments, plus its definition.
+//!
+//! Owns the SDK's tool types (`Tool`, `ToolBuilder`, `ToolContext`, `ToolOutput`,
+//! `ToolError`) and the input schema generated from the argument type. It must never do
+//! I/O or know any transport: serving, retries and results belong to the runner.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,6 +31,23 @@ pub struct ToolContext {
     pub attempt: u32,
     /// The turn's free-form context (customer id, caller phone, ...).
     pub context: Map<String, Value>,
+}
+
+impl ToolContext {
+    /// A context for calling a tool directly ([`Tool::call`]: unit tests, local runs):
+    /// `tenant_id` with the turn's `context`, turn `t`, call `c`, no session, no deadline,
+    /// first attempt. The runner builds its contexts from the job instead.
+    pub fn new(tenant_id: impl Into<String>, context: Map<String, Value>) -> Self {
+        Self {
+            tenant_id: tenant_id.into(),
+            turn_id: "t".into(),
+            call_id: "c".into(),
+            session_id: None,
+            deadline_unix_ms: u64::MAX,
+            attempt: 1,
+            context,
+        }
+    }
 }
 
 /// A tool's successful output.
