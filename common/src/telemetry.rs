@@ -155,16 +155,20 @@ pub fn tracer_provider(
                 .build()
         }));
     }
-    let exporter = match config.protocol {
-        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .build()
-            .map_err(|e| TelemetryError::Exporter(e.to_string()))?,
+    let builder = with_exporter(SdkTracerProvider::builder(), config.protocol)?;
+    Ok(Some(builder.with_resource(resource(config)).build()))
+}
+
+/// The OTLP span exporter for `protocol`.
+#[cfg(feature = "otlp")]
+fn span_exporter(
+    protocol: OtlpProtocol,
+) -> Result<opentelemetry_otlp::SpanExporter, TelemetryError> {
+    let builder = opentelemetry_otlp::SpanExporter::builder();
+    let built = match protocol {
+        OtlpProtocol::HttpProtobuf => builder.with_http().build(),
         #[cfg(feature = "otlp-grpc")]
-        OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .build()
-            .map_err(|e| TelemetryError::Exporter(e.to_string()))?,
+        OtlpProtocol::Grpc => builder.with_tonic().build(),
         #[cfg(not(feature = "otlp-grpc"))]
         OtlpProtocol::Grpc => {
             return Err(TelemetryError::Config(
@@ -172,11 +176,29 @@ pub fn tracer_provider(
             ))
         }
     };
-    Ok(Some(
-        SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
-            .with_resource(resource(config))
-            .build(),
+    built.map_err(|e| TelemetryError::Exporter(e.to_string()))
+}
+
+/// Adds the OTLP span exporter for `protocol` to `builder`.
+#[cfg(feature = "otlp")]
+fn with_exporter(
+    builder: opentelemetry_sdk::trace::TracerProviderBuilder,
+    protocol: OtlpProtocol,
+) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, TelemetryError> {
+    Ok(builder.with_batch_exporter(span_exporter(protocol)?))
+}
+
+/// Without the `otlp` feature there is no exporter: asking for export is an error, not a
+/// silent loss of every span.
+#[cfg(not(feature = "otlp"))]
+fn with_exporter(
+    _builder: opentelemetry_sdk::trace::TracerProviderBuilder,
+    _protocol: OtlpProtocol,
+) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, TelemetryError> {
+    Err(TelemetryError::Config(
+        "OTEL_EXPORTER_OTLP_ENDPOINT is set but this build has no OTLP exporter: enable the \
+         `otlp` feature (toolfleet-worker/otlp or toolfleet-common/otlp)"
+            .into(),
     ))
 }
 
@@ -189,16 +211,19 @@ fn meter_provider(
         .without_target_info()
         .build()
         .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-    let mut builder = SdkMeterProvider::builder()
+    let builder = SdkMeterProvider::builder()
         .with_resource(resource(config))
         .with_reader(prometheus_reader);
-    if config.export && config.protocol == OtlpProtocol::HttpProtobuf {
+    #[cfg(feature = "otlp")]
+    let builder = if config.export && config.protocol == OtlpProtocol::HttpProtobuf {
         let exporter = opentelemetry_otlp::MetricExporter::builder()
             .with_http()
             .build()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-        builder = builder.with_periodic_exporter(exporter);
-    }
+        builder.with_periodic_exporter(exporter)
+    } else {
+        builder
+    };
     Ok(builder.build())
 }
 
