@@ -163,7 +163,7 @@ impl Servers {
         }
         let name = server.bin;
         let bin = find_binary(name)
-            .with_context(|| format!("no {} answers and {name} is not installed", server.what))?;
+            .with_context(|| format!("{name} not found: apt-get install {name}"))?;
         let port = free_port()?;
         let dir = tempdir::Dir::new(server.dir_tag)?;
         let child = Command::new(bin)

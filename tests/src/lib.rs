@@ -17,6 +17,8 @@
 //!   asserting on state that converges asynchronously.
 //! - [`pg::TestDatabase`]: a private PostgreSQL database, migrated and seeded,
 //!   dropped on `Drop`.
+//! - [`python::venv`]: a virtual environment with a requirements file installed,
+//!   made once per file content, so tests with Python clients need only `python3`.
 //! - [`init_test_tracing`]: an idempotent `tracing` subscriber for tests.
 //! - [`free_port`], [`repo_path`], [`read_repo_file`] and [`read_repo_json`]:
 //!   a free loopback port and the repository's own files.
@@ -31,6 +33,7 @@
 pub mod fleet;
 pub mod otlp;
 pub mod pg;
+pub mod python;
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
@@ -120,7 +123,7 @@ fn find_binary(name: &str, env_var: &str, fallbacks: &[&str]) -> Result<PathBuf>
             return Ok(candidate);
         }
     }
-    bail!("{name} not found on PATH nor in {fallbacks:?}; install it or set {env_var}")
+    bail!("{name} not found: apt-get install {name} (or set {env_var} to its path; looked on PATH and in {fallbacks:?})")
 }
 
 /// Returns the last [`LOG_TAIL_LINES`] lines of the file at `path`.

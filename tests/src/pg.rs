@@ -76,7 +76,10 @@ impl TestDatabase {
             .await
             .context("connecting to PostgreSQL timed out")?
             .with_context(|| {
-                format!("PostgreSQL at {admin_url} (set TOOLFLEET_TEST_DATABASE_URL) is needed for this test")
+                format!(
+                    "PostgreSQL at {admin_url} is needed for this test: apt-get install postgresql \
+                     and start it, or set TOOLFLEET_TEST_DATABASE_URL to a server"
+                )
             })?;
         admin
             .batch_execute(&format!("CREATE DATABASE {}", db::quote_ident(&name)))

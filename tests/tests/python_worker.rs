@@ -1,13 +1,12 @@
 //! A turn whose calls are served by a Rust worker and by the Python worker of
-//! `examples/python-worker/` together. Skipped (with a message) only when `python3` is
-//! not installed; its packages (`pip install -r examples/python-worker/requirements.txt`,
-//! done by `.ci/run`) are required.
+//! `examples/python-worker/` together. The worker's packages (nats-py, redis-py) are
+//! installed by the test into a virtual environment of its own (`python::venv`); the
+//! machine needs only `python3`.
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use futures::StreamExt;
 use serde_json::json;
 use tokio::process::Command;
@@ -15,31 +14,13 @@ use toolfleet_tests::fleet::{call, result_of, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 
-fn python() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join("python3"))
-        .find(|p| p.is_file())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
-    let Some(python) = python() else {
-        eprintln!("skipping rust_and_python_workers_serve_one_turn: python3 is not installed");
-        return Ok(());
-    };
-    let check = Command::new(&python)
-        .args(["-c", "import nats, redis"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    let check = tokio::time::timeout(Duration::from_secs(30), check)
-        .await
-        .context("python3 import check timed out")??;
-    if !check.success() {
-        bail!("python3 lacks nats-py or redis-py: pip install -r examples/python-worker/requirements.txt");
-    }
-
+    let python = toolfleet_tests::python::venv(
+        env!("CARGO_TARGET_TMPDIR"),
+        "examples/python-worker/requirements.txt",
+    )
+    .await?;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let script = toolfleet_tests::repo_path("examples/python-worker/worker.py");
     let mut child = Command::new(&python)

@@ -1,0 +1,105 @@
+//! Python for the tests that drive the fleet with real Python clients (the example
+//! worker on nats-py today; the `openai` and `mcp` packages tomorrow).
+//!
+//! Owns provisioning: [`venv`] creates a virtual environment per requirements file,
+//! keyed by the file's hash, installs the requirements into it once, and reuses it while
+//! the file is unchanged, so `cargo test --workspace` needs nothing but `python3` on the
+//! machine. Never installs into the machine's own Python, and never skips a test because
+//! a package is missing: a machine without `python3` or its `venv` module gets one line
+//! naming the Debian packages to install.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use tokio::process::Command;
+
+/// Longest a `pip install` of one requirements file may take.
+const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The Debian packages that give a machine `python3` with `venv` and `pip`.
+const INSTALL_HINT: &str = "apt-get install -y python3 python3-venv python3-pip";
+
+/// `python3` on `PATH`.
+pub fn python3() -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("python3"))
+        .find(|p| p.is_file())
+        .with_context(|| format!("python3 not found: {INSTALL_HINT}"))
+}
+
+/// The Python interpreter of a virtual environment under `root` holding the packages of
+/// the repository's `requirements` file (a path relative to the repository root),
+/// created and installed on first use. Pass `env!("CARGO_TARGET_TMPDIR")` as `root` so
+/// the environment lives with the build and survives between runs.
+pub async fn venv(root: impl AsRef<Path>, requirements: &str) -> Result<PathBuf> {
+    let file = crate::repo_path(requirements);
+    let contents =
+        std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    let digest = hex(&Sha256::digest(&contents)[..8]);
+    let dir = root.as_ref().join(format!("python-venv-{digest}"));
+    let python = dir.join("bin").join("python");
+    if python.is_file() {
+        return Ok(python);
+    }
+    std::fs::create_dir_all(root.as_ref())?;
+    // Built beside its final place and renamed into it, so a half-built environment is
+    // never reused and concurrent test binaries do not share one while it is built.
+    let building = root
+        .as_ref()
+        .join(format!("python-venv-{digest}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&building);
+    let system = python3()?;
+    let made = run(Command::new(&system).arg("-m").arg("venv").arg(&building)).await;
+    made.with_context(|| format!("python3 -m venv failed: {INSTALL_HINT}"))?;
+    let pip = Command::new(building.join("bin").join("python"))
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+        .arg(&file)
+        .env("PIP_NO_INPUT", "1")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(INSTALL_TIMEOUT, pip)
+        .await
+        .with_context(|| format!("pip install -r {requirements} timed out"))?
+        .context("starting pip")?;
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&building);
+        bail!(
+            "pip install -r {requirements} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    if std::fs::rename(&building, &dir).is_err() {
+        // Another test binary finished first: use its environment.
+        let _ = std::fs::remove_dir_all(&building);
+    }
+    if !python.is_file() {
+        bail!("no interpreter at {} after provisioning", python.display());
+    }
+    Ok(python)
+}
+
+/// Runs `command` to completion (at most two minutes), quietly; an error unless it
+/// succeeds.
+async fn run(command: &mut Command) -> Result<()> {
+    let status = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(120), status)
+        .await
+        .context("timed out")??;
+    if !out.status.success() {
+        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
