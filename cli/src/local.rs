@@ -162,8 +162,12 @@ impl Servers {
             return Ok(url.to_string());
         }
         let name = server.bin;
-        let bin = find_binary(name)
-            .with_context(|| format!("{name} not found: apt-get install {name}"))?;
+        let bin = find_binary(name).with_context(|| {
+            let what = server.what;
+            format!(
+                "{name} not found: apt-get install {name} (the local fleet starts its own {what})"
+            )
+        })?;
         let port = free_port()?;
         let dir = tempdir::Dir::new(server.dir_tag)?;
         let child = Command::new(bin)
