@@ -1,4 +1,9 @@
 //! One tool call: its normalized form, its states, its error and its result.
+//!
+//! Owns the wire types of a call (`ToolCall`, `CallState`, `CallError` with its stable
+//! [`codes`], `CallResult`, `Summary`) and their JSON shapes, which every language's
+//! worker and frontend reads. Never decides anything about a call: validation is the
+//! coordinator's, execution the worker's. A field added here is optional on the wire.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -103,17 +108,25 @@ pub mod codes {
     pub const BAD_ARGUMENTS: &str = "bad_arguments";
 }
 
-/// An error that crosses the wire: a stable code, a human message, and whether trying
-/// again later could succeed. Nobody parses `message`.
+/// An error that crosses the wire: a stable code, a human message, whether trying
+/// again later could succeed, and optionally a sentence the end user may hear. Nobody
+/// parses `message`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallError {
     /// Stable machine-readable code (see [`codes`]).
     pub code: String,
-    /// Human-readable explanation.
+    /// Human-readable explanation, for logs and the model; never spoken to the user.
     pub message: String,
     /// Whether the same call could succeed if tried again.
     #[serde(default)]
     pub retryable: bool,
+    /// One sentence saying why the call failed, written for the end user and safe to
+    /// show them ("I couldn't find a customer with that id."). Set only for definite
+    /// failures the user can act on; narrators speak it when every call of a turn
+    /// failed with a non-retryable error that carries one. Absent on the wire when
+    /// `None`, and absent from errors written by parties that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_message: Option<String>,
 }
 
 impl CallError {
@@ -123,6 +136,7 @@ impl CallError {
             code: code.into(),
             message: message.into(),
             retryable: false,
+            user_message: None,
         }
     }
 
@@ -132,7 +146,16 @@ impl CallError {
             code: code.into(),
             message: message.into(),
             retryable: true,
+            user_message: None,
         }
+    }
+
+    /// Adds the sentence the end user may hear about this error (see
+    /// [`CallError::user_message`]); it must reveal nothing the user may not know.
+    #[must_use]
+    pub fn with_user_message(mut self, sentence: impl Into<String>) -> Self {
+        self.user_message = Some(sentence.into());
+        self
     }
 }
 
@@ -289,6 +312,31 @@ mod tests {
             (s.total, s.ok, s.timeouts, s.errors, s.skipped),
             (4, 1, 1, 1, 1)
         );
+    }
+
+    #[test]
+    fn user_message_is_optional_on_the_wire() -> Result<(), serde_json::Error> {
+        // An error from a party that predates the field still reads, without one.
+        let old: CallError =
+            serde_json::from_str(r#"{"code": "x", "message": "y", "retryable": false}"#)?;
+        assert_eq!(old, CallError::fatal("x", "y"));
+        assert_eq!(old.user_message, None);
+        // Without one, nothing new is written.
+        let plain = serde_json::to_value(CallError::fatal("x", "y"))?;
+        assert_eq!(
+            plain,
+            serde_json::json!({"code": "x", "message": "y", "retryable": false})
+        );
+        // With one, it round-trips.
+        let told = CallError::fatal("customer_not_found", "no customer with id \"nobody\"")
+            .with_user_message("I couldn't find a customer with that id.");
+        let value = serde_json::to_value(&told)?;
+        assert_eq!(
+            value["user_message"],
+            "I couldn't find a customer with that id."
+        );
+        assert_eq!(serde_json::from_value::<CallError>(value)?, told);
+        Ok(())
     }
 
     #[test]

@@ -1,4 +1,8 @@
 //! The frontend client: submit a turn, stream its events to `final`, list the catalog.
+//!
+//! Owns what a NATS frontend does: the request it publishes, the inbox it listens on,
+//! reading events until `final` or `error`, and the catalog request. Never touches Redis
+//! or JetStream, and never holds a turn's state: the coordinator does.
 
 use std::time::Duration;
 

@@ -1,5 +1,9 @@
 //! Reading typed settings from environment variables. Malformed values are errors,
 //! never silently replaced by defaults.
+//!
+//! Owns the `env_*` readers, the default URLs and [`Endpoints`] (NATS, credentials,
+//! Redis, prefix), which the coordinator's and worker's configs start from. Never holds
+//! a process's own settings (each config module does) and never reads a file.
 
 use std::str::FromStr;
 use std::time::Duration;

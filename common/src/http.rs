@@ -1,5 +1,8 @@
 //! A small HTTP/1.1 server for operational endpoints (`/healthz`, `/readyz`,
 //! `/metrics`): GET only, one request per connection, bounded reads.
+//!
+//! Owns serving and routing those paths. Never decides readiness itself (the process
+//! passes its check, see `ready`) and never serves a frontend's traffic.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,4 +1,8 @@
 //! The job envelope: one call, published on `<prefix>.jobs.<tool>`.
+//!
+//! Owns `JobEnvelope` (what a worker receives) and `ProgressNotice` (the core-NATS
+//! notices between workers and coordinators). Never publishes either: the coordinator's
+//! `dispatch` and `events`, and the worker's runner, do.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -1,6 +1,10 @@
 //! The fleet's metrics, as OpenTelemetry instruments on the global meter provider
 //! (exported over OTLP and rendered for Prometheus by [`crate::telemetry`]). Create
 //! [`FleetMetrics`] after telemetry is initialized; before, instruments are no-ops.
+//!
+//! Owns every metric name, unit, description and bucket boundary. Never takes a label
+//! value that can grow without bound (tool names come from the registry, codes are
+//! stable); callers map unknown tools to one label.
 
 use opentelemetry::metrics::{Counter, Histogram, UpDownCounter};
 use opentelemetry::KeyValue;

@@ -3,6 +3,8 @@
 //!
 //! All names hang off a configurable prefix (default [`DEFAULT_PREFIX`]), so several
 //! fleets can share one NATS account and one Redis database.
+//!
+//! Never creates, publishes to or reads any of them: it only spells them.
 
 /// Prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "fleet";

@@ -1,5 +1,9 @@
 //! Creating the JetStream streams toolfleet uses. Coordinators and workers both call
 //! [`ensure_streams`]; whichever starts first creates them.
+//!
+//! Owns the streams' configuration (subjects, retention, duplicate window, limits).
+//! Never creates consumers: the coordinator's results consumer and each worker's tool
+//! consumers are made by their owners.
 
 use std::time::Duration;
 

@@ -1,4 +1,9 @@
 //! Tool definitions, the catalog formats frontends hand to models, and tool-name rules.
+//!
+//! Owns `ToolDefinition` as workers announce it, the mapping between fleet names
+//! (`crm.getOpenInvoices`) and model-facing names (`crm__getOpenInvoices`), and the
+//! catalog renderings (OpenAI, Anthropic, MCP, native). Never registers a tool (the
+//! worker SDK does) and never judges a call against a schema (the coordinator does).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};

@@ -1,4 +1,8 @@
 //! The turn request a frontend submits and the events it gets back.
+//!
+//! Owns `TurnRequest`, `TurnEvent` and the turn-level error codes. Never carries a
+//! turn's state between events: each event is complete on its own, and `final` holds
+//! every call's result.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

@@ -1,4 +1,7 @@
 //! Coordinator configuration: environment variables plus an optional tenants file.
+//!
+//! Owns `CoordinatorConfig` and the per-tenant policies. Never applies a limit itself:
+//! `limits.rs` combines these with the request, `validate.rs` applies per-call ones.
 
 use std::collections::BTreeMap;
 use std::path::Path;

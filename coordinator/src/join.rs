@@ -5,6 +5,10 @@
 //! Keys of one turn share the `{turn_id}` hash tag (see `Names`), so each script touches a
 //! single slot and runs unchanged on Redis Cluster. The deadline index is a separate key,
 //! updated with separate commands.
+//!
+//! Owns every read and write of a turn's Redis keys. Never publishes: callers act on
+//! what the scripts return (`Recorded`, `Finalized`), and only the caller that got a
+//! `Closing` may publish the turn's end.
 
 use std::collections::HashMap;
 

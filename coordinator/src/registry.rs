@@ -1,6 +1,9 @@
 //! The coordinator's view of the tool registry: definitions, compiled input schemas and
 //! live-worker counts, re-read from Redis periodically and whenever a worker announces a
 //! change.
+//!
+//! Owns the snapshot every turn plans against (one `Arc` swap per refresh, never a lock
+//! held across a turn). Never writes the registry: workers announce themselves.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

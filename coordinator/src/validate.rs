@@ -1,5 +1,9 @@
 //! Checking every call of a decision against the registry and the tenant's policy.
 //! Each refused call gets its own error; the rest still run.
+//!
+//! Owns each call's verdict (dispatch with its timeout, or refuse with a stable code)
+//! and its key in the join. Never publishes and never touches Redis. Next:
+//! `dispatch.rs` lays the planned calls out and builds their jobs.
 
 use std::collections::HashSet;
 use std::io::Write;
