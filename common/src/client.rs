@@ -246,6 +246,19 @@ pub struct TurnOutcome {
     pub final_event: FinalEvent,
 }
 
+impl TurnOutcome {
+    /// The `narration` chunks in arrival order.
+    pub fn narration(&self) -> Vec<&str> {
+        fn text(event: &TurnEvent) -> Option<&str> {
+            match event {
+                TurnEvent::Narration { text, .. } => Some(text.as_str()),
+                _ => None,
+            }
+        }
+        self.events.iter().filter_map(text).collect()
+    }
+}
+
 /// The events of one submitted turn.
 #[derive(Debug)]
 pub struct TurnStream {

@@ -1,13 +1,27 @@
 //! Turning a turn's results into one answer. [`Narrator`] is the seam for other
 //! narrators (a model-backed one, say); [`TemplateNarrator`] needs nothing but the
 //! results.
+//!
+//! The template's rules, in order:
+//! - some call succeeded: the successful results in call order (each tool's own
+//!   `summary` when it gave one), then the failed calls named by their waiting hints
+//!   ("I couldn't check your billing right now.");
+//! - every call failed, each with a definite reason for the user (state `error`, not
+//!   `retryable`, with a `user_message`): those messages, each once, in first-seen order
+//!   (twelve `customer_not_found` calls are one sentence);
+//! - otherwise (no calls, or any failure that is retryable, a timeout, skipped or has no
+//!   user message): [`FALLBACK`], because nothing the user could act on can be said.
+//!
+//! It never reads an error's `message` (written for logs and the model, not the user),
+//! and it does no I/O.
 
 use futures::future::BoxFuture;
 use serde_json::Value;
 use toolfleet_common::{CallResult, CallState, ToolDefinition};
 use toolfleet_decision::ack::base_form;
 
-/// The line spoken when every call failed.
+/// The line spoken when every call failed and not every failure has a definite reason
+/// for the user (see the module's rules), and when a narrator returns no chunks.
 pub const FALLBACK: &str =
     "I'm having trouble pulling that up right now. Would you like me to take a message?";
 
@@ -21,7 +35,7 @@ pub struct NarrationInput<'a> {
     pub tools: Vec<Option<&'a ToolDefinition>>,
 }
 
-/// A narrator failed; the coordinator then speaks [`FALLBACK`].
+/// A narrator failed; the coordinator then narrates with [`TemplateNarrator`].
 #[derive(Debug, thiserror::Error)]
 #[error("narration failed: {0}")]
 pub struct NarrateError(pub String);
@@ -36,7 +50,8 @@ pub trait Narrator: Send + Sync {
 }
 
 /// Successful results in call order (each tool's own summary when it gave one), then the
-/// failed calls by name; the fallback line when nothing succeeded.
+/// failed calls by name; when nothing succeeded, the failures' user messages if every
+/// failure is definite and has one, and the fallback line otherwise.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TemplateNarrator;
 
@@ -46,8 +61,11 @@ const EXCERPT_CHARS: usize = 200;
 impl TemplateNarrator {
     /// The chunks for `input`.
     pub fn chunks(input: &NarrationInput<'_>) -> Vec<String> {
-        if input.results.is_empty() || input.results.iter().all(|r| !r.ok) {
+        if input.results.is_empty() {
             return vec![FALLBACK.to_string()];
+        }
+        if input.results.iter().all(|r| !r.ok) {
+            return definite_reasons(input.results).unwrap_or_else(|| vec![FALLBACK.to_string()]);
         }
         let mut chunks: Vec<String> = Vec::new();
         for r in input.results.iter().filter(|r| r.ok) {
@@ -104,6 +122,28 @@ impl Narrator for TemplateNarrator {
     ) -> BoxFuture<'a, Result<Vec<String>, NarrateError>> {
         Box::pin(async move { Ok(Self::chunks(input)) })
     }
+}
+
+/// The user messages of `results`, each once in first-seen order, when every result is a
+/// definite failure with one: state `error`, an error that is not retryable and a
+/// non-blank `user_message`. `None` as soon as one result is anything else.
+fn definite_reasons(results: &[CallResult]) -> Option<Vec<String>> {
+    let mut reasons: Vec<String> = Vec::new();
+    for r in results {
+        if r.state != CallState::Error {
+            return None;
+        }
+        let error = r.error.as_ref().filter(|e| !e.retryable)?;
+        let reason = error
+            .user_message
+            .as_deref()
+            .map(str::trim)
+            .filter(|m| !m.is_empty())?;
+        if !reasons.iter().any(|seen| seen == reason) {
+            reasons.push(reason.to_string());
+        }
+    }
+    Some(reasons)
 }
 
 fn excerpt(value: Option<&Value>) -> String {
@@ -165,6 +205,120 @@ mod tests {
             vec![
                 "You have one upcoming appointment.".to_string(),
                 "I couldn't check your billing in time.".to_string()
+            ]
+        );
+    }
+
+    const NO_CUSTOMER: &str = "I couldn't find a customer with that id.";
+    const NO_BOOKING: &str = "I couldn't find a booking with that reference.";
+
+    /// A definite failure of `name`: `error`, not retryable, with `sentence` for the user.
+    fn definite(name: &str, code: &str, sentence: &str) -> CallResult {
+        CallResult::failure(
+            &call(name),
+            CallState::Error,
+            CallError::fatal(code, format!("{code}: internal detail")).with_user_message(sentence),
+        )
+    }
+
+    fn narrate(results: &[CallResult], tools: Vec<Option<&ToolDefinition>>) -> Vec<String> {
+        TemplateNarrator::chunks(&NarrationInput {
+            user_message: None,
+            results,
+            tools,
+        })
+    }
+
+    #[test]
+    fn all_definite_failures_speak_their_reasons_once_in_order() {
+        // Twelve calls for an unknown customer are one sentence.
+        let twelve: Vec<CallResult> = (0..12)
+            .map(|_| definite("crm.getOpenInvoices", "customer_not_found", NO_CUSTOMER))
+            .collect();
+        assert_eq!(
+            narrate(&twelve, vec![None; 12]),
+            vec![NO_CUSTOMER.to_string()]
+        );
+
+        // Different reasons are each spoken once, in the order first seen; surrounding
+        // blanks are trimmed before comparing.
+        let results = [
+            definite("crm.getOpenInvoices", "customer_not_found", NO_CUSTOMER),
+            definite("get_booking_by_id", "booking_not_found", NO_BOOKING),
+            definite("crm.getNextAppointment", "customer_not_found", NO_CUSTOMER),
+            definite(
+                "get_booking_by_id",
+                "invalid_booking_id",
+                &format!(" {NO_BOOKING} "),
+            ),
+        ];
+        assert_eq!(
+            narrate(&results, vec![None; 4]),
+            vec![NO_CUSTOMER.to_string(), NO_BOOKING.to_string()]
+        );
+    }
+
+    #[test]
+    fn all_failed_with_one_retryable_is_the_fallback() {
+        let mut retryable = definite("crm.getOpenInvoices", "database_unavailable", NO_CUSTOMER);
+        if let Some(error) = retryable.error.as_mut() {
+            error.retryable = true;
+        }
+        let mut results: Vec<CallResult> = (0..11)
+            .map(|_| definite("crm.getOpenInvoices", "customer_not_found", NO_CUSTOMER))
+            .collect();
+        results.push(retryable);
+        assert_eq!(
+            narrate(&results, vec![None; 12]),
+            vec![FALLBACK.to_string()]
+        );
+
+        // So is one definite failure without a user message (an internal error).
+        let results = [
+            definite("crm.getOpenInvoices", "customer_not_found", NO_CUSTOMER),
+            CallResult::failure(
+                &call("x"),
+                CallState::Error,
+                CallError::fatal("tool_panicked", "the tool panicked"),
+            ),
+        ];
+        assert_eq!(narrate(&results, vec![None; 2]), vec![FALLBACK.to_string()]);
+    }
+
+    #[test]
+    fn all_failed_with_a_timeout_is_the_fallback() {
+        // The state decides, even for an error that is final and carries a message.
+        for state in [CallState::Timeout, CallState::Skipped] {
+            let late = CallResult::failure(
+                &call("crm.getNextAppointment"),
+                state,
+                CallError::fatal("deadline_exceeded", "late").with_user_message(NO_CUSTOMER),
+            );
+            let results = [
+                definite("crm.getOpenInvoices", "customer_not_found", NO_CUSTOMER),
+                late,
+            ];
+            assert_eq!(
+                narrate(&results, vec![None; 2]),
+                vec![FALLBACK.to_string()],
+                "{state:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn mixed_turns_name_the_failed_tool_not_its_user_message() {
+        let mut ok = CallResult::success(&call("crm.listUpcomingAppointments"), json!([]));
+        ok.summary = Some("You have no upcoming appointments.".into());
+        let failed = definite("crm.getOpenInvoices", "customer_not_found", NO_CUSTOMER);
+        let mut billing = ToolDefinition::new("crm.getOpenInvoices", "");
+        billing.waiting_hint = Some("checking your billing".into());
+        let results = [ok, failed];
+        assert_eq!(
+            narrate(&results, vec![None, Some(&billing)]),
+            vec![
+                "You have no upcoming appointments.".to_string(),
+                "I couldn't check your billing right now.".to_string()
             ]
         );
     }

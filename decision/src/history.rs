@@ -3,21 +3,27 @@
 //!
 //! The model must see exactly one result per call id it produced. Calls flattened out
 //! of a `parallel` meta-call carry the meta-call's id as `parent_id`; the model only
-//! knows that id, so their results are rendered together as one entry under it.
+//! knows that id, so their results are rendered together as one entry under it: the
+//! aggregate `{"results": [...], "summary": {...}}`, each child with its timing
+//! (`duration_ms`, `started_at`, `ended_at`) and the summary counting that meta-call's
+//! children only, with the field names of the final event's [`Summary`].
 
 use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use toolfleet_common::call::{codes, CallError, CallResult, CallState};
+use toolfleet_common::call::{codes, CallError, CallResult, CallState, Summary};
 use toolfleet_common::turn::History;
 
 /// Renders `results` (in decision order) as ready-to-append history.
 ///
 /// Results without a `parent_id` are one entry each. Results sharing a `parent_id`
 /// become one entry under that id, at the position of the first of them, whose content
-/// is a JSON array of `{tool_call_id, name, ok, result | error}`; the entry is an error
-/// only when every one of them failed.
+/// is the JSON object `{results, summary}`: `results` holds
+/// `{tool_call_id, name, ok, result | error, duration_ms, started_at, ended_at}` per
+/// child in order (timing as in the final event's results: `null` / `0` where the call
+/// never ran), `summary` counts those children by state like [`Summary`]. The entry is
+/// an error only when every one of them failed.
 pub fn render_history(results: &[CallResult]) -> History {
     let entries = group(results);
     let mut openai = Vec::with_capacity(entries.len());
@@ -105,6 +111,8 @@ fn group(results: &[CallResult]) -> Vec<Entry<'_>> {
     entries
 }
 
+/// The aggregate of one `parallel` meta-call: its children's results, with timing, and
+/// their summary.
 fn group_content(children: &[&CallResult]) -> String {
     let items: Vec<Value> = children
         .iter()
@@ -118,10 +126,27 @@ fn group_content(children: &[&CallResult]) -> String {
             } else {
                 item.insert("error".into(), error_value(child));
             }
+            item.insert("duration_ms".into(), child.duration_ms.into());
+            item.insert("started_at".into(), child.started_at.clone().into());
+            item.insert("ended_at".into(), child.ended_at.clone().into());
             Value::Object(item)
         })
         .collect();
-    Value::Array(items).to_string()
+    let summary = serde_json::to_value(summary_of(children)).unwrap_or(Value::Null);
+    json!({"results": items, "summary": summary}).to_string()
+}
+
+/// [`Summary::of`] over borrowed results: the same counts, without cloning them.
+fn summary_of(children: &[&CallResult]) -> Summary {
+    children.iter().fold(Summary::default(), |mut sum, child| {
+        let one = Summary::of(std::slice::from_ref(*child));
+        sum.total += one.total;
+        sum.ok += one.ok;
+        sum.errors += one.errors;
+        sum.timeouts += one.timeouts;
+        sum.skipped += one.skipped;
+        sum
+    })
 }
 
 /// The error of a failed result, or one describing its state when it carries none.
@@ -165,6 +190,45 @@ mod tests {
             CallState::Error,
             CallError::retryable(codes::TOOL_ERROR, "upstream 503"),
         )
+    }
+
+    /// `result` as a worker that ran it from `started` to `ended` reports it.
+    fn timed(mut result: CallResult, started: &str, ended: &str, ms: u64) -> CallResult {
+        result.started_at = Some(started.into());
+        result.ended_at = Some(ended.into());
+        result.duration_ms = ms;
+        result.attempts = 1;
+        result
+    }
+
+    fn timed_out(id: &str, parent: Option<&str>) -> CallResult {
+        CallResult::failure(
+            &call(id, "tool", parent),
+            CallState::Timeout,
+            CallError::retryable(
+                codes::DEADLINE_EXCEEDED,
+                "no result before the turn's deadline",
+            ),
+        )
+    }
+
+    /// The whole history expected for `entries` of `(id, content, is_error)`.
+    fn expected(entries: &[(&str, String, bool)]) -> History {
+        History {
+            openai: entries
+                .iter()
+                .map(|(id, content, _)| {
+                    json!({"role": "tool", "tool_call_id": id, "content": content})
+                })
+                .collect(),
+            anthropic: vec![json!({"role": "user", "content": entries
+                .iter()
+                .map(|(id, content, is_error)| json!({
+                    "type": "tool_result", "tool_use_id": id,
+                    "content": content, "is_error": is_error,
+                }))
+                .collect::<Vec<_>>()})],
+        }
     }
 
     fn parse(text: &Value) -> Value {
@@ -266,12 +330,15 @@ mod tests {
 
         let p = parse(&h.openai[1]["content"]);
         assert_eq!(
-            p,
+            p["results"],
             json!([
-                {"tool_call_id": "p.0", "name": "tool", "ok": true, "result": {"n": 1}},
+                {"tool_call_id": "p.0", "name": "tool", "ok": true, "result": {"n": 1},
+                 "duration_ms": 0, "started_at": null, "ended_at": null},
                 {"tool_call_id": "p.1", "name": "tool", "ok": false,
-                 "error": {"code": "tool_error", "message": "upstream 503", "retryable": true}},
-                {"tool_call_id": "p.2", "name": "tool", "ok": true, "result": true},
+                 "error": {"code": "tool_error", "message": "upstream 503", "retryable": true},
+                 "duration_ms": 0, "started_at": null, "ended_at": null},
+                {"tool_call_id": "p.2", "name": "tool", "ok": true, "result": true,
+                 "duration_ms": 0, "started_at": null, "ended_at": null},
             ])
         );
 
@@ -285,5 +352,127 @@ mod tests {
         assert_eq!(blocks[3]["tool_use_id"], "q");
         assert_eq!(blocks[3]["is_error"], true);
         assert_eq!(blocks[1]["content"], h.openai[1]["content"]);
+    }
+
+    #[test]
+    fn a_parallel_call_carries_its_summary_and_each_childs_timing() {
+        let results = [
+            timed(
+                ok("call_par.0", Some("call_par"), json!({"n": 1})),
+                "2026-01-20T14:00:00.010Z",
+                "2026-01-20T14:00:00.017Z",
+                7,
+            ),
+            timed(
+                failed("call_par.1", Some("call_par")),
+                "2026-01-20T14:00:00.011Z",
+                "2026-01-20T14:00:00.013Z",
+                2,
+            ),
+            timed_out("call_par.2", Some("call_par")),
+        ];
+        let content = concat!(
+            r#"{"results":["#,
+            r#"{"duration_ms":7,"ended_at":"2026-01-20T14:00:00.017Z","name":"tool","ok":true,"#,
+            r#""result":{"n":1},"started_at":"2026-01-20T14:00:00.010Z","tool_call_id":"call_par.0"},"#,
+            r#"{"duration_ms":2,"ended_at":"2026-01-20T14:00:00.013Z","#,
+            r#""error":{"code":"tool_error","message":"upstream 503","retryable":true},"#,
+            r#""name":"tool","ok":false,"started_at":"2026-01-20T14:00:00.011Z","tool_call_id":"call_par.1"},"#,
+            r#"{"duration_ms":0,"ended_at":null,"#,
+            r#""error":{"code":"deadline_exceeded","message":"no result before the turn's deadline","retryable":true},"#,
+            r#""name":"tool","ok":false,"started_at":null,"tool_call_id":"call_par.2"}],"#,
+            r#""summary":{"errors":1,"ok":1,"skipped":0,"timeouts":1,"total":3}}"#,
+        );
+        let h = render_history(&results);
+        assert_eq!(h, expected(&[("call_par", content.to_string(), false)]));
+
+        // The summary has the counts and the field names of the final event's summary.
+        let summary: Summary =
+            serde_json::from_value(parse(&h.openai[0]["content"])["summary"].clone())
+                .unwrap_or_default();
+        assert_eq!(summary, Summary::of(&results));
+    }
+
+    #[test]
+    fn each_parallel_summary_counts_only_its_own_children() {
+        let results = [
+            ok("call_a.0", Some("call_a"), json!(1)),
+            timed_out("call_a.1", Some("call_a")),
+            ok("solo", None, json!("s")),
+            failed("call_b.0", Some("call_b")),
+            ok("call_a.2", Some("call_a"), json!(3)),
+            failed("call_b.1", Some("call_b")),
+        ];
+        let never_ran = json!({"duration_ms": 0, "started_at": null, "ended_at": null});
+        let child = |item: Value| {
+            let mut item = item;
+            if let (Some(item), Some(timing)) = (item.as_object_mut(), never_ran.as_object()) {
+                item.extend(timing.clone());
+            }
+            item
+        };
+        let upstream = json!({"code": "tool_error", "message": "upstream 503", "retryable": true});
+        let a = json!({
+            "results": [
+                child(json!({"tool_call_id": "call_a.0", "name": "tool", "ok": true, "result": 1})),
+                child(json!({"tool_call_id": "call_a.1", "name": "tool", "ok": false,
+                             "error": {"code": "deadline_exceeded",
+                                       "message": "no result before the turn's deadline",
+                                       "retryable": true}})),
+                child(json!({"tool_call_id": "call_a.2", "name": "tool", "ok": true, "result": 3})),
+            ],
+            "summary": {"total": 3, "ok": 2, "errors": 0, "timeouts": 1, "skipped": 0},
+        });
+        let b = json!({
+            "results": [
+                child(json!({"tool_call_id": "call_b.0", "name": "tool", "ok": false,
+                             "error": upstream})),
+                child(json!({"tool_call_id": "call_b.1", "name": "tool", "ok": false,
+                             "error": upstream})),
+            ],
+            "summary": {"total": 2, "ok": 0, "errors": 2, "timeouts": 0, "skipped": 0},
+        });
+        let h = render_history(&results);
+        assert_eq!(
+            h,
+            expected(&[
+                ("call_a", a.to_string(), false),
+                ("solo", r#""s""#.to_string(), false),
+                ("call_b", b.to_string(), true),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_decision_without_parallel_renders_as_before() {
+        let results = [
+            timed(
+                ok("call_1", None, json!({"balance": 12.5})),
+                "2026-01-20T14:00:00.010Z",
+                "2026-01-20T14:00:00.017Z",
+                7,
+            ),
+            failed("call_2", None),
+            timed_out("call_3", None),
+        ];
+        let h = render_history(&results);
+        assert_eq!(
+            h,
+            expected(&[
+                ("call_1", r#"{"balance":12.5}"#.to_string(), false),
+                (
+                    "call_2",
+                    r#"{"error":{"code":"tool_error","message":"upstream 503","retryable":true},"state":"error"}"#
+                        .to_string(),
+                    true,
+                ),
+                (
+                    "call_3",
+                    r#"{"error":{"code":"deadline_exceeded","message":"no result before the turn's deadline","retryable":true},"state":"timeout"}"#
+                        .to_string(),
+                    true,
+                ),
+            ])
+        );
     }
 }

@@ -19,6 +19,9 @@ const SAMPLE: &str = include_str!("../data/crm_sample.json");
 /// Code returned when the customer id is not in the data.
 pub const CUSTOMER_NOT_FOUND: &str = "customer_not_found";
 
+/// What the user hears when every call failed with [`CUSTOMER_NOT_FOUND`].
+pub const CUSTOMER_NOT_FOUND_SENTENCE: &str = "I couldn't find a customer with that id.";
+
 #[derive(Debug, Deserialize)]
 struct Data {
     customers: std::collections::BTreeMap<String, Customer>,
@@ -74,9 +77,11 @@ fn customer(id: &str) -> Result<&'static Customer, ToolError> {
         .ok_or_else(|| customer_not_found(id))
 }
 
-/// The error of a customer id the business does not have.
+/// The error of a customer id the business does not have: definite, and something the
+/// user can act on, so it carries [`CUSTOMER_NOT_FOUND_SENTENCE`].
 pub(crate) fn customer_not_found(id: &str) -> ToolError {
     ToolError::fatal(CUSTOMER_NOT_FOUND, format!("no customer with id {id:?}"))
+        .with_user_message(CUSTOMER_NOT_FOUND_SENTENCE)
 }
 
 fn today() -> Date {
@@ -376,9 +381,16 @@ mod tests {
             },
         )
         .await
-        .err()
-        .map(|e| e.code);
-        assert_eq!(err.as_deref(), Some(CUSTOMER_NOT_FOUND));
+        .err();
+        assert_eq!(
+            err.as_ref().map(|e| e.code.as_str()),
+            Some(CUSTOMER_NOT_FOUND)
+        );
+        assert_eq!(err.as_ref().map(|e| e.retryable), Some(false));
+        assert_eq!(
+            err.and_then(|e| e.user_message).as_deref(),
+            Some(CUSTOMER_NOT_FOUND_SENTENCE)
+        );
     }
 
     #[test]

@@ -49,6 +49,17 @@ pub const MISSING_CUSTOMER_PHONE: &str = "missing_customer_phone";
 /// A booking lookup for a phone other than the caller's.
 pub const CUSTOMER_PHONE_MISMATCH: &str = "customer_phone_mismatch";
 
+/// What the caller hears when every call failed with [`BOOKING_NOT_FOUND`] or
+/// [`INVALID_BOOKING_ID`]: the same for a booking of another business, so it tells
+/// nothing about other businesses.
+pub const BOOKING_NOT_FOUND_SENTENCE: &str = "I couldn't find a booking with that reference.";
+/// What the caller hears when every call failed with [`MISSING_CUSTOMER_PHONE`].
+pub const MISSING_CUSTOMER_PHONE_SENTENCE: &str =
+    "I'll need the phone number the booking was made under to look it up.";
+/// What the caller hears when every call failed with [`CUSTOMER_PHONE_MISMATCH`].
+pub const CUSTOMER_PHONE_MISMATCH_SENTENCE: &str =
+    "I can only look up bookings for the phone number you're calling from.";
+
 /// Context entries that carry the caller's phone, in order of preference.
 pub const PHONE_CONTEXT_KEYS: &[&str] = &["customer_phone", "caller_phone"];
 
@@ -157,13 +168,15 @@ fn caller_phone(ctx: &ToolContext, argument: Option<&str>) -> Result<String, Too
         (Some(call), Some(model)) if call != model => Err(fatal(
             CUSTOMER_PHONE_MISMATCH,
             "bookings can only be looked up for the phone number of this call",
-        )),
+        )
+        .with_user_message(CUSTOMER_PHONE_MISMATCH_SENTENCE)),
         (Some(call), _) => Ok(call),
         (None, Some(model)) => Ok(model),
         (None, None) => Err(fatal(
             MISSING_CUSTOMER_PHONE,
             "the caller's phone number is unknown; ask for it and pass customer_phone",
-        )),
+        )
+        .with_user_message(MISSING_CUSTOMER_PHONE_SENTENCE)),
     }
 }
 
@@ -324,6 +337,7 @@ async fn booking_by_id(call: Call, args: BookingByIdArgs) -> Result<ToolOutput, 
             INVALID_BOOKING_ID,
             format!("{:?} is not a booking id", args.booking_id),
         )
+        .with_user_message(BOOKING_NOT_FOUND_SENTENCE)
     })?;
     let sql = format!(
         "SELECT {BOOKING_COLUMNS}
@@ -337,11 +351,14 @@ async fn booking_by_id(call: Call, args: BookingByIdArgs) -> Result<ToolOutput, 
             BOOKING_NOT_FOUND,
             format!("no booking {id} at this business"),
         )
+        .with_user_message(BOOKING_NOT_FOUND_SENTENCE)
     })?;
     let summary = booking_sentence(&booking);
     Ok(ToolOutput::new(json!({"booking": booking.value})).with_summary(summary))
 }
 
+/// No user message: the tenant not being a business is the deployment's fault, and the
+/// caller can do nothing about it, so the narrator's fallback line is the right answer.
 fn unknown_business() -> ToolError {
     fatal(UNKNOWN_BUSINESS, "no business with the turn's tenant id")
 }
@@ -838,11 +855,13 @@ mod tests {
             other.err().map(|e| e.code),
             Some(codes::TENANT_MISMATCH.to_string())
         );
-        let bad = business_of(&ctx("salon-42", None), None);
+        let bad = business_of(&ctx("salon-42", None), None).err();
         assert_eq!(
-            bad.err().map(|e| e.code),
-            Some(UNKNOWN_BUSINESS.to_string())
+            bad.as_ref().map(|e| e.code.as_str()),
+            Some(UNKNOWN_BUSINESS)
         );
+        // Nothing the caller can act on: the narrator falls back to its generic line.
+        assert_eq!(bad.map(|e| e.user_message), Some(None));
     }
 
     #[test]
@@ -853,9 +872,14 @@ mod tests {
             caller_phone(&c, Some("+61400111222")).ok().as_deref(),
             Some("61400111222")
         );
+        let mismatch = caller_phone(&c, Some("+61400999999")).err();
         assert_eq!(
-            caller_phone(&c, Some("+61400999999")).err().map(|e| e.code),
-            Some(CUSTOMER_PHONE_MISMATCH.to_string())
+            mismatch.as_ref().map(|e| e.code.as_str()),
+            Some(CUSTOMER_PHONE_MISMATCH)
+        );
+        assert_eq!(
+            mismatch.and_then(|e| e.user_message).as_deref(),
+            Some(CUSTOMER_PHONE_MISMATCH_SENTENCE)
         );
         assert_eq!(
             caller_phone(&ctx(A, None), Some("0400 111 222"))
@@ -863,9 +887,14 @@ mod tests {
                 .as_deref(),
             Some("0400111222")
         );
+        let missing = caller_phone(&ctx(A, None), None).err();
         assert_eq!(
-            caller_phone(&ctx(A, None), None).err().map(|e| e.code),
-            Some(MISSING_CUSTOMER_PHONE.to_string())
+            missing.as_ref().map(|e| e.code.as_str()),
+            Some(MISSING_CUSTOMER_PHONE)
+        );
+        assert_eq!(
+            missing.and_then(|e| e.user_message).as_deref(),
+            Some(MISSING_CUSTOMER_PHONE_SENTENCE)
         );
     }
 

@@ -226,14 +226,7 @@ async fn an_all_failed_turn_speaks_the_fallback() -> anyhow::Result<()> {
     assert_eq!(code_at(fin, "boom")?, Some("boom"));
     assert_eq!(code_at(fin, "unknown")?, Some(codes::UNKNOWN_TOOL));
     assert_eq!(fin.text, FALLBACK);
-    let narration: Vec<&str> = outcome
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            TurnEvent::Narration { text, .. } => Some(text.as_str()),
-            _ => None,
-        })
-        .collect();
+    let narration = outcome.narration();
     assert_eq!(narration, [FALLBACK]);
     let blocks = fin.history.anthropic[0]["content"]
         .as_array()

@@ -75,7 +75,16 @@ impl ToolOutput {
     }
 }
 
-/// A tool's failure: a stable code, a message and whether a retry could succeed.
+/// A tool's failure: a stable code, a message, whether a retry could succeed, and
+/// optionally the sentence the end user may hear about it.
+///
+/// `ToolError::fatal(code, message)` fails for good and `ToolError::retryable(code,
+/// message)` may pass on another try. When a definite failure has a reason the user can
+/// act on, add it with [`CallError::with_user_message`]:
+/// `ToolError::fatal("customer_not_found", format!("no customer {id:?}"))
+/// .with_user_message("I couldn't find a customer with that id.")`. The narrator speaks
+/// that sentence when every call of the turn failed that way (instead of its generic
+/// fallback line), so it must be safe to show the user; `message` is never spoken.
 pub type ToolError = CallError;
 
 /// The future a tool returns.
@@ -202,4 +211,39 @@ pub fn schema_of<A: schemars::JsonSchema>() -> Value {
         obj.remove("$schema");
     }
     value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Args {
+        id: String,
+    }
+
+    #[tokio::test]
+    async fn a_tool_error_carries_its_user_message() {
+        let tool =
+            Tool::builder("crm.lookup", "").handler(|_ctx: ToolContext, args: Args| async move {
+                Err::<ToolOutput, _>(
+                    ToolError::fatal("customer_not_found", format!("no customer {:?}", args.id))
+                        .with_user_message("I couldn't find a customer with that id."),
+                )
+            });
+        let ctx = ToolContext::new("acme", Map::new());
+        let error = tool
+            .call(ctx, serde_json::json!({"id": "nobody"}))
+            .await
+            .err();
+        assert_eq!(
+            error,
+            Some(CallError {
+                code: "customer_not_found".into(),
+                message: "no customer \"nobody\"".into(),
+                retryable: false,
+                user_message: Some("I couldn't find a customer with that id.".into()),
+            })
+        );
+    }
 }
