@@ -18,6 +18,8 @@ use tokio::process::{Child, Command};
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::{CatalogFormat, FleetClient, Names};
 
+use super::progress::Progress;
+
 /// Tools every bench fleet must list before it is measured.
 const TOOLS: [&str; 2] = ["test.noop", "test.behave"];
 /// How long a fleet may take to come up.
@@ -49,6 +51,8 @@ pub struct Env {
     pub run_id: String,
     /// Print the children's pids and prefixes.
     pub verbose: bool,
+    /// The progress bar, and where the bench's lines to stderr go.
+    pub progress: Progress,
     used: Mutex<Vec<String>>,
 }
 
@@ -89,7 +93,12 @@ pub struct Fleet {
 
 impl Env {
     /// Connects to the servers.
-    pub async fn connect(nats_url: &str, redis_url: &str, verbose: bool) -> Result<Self> {
+    pub async fn connect(
+        nats_url: &str,
+        redis_url: &str,
+        verbose: bool,
+        progress: Progress,
+    ) -> Result<Self> {
         let nats = async_nats::ConnectOptions::new()
             .name("toolfleet-bench")
             .connect(nats_url)
@@ -108,6 +117,7 @@ impl Env {
             redis,
             run_id,
             verbose,
+            progress,
             used: Mutex::new(Vec::new()),
         })
     }
@@ -188,10 +198,10 @@ impl Env {
         };
         if self.verbose {
             let pids: Vec<u32> = fleet.workers.iter().map(|w| w.pid).collect();
-            eprintln!(
+            self.progress.note(format_args!(
                 "  fleet {prefix}: coordinator pid {}, worker pids {pids:?}",
                 fleet.coordinator.pid
-            );
+            ));
         }
         self.wait_ready(&fleet.client, &fleet.names, spec.workers)
             .await?;
@@ -311,17 +321,17 @@ impl Fleet {
         probe
     }
 
-    /// Stops every process (SIGTERM, then SIGKILL after a bound).
-    pub async fn stop(self) {
+    /// Stops every process (SIGTERM, then SIGKILL after a bound, noted on `progress`).
+    pub async fn stop(self, progress: &Progress) {
         let nodes = std::iter::once(self.coordinator).chain(self.workers);
         futures::stream::iter(nodes)
-            .for_each_concurrent(None, |node| node.stop())
+            .for_each_concurrent(None, |node| node.stop(progress))
             .await;
     }
 }
 
 impl Node {
-    async fn stop(mut self) {
+    async fn stop(mut self, progress: &Progress) {
         if let Ok(pid) = i32::try_from(self.pid) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
@@ -332,10 +342,10 @@ impl Node {
             .await
             .is_err()
         {
-            eprintln!(
+            progress.note(format_args!(
                 "{} pid {} did not stop within {STOP_TIMEOUT:?}; killing it",
                 self.role, self.pid
-            );
+            ));
             let _ = self.child.kill().await;
         }
     }

@@ -13,16 +13,19 @@
 //! |---|---|
 //! | `fleet` | coordinator and worker child processes per phase, readiness, cleanup |
 //! | `phases` | the measurements: floor, overhead, throughput, parallel, scaling, memory |
+//! | `progress` | the progress bar on a terminal and the stderr lines written beside it |
 //! | `report` | the Markdown tables, the targets, the JSON file |
 //! | `sink` | the OTLP/HTTP sink the traced processes export to |
 //! | `stats` | percentiles, load average, `/proc` memory and machine facts |
 
 mod fleet;
 mod phases;
+mod progress;
 mod report;
 mod sink;
 mod stats;
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -35,6 +38,7 @@ use toolfleet_common::FleetClient;
 use crate::local::Servers;
 use fleet::{Env, Fleet, Spec};
 use phases::{Floor, Memory, Overhead, Parallel, ScalingPoint, Throughput};
+use progress::Progress;
 use sink::{Counts, Sink};
 use stats::Machine;
 
@@ -268,7 +272,15 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
     } else {
         Servers::private().await?
     };
-    let env = Env::connect(&servers.nats_url, &servers.redis_url, args.verbose).await?;
+    // A bar on stderr when it is a terminal; elsewhere stderr gets the same lines as ever.
+    let progress = Progress::new(std::io::stderr().is_terminal());
+    let env = Env::connect(
+        &servers.nats_url,
+        &servers.redis_url,
+        args.verbose,
+        progress.clone(),
+    )
+    .await?;
     let sink = Sink::start().await?;
     let machine = Machine::read();
     let load_start = stats::load_average();
@@ -278,6 +290,7 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
         "toolfleet bench: {} CPUs ({}), load {:?}; nats-server {nats_version} at {}, redis {redis_version} at {}",
         machine.cpus, machine.cpu_model, load_start, env.nats_url, env.redis_url
     );
+    progress.start(progress::stages(&phases, &modes, &plan, args.attach));
 
     let mut reports: Vec<ModeReport> = modes
         .iter()
@@ -304,8 +317,10 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
         args.attach,
     )
     .await;
+    progress.after("cleaning up");
     env.cleanup_all().await;
     sink.stop().await;
+    progress.finish();
     outcome?;
 
     let load_end = stats::load_average();
@@ -388,9 +403,11 @@ async fn run_phases(
     attach_prefix: &str,
     attach: bool,
 ) -> Result<()> {
+    let progress = &env.progress;
     for phase in phases {
         for (mode, report) in modes.iter().copied().zip(reports.iter_mut()) {
-            eprintln!("{phase:?}, tracing {}", mode.label());
+            progress.note(format_args!("{phase:?}, tracing {}", mode.label()));
+            progress.stage(*phase, mode, None);
             let stage = Stage {
                 env,
                 sink,
@@ -405,6 +422,7 @@ async fn run_phases(
                     let m = measured(sink, mode, phases::floor(env, &prefix, plan.floor_samples))
                         .await?;
                     report.floor = Some(m);
+                    progress.done();
                 }
                 Phase::Overhead => {
                     let floor = report
@@ -419,11 +437,13 @@ async fn run_phases(
                                 plan.overhead_turns,
                                 secs(plan.overhead_cap_s),
                                 floor,
+                                progress,
                             )
                             .await
                         })
                         .await?;
                     report.overhead = Some(m);
+                    progress.done();
                 }
                 Phase::Throughput => {
                     let decision = phases::decision("test.noop", &json!({}), 3);
@@ -440,25 +460,30 @@ async fn run_phases(
                                 secs(plan.throughput_seconds),
                                 10_000,
                                 &probe,
+                                progress,
                             )
                             .await
                         })
                         .await?;
                     report.throughput = Some(m);
+                    progress.done();
                 }
                 Phase::Parallel => {
                     let m = stage
                         .on_fleet("parallel", 1, 8, |client, _| async move {
-                            phases::parallel(&client, plan.parallel_turns).await
+                            phases::parallel(&client, plan.parallel_turns, progress).await
                         })
                         .await?;
                     report.parallel = Some(m);
+                    progress.done();
                 }
                 Phase::Scaling if !attach => {
                     for &workers in &plan.scaling_workers {
                         let workers = workers.max(1);
                         let concurrency = plan.scaling_concurrency;
                         let name = format!("scale{workers}");
+                        let plural = if workers == 1 { "" } else { "s" };
+                        progress.stage(*phase, mode, Some(format!("{workers} worker{plural}")));
                         let m = stage
                             .on_fleet(&name, workers, concurrency, |client, probe| async move {
                                 phases::scaling_point(
@@ -468,11 +493,13 @@ async fn run_phases(
                                     secs(plan.scaling_warmup_s),
                                     secs(plan.scaling_seconds),
                                     &probe,
+                                    progress,
                                 )
                                 .await
                             })
                             .await?;
                         report.scaling.push(m);
+                        progress.done();
                     }
                 }
                 Phase::Memory if !attach => {
@@ -485,9 +512,10 @@ async fn run_phases(
                     )
                     .await;
                     report.memory = Some(stage.retire(&prefix, fleet, m).await?);
+                    progress.done();
                 }
                 Phase::Scaling | Phase::Memory => {
-                    eprintln!("  skipped: needs a fleet the bench starts");
+                    progress.note("  skipped: needs a fleet the bench starts");
                 }
             }
         }
@@ -560,7 +588,7 @@ impl Stage<'_> {
     /// Stops `fleet`, deletes the streams and keys left under its `prefix`, and hands
     /// back `outcome`, the result of what ran on it.
     async fn retire<T>(&self, prefix: &str, fleet: Fleet, outcome: Result<T>) -> Result<T> {
-        fleet.stop().await;
+        fleet.stop(&self.env.progress).await;
         self.env.cleanup(prefix).await;
         outcome
     }

@@ -20,6 +20,7 @@ use tokio::task::JoinSet;
 use toolfleet_common::{CallState, FleetClient, Names, TurnEvent, TurnRequest};
 
 use super::fleet::{floor_stream, Env, Fleet};
+use super::progress::Progress;
 use super::stats::{self, Latencies, Rss, Summary};
 
 /// Tenant of every bench turn.
@@ -116,13 +117,14 @@ async fn timed_turn(client: &FleetClient, request: TurnRequest) -> Result<Timing
 
 /// Runs `warmup` then `turns` turns of `decision` one after another, stopping early
 /// once `cap` (when given) has passed, and hands each measured turn's timing to
-/// `record`. Returns how many turns failed; the first failure is printed.
+/// `record`. Returns how many turns failed; the first failure is noted on `progress`.
 async fn one_after_another(
     client: &FleetClient,
     decision: &Value,
     warmup: usize,
     turns: usize,
     cap: Option<Duration>,
+    progress: &Progress,
     mut record: impl FnMut(Timing),
 ) -> usize {
     let started = Instant::now();
@@ -137,7 +139,7 @@ async fn one_after_another(
             Err(error) => {
                 failed += 1;
                 if failed == 1 {
-                    eprintln!("  a turn failed: {error:#}");
+                    progress.note(format_args!("  a turn failed: {error:#}"));
                 }
             }
         }
@@ -282,6 +284,7 @@ pub async fn overhead(
     turns: usize,
     cap: Duration,
     floor_p50_ms: f64,
+    progress: &Progress,
 ) -> Result<Overhead> {
     let decision = decision("test.noop", &json!({}), 3);
     let mut fin = Latencies::default();
@@ -289,7 +292,7 @@ pub async fn overhead(
     let mut first_running = Latencies::default();
     let mut first_done = Latencies::default();
     let mut last_done = Latencies::default();
-    let failed = one_after_another(client, &decision, warmup, turns, Some(cap), |t| {
+    let failed = one_after_another(client, &decision, warmup, turns, Some(cap), progress, |t| {
         fin.push(t.fin);
         ack.push(t.ack);
         first_running.push(t.first_running);
@@ -357,7 +360,8 @@ fn cpu_by_kind(probe: &Probe) -> BTreeMap<String, f64> {
 }
 
 /// Keeps `concurrency` turns of `decision` in flight for `warmup + window`, counts the
-/// turns that end inside the window and the CPU time the `probe` processes use in it.
+/// turns that end inside the window and the CPU time the `probe` processes use in it;
+/// the first failure is noted on `progress`.
 #[allow(clippy::too_many_arguments)]
 pub async fn closed_loop(
     client: &FleetClient,
@@ -368,6 +372,7 @@ pub async fn closed_loop(
     window: Duration,
     deadline_ms: u64,
     probe: &Probe,
+    progress: &Progress,
 ) -> Result<Throughput> {
     let start = Instant::now();
     let from = start + warmup;
@@ -425,7 +430,9 @@ pub async fn closed_loop(
         }
     }
     if let Some(error) = first_error {
-        eprintln!("  turns failed ({failed} in the window); the first: {error}");
+        progress.note(format_args!(
+            "  turns failed ({failed} in the window); the first: {error}"
+        ));
     }
     let cpu = sampler.await?;
     let seconds = window.as_secs_f64();
@@ -472,13 +479,13 @@ pub struct Parallel {
 }
 
 /// Runs `turns` turns of three 50 ms calls one after another (after a short warm-up).
-pub async fn parallel(client: &FleetClient, turns: usize) -> Result<Parallel> {
+pub async fn parallel(client: &FleetClient, turns: usize, progress: &Progress) -> Result<Parallel> {
     const SLEEP_MS: u64 = 50;
     const CALLS: usize = 3;
     let decision = decision("test.behave", &json!({"sleep_ms": SLEEP_MS}), CALLS);
     let mut latencies = Latencies::default();
     let mut slowest = Latencies::default();
-    let mut failed = one_after_another(client, &decision, 5, turns, None, |t| {
+    let mut failed = one_after_another(client, &decision, 5, turns, None, progress, |t| {
         latencies.push(t.fin);
         slowest.push(t.slowest_call);
     })
@@ -536,6 +543,7 @@ pub async fn scaling_point(
     warmup: Duration,
     window: Duration,
     probe: &Probe,
+    progress: &Progress,
 ) -> Result<ScalingPoint> {
     const SLEEP_MS: u64 = 20;
     const CALLS: usize = 3;
@@ -552,6 +560,7 @@ pub async fn scaling_point(
         window,
         30_000,
         probe,
+        progress,
     )
     .await?;
     let ideal = slots as f64 * 1000.0 / SLEEP_MS as f64;
