@@ -18,8 +18,11 @@ use tokio_util::task::TaskTracker;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::metrics::FleetMetrics;
-use toolfleet_common::names::{spans, HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TURN_ID};
+use toolfleet_common::names::{
+    spans, HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID, HEADER_TURN_TRACEPARENT,
+};
 use toolfleet_common::telemetry;
+use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names};
 use tracing::{debug, info_span, warn, Instrument};
 
@@ -140,7 +143,6 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         "process",
         otel.name = %format!("{} {}", spans::PROCESS, message.subject),
         otel.kind = "consumer",
-        otel.status_code = tracing::field::Empty,
         messaging.system = "nats",
         messaging.operation.name = spans::PROCESS,
         messaging.operation.type = "process",
@@ -151,12 +153,13 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         gen_ai.tool.call.id = %job.call.id,
         toolfleet.turn.id = %job.turn_id,
         toolfleet.tenant.id = %job.tenant_id,
-        toolfleet.attempt = attempt,
-        toolfleet.queue_wait_ms = queue_wait_ms,
+        toolfleet.attempt = i64::from(attempt),
+        toolfleet.queue_wait_ms = i64::try_from(queue_wait_ms).unwrap_or(i64::MAX),
         toolfleet.worker.id = %shared.worker_id,
+        toolfleet.retried = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
-    telemetry::set_remote_parent(&span, message.headers.as_ref());
+    telemetry::set_consumer_parent(&span, message.headers.as_ref());
     shared
         .metrics
         .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
@@ -182,9 +185,9 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
                     ),
                 )
             };
-            let current = tracing::Span::current();
-            current.record("otel.status_code", "ERROR");
-            current.record("error.type", codes::CALL_INTERRUPTED);
+            if let Some(error) = &result.error {
+                telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
+            }
             finish(&shared, &message, &job, &result).await;
             return;
         }
@@ -223,19 +226,7 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
             attempt,
             context: job.context.clone(),
         };
-        let execute = info_span!(
-            "execute_tool",
-            otel.name = %format!("{} {}", spans::EXECUTE_TOOL, def.name),
-            otel.kind = "internal",
-            otel.status_code = tracing::field::Empty,
-            gen_ai.operation.name = spans::EXECUTE_TOOL,
-            gen_ai.tool.name = %def.name,
-            gen_ai.tool.call.id = %job.call.id,
-            gen_ai.tool.type = "function",
-            toolfleet.turn.id = %job.turn_id,
-            toolfleet.tenant.id = %job.tenant_id,
-            error.type = tracing::field::Empty,
-        );
+        let execute = execute_span(&def, &job);
         shared.metrics.in_flight(&def.name, 1);
         let arguments = std::mem::take(&mut job.call.arguments);
         let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
@@ -258,6 +249,10 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
                         < job.deadline_unix_ms
                 {
                     debug!(code = %error.code, "retryable error; the call runs again");
+                    for span in [&execute, &tracing::Span::current()] {
+                        telemetry::set_error(span, &error.code, &error.message);
+                    }
+                    tracing::Span::current().record("toolfleet.retried", true);
                     let _ = message.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
                     return;
                 }
@@ -269,6 +264,7 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
                     .map(|s| (*s).to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".to_string());
+                telemetry::record_exception(&execute, "panic", &what);
                 CallResult::failure(
                     &job.call,
                     CallState::Error,
@@ -305,8 +301,7 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         result.worker_id = Some(shared.worker_id.clone());
         if let Some(error) = &result.error {
             for span in [&execute, &tracing::Span::current()] {
-                span.record("otel.status_code", "ERROR");
-                span.record("error.type", error.code.as_str());
+                telemetry::set_error(span, &error.code, &error.message);
             }
         }
         shared.metrics.call_executed(
@@ -319,6 +314,29 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
     }
     .instrument(span)
     .await;
+}
+
+/// The `execute_tool` span of one call, after the GenAI conventions.
+fn execute_span(def: &toolfleet_common::ToolDefinition, job: &JobEnvelope) -> tracing::Span {
+    let span = info_span!(
+        "execute_tool",
+        otel.name = %format!("{} {}", spans::EXECUTE_TOOL, def.name),
+        otel.kind = "internal",
+        gen_ai.operation.name = spans::EXECUTE_TOOL,
+        gen_ai.tool.name = %def.name,
+        gen_ai.tool.call.id = %job.call.id,
+        gen_ai.tool.type = "function",
+        gen_ai.tool.description = %def.description,
+        toolfleet.tool.provider_name = %provider_tool_name(&def.name),
+        toolfleet.turn.id = %job.turn_id,
+        toolfleet.tenant.id = %job.tenant_id,
+        toolfleet.session.id = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    if let Some(session) = &job.session_id {
+        span.record("toolfleet.session.id", session.as_str());
+    }
+    span
 }
 
 async fn notify_started(shared: &Shared, job: &JobEnvelope, attempt: u32) {
@@ -373,11 +391,16 @@ async fn finish(
         body = serde_json::to_vec(&small).unwrap_or_default();
     }
     let body = bytes::Bytes::from(body);
+    let job_headers = message.headers.as_ref();
     for attempt in 1..=RESULT_PUBLISH_ATTEMPTS {
         let mut headers = HeaderMap::new();
         headers.insert(HEADER_TURN_ID, job.turn_id.as_str());
         headers.insert(HEADER_CALL_ID, job.call.id.as_str());
         headers.insert(HEADER_MSG_ID, job.msg_id().as_str());
+        headers.insert(HEADER_TENANT_ID, job.tenant_id.as_str());
+        if let Some(turn) = job_headers.and_then(|h| h.get(HEADER_TURN_TRACEPARENT)) {
+            headers.insert(HEADER_TURN_TRACEPARENT, turn.as_str());
+        }
         telemetry::inject_current(&mut headers);
         let published = match shared
             .js
