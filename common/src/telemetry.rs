@@ -453,6 +453,22 @@ pub fn set_consumer_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
     }
 }
 
+/// `server.address` and `server.port` of the first server in a NATS URL list
+/// (`nats://user:pass@host:4222,nats://other:4222`); the port defaults to 4222.
+pub fn server_of(url: &str) -> (String, i64) {
+    let first = url.split(',').next().unwrap_or_default().trim();
+    let rest = first.split_once("://").map_or(first, |(_, r)| r);
+    let hostport = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let hostport = hostport.split('/').next().unwrap_or_default();
+    match hostport.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => match port.parse() {
+            Ok(port) => (host.to_string(), port),
+            Err(_) => (hostport.to_string(), 4222),
+        },
+        _ => (hostport.to_string(), 4222),
+    }
+}
+
 /// Longest status description or exception message, in characters.
 pub const MAX_ERROR_MESSAGE: usize = 256;
 
@@ -671,6 +687,24 @@ mod tests {
         assert_eq!(line["span"], "work");
         assert_eq!(line["trace_id"].as_str(), expected_trace.as_deref());
         assert_eq!(line["span_id"].as_str().map(str::len), Some(16));
+    }
+
+    #[test]
+    fn server_address_and_port_come_from_the_first_url() {
+        let at = |url: &str| server_of(url);
+        assert_eq!(at("nats://127.0.0.1:4222"), ("127.0.0.1".into(), 4222));
+        assert_eq!(
+            at("nats://u:p@nats.svc:4333,nats://b:1"),
+            ("nats.svc".into(), 4333)
+        );
+        assert_eq!(at("localhost"), ("localhost".into(), 4222));
+    }
+
+    #[test]
+    fn error_messages_are_bounded_single_lines() {
+        assert_eq!(bounded_message("a\nb"), "a b");
+        let long = "x".repeat(1000);
+        assert_eq!(bounded_message(&long).chars().count(), MAX_ERROR_MESSAGE);
     }
 
     #[test]

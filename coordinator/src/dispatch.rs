@@ -136,10 +136,13 @@ pub(crate) async fn dispatch(
     trace: Option<&TurnTrace>,
 ) {
     let mut pending = Vec::with_capacity(jobs.len());
+    let (address, port) = telemetry::server_of(&replica.config.nats_url);
     for (key, mut job) in jobs {
         job.dispatched_unix_ms = unix_ms();
         let subject = replica.names.job_subject(&job.call.name);
         let span = publish_span(trace, turn_id, &job, &subject);
+        span.record("server.address", address.as_str());
+        span.record("server.port", port);
         let outcome = publish_job(replica, &job, subject, &span, trace).await;
         pending.push((key, job, outcome, span));
     }
@@ -183,6 +186,8 @@ fn publish_span(
         messaging.operation.type = "send",
         messaging.destination.name = %subject,
         messaging.message.id = %job.msg_id(),
+        server.address = tracing::field::Empty,
+        server.port = tracing::field::Empty,
         gen_ai.tool.name = %job.call.name,
         gen_ai.tool.call.id = %job.call.id,
         toolfleet.tool.provider_name = %provider_tool_name(&job.call.name),

@@ -384,3 +384,31 @@ fn missing_result(entry: &CallEntry) -> CallResult {
     };
     CallResult::failure(&call, state, error)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timed_out(code: &str) -> CallResult {
+        let call = ToolCall {
+            id: "c".into(),
+            name: "t".into(),
+            arguments: serde_json::Value::Null,
+            parent_id: None,
+        };
+        CallResult::failure(
+            &call,
+            CallState::Timeout,
+            CallError::retryable(code, "no result"),
+        )
+    }
+
+    #[test]
+    fn join_blames_the_deadline_only_when_it_passed() {
+        let results = [timed_out(codes::TOOL_TIMEOUT)];
+        let code = |deadline_hit| join_error(&results, deadline_hit).map(|e| e.code);
+        assert_eq!(code(false).as_deref(), Some(codes::TOOL_TIMEOUT));
+        assert_eq!(code(true).as_deref(), Some(codes::DEADLINE_EXCEEDED));
+        assert!(join_error(&[], false).is_none());
+    }
+}

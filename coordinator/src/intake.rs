@@ -21,7 +21,7 @@ use toolfleet_common::telemetry;
 use toolfleet_common::turn::{turn_codes, valid_turn_id, AckCall};
 use toolfleet_common::{CallError, CallResult, CallState, TurnEvent, TurnRequest};
 use toolfleet_decision::ack::compose_acknowledgement;
-use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind};
+use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind, ToolCallsDecision};
 use tracing::{info_span, warn, Instrument};
 
 use crate::deadline;
@@ -125,9 +125,9 @@ async fn take_turn(
 ) {
     let config = &replica.config;
     let policy = config.tenants.get(&request.tenant_id);
-    let decision = match parse_decision(&request.decision, config.max_decision_calls) {
-        Ok(Decision::ToolCalls(d)) => d,
-        Ok(Decision::Final { text }) => {
+    let decision = match read_decision(config, &request) {
+        Ok(decision) => decision,
+        Err(Ok(text)) => {
             let end = TurnEnd::NoTools {
                 turn_id,
                 reply,
@@ -136,14 +136,7 @@ async fn take_turn(
             };
             return finish(&replica, end).await;
         }
-        Err(error) => {
-            let code = match error.kind() {
-                DecisionErrorKind::TooManyCalls => turn_codes::DECISION_TOO_LARGE,
-                _ => turn_codes::INVALID_DECISION,
-            };
-            let error = CallError::fatal(code, error.to_string());
-            return reject(&replica, turn_id, reply, error, trace).await;
-        }
+        Err(Err(error)) => return reject(&replica, turn_id, reply, error, trace).await,
     };
     let limits = TurnLimits::resolve(config, policy, &request, &decision);
     let now = unix_ms();
@@ -163,18 +156,9 @@ async fn take_turn(
         &registry,
     );
     let layout = Layout::new(&planned, limits.concurrency);
-    tracing::Span::current().record("toolfleet.turn.calls", planned.len() as i64);
-    if let Some(trace) = trace.as_mut() {
-        trace.calls = planned.len();
-    }
     count_refused(&replica, planned.len(), &layout.refused, &registry);
-    trace_refused(trace.as_ref(), &turn_id, &request.tenant_id, &planned);
-
-    let traceparent = trace
-        .as_ref()
-        .map(|t| t.span.traceparent())
-        .unwrap_or_default();
-    let stored_trace = trace.as_ref().map(TurnTrace::encode).unwrap_or_default();
+    trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
+    let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
     let new_turn = NewTurn {
         turn_id: &turn_id,
         reply: &reply,
@@ -218,6 +202,25 @@ async fn take_turn(
     dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
 }
 
+/// The decision's calls; else the model's plain answer (`Err(Ok)`) or why the
+/// decision is refused (`Err(Err)`).
+fn read_decision(
+    config: &crate::CoordinatorConfig,
+    request: &TurnRequest,
+) -> Result<ToolCallsDecision, Result<String, CallError>> {
+    match parse_decision(&request.decision, config.max_decision_calls) {
+        Ok(Decision::ToolCalls(d)) => Ok(d),
+        Ok(Decision::Final { text }) => Err(Ok(text)),
+        Err(error) => {
+            let code = match error.kind() {
+                DecisionErrorKind::TooManyCalls => turn_codes::DECISION_TOO_LARGE,
+                _ => turn_codes::INVALID_DECISION,
+            };
+            Err(Err(CallError::fatal(code, error.to_string())))
+        }
+    }
+}
+
 /// Ends a turn refused before any call ran.
 async fn reject(
     replica: &Arc<Replica>,
@@ -235,8 +238,19 @@ async fn reject(
     finish(replica, end).await;
 }
 
-/// One span per call refused before dispatch, so every call id is in the trace.
-fn trace_refused(trace: Option<&TurnTrace>, turn_id: &str, tenant: &str, planned: &[PlannedCall]) {
+/// Notes the turn's calls on its spans: their count, and one span per call refused
+/// before dispatch, so every call id is in the trace.
+fn trace_planned(
+    trace: Option<&mut TurnTrace>,
+    turn_id: &str,
+    tenant: &str,
+    planned: &[PlannedCall],
+) {
+    tracing::Span::current().record("toolfleet.turn.calls", planned.len() as i64);
+    let trace = trace.map(|t| {
+        t.calls = planned.len();
+        &*t
+    });
     for p in planned {
         if let Verdict::Refuse(error) = &p.verdict {
             trace::refused_call(trace, turn_id, tenant, &p.call.id, &p.call.name, error);

@@ -73,6 +73,15 @@ impl TurnTrace {
         serde_json::to_string(self).unwrap_or_default()
     }
 
+    /// What the join stores of `trace`: its W3C `traceparent` and [`TurnTrace::encode`]
+    /// (both empty when the turn is not traced).
+    pub(crate) fn stored(trace: Option<&Self>) -> (String, String) {
+        match trace {
+            Some(t) => (t.span.traceparent(), t.encode()),
+            None => (String::new(), String::new()),
+        }
+    }
+
     /// The stored value (`None` when the turn was not traced, or was created by a
     /// replica that did not store one).
     pub(crate) fn decode(stored: &str) -> Option<Self> {

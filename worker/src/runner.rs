@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub js: jetstream::Context,
     pub names: Names,
     pub worker_id: String,
+    /// `server.address` and `server.port` of the NATS server, for spans.
+    pub server: (String, i64),
     pub ack_wait: Duration,
     pub max_result_bytes: usize,
     pub metrics: FleetMetrics,
@@ -129,7 +131,7 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         .info()
         .map(|i| u32::try_from(i.delivered).unwrap_or(1))
         .unwrap_or(1);
-    let mut job: JobEnvelope = match serde_json::from_slice(&message.payload) {
+    let job: JobEnvelope = match serde_json::from_slice(&message.payload) {
         Ok(job) => job,
         Err(error) => {
             warn!(subject = %message.subject, %error, "undecodable job; terminating it");
@@ -139,6 +141,25 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
     };
     let def = tool.tool.definition();
     let queue_wait_ms = unix_ms().saturating_sub(job.dispatched_unix_ms);
+    let span = process_span(&shared, def, &job, &message, attempt, queue_wait_ms);
+    shared
+        .metrics
+        .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
+    run_job(shared, tool, message, job, attempt)
+        .instrument(span)
+        .await;
+}
+
+/// The CONSUMER span of one job delivery (one per attempt): under the turn span,
+/// linked to the coordinator's publish span.
+fn process_span(
+    shared: &Shared,
+    def: &toolfleet_common::ToolDefinition,
+    job: &JobEnvelope,
+    message: &jetstream::Message,
+    attempt: u32,
+    queue_wait_ms: u64,
+) -> tracing::Span {
     let span = info_span!(
         "process",
         otel.name = %format!("{} {}", spans::PROCESS, message.subject),
@@ -148,6 +169,8 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         messaging.operation.type = "process",
         messaging.destination.name = %message.subject,
         messaging.consumer.group.name = %shared.names.tool_consumer(&def.name),
+        server.address = %shared.server.0,
+        server.port = shared.server.1,
         messaging.message.id = %job.msg_id(),
         gen_ai.tool.name = %def.name,
         gen_ai.tool.call.id = %job.call.id,
@@ -160,160 +183,202 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         error.type = tracing::field::Empty,
     );
     telemetry::set_consumer_parent(&span, message.headers.as_ref());
-    shared
-        .metrics
-        .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
-    async move {
-        let def = tool.tool.definition();
-        let now = unix_ms();
-        if now >= job.deadline_unix_ms {
-            debug!("turn deadline already passed; not running the call");
-            let _ = message.ack().await;
-            return;
-        }
-        if attempt > 1 && !def.retry.idempotent {
-            let result = CallResult {
-                attempts: attempt,
-                worker_id: Some(shared.worker_id.clone()),
-                ended_at: Some(now_rfc3339()),
-                ..CallResult::failure(
-                    &job.call,
-                    CallState::Error,
-                    CallError::fatal(
-                        codes::CALL_INTERRUPTED,
-                        "the call's worker stopped mid-call and the tool is not idempotent, so it was not run again",
-                    ),
-                )
-            };
-            if let Some(error) = &result.error {
-                telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
-            }
-            finish(&shared, &message, &job, &result).await;
-            return;
-        }
-        notify_started(&shared, &job, attempt).await;
+    span
+}
 
-        // Keeps the job alive until its result is published; aborted when dropped, even
-        // if this task unwinds.
-        let keepalive = {
-            let message = Arc::clone(&message);
-            let period = (shared.ack_wait / 3).max(Duration::from_millis(50));
-            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(period).await;
-                    if message.ack_with(AckKind::Progress).await.is_err() {
-                        break;
-                    }
-                }
-            }))
-        };
-
-        let started_at = now_rfc3339();
-        let started = Instant::now();
-        let tool_budget = Duration::from_millis(job.timeout_ms.min(def.timeout_ms).max(1));
-        let turn_budget = Duration::from_millis(job.deadline_unix_ms.saturating_sub(now));
-        let (budget, budget_code) = if tool_budget <= turn_budget {
-            (tool_budget, codes::TOOL_TIMEOUT)
-        } else {
-            (turn_budget, codes::DEADLINE_EXCEEDED)
-        };
-        let ctx = ToolContext {
-            tenant_id: job.tenant_id.clone(),
-            turn_id: job.turn_id.clone(),
-            call_id: job.call.id.clone(),
-            session_id: job.session_id.clone(),
-            deadline_unix_ms: job.deadline_unix_ms,
-            attempt,
-            context: job.context.clone(),
-        };
-        let execute = execute_span(&def, &job);
-        shared.metrics.in_flight(&def.name, 1);
-        let arguments = std::mem::take(&mut job.call.arguments);
-        let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
-        let outcome = tokio::time::timeout(budget, run)
-            .instrument(execute.clone())
-            .await;
-        shared.metrics.in_flight(&def.name, -1);
-
-        let mut result = match outcome {
-            Ok(Ok(Ok(output))) => {
-                let mut r = CallResult::success(&job.call, output.value);
-                r.summary = output.summary;
-                r
-            }
-            Ok(Ok(Err(error))) => {
-                if error.retryable
-                    && def.retry.idempotent
-                    && attempt < def.retry.max_attempts
-                    && unix_ms() + 2 * u64::try_from(RETRY_DELAY.as_millis()).unwrap_or(0)
-                        < job.deadline_unix_ms
-                {
-                    debug!(code = %error.code, "retryable error; the call runs again");
-                    for span in [&execute, &tracing::Span::current()] {
-                        telemetry::set_error(span, &error.code, &error.message);
-                    }
-                    tracing::Span::current().record("toolfleet.retried", true);
-                    let _ = message.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
-                    return;
-                }
-                CallResult::failure(&job.call, CallState::Error, error)
-            }
-            Ok(Err(panic)) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_string());
-                telemetry::record_exception(&execute, "panic", &what);
-                CallResult::failure(
-                    &job.call,
-                    CallState::Error,
-                    CallError::fatal(codes::TOOL_PANICKED, format!("the tool panicked: {what}")),
-                )
-            }
-            Err(_) => CallResult::failure(
-                &job.call,
-                CallState::Timeout,
-                CallError::retryable(
-                    budget_code,
-                    format!("no result within {} ms", budget.as_millis()),
-                ),
-            ),
-        };
-        if let (true, Some(validator), Some(value)) =
-            (result.ok, tool.output_validator.as_ref(), result.result.as_ref())
-        {
-            if let Err(error) = validator.validate(value) {
-                result = CallResult::failure(
-                    &job.call,
-                    CallState::Error,
-                    CallError::fatal(
-                        codes::INVALID_RESULT,
-                        format!("result fails the output schema: {error}"),
-                    ),
-                );
-            }
-        }
-        result.started_at = Some(started_at);
-        result.ended_at = Some(now_rfc3339());
-        result.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        result.attempts = attempt;
-        result.worker_id = Some(shared.worker_id.clone());
-        if let Some(error) = &result.error {
-            for span in [&execute, &tracing::Span::current()] {
-                telemetry::set_error(span, &error.code, &error.message);
-            }
-        }
-        shared.metrics.call_executed(
-            &def.name,
-            result.state.as_str(),
-            started.elapsed().as_secs_f64(),
-        );
-        finish(&shared, &message, &job, &result).await;
-        drop(keepalive);
+/// One delivery of a job, inside its `process` span: refuse what must not run, run
+/// the handler, publish the result (or hand the job back for a retry).
+async fn run_job(
+    shared: Arc<Shared>,
+    tool: Arc<ServedTool>,
+    message: Arc<jetstream::Message>,
+    mut job: JobEnvelope,
+    attempt: u32,
+) {
+    let def = tool.tool.definition();
+    if unix_ms() >= job.deadline_unix_ms {
+        debug!("turn deadline already passed; not running the call");
+        let why = "the turn's deadline passed before the call started";
+        telemetry::set_error(&tracing::Span::current(), codes::DEADLINE_EXCEEDED, why);
+        let _ = message.ack().await;
+        return;
     }
-    .instrument(span)
-    .await;
+    if attempt > 1 && !def.retry.idempotent {
+        let error = CallError::fatal(
+            codes::CALL_INTERRUPTED,
+            "the call's worker stopped mid-call and the tool is not idempotent, so it was not run again",
+        );
+        telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
+        let result = CallResult {
+            attempts: attempt,
+            worker_id: Some(shared.worker_id.clone()),
+            ended_at: Some(now_rfc3339()),
+            ..CallResult::failure(&job.call, CallState::Error, error)
+        };
+        finish(&shared, &message, &job, &result).await;
+        return;
+    }
+    notify_started(&shared, &job, attempt).await;
+
+    // Keeps the job alive until its result is published; aborted when dropped, even
+    // if this task unwinds.
+    let keepalive = {
+        let message = Arc::clone(&message);
+        let period = (shared.ack_wait / 3).max(Duration::from_millis(50));
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                if message.ack_with(AckKind::Progress).await.is_err() {
+                    break;
+                }
+            }
+        }))
+    };
+    match execute(&shared, &tool, &mut job, attempt).await {
+        Executed::Done(result) => finish(&shared, &message, &job, &result).await,
+        Executed::Retry => {
+            let _ = message.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
+        }
+    }
+    drop(keepalive);
+}
+
+/// What running a handler once came to.
+enum Executed {
+    /// The call's result, to publish.
+    Done(Box<CallResult>),
+    /// A retryable failure of an idempotent tool with attempts and time left: the job
+    /// is handed back and runs again.
+    Retry,
+}
+
+/// Runs the handler once under the call's time budget, inside its `execute_tool` span;
+/// both spans get the failure's `error.type` and message, retried attempts included.
+async fn execute(
+    shared: &Shared,
+    tool: &ServedTool,
+    job: &mut JobEnvelope,
+    attempt: u32,
+) -> Executed {
+    let def = tool.tool.definition();
+    let now = unix_ms();
+    let started_at = now_rfc3339();
+    let started = Instant::now();
+    let (budget, budget_code) = budget(job, def, now);
+    let ctx = ToolContext {
+        tenant_id: job.tenant_id.clone(),
+        turn_id: job.turn_id.clone(),
+        call_id: job.call.id.clone(),
+        session_id: job.session_id.clone(),
+        deadline_unix_ms: job.deadline_unix_ms,
+        attempt,
+        context: job.context.clone(),
+    };
+    let execute = execute_span(def, job);
+    shared.metrics.in_flight(&def.name, 1);
+    let arguments = std::mem::take(&mut job.call.arguments);
+    let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
+    let outcome = tokio::time::timeout(budget, run)
+        .instrument(execute.clone())
+        .await;
+    shared.metrics.in_flight(&def.name, -1);
+
+    let spans = [&execute, &tracing::Span::current()];
+    let mut result = match outcome {
+        Ok(Ok(Ok(output))) => {
+            let mut r = CallResult::success(&job.call, output.value);
+            r.summary = output.summary;
+            r
+        }
+        Ok(Ok(Err(error))) => {
+            if error.retryable
+                && def.retry.idempotent
+                && attempt < def.retry.max_attempts
+                && unix_ms() + 2 * u64::try_from(RETRY_DELAY.as_millis()).unwrap_or(0)
+                    < job.deadline_unix_ms
+            {
+                debug!(code = %error.code, "retryable error; the call runs again");
+                for span in spans {
+                    telemetry::set_error(span, &error.code, &error.message);
+                }
+                tracing::Span::current().record("toolfleet.retried", true);
+                return Executed::Retry;
+            }
+            CallResult::failure(&job.call, CallState::Error, error)
+        }
+        Ok(Err(panic)) => {
+            let what = panic_message(panic.as_ref());
+            telemetry::record_exception(&execute, "panic", &what);
+            let message = format!("the tool panicked: {what}");
+            let error = CallError::fatal(codes::TOOL_PANICKED, message);
+            CallResult::failure(&job.call, CallState::Error, error)
+        }
+        Err(_) => {
+            let message = format!("no result within {} ms", budget.as_millis());
+            let error = CallError::retryable(budget_code, message);
+            CallResult::failure(&job.call, CallState::Timeout, error)
+        }
+    };
+    if let Some(invalid) = invalid_output(tool, &result, job) {
+        result = invalid;
+    }
+    result.started_at = Some(started_at);
+    result.ended_at = Some(now_rfc3339());
+    result.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    result.attempts = attempt;
+    result.worker_id = Some(shared.worker_id.clone());
+    if let Some(error) = &result.error {
+        for span in spans {
+            telemetry::set_error(span, &error.code, &error.message);
+        }
+    }
+    shared.metrics.call_executed(
+        &def.name,
+        result.state.as_str(),
+        started.elapsed().as_secs_f64(),
+    );
+    Executed::Done(Box::new(result))
+}
+
+/// The call's time budget and the code of its timeout: the tool's (capped by the
+/// job) or what is left of the turn's, whichever ends first.
+fn budget(
+    job: &JobEnvelope,
+    def: &toolfleet_common::ToolDefinition,
+    now: u64,
+) -> (Duration, &'static str) {
+    let tool_budget = Duration::from_millis(job.timeout_ms.min(def.timeout_ms).max(1));
+    let turn_budget = Duration::from_millis(job.deadline_unix_ms.saturating_sub(now));
+    if tool_budget <= turn_budget {
+        (tool_budget, codes::TOOL_TIMEOUT)
+    } else {
+        (turn_budget, codes::DEADLINE_EXCEEDED)
+    }
+}
+
+/// The `invalid_result` failure replacing a successful `result` that fails the tool's
+/// output schema.
+fn invalid_output(tool: &ServedTool, result: &CallResult, job: &JobEnvelope) -> Option<CallResult> {
+    let (true, Some(validator), Some(value)) = (
+        result.ok,
+        tool.output_validator.as_ref(),
+        result.result.as_ref(),
+    ) else {
+        return None;
+    };
+    let error = validator.validate(value).err()?;
+    let message = format!("result fails the output schema: {error}");
+    let error = CallError::fatal(codes::INVALID_RESULT, message);
+    Some(CallResult::failure(&job.call, CallState::Error, error))
+}
+
+/// The text a panic was raised with.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
 }
 
 /// The `execute_tool` span of one call, after the GenAI conventions.
