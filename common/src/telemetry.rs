@@ -141,21 +141,27 @@ impl fmt::Debug for Telemetry {
 }
 
 /// `service.instance.id` when `OTEL_RESOURCE_ATTRIBUTES` does not set one:
-/// `TOOLFLEET_INSTANCE_ID`, else `<host name>-<pid>`; fixed for the process's life.
+/// `TOOLFLEET_INSTANCE_ID`; else, in a container (process id 1), its host name (the
+/// container id under Docker, the pod name under Kubernetes); else
+/// `<host name>-<process id>`. Fixed for the process's life.
 pub fn instance_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
         let set = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        set("TOOLFLEET_INSTANCE_ID").unwrap_or_else(|| {
-            let host = set("HOSTNAME")
-                .or_else(|| {
-                    std::fs::read_to_string("/proc/sys/kernel/hostname")
-                        .ok()
-                        .map(|h| h.trim().to_string())
-                })
-                .unwrap_or_else(|| "host".into());
-            format!("{host}-{}", std::process::id())
-        })
+        if let Some(id) = set("TOOLFLEET_INSTANCE_ID") {
+            return id;
+        }
+        let host = set("HOSTNAME")
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+            })
+            .unwrap_or_else(|| "host".into());
+        match std::process::id() {
+            1 => host,
+            pid => format!("{host}-{pid}"),
+        }
     })
 }
 
