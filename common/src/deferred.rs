@@ -63,6 +63,38 @@ impl IdGenerator for PresetIdGenerator {
     }
 }
 
+/// Whether the SDK's sampler (from `OTEL_TRACES_SAMPLER`) keeps a root span of
+/// `trace_id`, so that the children parented on a deferred root agree with the root
+/// when it is finally built: the parent-based samplers decide a root by the root
+/// sampler (the others ignore the parent and decide every span alike).
+fn root_sampled(trace_id: TraceId) -> bool {
+    let sampler = std::env::var("OTEL_TRACES_SAMPLER").unwrap_or_default();
+    match sampler.trim() {
+        "parentbased_always_off" => false,
+        "parentbased_traceidratio" => {
+            let ratio = std::env::var("OTEL_TRACES_SAMPLER_ARG")
+                .ok()
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|r| (0.0..=1.0).contains(r))
+                .unwrap_or(1.0);
+            ratio_keeps(ratio, trace_id)
+        }
+        _ => true,
+    }
+}
+
+/// The SDK's `TraceIdRatioBased` decision.
+fn ratio_keeps(ratio: f64, trace_id: TraceId) -> bool {
+    if ratio >= 1.0 {
+        return true;
+    }
+    let bound = (ratio.max(0.0) * (1u64 << 63) as f64) as u64;
+    let bytes = trace_id.to_bytes();
+    let mut low = [0u8; 8];
+    low.copy_from_slice(&bytes[8..]);
+    (u64::from_be_bytes(low) >> 1) < bound
+}
+
 /// A span started now and exported later by whoever ends the work.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeferredSpan {
@@ -104,7 +136,8 @@ impl DeferredSpan {
                 parent.is_sampled(),
             )
         } else {
-            (random.new_trace_id(), None, true)
+            let trace_id = random.new_trace_id();
+            (trace_id, None, root_sampled(trace_id))
         };
         let start_unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -226,6 +259,17 @@ mod tests {
             parent.span().span_context().span_id().to_string(),
             "1111111111111111"
         );
+    }
+
+    #[test]
+    fn the_ratio_decision_follows_the_low_half_of_the_trace_id() {
+        let low = TraceId::from_hex("ffffffffffffffff0000000000000001").unwrap_or(TraceId::INVALID);
+        let high =
+            TraceId::from_hex("00000000000000007fffffffffffffff").unwrap_or(TraceId::INVALID);
+        assert!(ratio_keeps(0.5, low));
+        assert!(!ratio_keeps(0.5, high));
+        assert!(!ratio_keeps(0.0, low));
+        assert!(ratio_keeps(1.0, high));
     }
 
     #[test]

@@ -91,11 +91,19 @@ impl TurnTrace {
     /// Exports the turn span, ending now.
     pub(crate) fn end(&self, outcome: &TurnOutcome<'_>) {
         let mut attributes = vec![
-            KeyValue::new("toolfleet.turn.id", outcome.turn_id.to_string()),
-            KeyValue::new("toolfleet.tenant.id", self.tenant.clone()),
             KeyValue::new("toolfleet.turn.calls", self.calls as i64),
             KeyValue::new("toolfleet.turn.deadline_hit", outcome.deadline_hit),
         ];
+        // A request refused before its ids were read has neither.
+        if !outcome.turn_id.is_empty() {
+            attributes.push(KeyValue::new(
+                "toolfleet.turn.id",
+                outcome.turn_id.to_string(),
+            ));
+        }
+        if !self.tenant.is_empty() {
+            attributes.push(KeyValue::new("toolfleet.tenant.id", self.tenant.clone()));
+        }
         if let Some(session) = &self.session {
             attributes.push(KeyValue::new("toolfleet.session.id", session.clone()));
         }

@@ -24,7 +24,7 @@ use toolfleet_common::names::{
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names};
-use tracing::{debug, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::tool::{Tool, ToolContext};
 
@@ -331,6 +331,8 @@ async fn execute(
         for span in spans {
             telemetry::set_error(span, &error.code, &error.message);
         }
+        let message = telemetry::bounded_message(&error.message);
+        info!(call = %job.call.id, code = %error.code, %message, "call failed");
     }
     shared.metrics.call_executed(
         &def.name,
