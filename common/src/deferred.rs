@@ -265,7 +265,7 @@ mod tests {
     fn the_ratio_decision_follows_the_low_half_of_the_trace_id() {
         let low = TraceId::from_hex("ffffffffffffffff0000000000000001").unwrap_or(TraceId::INVALID);
         let high =
-            TraceId::from_hex("00000000000000007fffffffffffffff").unwrap_or(TraceId::INVALID);
+            TraceId::from_hex("0000000000000000ffffffffffffffff").unwrap_or(TraceId::INVALID);
         assert!(ratio_keeps(0.5, low));
         assert!(!ratio_keeps(0.5, high));
         assert!(!ratio_keeps(0.0, low));

@@ -1,5 +1,6 @@
 //! Where a job is published: one JetStream message per runnable call, on the subject of
-//! its tool, with the ids in headers and the turn's trace context.
+//! its tool, with the ids in headers, the PRODUCER span's trace context and the turn
+//! span's (`Fleet-Turn-Traceparent`).
 //!
 //! Owns the turn's call layout (which calls run now, which wait for a slot, which were
 //! refused up front), building each [`JobEnvelope`], publishing jobs and waiting for

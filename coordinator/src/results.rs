@@ -4,7 +4,8 @@
 //!
 //! Owns the results consumer, the recording of every result (workers' and the
 //! coordinator's own `dispatch_failed`), and the ordering of a call's state before the
-//! turn's `final` through the turn's gate. A late result (after the turn ended or its
+//! turn's `final` through the turn's gate. Each result gets a CONSUMER span (`trace.rs`)
+//! around its recording and its state, not around the turn's end. A late result (after the turn ended or its
 //! deadline passed) is counted in the join and the metrics, never published. A duplicate
 //! is counted and ignored.
 //!

@@ -1,9 +1,12 @@
 //! Serving one tool: pulling its jobs, running the handler under its timeout, publishing
 //! the result, acking the job.
 //!
-//! Owns the life of a job on this worker. It must never ack a job whose result was not
-//! published (the job is handed back instead), nor run a handler past the call's time
-//! budget.
+//! Owns the life of a job on this worker, and its spans: one CONSUMER `process` span
+//! per delivery (a child of the turn span named in `Fleet-Turn-Traceparent`, linked to
+//! the coordinator's `publish`) holding the handler's `execute_tool` span; every failed
+//! attempt, retried ones included, gets `error.type` and its message. It must never ack
+//! a job whose result was not published (the job is handed back instead), nor run a
+//! handler past the call's time budget.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
