@@ -523,3 +523,69 @@ async fn resources_name_the_instance_and_numbers_are_integers() -> anyhow::Resul
         .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_timeout_is_not_the_turn_deadline_and_a_rejection_says_why() -> anyhow::Result<()> {
+    let mut t = Traced::start().await?;
+    let dir = tempfile::tempdir()?;
+    let tenants = dir.path().join("tenants.json");
+    let policy = json!({"default": {}, "tenants": {"acme": {"tool_timeout_ms": 200}}});
+    std::fs::write(&tenants, policy.to_string())?;
+    let tenants = tenants.to_string_lossy().to_string();
+    let endpoint = t.receiver.endpoint();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("TOOLFLEET_TENANTS_FILE", tenants.as_str()),
+    ];
+    let coordinator = t.fleet.spawn_node("coordinator", &env)?;
+    let worker = t.spawn("worker", "worker-a")?;
+    t.fleet.wait_for_tools(&["test.behave"]).await?;
+
+    // A call cut by its tool timeout (200 ms) well before the turn's deadline.
+    let request = timed_turn(
+        "acme",
+        5000,
+        vec![call("cut", "test.behave", json!({"sleep_ms": 2000}))],
+    );
+    let (mut stream, trace, _) = t.submit(request).await?;
+    let fin = read_final(&mut stream, EVENT_WAIT).await?;
+    assert!(!fin.deadline_hit);
+    assert_eq!(fin.results[0].state, CallState::Timeout, "{fin:?}");
+    let spans = t
+        .spans_of(&trace, "tool-timeout", |s| {
+            s.iter().any(|s| s.name == "join")
+        })
+        .await?;
+    let join = the(&spans, "join")?;
+    assert_eq!(join.attr("error.type"), Some("tool_timeout"));
+    assert_eq!(join.status_code, STATUS_ERROR);
+    let turn = the(&spans, "turn")?;
+    assert_eq!(turn.attr("error.type"), None);
+    assert_ne!(turn.status_code, STATUS_ERROR);
+
+    // A decision that cannot be read: the turn span says why.
+    let decision = json!({"type": "tool_calls", "calls": "not a list"});
+    let (mut stream, trace, frontend) = t
+        .submit(toolfleet_tests::fleet::turn("acme", decision))
+        .await?;
+    let events = toolfleet_tests::fleet::read_to_end(&mut stream, EVENT_WAIT).await?;
+    assert!(matches!(
+        events.last(),
+        Some(toolfleet_common::TurnEvent::Error { .. })
+    ));
+    let spans = t.spans_of(&trace, "rejected", |_| true).await?;
+    assert_no_missing_parent(&spans, &frontend);
+    let turn = the(&spans, "turn")?;
+    assert_eq!(turn.attr("error.type"), Some("invalid_decision"));
+    assert_eq!(turn.status_code, STATUS_ERROR);
+    assert!(!turn.status_message.is_empty());
+
+    t.fleet
+        .terminate_node(worker, Duration::from_secs(15))
+        .await?;
+    t.fleet
+        .terminate_node(coordinator, Duration::from_secs(15))
+        .await?;
+    Ok(())
+}

@@ -334,8 +334,8 @@ async fn execute(
         for span in spans {
             telemetry::set_error(span, &error.code, &error.message);
         }
-        let message = telemetry::bounded_message(&error.message);
-        info!(call = %job.call.id, code = %error.code, %message, "call failed");
+        let reason = telemetry::bounded_message(&error.message);
+        info!(call = %job.call.id, code = %error.code, %reason, "call failed");
     }
     shared.metrics.call_executed(
         &def.name,
