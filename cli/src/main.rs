@@ -303,10 +303,33 @@ fn retarget_customer(mut decision: Value, customer: &str) -> Value {
 }
 
 async fn stream_turn(client: &FleetClient, request: TurnRequest, json: bool) -> Result<()> {
-    let span = tracing::info_span!("submit turn", otel.kind = "client");
-    stream_turn_in(client, request, json, &span)
+    let span = tracing::info_span!(
+        "submit turn",
+        otel.kind = "client",
+        toolfleet.tenant.id = %request.tenant_id,
+        toolfleet.turn.id = tracing::field::Empty,
+        toolfleet.turn.deadline_hit = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    let outcome = stream_turn_in(client, request, json, &span)
         .instrument(span.clone())
-        .await
+        .await;
+    if let Err(error) = &outcome {
+        let code = match error.downcast_ref::<TurnFailed>() {
+            Some(failed) => failed.code.clone(),
+            None => "client_error".to_string(),
+        };
+        telemetry::set_error(&span, &code, &error.to_string());
+    }
+    outcome
+}
+
+/// The turn ended with a turn-level `error` event.
+#[derive(Debug, thiserror::Error)]
+#[error("turn failed: {code}: {message}")]
+struct TurnFailed {
+    code: String,
+    message: String,
 }
 
 async fn stream_turn_in(
@@ -317,6 +340,7 @@ async fn stream_turn_in(
 ) -> Result<()> {
     let started = Instant::now();
     let mut stream = client.submit(request).await?;
+    span.record("toolfleet.turn.id", stream.turn_id());
     if !json {
         println!("turn {}", stream.turn_id());
         if let Some(trace_id) = telemetry::trace_id(span) {
@@ -331,9 +355,20 @@ async fn stream_turn_in(
             print::event(&event, started.elapsed());
         }
         match event {
-            TurnEvent::Final(_) => return Ok(()),
+            TurnEvent::Final(fin) => {
+                span.record("toolfleet.turn.deadline_hit", fin.deadline_hit);
+                if fin.deadline_hit {
+                    let message = "the turn's deadline passed before every result was in";
+                    telemetry::set_error(span, "deadline_exceeded", message);
+                }
+                return Ok(());
+            }
             TurnEvent::Error { error, .. } => {
-                anyhow::bail!("turn failed: {}: {}", error.code, error.message)
+                return Err(TurnFailed {
+                    code: error.code,
+                    message: error.message,
+                }
+                .into())
             }
             _ => {}
         }

@@ -7,6 +7,7 @@
 //! | module | what lives there |
 //! |---|---|
 //! | [`config`] | typed settings from environment variables |
+//! | [`deferred`] | spans whose ids and start are fixed early and exported by whoever ends the work |
 //! | [`credentials`] | NATS user, password and inbox prefix of one role |
 //! | [`metrics`] | the fleet's OpenTelemetry instruments and metric names |
 //! | [`names`] | every subject, stream, consumer, header and Redis key name |
@@ -25,6 +26,7 @@ pub mod call;
 pub mod client;
 pub mod config;
 pub mod credentials;
+pub mod deferred;
 pub mod http;
 pub mod job;
 pub mod metrics;

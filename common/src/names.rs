@@ -30,6 +30,9 @@ pub const HEADER_SUMMARY: &str = "Fleet-Summary";
 pub const HEADER_TRACEPARENT: &str = "traceparent";
 /// W3C trace state header.
 pub const HEADER_TRACESTATE: &str = "tracestate";
+/// W3C `traceparent` of the turn span, on jobs and results: the parent of the spans of
+/// the message's consumer, while `traceparent` (the producer's span) becomes a link.
+pub const HEADER_TURN_TRACEPARENT: &str = "Fleet-Turn-Traceparent";
 
 /// The name of the explicit parallel meta-tool, flattened into its calls.
 pub const PARALLEL_TOOL: &str = "parallel";
@@ -84,6 +87,11 @@ impl Names {
     /// Workers publish a call's `CallResult` here (JetStream).
     pub fn result_subject(&self, turn_id: &str) -> String {
         format!("{}.results.{turn_id}", self.prefix)
+    }
+
+    /// The result subjects as a template (`<prefix>.results.{turn_id}`), for span names.
+    pub fn results_template(&self) -> String {
+        format!("{}.results.{{turn_id}}", self.prefix)
     }
 
     /// Wildcard covering every result subject (the results stream's subject).
@@ -202,6 +210,12 @@ pub mod spans {
     pub const PROCESS: &str = "process";
     /// A tool executing one call (`execute_tool <tool>`), after the GenAI conventions.
     pub const EXECUTE_TOOL: &str = "execute_tool";
+    /// Accepting a turn: decoding, validating, storing, dispatching.
+    pub const INTAKE: &str = "intake";
+    /// A call refused before dispatch (`refuse_tool <tool>`).
+    pub const REFUSE_TOOL: &str = "refuse_tool";
+    /// A worker publishing a call's result (PRODUCER span; `publish <subject>`).
+    pub const PUBLISH_RESULT: &str = "publish";
 }
 
 #[cfg(test)]

@@ -3,6 +3,13 @@
 //! `OTEL_*` variables, a Prometheus text rendering of the same metrics, and W3C trace
 //! context carried in NATS headers.
 //!
+//! Every process's resource names it: `service.name`, `service.version` and a
+//! `service.instance.id` stable for the process (from `OTEL_RESOURCE_ATTRIBUTES`, else
+//! `TOOLFLEET_INSTANCE_ID`, else the host name and process id); the other
+//! `OTEL_RESOURCE_ATTRIBUTES` are kept. Spans carry no `code.*`, `thread.*`, `busy_ns`
+//! or `idle_ns` attributes. Error helpers ([`set_error`], [`record_exception`]) put a
+//! bounded message in the status description.
+//!
 //! Without `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`)
 //! nothing is exported and no OpenTelemetry layer is installed.
 
@@ -133,15 +140,52 @@ impl fmt::Debug for Telemetry {
     }
 }
 
+/// `service.instance.id` when `OTEL_RESOURCE_ATTRIBUTES` does not set one:
+/// `TOOLFLEET_INSTANCE_ID`; else, in a container (process id 1), its host name (the
+/// container id under Docker, the pod name under Kubernetes); else
+/// `<host name>-<process id>`. Fixed for the process's life.
+pub fn instance_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let set = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(id) = set("TOOLFLEET_INSTANCE_ID") {
+            return id;
+        }
+        let host = set("HOSTNAME")
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+            })
+            .unwrap_or_else(|| "host".into());
+        match std::process::id() {
+            1 => host,
+            pid => format!("{host}-{pid}"),
+        }
+    })
+}
+
 fn resource(config: &TelemetryConfig) -> Resource {
-    let builder = Resource::builder();
-    if std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.trim().is_empty()) {
-        builder.build()
-    } else {
-        builder
-            .with_service_name(config.default_service_name.clone())
-            .build()
+    use opentelemetry::KeyValue;
+    let mut builder = Resource::builder();
+    if !std::env::var("OTEL_SERVICE_NAME").is_ok_and(|v| !v.trim().is_empty()) {
+        builder = builder.with_service_name(config.default_service_name.clone());
     }
+    // The environment's attributes win over these defaults.
+    let env = Resource::builder_empty()
+        .with_detector(Box::new(
+            opentelemetry_sdk::resource::EnvResourceDetector::new(),
+        ))
+        .build();
+    let key = opentelemetry::Key::from_static_str("service.instance.id");
+    if env.get(&key).is_none() {
+        builder = builder.with_attribute(KeyValue::new(key, instance_id().to_string()));
+    }
+    let version = opentelemetry::Key::from_static_str("service.version");
+    if env.get(&version).is_none() {
+        builder = builder.with_attribute(KeyValue::new(version, env!("CARGO_PKG_VERSION")));
+    }
+    builder.build()
 }
 
 /// Builds the tracer provider exporting over OTLP (`None` when no endpoint is set).
@@ -151,11 +195,14 @@ pub fn tracer_provider(
     if !config.export {
         return Ok(config.always_trace.then(|| {
             SdkTracerProvider::builder()
+                .with_id_generator(crate::deferred::PresetIdGenerator::default())
                 .with_resource(resource(config))
                 .build()
         }));
     }
-    let builder = with_exporter(SdkTracerProvider::builder(), config.protocol)?;
+    let builder = SdkTracerProvider::builder()
+        .with_id_generator(crate::deferred::PresetIdGenerator::default());
+    let builder = with_exporter(builder, config.protocol)?;
     Ok(Some(builder.with_resource(resource(config)).build()))
 }
 
@@ -236,6 +283,9 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     let otel_layer = tracer_provider.as_ref().map(|p| {
         tracing_opentelemetry::layer()
             .with_tracer(p.tracer("toolfleet"))
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
     });
     let registry = prometheus::Registry::new();
@@ -243,6 +293,10 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     let _ = PROMETHEUS.set(registry.clone());
     opentelemetry::global::set_meter_provider(meter_provider.clone());
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    if let Some(p) = &tracer_provider {
+        opentelemetry::global::set_tracer_provider(p.clone());
+        crate::deferred::set_tracing(true);
+    }
 
     let fmt_layer = match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
@@ -376,6 +430,87 @@ pub fn traceparent(span: &tracing::Span) -> Option<String> {
     headers
         .get(crate::names::HEADER_TRACEPARENT)
         .map(|v| v.to_string())
+}
+
+/// Parents the consumer span `span` of a message: under the turn span named in
+/// `Fleet-Turn-Traceparent` when the message carries one, linked to the producer's
+/// context in `traceparent`; under the producer's context otherwise. A producer span
+/// lost with its process (a coordinator killed before exporting) then leaves no
+/// consumer without its parent.
+pub fn set_consumer_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
+    let turn = headers
+        .and_then(|h| h.get(crate::names::HEADER_TURN_TRACEPARENT))
+        .map(|v| {
+            let mut only = HeaderMap::new();
+            only.insert(crate::names::HEADER_TRACEPARENT, v.as_str());
+            extract(Some(&only))
+        })
+        .filter(|cx| cx.span().span_context().is_valid());
+    let producer = extract(headers);
+    let producer = producer.span().span_context().clone();
+    match turn {
+        Some(turn) => {
+            let _ = span.set_parent(turn);
+            if producer.is_valid() {
+                span.add_link(producer);
+            }
+        }
+        None => set_remote_parent(span, headers),
+    }
+}
+
+/// `server.address` and `server.port` of the first server in a NATS URL list
+/// (`nats://user:pass@host:4222,nats://other:4222`); the port defaults to 4222.
+pub fn server_of(url: &str) -> (String, i64) {
+    let first = url.split(',').next().unwrap_or_default().trim();
+    let rest = first.split_once("://").map_or(first, |(_, r)| r);
+    let hostport = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let hostport = hostport.split('/').next().unwrap_or_default();
+    match hostport.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => match port.parse() {
+            Ok(port) => (host.to_string(), port),
+            Err(_) => (hostport.to_string(), 4222),
+        },
+        _ => (hostport.to_string(), 4222),
+    }
+}
+
+/// Longest status description or exception message, in characters.
+pub const MAX_ERROR_MESSAGE: usize = 256;
+
+/// `message` on one line, cut to [`MAX_ERROR_MESSAGE`] characters.
+pub fn bounded_message(message: &str) -> String {
+    let line: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_ERROR_MESSAGE + 1)
+        .collect();
+    if line.chars().count() > MAX_ERROR_MESSAGE {
+        let cut: String = line.chars().take(MAX_ERROR_MESSAGE - 1).collect();
+        format!("{cut}…")
+    } else {
+        line
+    }
+}
+
+/// Marks `span` failed: status ERROR with `message` (bounded) as its description and
+/// `error.type` = `code` (the span must declare `error.type`).
+pub fn set_error(span: &tracing::Span, code: &str, message: &str) {
+    span.record("error.type", code);
+    span.set_status(opentelemetry::trace::Status::error(bounded_message(
+        message,
+    )));
+}
+
+/// Adds an `exception` event (`exception.type`, `exception.message`) to `span`.
+pub fn record_exception(span: &tracing::Span, kind: &str, message: &str) {
+    span.add_event(
+        "exception",
+        vec![
+            opentelemetry::KeyValue::new("exception.type", kind.to_string()),
+            opentelemetry::KeyValue::new("exception.message", bounded_message(message)),
+        ],
+    );
 }
 
 /// Parents `span` under a stored `traceparent`.
@@ -558,6 +693,24 @@ mod tests {
         assert_eq!(line["span"], "work");
         assert_eq!(line["trace_id"].as_str(), expected_trace.as_deref());
         assert_eq!(line["span_id"].as_str().map(str::len), Some(16));
+    }
+
+    #[test]
+    fn server_address_and_port_come_from_the_first_url() {
+        let at = |url: &str| server_of(url);
+        assert_eq!(at("nats://127.0.0.1:4222"), ("127.0.0.1".into(), 4222));
+        assert_eq!(
+            at("nats://u:p@nats.svc:4333,nats://b:1"),
+            ("nats.svc".into(), 4333)
+        );
+        assert_eq!(at("localhost"), ("localhost".into(), 4222));
+    }
+
+    #[test]
+    fn error_messages_are_bounded_single_lines() {
+        assert_eq!(bounded_message("a\nb"), "a b");
+        let long = "x".repeat(1000);
+        assert_eq!(bounded_message(&long).chars().count(), MAX_ERROR_MESSAGE);
     }
 
     #[test]

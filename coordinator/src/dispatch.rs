@@ -1,5 +1,6 @@
 //! Where a job is published: one JetStream message per runnable call, on the subject of
-//! its tool, with the ids in headers and the turn's trace context.
+//! its tool, with the ids in headers, the PRODUCER span's trace context and the turn
+//! span's (`Fleet-Turn-Traceparent`).
 //!
 //! Owns the turn's call layout (which calls run now, which wait for a slot, which were
 //! refused up front), building each [`JobEnvelope`], publishing jobs and waiting for
@@ -18,14 +19,18 @@ use async_nats::jetstream::context::PublishAckFuture;
 use async_nats::HeaderMap;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::names::spans;
-use toolfleet_common::names::{HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID};
+use toolfleet_common::names::{
+    HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID, HEADER_TURN_TRACEPARENT,
+};
 use toolfleet_common::telemetry;
+use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
 use tracing::{info_span, warn, Instrument};
 
 use crate::join::CallEntry;
 use crate::results::record_result;
 use crate::startup::Replica;
+use crate::trace::TurnTrace;
 use crate::turns::QueuedJob;
 use crate::validate::{PlannedCall, Verdict};
 
@@ -129,14 +134,17 @@ pub(crate) async fn dispatch(
     replica: &Arc<Replica>,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
-    parent: &tracing::Span,
+    trace: Option<&TurnTrace>,
 ) {
     let mut pending = Vec::with_capacity(jobs.len());
+    let (address, port) = telemetry::server_of(&replica.config.nats_url);
     for (key, mut job) in jobs {
         job.dispatched_unix_ms = unix_ms();
         let subject = replica.names.job_subject(&job.call.name);
-        let span = publish_span(parent, turn_id, &job, &subject);
-        let outcome = publish_job(replica, &job, subject, &span).await;
+        let span = publish_span(trace, turn_id, &job, &subject);
+        span.record("server.address", address.as_str());
+        span.record("server.port", port);
+        let outcome = publish_job(replica, &job, subject, &span, trace).await;
         pending.push((key, job, outcome, span));
     }
     for (key, job, outcome, span) in pending {
@@ -150,41 +158,48 @@ pub(crate) async fn dispatch(
             },
             Err(e) => e,
         };
-        span.record("otel.status_code", "ERROR");
-        span.record("error.type", codes::DISPATCH_FAILED);
-        warn!(%turn_id, call = %job.call.id, %error, "job publish failed");
         let message = format!("job publish failed: {error}");
+        telemetry::set_error(&span, codes::DISPATCH_FAILED, &message);
+        warn!(%turn_id, call = %job.call.id, %error, "job publish failed");
         let error = CallError::retryable(codes::DISPATCH_FAILED, message);
         let mut result = CallResult::failure(&job.call, CallState::Error, error);
         result.ended_at = Some(now_rfc3339());
         // Boxed: a rare path whose future would otherwise grow every dispatch.
-        Box::pin(record_result(replica, turn_id, &key, result)).await;
+        let tenant = job.tenant_id.clone();
+        Box::pin(record_result(replica, turn_id, &tenant, &key, result)).await;
     }
 }
 
-/// The producer span of one job publish, a child of the turn span.
+/// The producer span of one job publish, a child of the turn span (of the current span
+/// when the turn is not traced).
 fn publish_span(
-    parent: &tracing::Span,
+    trace: Option<&TurnTrace>,
     turn_id: &str,
     job: &JobEnvelope,
     subject: &str,
 ) -> tracing::Span {
-    info_span!(
-        parent: parent,
+    let span = info_span!(
         "publish",
         otel.name = %format!("{} {subject}", spans::PUBLISH),
         otel.kind = "producer",
-        otel.status_code = tracing::field::Empty,
         messaging.system = "nats",
         messaging.operation.name = spans::PUBLISH,
         messaging.operation.type = "send",
         messaging.destination.name = %subject,
         messaging.message.id = %job.msg_id(),
+        server.address = tracing::field::Empty,
+        server.port = tracing::field::Empty,
         gen_ai.tool.name = %job.call.name,
         gen_ai.tool.call.id = %job.call.id,
+        toolfleet.tool.provider_name = %provider_tool_name(&job.call.name),
         toolfleet.turn.id = %turn_id,
+        toolfleet.tenant.id = %job.tenant_id,
         error.type = tracing::field::Empty,
-    )
+    );
+    if let Some(trace) = trace {
+        trace.parent(&span);
+    }
+    span
 }
 
 /// Sends one job; the returned future resolves with the stream's ack.
@@ -193,6 +208,7 @@ async fn publish_job(
     job: &JobEnvelope,
     subject: String,
     span: &tracing::Span,
+    trace: Option<&TurnTrace>,
 ) -> Result<PublishAckFuture, String> {
     let body = serde_json::to_vec(job).map_err(|e| e.to_string())?;
     let mut headers = HeaderMap::new();
@@ -201,6 +217,9 @@ async fn publish_job(
     headers.insert(HEADER_CALL_ID, job.call.id.as_str());
     headers.insert(HEADER_TENANT_ID, job.tenant_id.as_str());
     telemetry::inject_span(span, &mut headers);
+    if let Some(trace) = trace {
+        headers.insert(HEADER_TURN_TRACEPARENT, trace.span.traceparent().as_str());
+    }
     replica
         .js
         .publish_with_headers(subject, headers, body.into())
@@ -222,9 +241,6 @@ pub(crate) async fn release_slot(replica: &Arc<Replica>, turn_id: &str) {
     {
         warn!(%turn_id, %error, "could not mark a queued call dispatched");
     }
-    let parent = replica
-        .turns
-        .span(turn_id)
-        .unwrap_or_else(tracing::Span::current);
-    dispatch(replica, turn_id, vec![(next.key, next.job)], &parent).await;
+    let trace = replica.turns.trace(turn_id);
+    dispatch(replica, turn_id, vec![(next.key, next.job)], trace.as_ref()).await;
 }

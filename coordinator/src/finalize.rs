@@ -3,7 +3,9 @@
 //! Owns [`TurnEnd`] and [`finish`]: ordering a turn's results, filling in the calls that
 //! never answered (`timeout`, or `skipped` when pacing never dispatched them), narrating,
 //! and publishing `narration` + `final` (or the turn-level `error` of a rejected turn);
-//! then forgetting the turn here and telling its owner when that is another replica.
+//! then exporting the turn span (`trace.rs`) from the identity stored with the turn, so
+//! the replica that ends a turn produces its span even when another took it; then
+//! forgetting the turn here and telling its owner when that is another replica.
 //!
 //! Only a caller that the join let end the turn reaches here with a [`Closing`]: the
 //! result that completed it (`results.rs`), the deadline timer or the sweeper
@@ -27,6 +29,7 @@ use crate::events;
 use crate::join::{CallEntry, Closing, Finalized};
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::startup::Replica;
+use crate::trace::{self, TurnOutcome, TurnTrace};
 
 /// Longest a narrator may take before the template narration is used instead.
 pub const NARRATE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -56,6 +59,8 @@ pub(crate) enum TurnEnd {
         reply: String,
         /// The model's answer.
         text: String,
+        /// The turn span, when traced.
+        trace: Option<TurnTrace>,
     },
     /// The request, its decision or the turn store refused the turn before any call ran.
     Rejected {
@@ -65,6 +70,8 @@ pub(crate) enum TurnEnd {
         reply: String,
         /// Why, with a stable code.
         error: CallError,
+        /// The turn span, when traced.
+        trace: Option<TurnTrace>,
     },
 }
 
@@ -82,6 +89,7 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
             turn_id,
             reply,
             text,
+            trace,
         } => {
             let narration = TurnEvent::Narration {
                 turn_id: turn_id.clone(),
@@ -97,17 +105,33 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
                 deadline_hit: false,
             });
             events::publish(replica, &reply, &event).await;
+            if let (Some(trace), TurnEvent::Final(fin)) = (trace, &event) {
+                trace.end(&TurnOutcome {
+                    turn_id: &fin.turn_id,
+                    summary: None,
+                    deadline_hit: false,
+                    error: None,
+                });
+            }
         }
         TurnEnd::Rejected {
             turn_id,
             reply,
             error,
+            trace,
         } => {
-            let span = tracing::Span::current();
-            span.record("otel.status_code", "ERROR");
-            span.record("error.type", error.code.as_str());
+            telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
+            let outcome_error = error.clone();
             let event = events::turn_error(turn_id.as_deref(), error);
             events::publish(replica, &reply, &event).await;
+            if let Some(trace) = trace {
+                trace.end(&TurnOutcome {
+                    turn_id: turn_id.as_deref().unwrap_or_default(),
+                    summary: None,
+                    deadline_hit: false,
+                    error: Some(&outcome_error),
+                });
+            }
         }
     }
 }
@@ -117,7 +141,20 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
 /// end are published first.
 pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool) {
     let reason = if deadline_hit { "deadline" } else { "complete" };
-    match replica.join.finalize(turn_id, reason).await {
+    let script = match replica.turns.trace(turn_id) {
+        Some(trace) => {
+            let span = trace::join_script("FINALIZE", turn_id, &trace.tenant);
+            trace.parent(&span);
+            span
+        }
+        None => tracing::Span::none(),
+    };
+    match replica
+        .join
+        .finalize(turn_id, reason)
+        .instrument(script)
+        .await
+    {
         Ok(Finalized::Ended(closing)) => {
             let turn_id = turn_id.to_string();
             let end = if deadline_hit {
@@ -151,42 +188,44 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
     }
 }
 
-/// Publishes the end of `turn_id` from what the join returned.
+/// Publishes the end of `turn_id` from what the join returned, then exports the turn
+/// span (whichever replica this is).
 async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, deadline_hit: bool) {
-    let span = info_span!(
-        parent: None,
-        "join",
-        otel.name = spans::JOIN,
-        otel.status_code = tracing::field::Empty,
-        toolfleet.turn.id = %turn_id,
-        toolfleet.turn.deadline_hit = deadline_hit,
-        toolfleet.summary.ok = tracing::field::Empty,
-        toolfleet.summary.errors = tracing::field::Empty,
-        toolfleet.summary.timeouts = tracing::field::Empty,
-        toolfleet.summary.skipped = tracing::field::Empty,
-        error.type = tracing::field::Empty,
-    );
-    if let Some(traceparent) = &closing.traceparent {
-        telemetry::set_parent_from_traceparent(&span, traceparent);
+    let trace = closing.trace.as_deref().and_then(TurnTrace::decode);
+    let tenant = trace.as_ref().map(|t| t.tenant.clone()).unwrap_or_default();
+    let span = join_span(turn_id, &tenant, deadline_hit);
+    match (&trace, &closing.traceparent) {
+        (Some(trace), _) => trace.parent(&span),
+        (None, Some(traceparent)) => telemetry::set_parent_from_traceparent(&span, traceparent),
+        (None, None) => {}
     }
     let turn_seconds = unix_ms().saturating_sub(closing.created_unix_ms) as f64 / 1000.0;
-    async {
+    let (summary, error) = async {
         let reply = closing.reply.clone();
         let ordered = complete_results(replica, turn_id, closing).await;
         let summary = Summary::of(&ordered);
+        let error = join_error(&ordered, deadline_hit);
         let current = tracing::Span::current();
-        current.record("toolfleet.summary.ok", summary.ok);
-        current.record("toolfleet.summary.errors", summary.errors);
-        current.record("toolfleet.summary.timeouts", summary.timeouts);
-        current.record("toolfleet.summary.skipped", summary.skipped);
-        if summary.timeouts > 0 {
-            current.record("otel.status_code", "ERROR");
-            current.record("error.type", codes::DEADLINE_EXCEEDED);
+        current.record("toolfleet.summary.ok", summary.ok as i64);
+        current.record("toolfleet.summary.errors", summary.errors as i64);
+        current.record("toolfleet.summary.timeouts", summary.timeouts as i64);
+        current.record("toolfleet.summary.skipped", summary.skipped as i64);
+        if let Some(error) = &error {
+            telemetry::set_error(&current, &error.code, &error.message);
         }
-        publish_final(replica, turn_id, &reply, ordered, deadline_hit).await;
+        publish_final(replica, turn_id, &tenant, &reply, ordered, deadline_hit).await;
+        (summary, error)
     }
     .instrument(span)
     .await;
+    if let Some(trace) = &trace {
+        trace.end(&TurnOutcome {
+            turn_id,
+            summary: Some(&summary),
+            deadline_hit,
+            error: error.as_ref().filter(|_| deadline_hit),
+        });
+    }
     replica.metrics.turn_ended(
         if deadline_hit { "deadline" } else { "complete" },
         turn_seconds,
@@ -199,6 +238,40 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, dea
     if let Err(error) = replica.join.forget_deadline(turn_id).await {
         warn!(%turn_id, %error, "could not drop the turn from the deadline index");
     }
+}
+
+/// The `join` span: ending the turn from the join's answer, narrating, publishing.
+fn join_span(turn_id: &str, tenant: &str, deadline_hit: bool) -> tracing::Span {
+    info_span!(
+        parent: None,
+        "join",
+        otel.name = spans::JOIN,
+        toolfleet.turn.id = %turn_id,
+        toolfleet.tenant.id = %tenant,
+        toolfleet.turn.deadline_hit = deadline_hit,
+        toolfleet.summary.ok = tracing::field::Empty,
+        toolfleet.summary.errors = tracing::field::Empty,
+        toolfleet.summary.timeouts = tracing::field::Empty,
+        toolfleet.summary.skipped = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    )
+}
+
+/// What `join` reports as its error: the turn's deadline when it passed, else the
+/// first call timeout (`tool_timeout`); call errors stay on their own spans.
+fn join_error(results: &[CallResult], deadline_hit: bool) -> Option<CallError> {
+    if deadline_hit {
+        let missing = results
+            .iter()
+            .filter(|r| r.state == CallState::Timeout)
+            .count();
+        let message = format!("the turn's deadline passed with {missing} call(s) unanswered");
+        return Some(CallError::retryable(codes::DEADLINE_EXCEEDED, message));
+    }
+    results
+        .iter()
+        .filter(|r| r.state == CallState::Timeout)
+        .find_map(|r| r.error.clone())
 }
 
 /// The turn's results in the model's order, a `timeout` or `skipped` result standing in
@@ -232,6 +305,7 @@ async fn complete_results(replica: &Replica, turn_id: &str, closing: Closing) ->
 async fn publish_final(
     replica: &Arc<Replica>,
     turn_id: &str,
+    tenant: &str,
     reply: &str,
     results: Vec<CallResult>,
     deadline_hit: bool,
@@ -250,7 +324,8 @@ async fn publish_final(
         .instrument(info_span!(
             "narrate",
             otel.name = spans::NARRATE,
-            toolfleet.turn.id = %turn_id
+            toolfleet.turn.id = %turn_id,
+            toolfleet.tenant.id = %tenant,
         ))
         .await;
     let chunks = match narration {
@@ -308,4 +383,32 @@ fn missing_result(entry: &CallEntry) -> CallResult {
         )
     };
     CallResult::failure(&call, state, error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timed_out(code: &str) -> CallResult {
+        let call = ToolCall {
+            id: "c".into(),
+            name: "t".into(),
+            arguments: serde_json::Value::Null,
+            parent_id: None,
+        };
+        CallResult::failure(
+            &call,
+            CallState::Timeout,
+            CallError::retryable(code, "no result"),
+        )
+    }
+
+    #[test]
+    fn join_blames_the_deadline_only_when_it_passed() {
+        let results = [timed_out(codes::TOOL_TIMEOUT)];
+        let code = |deadline_hit| join_error(&results, deadline_hit).map(|e| e.code);
+        assert_eq!(code(false).as_deref(), Some(codes::TOOL_TIMEOUT));
+        assert_eq!(code(true).as_deref(), Some(codes::DEADLINE_EXCEEDED));
+        assert!(join_error(&[], false).is_none());
+    }
 }

@@ -4,7 +4,9 @@
 //! [`take_turn`]: a short sequence that hands each step to its room — limits
 //! (`limits.rs`), per-call verdicts (`validate.rs`), the call layout and jobs
 //! (`dispatch.rs`), creating the turn in the join (`join.rs`), the `ack` and `pending`
-//! states, the deadline timer (`deadline.rs`) and the first publishes.
+//! states, the deadline timer (`deadline.rs`) and the first publishes. Fixes the turn
+//! span's identity (`trace.rs`) before anything else and stores it with the turn; the
+//! work done here is the `intake` span, a child of the turn span.
 //!
 //! Never ends a turn itself: every end, the no-tool answer and the rejections included,
 //! goes through `finalize.rs`. Never publishes a job (`dispatch.rs` does). Next: workers
@@ -19,7 +21,7 @@ use toolfleet_common::telemetry;
 use toolfleet_common::turn::{turn_codes, valid_turn_id, AckCall};
 use toolfleet_common::{CallError, CallResult, CallState, TurnEvent, TurnRequest};
 use toolfleet_decision::ack::compose_acknowledgement;
-use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind};
+use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind, ToolCallsDecision};
 use tracing::{info_span, warn, Instrument};
 
 use crate::deadline;
@@ -30,6 +32,7 @@ use crate::join::NewTurn;
 use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
 use crate::startup::Replica;
+use crate::trace::{self, TurnTrace};
 use crate::turns::OwnedTurn;
 use crate::validate::{plan, Limits, PlannedCall, Verdict};
 
@@ -43,6 +46,8 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
         warn!(subject = %message.subject, "turn request without a reply subject dropped");
         return;
     };
+    // The turn span's ids and start are fixed here; whoever ends the turn exports it.
+    let mut trace = TurnTrace::begin(message.headers.as_ref());
     let (turn_id, request) = match decode(&message) {
         Ok(decoded) => decoded,
         Err((turn_id, error)) => {
@@ -50,23 +55,33 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
                 turn_id,
                 reply,
                 error,
+                trace,
             };
             return finish(&replica, end).await;
         }
     };
+    if let Some(trace) = trace.as_mut() {
+        trace.tenant.clone_from(&request.tenant_id);
+        trace.session.clone_from(&request.session_id);
+    }
     let span = info_span!(
-        "turn",
-        otel.name = spans::TURN,
-        otel.kind = "server",
-        otel.status_code = tracing::field::Empty,
+        "intake",
+        otel.name = spans::INTAKE,
+        otel.kind = "internal",
         toolfleet.turn.id = %turn_id,
         toolfleet.tenant.id = %request.tenant_id,
-        toolfleet.session.id = request.session_id.as_deref().unwrap_or_default(),
+        toolfleet.session.id = tracing::field::Empty,
         toolfleet.turn.calls = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
-    telemetry::set_remote_parent(&span, message.headers.as_ref());
-    take_turn(replica, turn_id, reply, request)
+    if let Some(session) = &request.session_id {
+        span.record("toolfleet.session.id", session.as_str());
+    }
+    match &trace {
+        Some(trace) => trace.parent(&span),
+        None => telemetry::set_remote_parent(&span, message.headers.as_ref()),
+    }
+    take_turn(replica, turn_id, reply, request, trace)
         .instrument(span)
         .await;
 }
@@ -100,28 +115,28 @@ fn decode(
     Ok((turn_id, request))
 }
 
-/// A turn's path, step by step, inside the turn's span.
-async fn take_turn(replica: Arc<Replica>, turn_id: String, reply: String, request: TurnRequest) {
+/// A turn's path, step by step, inside the intake span.
+async fn take_turn(
+    replica: Arc<Replica>,
+    turn_id: String,
+    reply: String,
+    request: TurnRequest,
+    mut trace: Option<TurnTrace>,
+) {
     let config = &replica.config;
     let policy = config.tenants.get(&request.tenant_id);
-    let decision = match parse_decision(&request.decision, config.max_decision_calls) {
-        Ok(Decision::ToolCalls(d)) => d,
-        Ok(Decision::Final { text }) => {
+    let decision = match read_decision(config, &request) {
+        Ok(decision) => decision,
+        Err(Ok(text)) => {
             let end = TurnEnd::NoTools {
                 turn_id,
                 reply,
                 text,
+                trace,
             };
             return finish(&replica, end).await;
         }
-        Err(error) => {
-            let code = match error.kind() {
-                DecisionErrorKind::TooManyCalls => turn_codes::DECISION_TOO_LARGE,
-                _ => turn_codes::INVALID_DECISION,
-            };
-            let error = CallError::fatal(code, error.to_string());
-            return reject(&replica, turn_id, reply, error).await;
-        }
+        Err(Err(error)) => return reject(&replica, turn_id, reply, error, trace).await,
     };
     let limits = TurnLimits::resolve(config, policy, &request, &decision);
     let now = unix_ms();
@@ -141,11 +156,9 @@ async fn take_turn(replica: Arc<Replica>, turn_id: String, reply: String, reques
         &registry,
     );
     let layout = Layout::new(&planned, limits.concurrency);
-    let turn_span = tracing::Span::current();
-    turn_span.record("toolfleet.turn.calls", planned.len());
     count_refused(&replica, planned.len(), &layout.refused, &registry);
-
-    let traceparent = telemetry::traceparent(&turn_span).unwrap_or_default();
+    trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
+    let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
     let new_turn = NewTurn {
         turn_id: &turn_id,
         reply: &reply,
@@ -157,9 +170,11 @@ async fn take_turn(replica: Arc<Replica>, turn_id: String, reply: String, reques
         ttl_ms: limits.budget_ms + millis(config.retention),
         created_unix_ms: now,
         traceparent: &traceparent,
+        trace: &stored_trace,
     };
-    if let Err(error) = create(&replica, new_turn).await {
-        return reject(&replica, turn_id, reply, error).await;
+    let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
+    if let Err(error) = create(&replica, new_turn).instrument(script).await {
+        return reject(&replica, turn_id, reply, error, trace).await;
     }
     acknowledge(
         &replica,
@@ -177,24 +192,70 @@ async fn take_turn(replica: Arc<Replica>, turn_id: String, reply: String, reques
     let timer = CancellationToken::new();
     let owned = OwnedTurn {
         reply,
-        span: turn_span.clone(),
+        trace: trace.clone(),
         queue: jobs.queued,
         timer: timer.clone(),
         ended_calls: Default::default(),
     };
     replica.turns.own(turn_id.clone(), owned);
     deadline::arm(&replica, turn_id.clone(), deadline, timer);
-    dispatch(&replica, &turn_id, jobs.now, &turn_span).await;
+    dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
+}
+
+/// The decision's calls; else the model's plain answer (`Err(Ok)`) or why the
+/// decision is refused (`Err(Err)`).
+fn read_decision(
+    config: &crate::CoordinatorConfig,
+    request: &TurnRequest,
+) -> Result<ToolCallsDecision, Result<String, CallError>> {
+    match parse_decision(&request.decision, config.max_decision_calls) {
+        Ok(Decision::ToolCalls(d)) => Ok(d),
+        Ok(Decision::Final { text }) => Err(Ok(text)),
+        Err(error) => {
+            let code = match error.kind() {
+                DecisionErrorKind::TooManyCalls => turn_codes::DECISION_TOO_LARGE,
+                _ => turn_codes::INVALID_DECISION,
+            };
+            Err(Err(CallError::fatal(code, error.to_string())))
+        }
+    }
 }
 
 /// Ends a turn refused before any call ran.
-async fn reject(replica: &Arc<Replica>, turn_id: String, reply: String, error: CallError) {
+async fn reject(
+    replica: &Arc<Replica>,
+    turn_id: String,
+    reply: String,
+    error: CallError,
+    trace: Option<TurnTrace>,
+) {
     let end = TurnEnd::Rejected {
         turn_id: Some(turn_id),
         reply,
         error,
+        trace,
     };
     finish(replica, end).await;
+}
+
+/// Notes the turn's calls on its spans: their count, and one span per call refused
+/// before dispatch, so every call id is in the trace.
+fn trace_planned(
+    trace: Option<&mut TurnTrace>,
+    turn_id: &str,
+    tenant: &str,
+    planned: &[PlannedCall],
+) {
+    tracing::Span::current().record("toolfleet.turn.calls", planned.len() as i64);
+    let trace = trace.map(|t| {
+        t.calls = planned.len();
+        &*t
+    });
+    for p in planned {
+        if let Verdict::Refuse(error) = &p.verdict {
+            trace::refused_call(trace, turn_id, tenant, &p.call.id, &p.call.name, error);
+        }
+    }
 }
 
 /// Counts the turn and its calls refused up front.

@@ -19,14 +19,15 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::{CallResult, Names};
 
 /// Creates a turn unless it exists. KEYS: meta, calls, results.
-/// ARGV: ttl_ms, total, reply, tenant, deadline, paced, created, traceparent, n_calls,
-/// (key, call)*, n_results, (key, result)*.
+/// ARGV: ttl_ms, total, reply, tenant, deadline, paced, created, traceparent, trace,
+/// n_calls, (key, call)*, n_results, (key, result)*. `trace` is the turn span's identity
+/// (`trace.rs`), handed back to whoever ends the turn.
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'open', 'total', ARGV[2], 'reply', ARGV[3],
   'tenant', ARGV[4], 'deadline', ARGV[5], 'paced', ARGV[6], 'created', ARGV[7],
-  'traceparent', ARGV[8], 'late', 0, 'duplicates', 0)
-local i = 9
+  'traceparent', ARGV[8], 'trace', ARGV[9], 'late', 0, 'duplicates', 0)
+local i = 10
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]); i = i + 2 end
 n = tonumber(ARGV[i]); i = i + 1
@@ -56,11 +57,11 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 if redis.call('PTTL', KEYS[3]) < 0 then
   redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 1000))
 end
-local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'total', 'created', 'traceparent')
+local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'total', 'created', 'traceparent', 'trace')
 if redis.call('HLEN', KEYS[3]) >= tonumber(meta[3]) then
   redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete')
   return {'complete', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
-    meta[4] or '0', meta[5] or ''}
+    meta[4] or '0', meta[5] or '', meta[6] or ''}
 end
 return {'recorded', meta[1], meta[2]}
 "#;
@@ -71,9 +72,9 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'unknown'} end
 if state ~= 'open' then return {'already'} end
 redis.call('HSET', KEYS[1], 'state', 'final', 'ended', ARGV[1])
-local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent')
+local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace')
 return {'finalized', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
-  meta[3] or '0', meta[4] or ''}
+  meta[3] or '0', meta[4] or '', meta[5] or ''}
 "#;
 
 /// A call as stored in the turn's `calls` hash.
@@ -106,6 +107,8 @@ pub struct Closing {
     pub created_unix_ms: u64,
     /// The W3C `traceparent` of the turn's span, when it was traced.
     pub traceparent: Option<String>,
+    /// The turn span's stored identity (`trace.rs`), when it was traced.
+    pub trace: Option<String>,
 }
 
 /// What recording a result did.
@@ -133,6 +136,20 @@ pub enum Recorded {
         /// Whether the turn's owner paces dispatch by completions.
         paced: bool,
     },
+}
+
+impl Recorded {
+    /// A short name of the outcome, for spans and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::UnknownTurn => "unknown_turn",
+            Self::UnknownCall => "unknown_call",
+            Self::Duplicate => "duplicate",
+            Self::Late => "late",
+            Self::Recorded { .. } => "recorded",
+            Self::Complete { .. } => "complete",
+        }
+    }
 }
 
 /// What finalizing did.
@@ -168,6 +185,8 @@ pub struct NewTurn<'a> {
     pub created_unix_ms: u64,
     /// The W3C `traceparent` of the turn's span (empty when not traced).
     pub traceparent: &'a str,
+    /// The turn span's identity (`trace.rs`; empty when not traced).
+    pub trace: &'a str,
 }
 
 /// Failure to talk to Redis or to decode what it returned.
@@ -231,6 +250,7 @@ impl JoinStore {
             .arg(u8::from(turn.paced))
             .arg(turn.created_unix_ms)
             .arg(turn.traceparent)
+            .arg(turn.trace)
             .arg(turn.calls.len());
         for (key, entry) in &turn.calls {
             invocation.arg(key).arg(encode(entry)?);
@@ -411,5 +431,6 @@ fn closing_from(reply: &[RedisValue]) -> Result<Closing, JoinError> {
         results: pairs(reply.get(4))?,
         created_unix_ms: string_at(reply, 5)?.parse().unwrap_or(0),
         traceparent: Some(string_at(reply, 6)?).filter(|t| !t.is_empty()),
+        trace: string_at(reply, 7).ok().filter(|t| !t.is_empty()),
     })
 }

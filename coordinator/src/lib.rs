@@ -18,6 +18,7 @@
 //! | 6 | `results` | the shared results consumer: record each result, report its state |
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
 //! | - | `events` | every event to a frontend and every notice between replicas |
+//! | - | `trace` | the turn span from accept to `final` on whichever replica ends the turn |
 //! | - | `turns` | the turns this replica owns and the per-turn publishing gate |
 //! | - | `progress` | relaying `running`, releasing paced calls as slots free |
 //! | - | [`join`] | the join in Redis: Lua scripts, write-once results, end-once turns |
@@ -40,6 +41,7 @@ mod progress;
 pub mod registry;
 mod results;
 mod startup;
+mod trace;
 mod turns;
 pub mod validate;
 

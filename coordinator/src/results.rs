@@ -4,7 +4,8 @@
 //!
 //! Owns the results consumer, the recording of every result (workers' and the
 //! coordinator's own `dispatch_failed`), and the ordering of a call's state before the
-//! turn's `final` through the turn's gate. A late result (after the turn ended or its
+//! turn's `final` through the turn's gate. Each result gets a CONSUMER span (`trace.rs`)
+//! around its recording and its state, not around the turn's end. A late result (after the turn ended or its
 //! deadline passed) is counted in the join and the metrics, never published. A duplicate
 //! is counted and ignored.
 //!
@@ -20,13 +21,15 @@ use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::job::ProgressNotice;
-use toolfleet_common::CallResult;
-use tracing::{debug, warn};
+use toolfleet_common::names::HEADER_TENANT_ID;
+use toolfleet_common::{telemetry, CallResult};
+use tracing::{debug, warn, Instrument};
 
 use crate::events;
 use crate::finalize::{finish, TurnEnd};
 use crate::join::{JoinError, Recorded};
 use crate::startup::Replica;
+use crate::trace;
 use crate::turns::TurnGate;
 
 /// Ack wait of the results consumer: a result whose coordinator died is redelivered to
@@ -127,13 +130,33 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
         }
     };
     let key = result.tool_call_id.clone();
-    match try_record(replica, &turn_id, &key, result).await {
+    let template = replica.names.results_template();
+    let consumer = trace::result_received(
+        &template,
+        &message.subject,
+        message.headers.as_ref(),
+        &turn_id,
+    );
+    consumer.record("gen_ai.tool.call.id", key.as_str());
+    consumer.record("gen_ai.tool.name", result.name.as_str());
+    let tenant = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(HEADER_TENANT_ID))
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    let traced = Traced {
+        span: &consumer,
+        tenant: &tenant,
+    };
+    match try_record(replica, &turn_id, &key, result, traced).await {
         Ok(()) => {
             if let Err(error) = message.ack().await {
                 debug!(%error, "result ack failed; a duplicate will be ignored");
             }
         }
         Err(error) => {
+            telemetry::set_error(&consumer, "join_unavailable", &error.to_string());
             warn!(%turn_id, %error, "recording a result failed; it will be redelivered");
             let _ = message
                 .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
@@ -147,12 +170,28 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
 pub(crate) async fn record_result(
     replica: &Arc<Replica>,
     turn_id: &str,
+    tenant: &str,
     key: &str,
     result: CallResult,
 ) {
-    if let Err(error) = try_record(replica, turn_id, key, result).await {
+    let span = tracing::Span::current();
+    let traced = Traced {
+        span: &span,
+        tenant,
+    };
+    if let Err(error) = try_record(replica, turn_id, key, result, traced).await {
         warn!(%turn_id, %error, "recording a result failed");
     }
+}
+
+/// The span a result is recorded under and the turn's tenant.
+#[derive(Clone, Copy)]
+struct Traced<'a> {
+    /// The result's consumer span: it covers the recording and the call's state, not
+    /// the turn's end, which the turn span covers.
+    span: &'a tracing::Span,
+    /// The turn's tenant (empty when unknown).
+    tenant: &'a str,
 }
 
 async fn try_record(
@@ -160,11 +199,12 @@ async fn try_record(
     turn_id: &str,
     key: &str,
     result: CallResult,
+    traced: Traced<'_>,
 ) -> Result<(), JoinError> {
     replica
         .turns
         .gated(turn_id, |gate| {
-            record_and_report(replica, gate, turn_id, key, result)
+            record_and_report(replica, gate, turn_id, key, result, traced)
         })
         .await
 }
@@ -177,9 +217,18 @@ async fn record_and_report(
     turn_id: &str,
     key: &str,
     result: CallResult,
+    traced: Traced<'_>,
 ) -> Result<(), JoinError> {
     let recording = gate.recording.read().await;
-    let outcome = replica.join.record(turn_id, key, &result).await?;
+    let span = traced.span;
+    let script = span.in_scope(|| trace::join_script("RECORD", turn_id, traced.tenant));
+    let outcome = replica
+        .join
+        .record(turn_id, key, &result)
+        .instrument(script)
+        .instrument(span.clone())
+        .await?;
+    span.record("toolfleet.result.outcome", outcome.kind());
     match outcome {
         Recorded::UnknownTurn | Recorded::UnknownCall => {
             debug!(%turn_id, call = %key, "result for no known call ignored");
@@ -197,7 +246,9 @@ async fn record_and_report(
             {
                 let _publishing = gate.publishing.lock().await;
                 replica.turns.mark_ended(turn_id, key);
-                events::publish_result_state(replica, turn_id, &reply, &result).await;
+                events::publish_result_state(replica, turn_id, &reply, &result)
+                    .instrument(span.clone())
+                    .await;
             }
             drop(recording);
             if paced {
@@ -213,7 +264,9 @@ async fn record_and_report(
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
-            events::publish_result_state(replica, turn_id, &closing.reply, &result).await;
+            events::publish_result_state(replica, turn_id, &closing.reply, &result)
+                .instrument(span.clone())
+                .await;
             let end = TurnEnd::AllResultsIn {
                 turn_id: turn_id.to_string(),
                 closing,

@@ -1,7 +1,7 @@
 //! The turns this replica owns, and the gate that orders what it publishes per turn.
 //!
 //! Owns [`OwnedTurns`]: the in-memory table of turns this replica took and has not seen
-//! end (reply subject, turn span, calls held back by pacing, deadline timer, calls whose
+//! end (reply subject, turn span identity, calls held back by pacing, deadline timer, calls whose
 //! terminal state went out), and the per-turn [`TurnGate`]. Only the owner relays
 //! `running` and paces dispatch; any replica may end a turn.
 //!
@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::JobEnvelope;
 
 use crate::join::CallEntry;
+use crate::trace::TurnTrace;
 
 /// A call held back by a turn's concurrency bound until a slot frees.
 pub(crate) struct QueuedJob {
@@ -32,8 +33,8 @@ pub(crate) struct QueuedJob {
 pub(crate) struct OwnedTurn {
     /// The frontend's reply subject.
     pub reply: String,
-    /// The turn's span: it parents the job publishes of queued calls.
-    pub span: tracing::Span,
+    /// The turn span's identity: it parents the job publishes of queued calls.
+    pub trace: Option<TurnTrace>,
     /// Calls waiting for a free slot.
     pub queue: VecDeque<QueuedJob>,
     /// Cancels the deadline timer when the turn ends early.
@@ -85,9 +86,9 @@ impl OwnedTurns {
         lock(&self.owned).contains_key(turn_id)
     }
 
-    /// The span of an owned turn.
-    pub(crate) fn span(&self, turn_id: &str) -> Option<tracing::Span> {
-        lock(&self.owned).get(turn_id).map(|t| t.span.clone())
+    /// The turn span's identity of an owned turn.
+    pub(crate) fn trace(&self, turn_id: &str) -> Option<TurnTrace> {
+        lock(&self.owned).get(turn_id).and_then(|t| t.trace.clone())
     }
 
     /// Takes the next call held back by pacing.

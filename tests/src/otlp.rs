@@ -1,5 +1,9 @@
 //! An OTLP/HTTP trace receiver running inside a test: accepts
 //! `POST /v1/traces` (protobuf), keeps every span, answers `/v1/metrics` with success.
+//!
+//! Owns decoding exported spans into [`ReceivedSpan`] (attributes with their OTLP type,
+//! resource, status message, events, links) and [`render_tree`], the indented span tree
+//! of one trace that tests print and docs/OBSERVABILITY.md quotes. Never asserts.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -31,8 +35,18 @@ pub struct ReceivedSpan {
     pub kind: i32,
     /// String, int, bool and double attributes, as strings.
     pub attributes: HashMap<String, String>,
+    /// The OTLP type of each attribute: `string`, `int`, `bool` or `double`.
+    pub attribute_types: HashMap<String, &'static str>,
+    /// Resource attributes of the exporting process, as strings.
+    pub resource: HashMap<String, String>,
     /// OTLP status code (0 unset, 1 ok, 2 error).
     pub status_code: i32,
+    /// The status description.
+    pub status_message: String,
+    /// Events: name and attributes (as strings).
+    pub events: Vec<(String, HashMap<String, String>)>,
+    /// Links: trace id and span id, hex.
+    pub links: Vec<(String, String)>,
     /// Start time, Unix nanoseconds.
     pub start_unix_nano: u64,
     /// End time, Unix nanoseconds.
@@ -64,19 +78,65 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn attrs(list: &[KeyValue]) -> HashMap<String, String> {
+    typed_attrs(list)
+        .into_iter()
+        .map(|(k, (v, _))| (k, v))
+        .collect()
+}
+
+fn typed_attrs(list: &[KeyValue]) -> HashMap<String, (String, &'static str)> {
     list.iter()
         .filter_map(|kv| {
             let v = kv.value.as_ref()?.value.as_ref()?;
             let s = match v {
-                AnyValue::StringValue(s) => s.clone(),
-                AnyValue::IntValue(i) => i.to_string(),
-                AnyValue::BoolValue(b) => b.to_string(),
-                AnyValue::DoubleValue(d) => d.to_string(),
+                AnyValue::StringValue(s) => (s.clone(), "string"),
+                AnyValue::IntValue(i) => (i.to_string(), "int"),
+                AnyValue::BoolValue(b) => (b.to_string(), "bool"),
+                AnyValue::DoubleValue(d) => (d.to_string(), "double"),
                 _ => return None,
             };
             Some((kv.key.clone(), s))
         })
         .collect()
+}
+
+fn received(
+    resource: &HashMap<String, String>,
+    s: opentelemetry_proto::tonic::trace::v1::Span,
+) -> ReceivedSpan {
+    let typed = typed_attrs(&s.attributes);
+    ReceivedSpan {
+        service: resource.get("service.name").cloned().unwrap_or_default(),
+        resource: resource.clone(),
+        name: s.name.clone(),
+        trace_id: hex(&s.trace_id),
+        span_id: hex(&s.span_id),
+        parent_span_id: hex(&s.parent_span_id),
+        kind: s.kind,
+        attributes: typed
+            .iter()
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect(),
+        attribute_types: typed.iter().map(|(k, (_, t))| (k.clone(), *t)).collect(),
+        status_code: s.status.as_ref().map_or(0, |st| st.code),
+        status_message: s
+            .status
+            .as_ref()
+            .map(|st| st.message.clone())
+            .unwrap_or_default(),
+        events: s
+            .events
+            .iter()
+            .map(|e| (e.name.clone(), attrs(&e.attributes)))
+            .collect(),
+        links: s
+            .links
+            .iter()
+            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+            .collect(),
+        start_unix_nano: s.start_time_unix_nano,
+        end_unix_nano: s.end_time_unix_nano,
+    }
 }
 
 impl OtlpReceiver {
@@ -142,39 +202,104 @@ async fn serve_connection(
         stream.read_exact(&mut body).await?;
         if path.starts_with("/v1/traces") {
             if let Ok(request) = ExportTraceServiceRequest::decode(body.as_slice()) {
-                let mut received = Vec::new();
+                let mut spans = Vec::new();
                 for rs in request.resource_spans {
-                    let service = rs
+                    let resource = rs
                         .resource
                         .as_ref()
                         .map(|r| attrs(&r.attributes))
-                        .and_then(|a| a.get("service.name").cloned())
                         .unwrap_or_default();
                     for ss in rs.scope_spans {
-                        for s in ss.spans {
-                            received.push(ReceivedSpan {
-                                service: service.clone(),
-                                name: s.name.clone(),
-                                trace_id: hex(&s.trace_id),
-                                span_id: hex(&s.span_id),
-                                parent_span_id: hex(&s.parent_span_id),
-                                kind: s.kind,
-                                attributes: attrs(&s.attributes),
-                                status_code: s.status.as_ref().map_or(0, |st| st.code),
-                                start_unix_nano: s.start_time_unix_nano,
-                                end_unix_nano: s.end_time_unix_nano,
-                            });
-                        }
+                        spans.extend(ss.spans.into_iter().map(|s| received(&resource, s)));
                     }
                 }
                 match store.lock() {
-                    Ok(mut g) => g.extend(received),
-                    Err(p) => p.into_inner().extend(received),
+                    Ok(mut g) => g.extend(spans),
+                    Err(p) => p.into_inner().extend(spans),
                 }
             }
         }
         let response =
             "HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n";
         stream.write_all(response.as_bytes()).await?;
+    }
+}
+
+/// The spans of `trace_id` as an indented tree, one line per span: name, kind, service
+/// and instance, duration, offset from the trace's first span, status and the
+/// attributes in `shown`; a span whose parent never arrived is listed under
+/// `MISSING PARENT`.
+pub fn render_tree(spans: &[ReceivedSpan], trace_id: &str, shown: &[&str]) -> String {
+    let mine: Vec<&ReceivedSpan> = spans.iter().filter(|s| s.trace_id == trace_id).collect();
+    let t0 = mine.iter().map(|s| s.start_unix_nano).min().unwrap_or(0);
+    let ids: std::collections::HashSet<&str> = mine.iter().map(|s| s.span_id.as_str()).collect();
+    let mut out = String::new();
+    let mut roots: Vec<&ReceivedSpan> = mine
+        .iter()
+        .filter(|s| !ids.contains(s.parent_span_id.as_str()))
+        .copied()
+        .collect();
+    roots.sort_by_key(|s| s.start_unix_nano);
+    for root in roots {
+        if !root.parent_span_id.is_empty() {
+            out.push_str(&format!("MISSING PARENT {}\n", root.parent_span_id));
+        }
+        render_node(&mine, root, 0, t0, shown, &mut out);
+    }
+    out
+}
+
+fn render_node(
+    all: &[&ReceivedSpan],
+    span: &ReceivedSpan,
+    depth: usize,
+    t0: u64,
+    shown: &[&str],
+    out: &mut String,
+) {
+    const KINDS: [&str; 6] = ["", "internal", "server", "client", "producer", "consumer"];
+    let kind = KINDS.get(span.kind as usize).copied().unwrap_or("?");
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let mut line = format!(
+        "{}{} [{kind}] {}",
+        "  ".repeat(depth),
+        span.name,
+        span.service
+    );
+    if let Some(instance) = span.resource.get("service.instance.id") {
+        line.push_str(&format!("@{instance}"));
+    }
+    line.push_str(&format!(
+        " +{:.0}ms {:.1}ms",
+        ms(span.start_unix_nano.saturating_sub(t0)),
+        ms(span.end_unix_nano.saturating_sub(span.start_unix_nano))
+    ));
+    if span.status_code == 2 {
+        line.push_str(&format!(" ERROR {:?}", span.status_message));
+    }
+    for key in shown {
+        if let Some(v) = span.attr(key) {
+            line.push_str(&format!(" {key}={v}"));
+        }
+    }
+    for (name, a) in &span.events {
+        let what = a
+            .get("error.type")
+            .or_else(|| a.get("exception.type"))
+            .cloned()
+            .unwrap_or_default();
+        let id = a.get("gen_ai.tool.call.id").cloned().unwrap_or_default();
+        line.push_str(&format!(" <event {name} {id} {what}>"));
+    }
+    out.push_str(&line);
+    out.push('\n');
+    let mut children: Vec<&ReceivedSpan> = all
+        .iter()
+        .filter(|s| s.parent_span_id == span.span_id)
+        .copied()
+        .collect();
+    children.sort_by_key(|s| s.start_unix_nano);
+    for child in children {
+        render_node(all, child, depth + 1, t0, shown, out);
     }
 }

@@ -126,8 +126,9 @@ async fn a_turn_is_one_trace_from_frontend_to_every_tool() -> anyhow::Result<()>
         );
     }
 
-    // One execute_tool span per executed call, parented through `process` under that
-    // call's producer span; the timed-out call's span has error status.
+    // One execute_tool span per executed call, parented through `process` under the
+    // turn, `process` linked to that call's producer span; the timed-out call's span
+    // has error status.
     for id in ["fast_1", "fast_2", "slow"] {
         let exec = mine
             .iter()
@@ -148,10 +149,12 @@ async fn a_turn_is_one_trace_from_frontend_to_every_tool() -> anyhow::Result<()>
         assert_eq!(process.name, "process fleet.jobs.test.behave");
         assert_eq!(process.attr("messaging.system"), Some("nats"));
         assert!(process.attr("toolfleet.queue_wait_ms").is_some());
-        let producer = by_id
-            .get(process.parent_span_id.as_str())
+        assert_eq!(process.parent_span_id, turn_span.span_id);
+        let link = process.links.first().map(|(_, span)| span.as_str());
+        let producer = link
+            .and_then(|span| by_id.get(span))
             .copied()
-            .ok_or_else(|| anyhow::anyhow!("process of {id} has no parent"))?;
+            .ok_or_else(|| anyhow::anyhow!("process of {id} links to no producer"))?;
         assert_eq!(producer.kind, PRODUCER);
         assert_eq!(producer.attr("gen_ai.tool.call.id"), Some(id));
         if id == "slow" {

@@ -218,6 +218,7 @@ pub async fn run(
         js,
         names: names.clone(),
         worker_id: config.worker_id.clone(),
+        server: toolfleet_common::telemetry::server_of(&config.nats_url),
         ack_wait: config.ack_wait,
         max_result_bytes: config.max_result_bytes,
         metrics: toolfleet_common::metrics::FleetMetrics::new(),

@@ -1,9 +1,12 @@
 //! Serving one tool: pulling its jobs, running the handler under its timeout, publishing
 //! the result, acking the job.
 //!
-//! Owns the life of a job on this worker. It must never ack a job whose result was not
-//! published (the job is handed back instead), nor run a handler past the call's time
-//! budget.
+//! Owns the life of a job on this worker, and its spans: one CONSUMER `process` span
+//! per delivery (a child of the turn span named in `Fleet-Turn-Traceparent`, linked to
+//! the coordinator's `publish`) holding the handler's `execute_tool` span; every failed
+//! attempt, retried ones included, gets `error.type` and its message. It must never ack
+//! a job whose result was not published (the job is handed back instead), nor run a
+//! handler past the call's time budget.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -18,10 +21,13 @@ use tokio_util::task::TaskTracker;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::metrics::FleetMetrics;
-use toolfleet_common::names::{spans, HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TURN_ID};
+use toolfleet_common::names::{
+    spans, HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID, HEADER_TURN_TRACEPARENT,
+};
 use toolfleet_common::telemetry;
+use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names};
-use tracing::{debug, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::tool::{Tool, ToolContext};
 
@@ -38,6 +44,8 @@ pub(crate) struct Shared {
     pub js: jetstream::Context,
     pub names: Names,
     pub worker_id: String,
+    /// `server.address` and `server.port` of the NATS server, for spans.
+    pub server: (String, i64),
     pub ack_wait: Duration,
     pub max_result_bytes: usize,
     pub metrics: FleetMetrics,
@@ -126,7 +134,7 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         .info()
         .map(|i| u32::try_from(i.delivered).unwrap_or(1))
         .unwrap_or(1);
-    let mut job: JobEnvelope = match serde_json::from_slice(&message.payload) {
+    let job: JobEnvelope = match serde_json::from_slice(&message.payload) {
         Ok(job) => job,
         Err(error) => {
             warn!(subject = %message.subject, %error, "undecodable job; terminating it");
@@ -136,189 +144,269 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
     };
     let def = tool.tool.definition();
     let queue_wait_ms = unix_ms().saturating_sub(job.dispatched_unix_ms);
+    let span = process_span(&shared, def, &job, &message, attempt, queue_wait_ms);
+    shared
+        .metrics
+        .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
+    run_job(shared, tool, message, job, attempt)
+        .instrument(span)
+        .await;
+}
+
+/// The CONSUMER span of one job delivery (one per attempt): under the turn span,
+/// linked to the coordinator's publish span.
+fn process_span(
+    shared: &Shared,
+    def: &toolfleet_common::ToolDefinition,
+    job: &JobEnvelope,
+    message: &jetstream::Message,
+    attempt: u32,
+    queue_wait_ms: u64,
+) -> tracing::Span {
     let span = info_span!(
         "process",
         otel.name = %format!("{} {}", spans::PROCESS, message.subject),
         otel.kind = "consumer",
-        otel.status_code = tracing::field::Empty,
         messaging.system = "nats",
         messaging.operation.name = spans::PROCESS,
         messaging.operation.type = "process",
         messaging.destination.name = %message.subject,
         messaging.consumer.group.name = %shared.names.tool_consumer(&def.name),
+        server.address = %shared.server.0,
+        server.port = shared.server.1,
         messaging.message.id = %job.msg_id(),
         gen_ai.tool.name = %def.name,
         gen_ai.tool.call.id = %job.call.id,
         toolfleet.turn.id = %job.turn_id,
         toolfleet.tenant.id = %job.tenant_id,
-        toolfleet.attempt = attempt,
-        toolfleet.queue_wait_ms = queue_wait_ms,
+        toolfleet.attempt = i64::from(attempt),
+        toolfleet.queue_wait_ms = i64::try_from(queue_wait_ms).unwrap_or(i64::MAX),
         toolfleet.worker.id = %shared.worker_id,
+        toolfleet.retried = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
-    telemetry::set_remote_parent(&span, message.headers.as_ref());
-    shared
-        .metrics
-        .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
-    async move {
-        let def = tool.tool.definition();
-        let now = unix_ms();
-        if now >= job.deadline_unix_ms {
-            debug!("turn deadline already passed; not running the call");
-            let _ = message.ack().await;
-            return;
-        }
-        if attempt > 1 && !def.retry.idempotent {
-            let result = CallResult {
-                attempts: attempt,
-                worker_id: Some(shared.worker_id.clone()),
-                ended_at: Some(now_rfc3339()),
-                ..CallResult::failure(
-                    &job.call,
-                    CallState::Error,
-                    CallError::fatal(
-                        codes::CALL_INTERRUPTED,
-                        "the call's worker stopped mid-call and the tool is not idempotent, so it was not run again",
-                    ),
-                )
-            };
-            let current = tracing::Span::current();
-            current.record("otel.status_code", "ERROR");
-            current.record("error.type", codes::CALL_INTERRUPTED);
-            finish(&shared, &message, &job, &result).await;
-            return;
-        }
-        notify_started(&shared, &job, attempt).await;
+    telemetry::set_consumer_parent(&span, message.headers.as_ref());
+    span
+}
 
-        // Keeps the job alive until its result is published; aborted when dropped, even
-        // if this task unwinds.
-        let keepalive = {
-            let message = Arc::clone(&message);
-            let period = (shared.ack_wait / 3).max(Duration::from_millis(50));
-            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(period).await;
-                    if message.ack_with(AckKind::Progress).await.is_err() {
-                        break;
-                    }
-                }
-            }))
-        };
-
-        let started_at = now_rfc3339();
-        let started = Instant::now();
-        let tool_budget = Duration::from_millis(job.timeout_ms.min(def.timeout_ms).max(1));
-        let turn_budget = Duration::from_millis(job.deadline_unix_ms.saturating_sub(now));
-        let (budget, budget_code) = if tool_budget <= turn_budget {
-            (tool_budget, codes::TOOL_TIMEOUT)
-        } else {
-            (turn_budget, codes::DEADLINE_EXCEEDED)
-        };
-        let ctx = ToolContext {
-            tenant_id: job.tenant_id.clone(),
-            turn_id: job.turn_id.clone(),
-            call_id: job.call.id.clone(),
-            session_id: job.session_id.clone(),
-            deadline_unix_ms: job.deadline_unix_ms,
-            attempt,
-            context: job.context.clone(),
-        };
-        let execute = info_span!(
-            "execute_tool",
-            otel.name = %format!("{} {}", spans::EXECUTE_TOOL, def.name),
-            otel.kind = "internal",
-            otel.status_code = tracing::field::Empty,
-            gen_ai.operation.name = spans::EXECUTE_TOOL,
-            gen_ai.tool.name = %def.name,
-            gen_ai.tool.call.id = %job.call.id,
-            gen_ai.tool.type = "function",
-            toolfleet.turn.id = %job.turn_id,
-            toolfleet.tenant.id = %job.tenant_id,
-            error.type = tracing::field::Empty,
-        );
-        shared.metrics.in_flight(&def.name, 1);
-        let arguments = std::mem::take(&mut job.call.arguments);
-        let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
-        let outcome = tokio::time::timeout(budget, run)
-            .instrument(execute.clone())
-            .await;
-        shared.metrics.in_flight(&def.name, -1);
-
-        let mut result = match outcome {
-            Ok(Ok(Ok(output))) => {
-                let mut r = CallResult::success(&job.call, output.value);
-                r.summary = output.summary;
-                r
-            }
-            Ok(Ok(Err(error))) => {
-                if error.retryable
-                    && def.retry.idempotent
-                    && attempt < def.retry.max_attempts
-                    && unix_ms() + 2 * u64::try_from(RETRY_DELAY.as_millis()).unwrap_or(0)
-                        < job.deadline_unix_ms
-                {
-                    debug!(code = %error.code, "retryable error; the call runs again");
-                    let _ = message.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
-                    return;
-                }
-                CallResult::failure(&job.call, CallState::Error, error)
-            }
-            Ok(Err(panic)) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".to_string());
-                CallResult::failure(
-                    &job.call,
-                    CallState::Error,
-                    CallError::fatal(codes::TOOL_PANICKED, format!("the tool panicked: {what}")),
-                )
-            }
-            Err(_) => CallResult::failure(
-                &job.call,
-                CallState::Timeout,
-                CallError::retryable(
-                    budget_code,
-                    format!("no result within {} ms", budget.as_millis()),
-                ),
-            ),
-        };
-        if let (true, Some(validator), Some(value)) =
-            (result.ok, tool.output_validator.as_ref(), result.result.as_ref())
-        {
-            if let Err(error) = validator.validate(value) {
-                result = CallResult::failure(
-                    &job.call,
-                    CallState::Error,
-                    CallError::fatal(
-                        codes::INVALID_RESULT,
-                        format!("result fails the output schema: {error}"),
-                    ),
-                );
-            }
-        }
-        result.started_at = Some(started_at);
-        result.ended_at = Some(now_rfc3339());
-        result.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        result.attempts = attempt;
-        result.worker_id = Some(shared.worker_id.clone());
-        if let Some(error) = &result.error {
-            for span in [&execute, &tracing::Span::current()] {
-                span.record("otel.status_code", "ERROR");
-                span.record("error.type", error.code.as_str());
-            }
-        }
-        shared.metrics.call_executed(
-            &def.name,
-            result.state.as_str(),
-            started.elapsed().as_secs_f64(),
-        );
-        finish(&shared, &message, &job, &result).await;
-        drop(keepalive);
+/// One delivery of a job, inside its `process` span: refuse what must not run, run
+/// the handler, publish the result (or hand the job back for a retry).
+async fn run_job(
+    shared: Arc<Shared>,
+    tool: Arc<ServedTool>,
+    message: Arc<jetstream::Message>,
+    mut job: JobEnvelope,
+    attempt: u32,
+) {
+    let def = tool.tool.definition();
+    if unix_ms() >= job.deadline_unix_ms {
+        debug!("turn deadline already passed; not running the call");
+        let why = "the turn's deadline passed before the call started";
+        telemetry::set_error(&tracing::Span::current(), codes::DEADLINE_EXCEEDED, why);
+        let _ = message.ack().await;
+        return;
     }
-    .instrument(span)
-    .await;
+    if attempt > 1 && !def.retry.idempotent {
+        let error = CallError::fatal(
+            codes::CALL_INTERRUPTED,
+            "the call's worker stopped mid-call and the tool is not idempotent, so it was not run again",
+        );
+        telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
+        let result = CallResult {
+            attempts: attempt,
+            worker_id: Some(shared.worker_id.clone()),
+            ended_at: Some(now_rfc3339()),
+            ..CallResult::failure(&job.call, CallState::Error, error)
+        };
+        finish(&shared, &message, &job, &result).await;
+        return;
+    }
+    notify_started(&shared, &job, attempt).await;
+
+    // Keeps the job alive until its result is published; aborted when dropped, even
+    // if this task unwinds.
+    let keepalive = {
+        let message = Arc::clone(&message);
+        let period = (shared.ack_wait / 3).max(Duration::from_millis(50));
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                if message.ack_with(AckKind::Progress).await.is_err() {
+                    break;
+                }
+            }
+        }))
+    };
+    match execute(&shared, &tool, &mut job, attempt).await {
+        Executed::Done(result) => finish(&shared, &message, &job, &result).await,
+        Executed::Retry => {
+            let _ = message.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
+        }
+    }
+    drop(keepalive);
+}
+
+/// What running a handler once came to.
+enum Executed {
+    /// The call's result, to publish.
+    Done(Box<CallResult>),
+    /// A retryable failure of an idempotent tool with attempts and time left: the job
+    /// is handed back and runs again.
+    Retry,
+}
+
+/// Runs the handler once under the call's time budget, inside its `execute_tool` span;
+/// both spans get the failure's `error.type` and message, retried attempts included.
+async fn execute(
+    shared: &Shared,
+    tool: &ServedTool,
+    job: &mut JobEnvelope,
+    attempt: u32,
+) -> Executed {
+    let def = tool.tool.definition();
+    let now = unix_ms();
+    let started_at = now_rfc3339();
+    let started = Instant::now();
+    let (budget, budget_code) = budget(job, def, now);
+    let ctx = ToolContext {
+        tenant_id: job.tenant_id.clone(),
+        turn_id: job.turn_id.clone(),
+        call_id: job.call.id.clone(),
+        session_id: job.session_id.clone(),
+        deadline_unix_ms: job.deadline_unix_ms,
+        attempt,
+        context: job.context.clone(),
+    };
+    let execute = execute_span(def, job);
+    shared.metrics.in_flight(&def.name, 1);
+    let arguments = std::mem::take(&mut job.call.arguments);
+    let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
+    let outcome = tokio::time::timeout(budget, run)
+        .instrument(execute.clone())
+        .await;
+    shared.metrics.in_flight(&def.name, -1);
+
+    let spans = [&execute, &tracing::Span::current()];
+    let mut result = match outcome {
+        Ok(Ok(Ok(output))) => {
+            let mut r = CallResult::success(&job.call, output.value);
+            r.summary = output.summary;
+            r
+        }
+        Ok(Ok(Err(error))) => {
+            if error.retryable
+                && def.retry.idempotent
+                && attempt < def.retry.max_attempts
+                && unix_ms() + 2 * u64::try_from(RETRY_DELAY.as_millis()).unwrap_or(0)
+                    < job.deadline_unix_ms
+            {
+                debug!(code = %error.code, "retryable error; the call runs again");
+                for span in spans {
+                    telemetry::set_error(span, &error.code, &error.message);
+                }
+                tracing::Span::current().record("toolfleet.retried", true);
+                return Executed::Retry;
+            }
+            CallResult::failure(&job.call, CallState::Error, error)
+        }
+        Ok(Err(panic)) => {
+            let what = panic_message(panic.as_ref());
+            telemetry::record_exception(&execute, "panic", &what);
+            let message = format!("the tool panicked: {what}");
+            let error = CallError::fatal(codes::TOOL_PANICKED, message);
+            CallResult::failure(&job.call, CallState::Error, error)
+        }
+        Err(_) => {
+            let message = format!("no result within {} ms", budget.as_millis());
+            let error = CallError::retryable(budget_code, message);
+            CallResult::failure(&job.call, CallState::Timeout, error)
+        }
+    };
+    if let Some(invalid) = invalid_output(tool, &result, job) {
+        result = invalid;
+    }
+    result.started_at = Some(started_at);
+    result.ended_at = Some(now_rfc3339());
+    result.duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    result.attempts = attempt;
+    result.worker_id = Some(shared.worker_id.clone());
+    if let Some(error) = &result.error {
+        for span in spans {
+            telemetry::set_error(span, &error.code, &error.message);
+        }
+        let reason = telemetry::bounded_message(&error.message);
+        info!(call = %job.call.id, code = %error.code, %reason, "call failed");
+    }
+    shared.metrics.call_executed(
+        &def.name,
+        result.state.as_str(),
+        started.elapsed().as_secs_f64(),
+    );
+    Executed::Done(Box::new(result))
+}
+
+/// The call's time budget and the code of its timeout: the tool's (capped by the
+/// job) or what is left of the turn's, whichever ends first.
+fn budget(
+    job: &JobEnvelope,
+    def: &toolfleet_common::ToolDefinition,
+    now: u64,
+) -> (Duration, &'static str) {
+    let tool_budget = Duration::from_millis(job.timeout_ms.min(def.timeout_ms).max(1));
+    let turn_budget = Duration::from_millis(job.deadline_unix_ms.saturating_sub(now));
+    if tool_budget <= turn_budget {
+        (tool_budget, codes::TOOL_TIMEOUT)
+    } else {
+        (turn_budget, codes::DEADLINE_EXCEEDED)
+    }
+}
+
+/// The `invalid_result` failure replacing a successful `result` that fails the tool's
+/// output schema.
+fn invalid_output(tool: &ServedTool, result: &CallResult, job: &JobEnvelope) -> Option<CallResult> {
+    let (true, Some(validator), Some(value)) = (
+        result.ok,
+        tool.output_validator.as_ref(),
+        result.result.as_ref(),
+    ) else {
+        return None;
+    };
+    let error = validator.validate(value).err()?;
+    let message = format!("result fails the output schema: {error}");
+    let error = CallError::fatal(codes::INVALID_RESULT, message);
+    Some(CallResult::failure(&job.call, CallState::Error, error))
+}
+
+/// The text a panic was raised with.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+/// The `execute_tool` span of one call, after the GenAI conventions.
+fn execute_span(def: &toolfleet_common::ToolDefinition, job: &JobEnvelope) -> tracing::Span {
+    let span = info_span!(
+        "execute_tool",
+        otel.name = %format!("{} {}", spans::EXECUTE_TOOL, def.name),
+        otel.kind = "internal",
+        gen_ai.operation.name = spans::EXECUTE_TOOL,
+        gen_ai.tool.name = %def.name,
+        gen_ai.tool.call.id = %job.call.id,
+        gen_ai.tool.type = "function",
+        gen_ai.tool.description = %def.description,
+        toolfleet.tool.provider_name = %provider_tool_name(&def.name),
+        toolfleet.turn.id = %job.turn_id,
+        toolfleet.tenant.id = %job.tenant_id,
+        toolfleet.session.id = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    if let Some(session) = &job.session_id {
+        span.record("toolfleet.session.id", session.as_str());
+    }
+    span
 }
 
 async fn notify_started(shared: &Shared, job: &JobEnvelope, attempt: u32) {
@@ -373,11 +461,16 @@ async fn finish(
         body = serde_json::to_vec(&small).unwrap_or_default();
     }
     let body = bytes::Bytes::from(body);
+    let job_headers = message.headers.as_ref();
     for attempt in 1..=RESULT_PUBLISH_ATTEMPTS {
         let mut headers = HeaderMap::new();
         headers.insert(HEADER_TURN_ID, job.turn_id.as_str());
         headers.insert(HEADER_CALL_ID, job.call.id.as_str());
         headers.insert(HEADER_MSG_ID, job.msg_id().as_str());
+        headers.insert(HEADER_TENANT_ID, job.tenant_id.as_str());
+        if let Some(turn) = job_headers.and_then(|h| h.get(HEADER_TURN_TRACEPARENT)) {
+            headers.insert(HEADER_TURN_TRACEPARENT, turn.as_str());
+        }
         telemetry::inject_current(&mut headers);
         let published = match shared
             .js
