@@ -106,6 +106,7 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
             let span = tracing::Span::current();
             span.record("otel.status_code", "ERROR");
             span.record("error.type", error.code.as_str());
+            replica.metrics.turn_refused(&error.code);
             let event = events::turn_error(turn_id.as_deref(), error);
             events::publish(replica, &reply, &event).await;
         }

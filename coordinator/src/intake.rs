@@ -143,7 +143,6 @@ async fn take_turn(replica: Arc<Replica>, turn_id: String, reply: String, reques
     let layout = Layout::new(&planned, limits.concurrency);
     let turn_span = tracing::Span::current();
     turn_span.record("toolfleet.turn.calls", planned.len());
-    count_refused(&replica, planned.len(), &layout.refused, &registry);
 
     let traceparent = telemetry::traceparent(&turn_span).unwrap_or_default();
     let new_turn = NewTurn {
@@ -158,9 +157,11 @@ async fn take_turn(replica: Arc<Replica>, turn_id: String, reply: String, reques
         created_unix_ms: now,
         traceparent: &traceparent,
     };
+    let refused = new_turn.results.clone();
     if let Err(error) = create(&replica, new_turn).await {
         return reject(&replica, turn_id, reply, error).await;
     }
+    count_refused(&replica, planned.len(), &refused, &registry);
     acknowledge(
         &replica,
         &turn_id,
@@ -223,6 +224,7 @@ async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<(), CallError> {
             format!("turn {turn_id} already exists"),
         )),
         Err(error) => {
+            replica.metrics.redis_error("create_turn");
             warn!(%error, "could not create the turn");
             Err(CallError::retryable(
                 turn_codes::UNAVAILABLE,

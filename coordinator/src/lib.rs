@@ -18,6 +18,7 @@
 //! | 6 | `results` | the shared results consumer: record each result, report its state |
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
 //! | - | `events` | every event to a frontend and every notice between replicas |
+//! | - | `upkeep` | recreating lost streams and the results consumer; queue-lag and turn gauges |
 //! | - | `turns` | the turns this replica owns and the per-turn publishing gate |
 //! | - | `progress` | relaying `running`, releasing paced calls as slots free |
 //! | - | [`join`] | the join in Redis: Lua scripts, write-once results, end-once turns |
@@ -41,6 +42,7 @@ pub mod registry;
 mod results;
 mod startup;
 mod turns;
+mod upkeep;
 pub mod validate;
 
 pub use config::{CoordinatorConfig, TenantPolicies, TenantPolicy};

@@ -37,8 +37,7 @@ pub fn python3() -> Result<PathBuf> {
 /// the environment lives with the build and survives between runs.
 pub async fn venv(root: impl AsRef<Path>, requirements: &str) -> Result<PathBuf> {
     let file = crate::repo_path(requirements);
-    let contents =
-        std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    let contents = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
     let digest = hex(&Sha256::digest(&contents)[..8]);
     let dir = root.as_ref().join(format!("python-venv-{digest}"));
     let python = dir.join("bin").join("python");
@@ -56,7 +55,14 @@ pub async fn venv(root: impl AsRef<Path>, requirements: &str) -> Result<PathBuf>
     let made = run(Command::new(&system).arg("-m").arg("venv").arg(&building)).await;
     made.with_context(|| format!("python3 -m venv failed: {INSTALL_HINT}"))?;
     let pip = Command::new(building.join("bin").join("python"))
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
         .arg(&file)
         .env("PIP_NO_INPUT", "1")
         .kill_on_drop(true)

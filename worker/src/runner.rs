@@ -41,6 +41,9 @@ pub(crate) struct Shared {
     pub ack_wait: Duration,
     pub max_result_bytes: usize,
     pub metrics: FleetMetrics,
+    /// Cancelled when the shutdown grace ran out: running calls stop and their jobs are
+    /// handed back (NAK) for another worker.
+    pub abandon: CancellationToken,
 }
 
 /// A tool with its compiled output schema.
@@ -163,12 +166,17 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
     async move {
         let def = tool.tool.definition();
         let now = unix_ms();
+        if attempt > 1 {
+            shared.metrics.job_redelivered(&def.name);
+        }
         if now >= job.deadline_unix_ms {
+            shared.metrics.job_deadline_dropped(&def.name);
             debug!("turn deadline already passed; not running the call");
             let _ = message.ack().await;
             return;
         }
         if attempt > 1 && !def.retry.idempotent {
+            shared.metrics.job_interrupted(&def.name);
             let result = CallResult {
                 attempts: attempt,
                 worker_id: Some(shared.worker_id.clone()),
@@ -239,9 +247,14 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         shared.metrics.in_flight(&def.name, 1);
         let arguments = std::mem::take(&mut job.call.arguments);
         let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
-        let outcome = tokio::time::timeout(budget, run)
-            .instrument(execute.clone())
-            .await;
+        let outcome = tokio::select! {
+            outcome = tokio::time::timeout(budget, run).instrument(execute.clone()) => outcome,
+            _ = shared.abandon.cancelled() => {
+                shared.metrics.in_flight(&def.name, -1);
+                hand_back(&shared, &message, &def.name).await;
+                return;
+            }
+        };
         shared.metrics.in_flight(&def.name, -1);
 
         let mut result = match outcome {
@@ -257,6 +270,7 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
                     && unix_ms() + 2 * u64::try_from(RETRY_DELAY.as_millis()).unwrap_or(0)
                         < job.deadline_unix_ms
                 {
+                    shared.metrics.job_retried(&def.name);
                     debug!(code = %error.code, "retryable error; the call runs again");
                     let _ = message.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
                     return;
@@ -319,6 +333,15 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
     }
     .instrument(span)
     .await;
+}
+
+/// The shutdown grace ran out mid-call: the job goes back to the stream at once.
+async fn hand_back(shared: &Shared, message: &jetstream::Message, tool: &str) {
+    shared.metrics.job_handed_back(tool);
+    warn!("shutdown grace over; handing the running call back");
+    if let Err(error) = message.ack_with(AckKind::Nak(None)).await {
+        warn!(%error, "could not hand the job back; it is redelivered after the ack wait");
+    }
 }
 
 async fn notify_started(shared: &Shared, job: &JobEnvelope, attempt: u32) {
