@@ -33,6 +33,10 @@ use crate::turns::TurnGate;
 /// another replica after this long.
 pub const RESULTS_ACK_WAIT: Duration = Duration::from_secs(10);
 
+/// Idle heartbeat of the results pull: a pull request lost with the consumer (NATS
+/// restarted empty) is noticed after two missed heartbeats and renewed.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// Deliveries of one result before it is given up (Redis unreachable for that long).
 pub const RESULTS_MAX_DELIVER: i64 = 100;
 
@@ -71,7 +75,7 @@ pub(crate) async fn consume(
         let mut messages = match consumer
             .stream()
             .max_messages_per_batch(concurrency.min(512))
-            .heartbeat(Duration::from_secs(5))
+            .heartbeat(PULL_HEARTBEAT)
             .expires(Duration::from_secs(30))
             .messages()
             .await

@@ -27,6 +27,8 @@ use crate::tool::{Tool, ToolContext};
 
 /// How long one pull request waits for jobs before it is renewed.
 const PULL_EXPIRES: Duration = Duration::from_secs(1);
+/// How long a batch may stay silent before it is given up: its expiry plus a margin.
+const PULL_ABANDON: Duration = Duration::from_secs(2);
 /// Attempts to publish a result before the job is handed back.
 const RESULT_PUBLISH_ATTEMPTS: u32 = 3;
 /// Delay before an idempotent call that failed with a retryable error runs again.
@@ -99,7 +101,9 @@ pub(crate) async fn serve_tool(
         };
         // A batch is read to its end even after shutdown: its jobs were handed to this
         // worker, so they run (within the grace period) instead of waiting for redelivery.
-        while let Some(next) = batch.next().await {
+        // A pull request the server lost (restarted, consumer recreated) never ends on its
+        // own: past its expiry the batch is given up and a new one asked for.
+        while let Ok(Some(next)) = tokio::time::timeout(PULL_ABANDON, batch.next()).await {
             match next {
                 Ok(message) => {
                     let Some(permit) = reserved.split(1) else {
