@@ -230,9 +230,10 @@ pub async fn run(
 
     shutdown.cancelled().await;
     health.start_draining();
+    let grace_ends = tokio::time::Instant::now() + config.shutdown_grace;
     info!("worker stopping: no new jobs");
     loops.wait().await;
-    drain_calls(&shared, &calls, config.shutdown_grace).await;
+    drain_calls(&shared, &calls, grace_ends).await;
     heartbeat_stop.cancel();
     if let Ok(mut registration) = heartbeat.await {
         if let Err(error) = registration.withdraw().await {
@@ -353,17 +354,18 @@ fn spawn_heartbeat(
     })
 }
 
-/// Lets in-flight calls finish within `grace`; then hands the rest back (NAK) so
-/// another worker takes them at once instead of after the ack wait.
-async fn drain_calls(shared: &Shared, calls: &TaskTracker, grace: Duration) {
+/// Lets in-flight calls finish until `grace_ends` (the shutdown request plus the grace);
+/// then hands the rest back (NAK) so another worker takes them at once instead of after
+/// the ack wait.
+async fn drain_calls(shared: &Shared, calls: &TaskTracker, grace_ends: tokio::time::Instant) {
     calls.close();
-    if tokio::time::timeout(grace, calls.wait()).await.is_ok() {
+    if tokio::time::timeout_at(grace_ends, calls.wait())
+        .await
+        .is_ok()
+    {
         return;
     }
-    warn!(
-        ?grace,
-        "in-flight calls did not finish within the grace period; handing them back"
-    );
+    warn!("in-flight calls did not finish within the grace period; handing them back");
     shared.abandon.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(2), calls.wait()).await;
 }
