@@ -37,19 +37,18 @@ pub(crate) fn needed(replica: &Replica) -> Vec<Needed> {
 /// registry, its consumer's pending and ack-pending jobs and the age of its oldest job.
 pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: CancellationToken) {
     loop {
+        replica.metrics.turns_in_flight(replica.turns.count());
+        if let Ok(stream) = replica.js.get_stream(replica.names.jobs_stream()).await {
+            let snapshot = replica.registry.snapshot();
+            for tool in snapshot.sorted() {
+                if let Err(error) = sample_tool(&replica, &stream, &tool.definition.name).await {
+                    debug!(tool = %tool.definition.name, %error, "queue lag not sampled");
+                }
+            }
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
-        }
-        replica.metrics.turns_in_flight(replica.turns.count());
-        let Ok(stream) = replica.js.get_stream(replica.names.jobs_stream()).await else {
-            continue;
-        };
-        let snapshot = replica.registry.snapshot();
-        for tool in snapshot.sorted() {
-            if let Err(error) = sample_tool(&replica, &stream, &tool.definition.name).await {
-                debug!(tool = %tool.definition.name, %error, "queue lag not sampled");
-            }
         }
     }
 }
