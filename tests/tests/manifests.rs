@@ -592,6 +592,17 @@ fn keda_scales_workers_on_the_tool_consumers_lag() -> Result<()> {
 }
 
 #[test]
+fn the_keda_triggers_are_generated_from_the_workers_tools() -> Result<()> {
+    let generated = packs::keda::scaled_object(&Names::default(), "demo", &demo_tools()?, 10);
+    assert_eq!(
+        repo_file("deploy/k8s/worker-scaledobject.yaml")?,
+        generated,
+        "regenerate with `toolfleet admin keda --packs demo > deploy/k8s/worker-scaledobject.yaml`"
+    );
+    Ok(())
+}
+
+#[test]
 fn kustomize_builds_the_manifests_when_kubectl_is_installed() -> Result<()> {
     let dir = toolfleet_tests::repo_path("deploy/k8s");
     let output = match std::process::Command::new("kubectl")
