@@ -13,7 +13,8 @@ use crate::eventually_named;
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
     let connect = TcpStream::connect(("127.0.0.1", port));
     let mut stream = tokio::time::timeout(Duration::from_secs(2), connect).await??;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    // HTTP/1.0: the server closes the connection after one unchunked response.
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut text = String::new();
     tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await??;
