@@ -30,6 +30,7 @@
 //! If the dropping thread is panicking (a failed test), the log tail is printed
 //! to stderr so it shows up in the test's captured output.
 
+pub mod dashboard;
 pub mod fleet;
 pub mod ops;
 pub mod otlp;

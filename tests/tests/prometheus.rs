@@ -3,6 +3,9 @@
 //! coordinator and worker sees a turn storm with a failing tool take the error-ratio
 //! alert to pending and then firing, for that tool only.
 //!
+//! Every query of every panel of the Grafana dashboard runs against that Prometheus; with
+//! `TOOLFLEET_DASHBOARD_SVG=docs/dashboard.svg` the test also draws the panels there.
+//!
 //! The scrape test loads the rules with their windows and `for` durations scaled down
 //! (minutes to seconds), so the same expressions fire within the test's bounds.
 
@@ -14,7 +17,9 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use toolfleet_tests::fleet::{call, Fleet};
-use toolfleet_tests::{eventually_named, free_port, http_get, repo_path, wait_http_status};
+use toolfleet_tests::{
+    dashboard, eventually_named, free_port, http_get, repo_path, wait_http_status,
+};
 
 /// `name` from Debian's `prometheus` package; an error naming the package when missing.
 fn prometheus_tool(name: &str) -> Result<PathBuf> {
@@ -137,6 +142,11 @@ async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Resul
         for n in 0.. {
             let calls = vec![
                 call(&format!("f{n}"), "test.behave", json!({"fail": "boom"})),
+                call(
+                    &format!("s{n}"),
+                    "test.behave",
+                    json!({"sleep_ms": 50 + (n * 37) % 250}),
+                ),
                 call(&format!("ok{n}"), "test.noop", json!({})),
             ];
             let turn =
@@ -166,6 +176,33 @@ async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Resul
     })
     .await?;
     assert_eq!(alert_state(p_port, ALERT, "test.noop").await, None);
+
+    // Every panel of the dashboard evaluates; the turn, tool and process panels have data.
+    if let Ok(path) = std::env::var("TOOLFLEET_DASHBOARD_SVG") {
+        // Long enough that every 1-minute window of the drawn range is full of samples.
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        let now = toolfleet_common::call::unix_ms() as f64 / 1000.0;
+        let panels = dashboard::query_range(p_port, now - 60.0, now, 1.0).await?;
+        std::fs::write(path, dashboard::svg(&panels))?;
+    }
+    let now = toolfleet_common::call::unix_ms() as f64 / 1000.0;
+    let panels = dashboard::query_range(p_port, now - 30.0, now, 1.0).await?;
+    for title in [
+        "Turns per second",
+        "Tool error ratio",
+        "Tool latency",
+        "Process memory",
+        "Worker saturation",
+    ] {
+        let panel = panels
+            .iter()
+            .find(|p| p.title.starts_with(title))
+            .context(title)?;
+        assert!(
+            panel.series.iter().any(|(_, points)| !points.is_empty()),
+            "{title}: no data"
+        );
+    }
     storm.abort();
     prometheus.kill().await?;
     Ok(())
