@@ -170,6 +170,20 @@ pub fn ops_handler(health: crate::health::Health) -> Handler {
     })
 }
 
+/// Serves `/healthz`, `/readyz` and `/metrics` of `health` on `addr` (nothing when
+/// `None`) until `shutdown`.
+pub async fn serve_ops(
+    addr: Option<SocketAddr>,
+    health: &crate::health::Health,
+    shutdown: &CancellationToken,
+) -> std::io::Result<()> {
+    if let Some(addr) = addr {
+        let bound = serve(addr, ops_handler(health.clone()), shutdown.clone()).await?;
+        tracing::info!(%bound, "serving /healthz, /readyz and /metrics");
+    }
+    Ok(())
+}
+
 /// Reads `TOOLFLEET_HTTP_ADDR`: unset means `default`; `off` disables the endpoint.
 pub fn addr_from_env(default: &str) -> Result<Option<SocketAddr>, crate::config::ConfigError> {
     let value = crate::config::env_string("TOOLFLEET_HTTP_ADDR", default);

@@ -128,68 +128,17 @@ impl CoordinatorConfig {
             nats_credentials,
             redis_url,
             prefix,
-            default_deadline: env_ms_in(
-                "TOOLFLEET_DEFAULT_DEADLINE_MS",
-                d.default_deadline,
-                ranges::DEADLINE_MS,
-            )?,
-            max_deadline: env_ms_in(
-                "TOOLFLEET_MAX_DEADLINE_MS",
-                d.max_deadline,
-                ranges::DEADLINE_MS,
-            )?,
-            max_calls: env_in("TOOLFLEET_MAX_CALLS", d.max_calls, ranges::CALLS)?,
-            max_decision_calls: env_in(
-                "TOOLFLEET_MAX_DECISION_CALLS",
-                d.max_decision_calls,
-                ranges::DECISION_CALLS,
-            )?,
-            concurrency: env_in("TOOLFLEET_CONCURRENCY", d.concurrency, ranges::CALLS)?,
-            max_argument_bytes: env_in(
-                "TOOLFLEET_MAX_ARGUMENT_BYTES",
-                d.max_argument_bytes,
-                ranges::ARGUMENT_BYTES,
-            )?,
             tenant_argument_keys: keys
                 .split(',')
                 .map(str::trim)
                 .filter(|k| !k.is_empty())
                 .map(String::from)
                 .collect(),
-            sweep_interval: env_ms_in(
-                "TOOLFLEET_SWEEP_INTERVAL_MS",
-                d.sweep_interval,
-                ranges::SWEEP_INTERVAL_MS,
-            )?,
-            sweep_grace: env_ms_in(
-                "TOOLFLEET_SWEEP_GRACE_MS",
-                d.sweep_grace,
-                ranges::SWEEP_GRACE_MS,
-            )?,
-            registry_refresh: env_ms_in(
-                "TOOLFLEET_REGISTRY_REFRESH_MS",
-                d.registry_refresh,
-                ranges::REFRESH_MS,
-            )?,
-            retention: env_ms_in("TOOLFLEET_RETENTION_MS", d.retention, ranges::RETENTION_MS)?,
-            result_concurrency: env_in(
-                "TOOLFLEET_RESULT_CONCURRENCY",
-                d.result_concurrency,
-                ranges::RESULT_CONCURRENCY,
-            )?,
-            shutdown_grace: env_ms_in(
-                "TOOLFLEET_SHUTDOWN_GRACE_MS",
-                d.shutdown_grace,
-                ranges::SHUTDOWN_GRACE_MS,
-            )?,
-            topology_check: env_ms_in(
-                "TOOLFLEET_TOPOLOGY_CHECK_MS",
-                d.topology_check,
-                ranges::REFRESH_MS,
-            )?,
             tenants,
             http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9090")?,
-        };
+            ..d
+        }
+        .with_ranged_env()?;
         if config.default_deadline > config.max_deadline {
             return Err(ConfigError {
                 name: "TOOLFLEET_DEFAULT_DEADLINE_MS".into(),
@@ -201,6 +150,63 @@ impl CoordinatorConfig {
             });
         }
         Ok(config)
+    }
+}
+
+impl CoordinatorConfig {
+    /// These settings with every duration and count read from the environment and
+    /// checked against its range (see [`ranges`]).
+    fn with_ranged_env(self) -> Result<Self, ConfigError> {
+        use ranges as r;
+        let d = self;
+        Ok(Self {
+            default_deadline: env_ms_in(
+                "TOOLFLEET_DEFAULT_DEADLINE_MS",
+                d.default_deadline,
+                r::DEADLINE_MS,
+            )?,
+            max_deadline: env_ms_in("TOOLFLEET_MAX_DEADLINE_MS", d.max_deadline, r::DEADLINE_MS)?,
+            max_calls: env_in("TOOLFLEET_MAX_CALLS", d.max_calls, r::CALLS)?,
+            max_decision_calls: env_in(
+                "TOOLFLEET_MAX_DECISION_CALLS",
+                d.max_decision_calls,
+                r::DECISION_CALLS,
+            )?,
+            concurrency: env_in("TOOLFLEET_CONCURRENCY", d.concurrency, r::CALLS)?,
+            max_argument_bytes: env_in(
+                "TOOLFLEET_MAX_ARGUMENT_BYTES",
+                d.max_argument_bytes,
+                r::ARGUMENT_BYTES,
+            )?,
+            sweep_interval: env_ms_in(
+                "TOOLFLEET_SWEEP_INTERVAL_MS",
+                d.sweep_interval,
+                r::SWEEP_INTERVAL_MS,
+            )?,
+            sweep_grace: env_ms_in("TOOLFLEET_SWEEP_GRACE_MS", d.sweep_grace, r::SWEEP_GRACE_MS)?,
+            registry_refresh: env_ms_in(
+                "TOOLFLEET_REGISTRY_REFRESH_MS",
+                d.registry_refresh,
+                r::REFRESH_MS,
+            )?,
+            retention: env_ms_in("TOOLFLEET_RETENTION_MS", d.retention, r::RETENTION_MS)?,
+            result_concurrency: env_in(
+                "TOOLFLEET_RESULT_CONCURRENCY",
+                d.result_concurrency,
+                r::RESULT_CONCURRENCY,
+            )?,
+            shutdown_grace: env_ms_in(
+                "TOOLFLEET_SHUTDOWN_GRACE_MS",
+                d.shutdown_grace,
+                r::SHUTDOWN_GRACE_MS,
+            )?,
+            topology_check: env_ms_in(
+                "TOOLFLEET_TOPOLOGY_CHECK_MS",
+                d.topology_check,
+                r::REFRESH_MS,
+            )?,
+            ..d
+        })
     }
 }
 

@@ -75,13 +75,11 @@ pub async fn run_with_narrator(
 ) -> Result<(), CoordinatorError> {
     let health = Health::starting("connecting to NATS");
     let stop_background = CancellationToken::new();
-    if let Some(addr) = config.http_addr {
-        let handler = toolfleet_common::http::ops_handler(health.clone());
-        let bound = toolfleet_common::http::serve(addr, handler, stop_background.clone())
-            .await
-            .map_err(CoordinatorError::Http)?;
-        info!(%bound, "serving /healthz, /readyz and /metrics");
-    }
+    // Stops the HTTP endpoint and the background tasks however this function returns.
+    let _stop_on_exit = stop_background.clone().drop_guard();
+    toolfleet_common::http::serve_ops(config.http_addr, &health, &stop_background)
+        .await
+        .map_err(CoordinatorError::Http)?;
     let metrics = FleetMetrics::new();
     metrics.process_started("toolfleet-coordinator");
     let names = Names::new(config.prefix.clone());
@@ -94,7 +92,6 @@ pub async fn run_with_narrator(
         .connect(&config.nats_url)
         .await?;
     if !toolfleet_common::health::connected(&nats, &shutdown).await {
-        stop_background.cancel();
         return Ok(());
     }
     health.set_phase("creating streams");

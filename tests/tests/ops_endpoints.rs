@@ -41,6 +41,30 @@ async fn wait_status(port: u16, path: &str, want: u16) -> anyhow::Result<()> {
     .await
 }
 
+/// A tool's own code ("boom") is counted as `other`, so codes cannot grow the series; the
+/// build info, in-flight turns and process metrics are there from the start.
+fn bounded_and_always_present(metrics: &str) {
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("toolfleet_errors_total{") && l.contains("error_type=\"other\"")),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("boom"), "{metrics}");
+    for name in [
+        "toolfleet_build_info",
+        "toolfleet_turns_in_flight",
+        "process_memory_usage_bytes",
+        "process_open_fds",
+        "process_cpu_time_seconds_total",
+    ] {
+        assert!(
+            metric_value(metrics, name, &[]).is_some(),
+            "{name}: {metrics}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_readiness_and_metrics() -> anyhow::Result<()> {
     let mut fleet = Fleet::start().await?;
@@ -79,26 +103,7 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
             .any(|l| l.contains("outcome=\"done\"") && l.contains("test.behave")),
         "{metrics}"
     );
-    // A tool's own code ("boom") is counted as `other`: codes cannot grow the series.
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("toolfleet_errors_total{") && l.contains("error_type=\"other\"")),
-        "{metrics}"
-    );
-    assert!(!metrics.contains("boom"), "{metrics}");
-    for name in [
-        "toolfleet_build_info",
-        "toolfleet_turns_in_flight",
-        "process_memory_usage_bytes",
-        "process_open_fds",
-        "process_cpu_time_seconds_total",
-    ] {
-        assert!(
-            metric_value(&metrics, name, &[]).is_some(),
-            "{name}: {metrics}"
-        );
-    }
+    bounded_and_always_present(&metrics);
     assert!(
         metrics.contains("toolfleet_turn_duration_seconds_bucket"),
         "{metrics}"

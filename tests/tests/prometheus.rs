@@ -119,6 +119,57 @@ async fn alert_state(port: u16, alert: &str, tool: &str) -> Option<String> {
     })
 }
 
+/// Turns until aborted: each with a failing `test.behave` call, a slow one that succeeds
+/// and a `test.noop`.
+async fn storm(client: toolfleet_common::FleetClient) {
+    for n in 0u64.. {
+        let calls = vec![
+            call(&format!("f{n}"), "test.behave", json!({"fail": "boom"})),
+            call(
+                &format!("s{n}"),
+                "test.behave",
+                json!({"sleep_ms": 50 + (n * 37) % 250}),
+            ),
+            call(&format!("ok{n}"), "test.noop", json!({})),
+        ];
+        let turn = toolfleet_tests::fleet::turn("acme", toolfleet_tests::fleet::tool_calls(calls));
+        let _ = client.run_turn(turn, Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every panel of the dashboard evaluates and the turn, tool and process panels have
+/// data; with `TOOLFLEET_DASHBOARD_SVG` set, the panels are drawn there first.
+async fn dashboard_has_data(p_port: u16) -> Result<()> {
+    if let Ok(path) = std::env::var("TOOLFLEET_DASHBOARD_SVG") {
+        // Long enough that every 1-minute window of the drawn range is full of samples.
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        let now = toolfleet_common::call::unix_ms() as f64 / 1000.0;
+        let panels = dashboard::query_range(p_port, now - 60.0, now, 1.0).await?;
+        std::fs::write(path, dashboard::svg(&panels))?;
+    }
+    let now = toolfleet_common::call::unix_ms() as f64 / 1000.0;
+    let panels = dashboard::query_range(p_port, now - 30.0, now, 1.0).await?;
+    let titles = [
+        "Turns per second",
+        "Tool error ratio",
+        "Tool latency",
+        "Process memory",
+        "Worker saturation",
+    ];
+    for title in titles {
+        let panel = panels
+            .iter()
+            .find(|p| p.title.starts_with(title))
+            .context(title)?;
+        assert!(
+            panel.series.iter().any(|(_, points)| !points.is_empty()),
+            "{title}: no data"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Result<()> {
     const ALERT: &str = "ToolfleetToolErrorRatioHigh";
@@ -137,24 +188,7 @@ async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Resul
     .await?;
     wait_http_status(p_port, "/-/ready", 200, Duration::from_secs(30)).await?;
 
-    let client = fleet.client.clone();
-    let storm = tokio::spawn(async move {
-        for n in 0.. {
-            let calls = vec![
-                call(&format!("f{n}"), "test.behave", json!({"fail": "boom"})),
-                call(
-                    &format!("s{n}"),
-                    "test.behave",
-                    json!({"sleep_ms": 50 + (n * 37) % 250}),
-                ),
-                call(&format!("ok{n}"), "test.noop", json!({})),
-            ];
-            let turn =
-                toolfleet_tests::fleet::turn("acme", toolfleet_tests::fleet::tool_calls(calls));
-            let _ = client.run_turn(turn, Duration::from_secs(5)).await;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    });
+    let storm = tokio::spawn(storm(fleet.client.clone()));
 
     let both_up = eventually_named("both targets up", Duration::from_secs(30), || async {
         let (_, body) = http_get(p_port, "/api/v1/query?query=sum(up)").await.ok()?;
@@ -177,32 +211,7 @@ async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Resul
     .await?;
     assert_eq!(alert_state(p_port, ALERT, "test.noop").await, None);
 
-    // Every panel of the dashboard evaluates; the turn, tool and process panels have data.
-    if let Ok(path) = std::env::var("TOOLFLEET_DASHBOARD_SVG") {
-        // Long enough that every 1-minute window of the drawn range is full of samples.
-        tokio::time::sleep(Duration::from_secs(120)).await;
-        let now = toolfleet_common::call::unix_ms() as f64 / 1000.0;
-        let panels = dashboard::query_range(p_port, now - 60.0, now, 1.0).await?;
-        std::fs::write(path, dashboard::svg(&panels))?;
-    }
-    let now = toolfleet_common::call::unix_ms() as f64 / 1000.0;
-    let panels = dashboard::query_range(p_port, now - 30.0, now, 1.0).await?;
-    for title in [
-        "Turns per second",
-        "Tool error ratio",
-        "Tool latency",
-        "Process memory",
-        "Worker saturation",
-    ] {
-        let panel = panels
-            .iter()
-            .find(|p| p.title.starts_with(title))
-            .context(title)?;
-        assert!(
-            panel.series.iter().any(|(_, points)| !points.is_empty()),
-            "{title}: no data"
-        );
-    }
+    dashboard_has_data(p_port).await?;
     storm.abort();
     prometheus.kill().await?;
     Ok(())

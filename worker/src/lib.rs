@@ -126,13 +126,9 @@ pub async fn run(
     let health = Health::starting("connecting to NATS");
     let http_stop = CancellationToken::new();
     let _stop_http_on_exit = http_stop.clone().drop_guard();
-    if let Some(addr) = config.http_addr {
-        let handler = toolfleet_common::http::ops_handler(health.clone());
-        let bound = toolfleet_common::http::serve(addr, handler, http_stop.clone())
-            .await
-            .map_err(WorkerError::Http)?;
-        info!(%bound, "serving /healthz, /readyz and /metrics");
-    }
+    toolfleet_common::http::serve_ops(config.http_addr, &health, &http_stop)
+        .await
+        .map_err(WorkerError::Http)?;
     let metrics = toolfleet_common::metrics::FleetMetrics::new();
     metrics.process_started("toolfleet-worker");
     let names = Names::new(config.prefix.clone());
@@ -154,72 +150,20 @@ pub async fn run(
     for tool in &served {
         consumers.push(tool_consumer(&jobs_stream, &names, tool, config.ack_wait).await?);
     }
-
     health.set_phase("connecting to Redis");
-    let redis_client = redis::Client::open(config.redis_url.as_str())?;
-    let redis = redis::aio::ConnectionManager::new(redis_client).await?;
-    let redis_probe = redis.clone();
-    let definitions: Vec<_> = served.iter().map(|t| t.tool.definition().clone()).collect();
-    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
-    let mut registration = Registration::new(
-        redis,
-        names.clone(),
-        config.worker_id.clone(),
-        &definitions,
-        ttl_ms,
-    )?;
-    registration.beat().await?;
-    let _ = nats.publish(names.registry_changed(), "".into()).await;
-    info!(worker_id = %config.worker_id, tools = definitions.len(), "worker serving");
-
+    let (registration, redis) = register(&config, &names, &served, &nats).await?;
     let shared = Arc::new(Shared {
         nats: nats.clone(),
-        js: js.clone(),
+        js,
         names: names.clone(),
         worker_id: config.worker_id.clone(),
         ack_wait: config.ack_wait,
         max_result_bytes: config.max_result_bytes,
-        metrics: metrics.clone(),
+        metrics,
         abandon: CancellationToken::new(),
     });
-    health.set_readiness(toolfleet_common::ready::readiness(
-        nats.clone(),
-        redis_probe,
-        toolfleet_common::ready::Needs {
-            streams: Vec::new(),
-            consumers: definitions
-                .iter()
-                .map(|d| (names.jobs_stream(), names.tool_consumer(&d.name)))
-                .collect(),
-        },
-    ));
-    let needed = served
-        .iter()
-        .map(|t| {
-            Needed::Consumer(
-                names.jobs_stream(),
-                consumer_config(&names, t, config.ack_wait),
-            )
-        })
-        .collect();
-    let calls = TaskTracker::new();
-    let loops = TaskTracker::new();
-    for (tool, consumer) in served.into_iter().zip(consumers) {
-        metrics.worker_capacity(&tool.tool.definition().name, config.concurrency);
-        let serve = serve_tool(
-            Arc::clone(&shared),
-            tool,
-            consumer,
-            config.concurrency,
-            shutdown.clone(),
-            calls.clone(),
-        );
-        health.supervise(&loops, "pull_loop", &shutdown, serve);
-    }
-    let watch = topology::watch(js, needed, config.topology_check, metrics, shutdown.clone());
-    health.supervise(&loops, "topology", &shutdown, watch);
-    loops.close();
-
+    health.set_readiness(readiness(&shared, redis, &served));
+    let (loops, calls) = start_loops(&config, &shared, &health, served, consumers, &shutdown);
     let heartbeat_stop = CancellationToken::new();
     let heartbeat = spawn_heartbeat(
         registration,
@@ -244,6 +188,106 @@ pub async fn run(
     let _ = tokio::time::timeout(Duration::from_secs(2), nats.flush()).await;
     info!("worker stopped");
     Ok(())
+}
+
+/// Announces the tools in Redis (one beat) and tells the coordinators; the registration
+/// and a Redis connection for the readiness check.
+async fn register(
+    config: &WorkerConfig,
+    names: &Names,
+    served: &[Arc<ServedTool>],
+    nats: &async_nats::Client,
+) -> Result<(Registration, redis::aio::ConnectionManager), WorkerError> {
+    let redis_client = redis::Client::open(config.redis_url.as_str())?;
+    let redis = redis::aio::ConnectionManager::new(redis_client).await?;
+    let definitions: Vec<_> = served.iter().map(|t| t.tool.definition().clone()).collect();
+    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
+    let mut registration = Registration::new(
+        redis.clone(),
+        names.clone(),
+        config.worker_id.clone(),
+        &definitions,
+        ttl_ms,
+    )?;
+    registration.beat().await?;
+    let _ = nats.publish(names.registry_changed(), "".into()).await;
+    info!(worker_id = %config.worker_id, tools = definitions.len(), "worker serving");
+    Ok((registration, redis))
+}
+
+/// Ready when NATS is connected, Redis answers and every tool's consumer exists.
+fn readiness(
+    shared: &Shared,
+    redis: redis::aio::ConnectionManager,
+    served: &[Arc<ServedTool>],
+) -> toolfleet_common::http::Readiness {
+    let names = &shared.names;
+    let consumers = served
+        .iter()
+        .map(|t| {
+            (
+                names.jobs_stream(),
+                names.tool_consumer(&t.tool.definition().name),
+            )
+        })
+        .collect();
+    toolfleet_common::ready::readiness(
+        shared.nats.clone(),
+        redis,
+        toolfleet_common::ready::Needs {
+            streams: Vec::new(),
+            consumers,
+        },
+    )
+}
+
+/// Starts, supervised until `shutdown`, one pull loop per tool (its calls on the
+/// returned call tracker) and the watch that recreates lost tool consumers; the loops'
+/// tracker (closed) and the calls' tracker.
+fn start_loops(
+    config: &WorkerConfig,
+    shared: &Arc<Shared>,
+    health: &Health,
+    served: Vec<Arc<ServedTool>>,
+    consumers: Vec<consumer::PullConsumer>,
+    shutdown: &CancellationToken,
+) -> (TaskTracker, TaskTracker) {
+    let names = &shared.names;
+    let needed = served
+        .iter()
+        .map(|t| {
+            Needed::Consumer(
+                names.jobs_stream(),
+                consumer_config(names, t, config.ack_wait),
+            )
+        })
+        .collect();
+    let (loops, calls) = (TaskTracker::new(), TaskTracker::new());
+    for (tool, consumer) in served.into_iter().zip(consumers) {
+        let tool_name = tool.tool.definition().name.clone();
+        shared
+            .metrics
+            .worker_capacity(&tool_name, config.concurrency);
+        let serve = serve_tool(
+            Arc::clone(shared),
+            tool,
+            consumer,
+            config.concurrency,
+            shutdown.clone(),
+            calls.clone(),
+        );
+        health.supervise(&loops, "pull_loop", shutdown, serve);
+    }
+    let watch = topology::watch(
+        shared.js.clone(),
+        needed,
+        config.topology_check,
+        shared.metrics.clone(),
+        shutdown.clone(),
+    );
+    health.supervise(&loops, "topology", shutdown, watch);
+    loops.close();
+    (loops, calls)
 }
 
 /// Checks `tools` (names usable and unique, output schemas compile) and pairs each with
