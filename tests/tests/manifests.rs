@@ -638,6 +638,40 @@ fn the_service_monitor_scrapes_coordinators_and_workers() -> Result<()> {
 }
 
 #[test]
+fn nats_and_redis_run_an_exporter_the_service_monitor_scrapes() -> Result<()> {
+    let objects = k8s_objects()?;
+    let monitor = yaml("deploy/prometheus/servicemonitor-servers.yaml")?;
+    let port = at(&monitor, &["spec", "endpoints"])
+        .and_then(Value::as_sequence)
+        .and_then(|e| e.first())
+        .and_then(|e| str_at(e, &["port"]));
+    assert_eq!(port, Some("metrics"));
+    for name in ["nats", "redis"] {
+        let server = named(&objects, "StatefulSet", name)?;
+        let exporter = containers(server)
+            .into_iter()
+            .find(|c| str_at(c, &["name"]) == Some("exporter"))
+            .with_context(|| format!("{name} has no exporter"))?;
+        let ports = at(exporter, &["ports"]).and_then(Value::as_sequence);
+        assert!(ports
+            .into_iter()
+            .flatten()
+            .any(|p| str_at(p, &["name"]) == Some("metrics")));
+        let service = named(&objects, "Service", name)?;
+        assert_eq!(
+            str_at(service, &["metadata", "labels", "app.kubernetes.io/name"]),
+            Some(name)
+        );
+        let ports = at(service, &["spec", "ports"]).and_then(Value::as_sequence);
+        assert!(ports
+            .into_iter()
+            .flatten()
+            .any(|p| str_at(p, &["name"]) == Some("metrics")));
+    }
+    Ok(())
+}
+
+#[test]
 fn workers_have_a_disruption_budget_and_redis_a_memory_cap() -> Result<()> {
     let objects = k8s_objects()?;
     let budget = named(&objects, "PodDisruptionBudget", "worker")?;

@@ -164,9 +164,13 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
         error.type = tracing::field::Empty,
     );
     telemetry::set_remote_parent(&span, message.headers.as_ref());
-    shared
-        .metrics
-        .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
+    // A redelivered attempt waited for the ack wait, not in the queue: it is counted in
+    // `toolfleet.jobs.redeliveries` instead.
+    if attempt == 1 {
+        shared
+            .metrics
+            .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
+    }
     async move {
         let def = tool.tool.definition();
         let now = unix_ms();
