@@ -494,3 +494,16 @@ impl Default for FleetMetrics {
         Self::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_types_are_toolfleet_codes_or_other() {
+        assert_eq!(error_type("tool_timeout"), "tool_timeout");
+        assert_eq!(error_type("no_live_worker"), "no_live_worker");
+        assert_eq!(error_type("boom"), "other");
+        assert_eq!(error_type(""), "other");
+    }
+}
