@@ -111,24 +111,31 @@ pub async fn watch(
     metrics: FleetMetrics,
     stop: CancellationToken,
 ) {
+    // Which objects' last check failed: a failure is a WARN the first time, then DEBUG
+    // until the object is found again.
+    let mut failing = vec![false; needed.len()];
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
         }
-        for item in &needed {
+        for (item, failing) in needed.iter().zip(failing.iter_mut()) {
+            let (kind, name) = (item.kind(), item.name());
             match ensure(&js, item).await {
                 Ok(Presence::Created) => {
-                    metrics.topology_recreated(item.kind());
-                    warn!(kind = item.kind(), name = %item.name(), "JetStream object was missing; recreated it");
+                    metrics.topology_recreated(kind);
+                    warn!(kind, %name, "JetStream object was missing; recreated it");
+                    *failing = false;
                 }
-                Ok(Presence::Existed) => {}
+                Ok(Presence::Existed) => *failing = false,
                 Ok(Presence::StreamMissing) => {
-                    debug!(name = %item.name(), "consumer's stream missing; waiting for the coordinator to recreate it");
+                    debug!(%name, "consumer's stream missing; waiting for the coordinator to recreate it");
                 }
-                Err(error) => {
-                    debug!(kind = item.kind(), name = %item.name(), %error, "topology check failed");
+                Err(error) if !*failing => {
+                    warn!(kind, %name, %error, "could not check or recreate a JetStream object");
+                    *failing = true;
                 }
+                Err(error) => debug!(kind, %name, %error, "topology check failed"),
             }
         }
     }
