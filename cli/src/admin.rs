@@ -1,5 +1,6 @@
 //! `toolfleet admin`: set up the database of the receptionist and CRM packs and manage
-//! each business's policies and FAQs. Connects with `--database-url` /
+//! each business's policies and FAQs; print the worker's KEDA `ScaledObject` (`keda`, no
+//! database). Connects with `--database-url` /
 //! `TOOLFLEET_DATABASE_URL` as a user that may write (not the tools' read-only role).
 //!
 //! Owns the admin subcommands and their SQL for policies and FAQs; migrations and
@@ -37,6 +38,15 @@ pub enum AdminCommand {
     Faqs {
         #[command(subcommand)]
         command: FaqCommand,
+    },
+    /// Print the worker's KEDA ScaledObject: one trigger per tool of `--packs`.
+    Keda {
+        /// The packs the worker serves, comma-separated (its `TOOLFLEET_PACKS`).
+        #[arg(long, default_value = "demo")]
+        packs: String,
+        /// Pending jobs per worker replica above which KEDA adds one.
+        #[arg(long, default_value_t = 10)]
+        lag_threshold: u32,
     },
 }
 
@@ -101,6 +111,18 @@ pub enum FaqCommand {
 /// Runs `command` against `database_url` and prints its JSON answer.
 pub async fn run(database_url: &str, command: AdminCommand) -> Result<()> {
     let answer = match command {
+        AdminCommand::Keda {
+            packs,
+            lag_threshold,
+        } => {
+            let names: Vec<&str> = packs.split(',').map(str::trim).collect();
+            let tools = toolfleet_packs::tools_for(&names).map_err(anyhow::Error::msg)?;
+            let tools: Vec<String> = tools.iter().map(|t| t.definition().name.clone()).collect();
+            let fleet = toolfleet_common::Names::default();
+            let yaml = toolfleet_packs::keda::scaled_object(&fleet, &packs, &tools, lag_threshold);
+            print!("{yaml}");
+            return Ok(());
+        }
         AdminCommand::Migrate { seed } => migrate(database_url, seed).await?,
         AdminCommand::Policies { command } => command.run(&connect(database_url).await?).await?,
         AdminCommand::Faqs { command } => command.run(&connect(database_url).await?).await?,

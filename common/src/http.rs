@@ -1,8 +1,8 @@
 //! A small HTTP/1.1 server for operational endpoints (`/healthz`, `/readyz`,
 //! `/metrics`): GET only, one request per connection, bounded reads.
 //!
-//! Owns serving and routing those paths. Never decides readiness itself (the process
-//! passes its check, see `ready`) and never serves a frontend's traffic.
+//! Owns serving and routing those paths. Never decides liveness or readiness itself (the
+//! process passes its [`crate::health::Health`], see also `ready`) and never serves a frontend's traffic.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -140,19 +140,25 @@ pub type ReadyFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 /// A readiness check.
 pub type Readiness = Arc<dyn Fn() -> ReadyFuture + Send + Sync>;
 
-/// Routes `/healthz` (the process answers), `/readyz` (`ready` passes) and `/metrics`
+/// Routes `/healthz` (every supervised task alive, see [`crate::health`]), `/readyz`
+/// (live, not draining, started, and the readiness check passes) and `/metrics`
 /// (Prometheus text of this process's metrics).
-pub fn ops_handler(ready: Readiness) -> Handler {
+pub fn ops_handler(health: crate::health::Health) -> Handler {
     Arc::new(move |path: String| {
-        let ready = Arc::clone(&ready);
+        let health = health.clone();
         Box::pin(async move {
             match path.as_str() {
-                "/healthz" | "/livez" => Response::ok("ok\n"),
-                "/readyz" => match tokio::time::timeout(Duration::from_secs(3), ready()).await {
-                    Ok(Ok(())) => Response::ok("ready\n"),
-                    Ok(Err(reason)) => Response::status(503, format!("not ready: {reason}\n")),
-                    Err(_) => Response::status(503, "not ready: checks timed out\n"),
+                "/healthz" | "/livez" => match health.liveness() {
+                    Ok(()) => Response::ok("ok\n"),
+                    Err(reason) => Response::status(503, format!("not live: {reason}\n")),
                 },
+                "/readyz" => {
+                    match tokio::time::timeout(Duration::from_secs(3), health.readiness()).await {
+                        Ok(Ok(())) => Response::ok("ready\n"),
+                        Ok(Err(reason)) => Response::status(503, format!("not ready: {reason}\n")),
+                        Err(_) => Response::status(503, "not ready: checks timed out\n"),
+                    }
+                }
                 "/metrics" => Response {
                     status: 200,
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
@@ -162,6 +168,20 @@ pub fn ops_handler(ready: Readiness) -> Handler {
             }
         }) as ResponseFuture
     })
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` of `health` on `addr` (nothing when
+/// `None`) until `shutdown`.
+pub async fn serve_ops(
+    addr: Option<SocketAddr>,
+    health: &crate::health::Health,
+    shutdown: &CancellationToken,
+) -> std::io::Result<()> {
+    if let Some(addr) = addr {
+        let bound = serve(addr, ops_handler(health.clone()), shutdown.clone()).await?;
+        tracing::info!(%bound, "serving /healthz, /readyz and /metrics");
+    }
+    Ok(())
 }
 
 /// Reads `TOOLFLEET_HTTP_ADDR`: unset means `default`; `off` disables the endpoint.
@@ -187,8 +207,15 @@ mod tests {
     #[tokio::test]
     async fn serves_health_readiness_and_404() -> Result<(), Box<dyn std::error::Error>> {
         let ready: Readiness = Arc::new(|| Box::pin(async { Err("redis down".to_string()) }));
+        let health = crate::health::Health::default();
+        health.set_readiness(ready);
         let shutdown = CancellationToken::new();
-        let addr = serve("127.0.0.1:0".parse()?, ops_handler(ready), shutdown.clone()).await?;
+        let addr = serve(
+            "127.0.0.1:0".parse()?,
+            ops_handler(health),
+            shutdown.clone(),
+        )
+        .await?;
         for (path, want) in [("/healthz", "200"), ("/readyz", "503"), ("/nope", "404")] {
             let mut stream = tokio::net::TcpStream::connect(addr).await?;
             stream

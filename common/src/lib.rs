@@ -19,6 +19,8 @@
 //! | `ready` | the `/readyz` check of the coordinator and worker (feature `redis`) |
 //! | [`shutdown`] | SIGTERM / Ctrl-C as a cancellation token |
 //! | [`streams`] | creating the jobs and results JetStream streams |
+//! | [`topology`] | streams and consumers recreated when they disappear |
+//! | [`health`] | liveness (supervised tasks), drain and start-up phase of a process |
 //! | [`telemetry`] | logs, OTLP traces and metrics, Prometheus text, trace context in NATS headers |
 //! | [`client`] | `FleetClient`: submit a turn, stream its events, list the catalog |
 
@@ -27,6 +29,7 @@ pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod deferred;
+pub mod health;
 pub mod http;
 pub mod job;
 pub mod metrics;
@@ -37,6 +40,7 @@ pub mod shutdown;
 pub mod streams;
 pub mod telemetry;
 pub mod tool;
+pub mod topology;
 pub mod turn;
 
 pub use call::{CallError, CallResult, CallState, Summary, ToolCall};

@@ -6,7 +6,7 @@
 //! value that can grow without bound (tool names come from the registry, codes are
 //! stable); callers map unknown tools to one label.
 
-use opentelemetry::metrics::{Counter, Histogram, UpDownCounter};
+use opentelemetry::metrics::{Counter, Gauge, Histogram, UpDownCounter};
 use opentelemetry::KeyValue;
 
 /// Metric names.
@@ -29,6 +29,131 @@ pub mod names {
     pub const DUPLICATE_RESULTS: &str = "toolfleet.results.duplicate";
     /// Calls executing on a worker right now, by tool.
     pub const JOBS_IN_FLIGHT: &str = "toolfleet.jobs.in_flight";
+    /// Jobs a worker handed back for another attempt after a retryable error, by tool.
+    pub const JOB_RETRIES: &str = "toolfleet.jobs.retries";
+    /// Jobs delivered more than once (attempt > 1), by tool.
+    pub const JOB_REDELIVERIES: &str = "toolfleet.jobs.redeliveries";
+    /// Redelivered calls of non-idempotent tools reported `call_interrupted`, by tool.
+    pub const JOB_INTERRUPTIONS: &str = "toolfleet.jobs.interrupted";
+    /// Jobs dropped unrun because their turn's deadline had passed, by tool.
+    pub const JOB_DEADLINE_DROPS: &str = "toolfleet.jobs.deadline_dropped";
+    /// In-flight jobs handed back (NAK) when a worker's shutdown grace ran out, by tool.
+    pub const JOB_HANDED_BACK: &str = "toolfleet.jobs.handed_back";
+    /// Jobs waiting in a tool's consumer, not yet delivered, by tool.
+    pub const QUEUE_PENDING: &str = "toolfleet.queue.pending";
+    /// Jobs delivered to a worker and not yet acked, by tool.
+    pub const QUEUE_ACK_PENDING: &str = "toolfleet.queue.ack_pending";
+    /// Age in seconds of the oldest job not yet acked, by tool.
+    pub const QUEUE_OLDEST_AGE: &str = "toolfleet.queue.oldest_age";
+    /// Calls of one tool a worker runs at once, by tool.
+    pub const WORKER_CAPACITY: &str = "toolfleet.worker.capacity";
+    /// Turns this coordinator owns right now.
+    pub const TURNS_IN_FLIGHT: &str = "toolfleet.turns.in_flight";
+    /// Turns refused whole, by `code` (`invalid_decision`, `duplicate_turn`, ...).
+    pub const TURNS_REFUSED: &str = "toolfleet.turns.refused";
+    /// NATS connection events, by `event` (`connected`, `disconnected`, `error`, ...).
+    pub const NATS_EVENTS: &str = "toolfleet.nats.events";
+    /// Failed Redis operations, by `operation`.
+    pub const REDIS_ERRORS: &str = "toolfleet.redis.errors";
+    /// JetStream streams and consumers recreated after they disappeared, by `kind`.
+    pub const TOPOLOGY_RECREATED: &str = "toolfleet.topology.recreated";
+    /// Supervised background tasks that died, by `task`.
+    pub const TASKS_DIED: &str = "toolfleet.tasks.died";
+    /// Always 1, with the build's `version` and the `service`.
+    pub const BUILD_INFO: &str = "toolfleet.build_info";
+    /// CPU time used by the process, in seconds.
+    pub const PROCESS_CPU: &str = "process.cpu.time";
+    /// Resident memory of the process, in bytes.
+    pub const PROCESS_MEMORY: &str = "process.memory.usage";
+    /// Open file descriptors of the process.
+    pub const PROCESS_FDS: &str = "process.open_fds";
+}
+
+/// The `error.type` label of `code`: a code toolfleet itself uses, else `other`, so a
+/// tool's free-form codes cannot grow the number of series.
+pub fn error_type(code: &str) -> &'static str {
+    use crate::call::codes as c;
+    const KNOWN: [&str; 20] = [
+        c::MALFORMED_CALL,
+        c::MALFORMED_ARGUMENTS,
+        c::UNKNOWN_TOOL,
+        c::INVALID_ARGUMENTS,
+        c::DUPLICATE_CALL_ID,
+        c::TOO_MANY_CALLS,
+        c::TOOL_NOT_ALLOWED,
+        c::TENANT_MISMATCH,
+        c::ARGUMENTS_TOO_LARGE,
+        c::NO_LIVE_WORKER,
+        c::DISPATCH_FAILED,
+        c::TOOL_ERROR,
+        c::TOOL_PANICKED,
+        c::TOOL_TIMEOUT,
+        c::DEADLINE_EXCEEDED,
+        c::CALL_INTERRUPTED,
+        c::INVALID_RESULT,
+        c::RESULT_TOO_LARGE,
+        c::NOT_DISPATCHED,
+        c::BAD_ARGUMENTS,
+    ];
+    KNOWN.into_iter().find(|k| *k == code).unwrap_or("other")
+}
+
+/// The tool label.
+const TOOL: &str = "gen_ai.tool.name";
+
+/// Process metrics read from `/proc/self` whenever metrics are collected.
+mod process {
+    use opentelemetry::metrics::AsyncInstrument;
+
+    /// Registers the observable CPU, memory and open-fd instruments.
+    pub(super) fn register() {
+        let meter = opentelemetry::global::meter("toolfleet");
+        let _cpu = meter
+            .f64_observable_counter(super::names::PROCESS_CPU)
+            .with_unit("s")
+            .with_description("CPU time used by the process")
+            .with_callback(|o| observe(o, cpu_seconds()))
+            .build();
+        let _memory = meter
+            .u64_observable_gauge(super::names::PROCESS_MEMORY)
+            .with_unit("By")
+            .with_description("Resident memory of the process")
+            .with_callback(|o| observe(o, resident_bytes()))
+            .build();
+        let _fds = meter
+            .u64_observable_gauge(super::names::PROCESS_FDS)
+            .with_description("Open file descriptors of the process")
+            .with_callback(|o| observe(o, open_fds()))
+            .build();
+    }
+
+    fn observe<T>(o: &dyn AsyncInstrument<T>, value: Option<T>) {
+        if let Some(v) = value {
+            o.observe(v, &[]);
+        }
+    }
+
+    /// User + system time from `/proc/self/stat` (fields 14 and 15, in clock ticks of
+    /// 1/100 s on Linux).
+    fn cpu_seconds() -> Option<f64> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let after_name = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        let ticks: u64 =
+            fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        Some(ticks as f64 / 100.0)
+    }
+
+    fn resident_bytes() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    }
+
+    fn open_fds() -> Option<u64> {
+        Some(std::fs::read_dir("/proc/self/fd").ok()?.count() as u64)
+    }
 }
 
 /// Every instrument the fleet records.
@@ -43,6 +168,8 @@ pub struct FleetMetrics {
     late: Counter<u64>,
     duplicates: Counter<u64>,
     in_flight: UpDownCounter<i64>,
+    counters: Vec<(&'static str, Counter<u64>)>,
+    gauges: Vec<(&'static str, Gauge<i64>)>,
 }
 
 impl std::fmt::Debug for FleetMetrics {
@@ -51,8 +178,67 @@ impl std::fmt::Debug for FleetMetrics {
     }
 }
 
-const LATENCY_BOUNDS: [f64; 16] = [
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+/// Latency buckets, up to the longest deadline a turn may have (300 s).
+const LATENCY_BOUNDS: [f64; 18] = [
+    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    180.0, 300.0,
+];
+
+/// Queue-wait buckets: measured from millisecond wall clocks of two hosts, so nothing
+/// below 5 ms.
+const QUEUE_WAIT_BOUNDS: [f64; 15] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// Counters with one label, created in [`FleetMetrics::new`]: name, description.
+const LABELLED_COUNTERS: [(&str, &str); 10] = [
+    (
+        names::JOB_RETRIES,
+        "Jobs handed back after a retryable error",
+    ),
+    (names::JOB_REDELIVERIES, "Jobs delivered more than once"),
+    (
+        names::JOB_INTERRUPTIONS,
+        "Redelivered non-idempotent calls reported interrupted",
+    ),
+    (
+        names::JOB_DEADLINE_DROPS,
+        "Jobs dropped unrun past their turn's deadline",
+    ),
+    (
+        names::JOB_HANDED_BACK,
+        "In-flight jobs handed back when the shutdown grace ran out",
+    ),
+    (names::TURNS_REFUSED, "Turns refused whole, by code"),
+    (names::NATS_EVENTS, "NATS connection events"),
+    (names::REDIS_ERRORS, "Failed Redis operations"),
+    (
+        names::TOPOLOGY_RECREATED,
+        "JetStream streams and consumers recreated",
+    ),
+    (names::TASKS_DIED, "Supervised background tasks that died"),
+];
+
+/// Gauges, created in [`FleetMetrics::new`]: name, unit, description.
+const GAUGES: [(&str, &str, &str); 6] = [
+    (names::QUEUE_PENDING, "", "Jobs not yet delivered"),
+    (
+        names::QUEUE_ACK_PENDING,
+        "",
+        "Jobs delivered and not yet acked",
+    ),
+    (
+        names::QUEUE_OLDEST_AGE,
+        "s",
+        "Age of the oldest job not yet acked",
+    ),
+    (
+        names::WORKER_CAPACITY,
+        "",
+        "Calls of one tool this worker runs at once",
+    ),
+    (names::TURNS_IN_FLIGHT, "", "Turns this coordinator owns"),
+    (names::BUILD_INFO, "", "Build information"),
 ];
 
 impl FleetMetrics {
@@ -76,10 +262,12 @@ impl FleetMetrics {
         Self {
             calls: counter(names::CALLS, "Calls ended, by tool and outcome"),
             call_duration: seconds(names::CALL_DURATION, "Tool execution time"),
-            queue_wait: seconds(
-                names::CALL_QUEUE_WAIT,
-                "Time a job waited between dispatch and execution",
-            ),
+            queue_wait: meter
+                .f64_histogram(names::CALL_QUEUE_WAIT)
+                .with_unit("s")
+                .with_description("Time a job waited between dispatch and execution")
+                .with_boundaries(QUEUE_WAIT_BOUNDS.to_vec())
+                .build(),
             errors: counter(names::ERRORS, "Failed calls by error code"),
             turn_calls: meter
                 .u64_histogram(names::TURN_CALLS)
@@ -93,7 +281,135 @@ impl FleetMetrics {
                 .i64_up_down_counter(names::JOBS_IN_FLIGHT)
                 .with_description("Calls executing on this worker")
                 .build(),
+            counters: LABELLED_COUNTERS
+                .iter()
+                .map(|(name, description)| (*name, counter(name, description)))
+                .collect(),
+            gauges: GAUGES
+                .iter()
+                .map(|(name, unit, description)| {
+                    let gauge = meter.i64_gauge(*name).with_description(*description);
+                    let gauge = match unit.is_empty() {
+                        true => gauge,
+                        false => gauge.with_unit(*unit),
+                    };
+                    (*name, gauge.build())
+                })
+                .collect(),
         }
+    }
+
+    fn count(&self, name: &str, label: &'static str, value: &str) {
+        if let Some((_, c)) = self.counters.iter().find(|(n, _)| *n == name) {
+            c.add(1, &[KeyValue::new(label, value.to_string())]);
+        }
+    }
+
+    fn gauge(&self, name: &str, value: i64, labels: &[KeyValue]) {
+        if let Some((_, g)) = self.gauges.iter().find(|(n, _)| *n == name) {
+            g.record(value, labels);
+        }
+    }
+
+    /// A worker handed `tool`'s job back for another attempt after a retryable error.
+    pub fn job_retried(&self, tool: &str) {
+        self.count(names::JOB_RETRIES, TOOL, tool);
+    }
+
+    /// A job of `tool` arrived for the second time or later.
+    pub fn job_redelivered(&self, tool: &str) {
+        self.count(names::JOB_REDELIVERIES, TOOL, tool);
+    }
+
+    /// A redelivered call of the non-idempotent `tool` was reported interrupted.
+    pub fn job_interrupted(&self, tool: &str) {
+        self.count(names::JOB_INTERRUPTIONS, TOOL, tool);
+    }
+
+    /// A job of `tool` was dropped unrun: its turn's deadline had passed.
+    pub fn job_deadline_dropped(&self, tool: &str) {
+        self.count(names::JOB_DEADLINE_DROPS, TOOL, tool);
+    }
+
+    /// An in-flight job of `tool` was handed back when the shutdown grace ran out.
+    pub fn job_handed_back(&self, tool: &str) {
+        self.count(names::JOB_HANDED_BACK, TOOL, tool);
+    }
+
+    /// A turn was refused whole with `code` (a `turn_codes` constant, else `other`).
+    pub fn turn_refused(&self, code: &str) {
+        use crate::turn::turn_codes as t;
+        let known = [
+            t::INVALID_REQUEST,
+            t::INVALID_DECISION,
+            t::DECISION_TOO_LARGE,
+            t::DUPLICATE_TURN,
+            t::UNAVAILABLE,
+        ];
+        let code = known.into_iter().find(|k| *k == code).unwrap_or("other");
+        self.count(names::TURNS_REFUSED, "code", code);
+    }
+
+    /// A NATS connection event (`connected`, `disconnected`, `error`, ...).
+    pub fn nats_event(&self, event: &'static str) {
+        self.count(names::NATS_EVENTS, "event", event);
+    }
+
+    /// A Redis `operation` failed.
+    pub fn redis_error(&self, operation: &'static str) {
+        self.count(names::REDIS_ERRORS, "operation", operation);
+    }
+
+    /// A JetStream `kind` (`stream`, `consumer`) was recreated after it disappeared.
+    pub fn topology_recreated(&self, kind: &'static str) {
+        self.count(names::TOPOLOGY_RECREATED, "kind", kind);
+    }
+
+    /// The supervised background `task` died.
+    pub fn task_died(&self, task: &str) {
+        self.count(names::TASKS_DIED, "task", task);
+    }
+
+    /// `tool`'s consumer: jobs not yet delivered, delivered and not acked, and the age
+    /// of the oldest not acked.
+    pub fn queue_lag(&self, tool: &str, pending: u64, ack_pending: u64, oldest_age_s: i64) {
+        let labels = [KeyValue::new(TOOL, tool.to_string())];
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.gauge(names::QUEUE_PENDING, clamp(pending), &labels);
+        self.gauge(names::QUEUE_ACK_PENDING, clamp(ack_pending), &labels);
+        self.gauge(names::QUEUE_OLDEST_AGE, oldest_age_s, &labels);
+    }
+
+    /// This worker runs at most `slots` calls of `tool` at once.
+    pub fn worker_capacity(&self, tool: &str, slots: usize) {
+        let slots = i64::try_from(slots).unwrap_or(i64::MAX);
+        self.gauge(
+            names::WORKER_CAPACITY,
+            slots,
+            &[KeyValue::new(TOOL, tool.to_string())],
+        );
+    }
+
+    /// This coordinator owns `turns` turns.
+    pub fn turns_in_flight(&self, turns: usize) {
+        let turns = i64::try_from(turns).unwrap_or(i64::MAX);
+        self.gauge(names::TURNS_IN_FLIGHT, turns, &[]);
+    }
+
+    /// Records `toolfleet_build_info{service, version} 1` and registers the process
+    /// metrics (CPU, memory, open fds, read from `/proc` at each collection), once per
+    /// process.
+    pub fn process_started(&self, service: &str) {
+        self.gauge(
+            names::BUILD_INFO,
+            1,
+            &[
+                KeyValue::new("service", service.to_string()),
+                KeyValue::new("version", env!("CARGO_PKG_VERSION")),
+            ],
+        );
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(crate::metrics::process::register);
     }
 
     /// A call ended with `result`, counted under the `tool` label (its outcome is the
@@ -116,7 +432,7 @@ impl FleetMetrics {
             self.errors.add(
                 1,
                 &[
-                    KeyValue::new("error.type", code.to_string()),
+                    KeyValue::new("error.type", error_type(code)),
                     KeyValue::new("gen_ai.tool.name", tool.to_string()),
                 ],
             );
@@ -176,5 +492,18 @@ impl FleetMetrics {
 impl Default for FleetMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_types_are_toolfleet_codes_or_other() {
+        assert_eq!(error_type("tool_timeout"), "tool_timeout");
+        assert_eq!(error_type("no_live_worker"), "no_live_worker");
+        assert_eq!(error_type("boom"), "other");
+        assert_eq!(error_type(""), "other");
     }
 }

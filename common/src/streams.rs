@@ -3,7 +3,7 @@
 //!
 //! Owns the streams' configuration (subjects, retention, duplicate window, limits).
 //! Never creates consumers: the coordinator's results consumer and each worker's tool
-//! consumers are made by their owners.
+//! consumers are made by their owners; `topology` recreates what disappears.
 
 use std::time::Duration;
 
@@ -32,25 +32,38 @@ pub async fn ensure_streams(
     js: &jetstream::Context,
     names: &Names,
 ) -> Result<(stream::Stream, stream::Stream), EnsureStreamsError> {
-    let jobs = ensure(js, names.jobs_stream(), names.jobs_wildcard()).await?;
-    let results = ensure(js, names.results_stream(), names.results_wildcard()).await?;
+    let jobs = ensure(js, jobs_config(names)).await?;
+    let results = ensure(js, results_config(names)).await?;
     Ok((jobs, results))
 }
 
-async fn ensure(
-    js: &jetstream::Context,
-    name: String,
-    subject: String,
-) -> Result<stream::Stream, EnsureStreamsError> {
-    let config = stream::Config {
-        name: name.clone(),
+/// The jobs stream's configuration.
+pub fn jobs_config(names: &Names) -> stream::Config {
+    config(names.jobs_stream(), names.jobs_wildcard())
+}
+
+/// The results stream's configuration.
+pub fn results_config(names: &Names) -> stream::Config {
+    config(names.results_stream(), names.results_wildcard())
+}
+
+fn config(name: String, subject: String) -> stream::Config {
+    stream::Config {
+        name,
         subjects: vec![subject],
         retention: stream::RetentionPolicy::WorkQueue,
         storage: stream::StorageType::File,
         duplicate_window: DUPLICATE_WINDOW,
         max_age: MAX_AGE,
         ..Default::default()
-    };
+    }
+}
+
+async fn ensure(
+    js: &jetstream::Context,
+    config: stream::Config,
+) -> Result<stream::Stream, EnsureStreamsError> {
+    let name = config.name.clone();
     match js.get_or_create_stream(config).await {
         Ok(stream) => Ok(stream),
         // Another process may have created the stream between the lookup and the

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolfleet_common::config::{env_ms, env_or, env_string, ConfigError, Endpoints};
+use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
 
 /// Everything a coordinator needs to run.
@@ -55,6 +55,9 @@ pub struct CoordinatorConfig {
     /// How long owned turns may run on after a shutdown request
     /// (`TOOLFLEET_SHUTDOWN_GRACE_MS`).
     pub shutdown_grace: Duration,
+    /// How often the streams and the results consumer are checked and recreated if
+    /// missing, and the queue-lag gauges sampled (`TOOLFLEET_TOPOLOGY_CHECK_MS`).
+    pub topology_check: Duration,
     /// Per-tenant policies (`TOOLFLEET_TENANTS_FILE`, JSON).
     pub tenants: TenantPolicies,
     /// Address of `/healthz`, `/readyz` and `/metrics` (`TOOLFLEET_HTTP_ADDR`, default
@@ -91,6 +94,7 @@ impl CoordinatorConfig {
             retention: Duration::from_secs(600),
             result_concurrency: 256,
             shutdown_grace: Duration::from_secs(10),
+            topology_check: Duration::from_secs(1),
             tenants: TenantPolicies::default(),
             http_addr: None,
         }
@@ -119,34 +123,119 @@ impl CoordinatorConfig {
             redis_url,
             prefix,
         } = Endpoints::from_env()?;
-        Ok(Self {
+        let config = Self {
             nats_url,
             nats_credentials,
             redis_url,
             prefix,
-            default_deadline: env_ms("TOOLFLEET_DEFAULT_DEADLINE_MS", d.default_deadline)?,
-            max_deadline: env_ms("TOOLFLEET_MAX_DEADLINE_MS", d.max_deadline)?,
-            max_calls: env_or("TOOLFLEET_MAX_CALLS", d.max_calls)?,
-            max_decision_calls: env_or("TOOLFLEET_MAX_DECISION_CALLS", d.max_decision_calls)?,
-            concurrency: env_or("TOOLFLEET_CONCURRENCY", d.concurrency)?.max(1),
-            max_argument_bytes: env_or("TOOLFLEET_MAX_ARGUMENT_BYTES", d.max_argument_bytes)?,
             tenant_argument_keys: keys
                 .split(',')
                 .map(str::trim)
                 .filter(|k| !k.is_empty())
                 .map(String::from)
                 .collect(),
-            sweep_interval: env_ms("TOOLFLEET_SWEEP_INTERVAL_MS", d.sweep_interval)?,
-            sweep_grace: env_ms("TOOLFLEET_SWEEP_GRACE_MS", d.sweep_grace)?,
-            registry_refresh: env_ms("TOOLFLEET_REGISTRY_REFRESH_MS", d.registry_refresh)?,
-            retention: env_ms("TOOLFLEET_RETENTION_MS", d.retention)?,
-            result_concurrency: env_or("TOOLFLEET_RESULT_CONCURRENCY", d.result_concurrency)?
-                .max(1),
-            shutdown_grace: env_ms("TOOLFLEET_SHUTDOWN_GRACE_MS", d.shutdown_grace)?,
             tenants,
             http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9090")?,
+            ..d
+        }
+        .with_ranged_env()?;
+        if config.default_deadline > config.max_deadline {
+            return Err(ConfigError {
+                name: "TOOLFLEET_DEFAULT_DEADLINE_MS".into(),
+                value: config.default_deadline.as_millis().to_string(),
+                reason: format!(
+                    "out of range: allowed up to TOOLFLEET_MAX_DEADLINE_MS ({})",
+                    config.max_deadline.as_millis()
+                ),
+            });
+        }
+        Ok(config)
+    }
+}
+
+impl CoordinatorConfig {
+    /// These settings with every duration and count read from the environment and
+    /// checked against its range (see [`ranges`]).
+    fn with_ranged_env(self) -> Result<Self, ConfigError> {
+        use ranges as r;
+        let d = self;
+        Ok(Self {
+            default_deadline: env_ms_in(
+                "TOOLFLEET_DEFAULT_DEADLINE_MS",
+                d.default_deadline,
+                r::DEADLINE_MS,
+            )?,
+            max_deadline: env_ms_in("TOOLFLEET_MAX_DEADLINE_MS", d.max_deadline, r::DEADLINE_MS)?,
+            max_calls: env_in("TOOLFLEET_MAX_CALLS", d.max_calls, r::CALLS)?,
+            max_decision_calls: env_in(
+                "TOOLFLEET_MAX_DECISION_CALLS",
+                d.max_decision_calls,
+                r::DECISION_CALLS,
+            )?,
+            concurrency: env_in("TOOLFLEET_CONCURRENCY", d.concurrency, r::CALLS)?,
+            max_argument_bytes: env_in(
+                "TOOLFLEET_MAX_ARGUMENT_BYTES",
+                d.max_argument_bytes,
+                r::ARGUMENT_BYTES,
+            )?,
+            sweep_interval: env_ms_in(
+                "TOOLFLEET_SWEEP_INTERVAL_MS",
+                d.sweep_interval,
+                r::SWEEP_INTERVAL_MS,
+            )?,
+            sweep_grace: env_ms_in("TOOLFLEET_SWEEP_GRACE_MS", d.sweep_grace, r::SWEEP_GRACE_MS)?,
+            registry_refresh: env_ms_in(
+                "TOOLFLEET_REGISTRY_REFRESH_MS",
+                d.registry_refresh,
+                r::REFRESH_MS,
+            )?,
+            retention: env_ms_in("TOOLFLEET_RETENTION_MS", d.retention, r::RETENTION_MS)?,
+            result_concurrency: env_in(
+                "TOOLFLEET_RESULT_CONCURRENCY",
+                d.result_concurrency,
+                r::RESULT_CONCURRENCY,
+            )?,
+            shutdown_grace: env_ms_in(
+                "TOOLFLEET_SHUTDOWN_GRACE_MS",
+                d.shutdown_grace,
+                r::SHUTDOWN_GRACE_MS,
+            )?,
+            topology_check: env_ms_in(
+                "TOOLFLEET_TOPOLOGY_CHECK_MS",
+                d.topology_check,
+                r::REFRESH_MS,
+            )?,
+            ..d
         })
     }
+}
+
+/// The allowed range of each setting: zero is refused wherever it would stop the fleet
+/// (every call refused, timed out, or Redis polled in a busy loop), and the upper bounds
+/// keep semaphores, buckets and timers sane.
+pub mod ranges {
+    use std::ops::RangeInclusive;
+
+    /// Turn deadlines (default and maximum), in ms: the latency buckets end at 300 s.
+    pub const DEADLINE_MS: RangeInclusive<u64> = 100..=300_000;
+    /// Calls per turn and calls of one turn in flight.
+    pub const CALLS: RangeInclusive<usize> = 1..=1024;
+    /// Calls of a decision before it is refused whole.
+    pub const DECISION_CALLS: RangeInclusive<usize> = 1..=10_000;
+    /// Serialized arguments of one call, in bytes.
+    pub const ARGUMENT_BYTES: RangeInclusive<usize> = 1024..=8 * 1024 * 1024;
+    /// Deadline sweeps, in ms.
+    pub const SWEEP_INTERVAL_MS: RangeInclusive<u64> = 50..=10_000;
+    /// Wait before another replica ends an owner's turn, in ms.
+    pub const SWEEP_GRACE_MS: RangeInclusive<u64> = 100..=60_000;
+    /// Registry refreshes and topology checks, in ms.
+    pub const REFRESH_MS: RangeInclusive<u64> = 100..=60_000;
+    /// Turn keys kept after the deadline, in ms.
+    pub const RETENTION_MS: RangeInclusive<u64> = 10_000..=86_400_000;
+    /// Results recorded at once by one replica.
+    pub const RESULT_CONCURRENCY: RangeInclusive<usize> = 1..=4096;
+    /// Shutdown grace, in ms (0: stop at once).
+    pub const SHUTDOWN_GRACE_MS: RangeInclusive<u64> = 0..=600_000;
 }
 
 /// Limits and allowlist of one tenant. Unset fields fall back to the coordinator's.

@@ -122,6 +122,7 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
         } => {
             telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
             let outcome_error = error.clone();
+            replica.metrics.turn_refused(&error.code);
             let event = events::turn_error(turn_id.as_deref(), error);
             events::publish(replica, &reply, &event).await;
             if let Some(trace) = trace {

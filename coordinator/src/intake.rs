@@ -156,7 +156,6 @@ async fn take_turn(
         &registry,
     );
     let layout = Layout::new(&planned, limits.concurrency);
-    count_refused(&replica, planned.len(), &layout.refused, &registry);
     trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
     let new_turn = NewTurn {
@@ -173,9 +172,11 @@ async fn take_turn(
         trace: &stored_trace,
     };
     let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
+    let refused = new_turn.results.clone();
     if let Err(error) = create(&replica, new_turn).instrument(script).await {
         return reject(&replica, turn_id, reply, error, trace).await;
     }
+    count_refused(&replica, planned.len(), &refused, &registry);
     acknowledge(
         &replica,
         &turn_id,
@@ -285,6 +286,7 @@ async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<(), CallError> {
         )),
         Err(error) => {
             warn!(%error, "could not create the turn");
+            replica.metrics.redis_error("create_turn");
             Err(CallError::retryable(
                 turn_codes::UNAVAILABLE,
                 "the turn store is unavailable",

@@ -19,6 +19,7 @@
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
 //! | - | `events` | every event to a frontend and every notice between replicas |
 //! | - | `trace` | the turn span from accept to `final` on whichever replica ends the turn |
+//! | - | `upkeep` | recreating lost streams and the results consumer; queue-lag and turn gauges |
 //! | - | `turns` | the turns this replica owns and the per-turn publishing gate |
 //! | - | `progress` | relaying `running`, releasing paced calls as slots free |
 //! | - | [`join`] | the join in Redis: Lua scripts, write-once results, end-once turns |
@@ -43,6 +44,7 @@ mod results;
 mod startup;
 mod trace;
 mod turns;
+mod upkeep;
 pub mod validate;
 
 pub use config::{CoordinatorConfig, TenantPolicies, TenantPolicy};

@@ -39,6 +39,15 @@ impl Snapshot {
         self.tools.get(name)
     }
 
+    /// The metric label of the tool a result or call names: the registry's spelling for
+    /// a known tool, else `_unknown` (a payload never adds a series).
+    pub fn label(&self, name: &str) -> String {
+        match self.tools.get_key_value(name) {
+            Some((known, _)) => known.clone(),
+            None => "_unknown".to_string(),
+        }
+    }
+
     /// Every known tool, sorted by name.
     pub fn sorted(&self) -> Vec<&Arc<KnownTool>> {
         let mut v: Vec<_> = self.tools.values().collect();

@@ -36,6 +36,10 @@ use crate::turns::TurnGate;
 /// another replica after this long.
 pub const RESULTS_ACK_WAIT: Duration = Duration::from_secs(10);
 
+/// Idle heartbeat of the results pull: a pull request lost with the consumer (NATS
+/// restarted empty) is noticed after two missed heartbeats and renewed.
+const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// Deliveries of one result before it is given up (Redis unreachable for that long).
 pub const RESULTS_MAX_DELIVER: i64 = 100;
 
@@ -45,19 +49,21 @@ pub(crate) async fn results_consumer(
     durable: &str,
 ) -> Result<PullConsumer, String> {
     stream
-        .get_or_create_consumer(
-            durable,
-            jetstream::consumer::pull::Config {
-                durable_name: Some(durable.to_string()),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
-                ack_wait: RESULTS_ACK_WAIT,
-                max_deliver: RESULTS_MAX_DELIVER,
-                max_ack_pending: 20_000,
-                ..Default::default()
-            },
-        )
+        .get_or_create_consumer(durable, results_consumer_config(durable))
         .await
         .map_err(|e| e.to_string())
+}
+
+/// The results consumer's configuration (also used to recreate it, see `upkeep.rs`).
+pub(crate) fn results_consumer_config(durable: &str) -> jetstream::consumer::pull::Config {
+    jetstream::consumer::pull::Config {
+        durable_name: Some(durable.to_string()),
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: RESULTS_ACK_WAIT,
+        max_deliver: RESULTS_MAX_DELIVER,
+        max_ack_pending: 20_000,
+        ..Default::default()
+    }
 }
 
 /// Pulls results until `shutdown`, handling up to `concurrency` at once.
@@ -72,7 +78,7 @@ pub(crate) async fn consume(
         let mut messages = match consumer
             .stream()
             .max_messages_per_batch(concurrency.min(512))
-            .heartbeat(Duration::from_secs(5))
+            .heartbeat(PULL_HEARTBEAT)
             .expires(Duration::from_secs(30))
             .messages()
             .await
@@ -242,7 +248,8 @@ async fn record_and_report(
             debug!(%turn_id, call = %key, "late result counted");
         }
         Recorded::Recorded { reply, paced } => {
-            replica.metrics.call_result(&result.name, &result);
+            let label = replica.registry.snapshot().label(&result.name);
+            replica.metrics.call_result(&label, &result);
             {
                 let _publishing = gate.publishing.lock().await;
                 replica.turns.mark_ended(turn_id, key);
@@ -259,7 +266,8 @@ async fn record_and_report(
             }
         }
         Recorded::Complete { closing, .. } => {
-            replica.metrics.call_result(&result.name, &result);
+            let label = replica.registry.snapshot().label(&result.name);
+            replica.metrics.call_result(&label, &result);
             drop(recording);
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;

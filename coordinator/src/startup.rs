@@ -1,8 +1,10 @@
 //! Starting and stopping a coordinator replica: connections, streams, the background
 //! tasks, the turn subscription and the drain on shutdown.
 //!
-//! Owns [`Replica`], the state every task of one coordinator shares, and the order in
-//! which a replica comes up and goes down. Never handles a turn itself: each turn request
+//! Owns [`Replica`], the state every task of one coordinator shares, the order in
+//! which a replica comes up and goes down (HTTP endpoint first, so `/readyz` names the
+//! step start-up waits on; readiness 503 from the shutdown request on), and the
+//! supervision of its background tasks (one that dies fails `/healthz`). Never handles a turn itself: each turn request
 //! goes to `intake.rs`, each result to `results.rs`, each progress notice to
 //! `progress.rs`, each catalog request to `catalog.rs`, and the sweeper in `deadline.rs`
 //! ends the turns whose owner is gone.
@@ -14,6 +16,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use toolfleet_common::health::{observe_nats, Health};
 use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::names::COORDINATOR_QUEUE_GROUP;
 use toolfleet_common::streams::ensure_streams;
@@ -24,7 +27,9 @@ use crate::join::JoinStore;
 use crate::narrate::{Narrator, TemplateNarrator};
 use crate::registry::Registry;
 use crate::turns::OwnedTurns;
-use crate::{catalog, deadline, intake, progress, results, CoordinatorConfig, CoordinatorError};
+use crate::{
+    catalog, deadline, intake, progress, results, upkeep, CoordinatorConfig, CoordinatorError,
+};
 
 /// How long a Redis reply may take before the call counts as failed.
 pub const REDIS_RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,6 +50,8 @@ pub(crate) struct Replica {
     pub tasks: TaskTracker,
     /// The turns this replica took and has not seen end.
     pub turns: OwnedTurns,
+    /// Liveness, readiness and the drain flag served on `/healthz` and `/readyz`.
+    pub health: Health,
 }
 
 /// Runs a coordinator with the template narrator until `shutdown` is cancelled.
@@ -58,24 +65,42 @@ pub async fn run(
 /// Runs a coordinator with `narrator` until `shutdown` is cancelled: then it stops
 /// taking turns, lets its own turns end within the grace period, stops consuming results
 /// and flushes. Turns it could not finish are ended by another replica at their deadline.
+///
+/// The HTTP endpoint answers from the start: `/readyz` names the step start-up is in
+/// ("connecting to NATS", ...) until the connections exist.
 pub async fn run_with_narrator(
     config: CoordinatorConfig,
     narrator: Arc<dyn Narrator>,
     shutdown: CancellationToken,
 ) -> Result<(), CoordinatorError> {
+    let health = Health::starting("connecting to NATS");
+    let stop_background = CancellationToken::new();
+    // Stops the HTTP endpoint and the background tasks however this function returns.
+    let _stop_on_exit = stop_background.clone().drop_guard();
+    toolfleet_common::http::serve_ops(config.http_addr, &health, &stop_background)
+        .await
+        .map_err(CoordinatorError::Http)?;
+    let metrics = FleetMetrics::new();
+    metrics.process_started("toolfleet-coordinator");
     let names = Names::new(config.prefix.clone());
-    let nats = config
+    let options = config
         .nats_credentials
         .apply(async_nats::ConnectOptions::new())
         .name("toolfleet-coordinator")
-        .retry_on_initial_connect()
+        .retry_on_initial_connect();
+    let nats = observe_nats(options, metrics.clone())
         .connect(&config.nats_url)
         .await?;
+    if !toolfleet_common::health::connected(&nats, &shutdown).await {
+        return Ok(());
+    }
+    health.set_phase("creating streams");
     let js = jetstream::new(nats.clone());
     let (_, results_stream) = ensure_streams(&js, &names).await?;
     let consumer = results::results_consumer(&results_stream, &names.results_consumer())
         .await
         .map_err(CoordinatorError::Consumer)?;
+    health.set_phase("connecting to Redis");
     let mut redis = connect_redis(&config.redis_url).await?;
     let registry = Registry::default();
     registry.refresh(&mut redis, &names).await?;
@@ -88,12 +113,12 @@ pub async fn run_with_narrator(
         js,
         registry,
         narrator,
-        metrics: FleetMetrics::new(),
+        metrics,
         tasks: TaskTracker::new(),
         turns: OwnedTurns::default(),
+        health: health.clone(),
     });
     let background = TaskTracker::new();
-    let stop_background = CancellationToken::new();
     spawn_background(
         &replica,
         &background,
@@ -102,21 +127,14 @@ pub async fn run_with_narrator(
         redis.clone(),
     )
     .await?;
-    if let Some(addr) = config.http_addr {
-        let ready = toolfleet_common::ready::readiness(
-            nats.clone(),
-            redis,
-            toolfleet_common::ready::Needs {
-                streams: vec![names.jobs_stream()],
-                consumers: vec![(names.results_stream(), names.results_consumer())],
-            },
-        );
-        let handler = toolfleet_common::http::ops_handler(ready);
-        let bound = toolfleet_common::http::serve(addr, handler, stop_background.clone())
-            .await
-            .map_err(CoordinatorError::Http)?;
-        info!(%bound, "serving /healthz, /readyz and /metrics");
-    }
+    health.set_readiness(toolfleet_common::ready::readiness(
+        nats.clone(),
+        redis,
+        toolfleet_common::ready::Needs {
+            streams: vec![names.jobs_stream()],
+            consumers: vec![(names.results_stream(), names.results_consumer())],
+        },
+    ));
 
     take_turns(&replica, shutdown).await?;
     drain(&replica).await;
@@ -148,54 +166,74 @@ async fn connect_redis(url: &str) -> Result<redis::aio::ConnectionManager, redis
     .await
 }
 
-/// Starts the tasks that run beside the turns until `stop`: registry refresh, progress
-/// relay, catalog, deadline sweeper and the results consumer.
+/// Starts the supervised tasks that run beside the turns until `stop`: registry
+/// refresh, progress relay, catalog, deadline sweeper, results consumer, topology
+/// upkeep and gauge sampling. One that dies makes the replica not live.
 async fn spawn_background(
     replica: &Arc<Replica>,
     background: &TaskTracker,
     stop: &CancellationToken,
     results: jetstream::consumer::PullConsumer,
-    mut redis: redis::aio::ConnectionManager,
+    redis: redis::aio::ConnectionManager,
 ) -> Result<(), CoordinatorError> {
-    let (nats, names) = (&replica.nats, &replica.names);
-    // Registry: periodic refresh plus a refresh on every announced change.
-    let mut changes = nats.subscribe(names.registry_changed()).await?;
-    let (registry, period) = (replica.registry.clone(), replica.config.registry_refresh);
-    let (names_task, stop_task) = (names.clone(), stop.clone());
-    background.spawn(async move {
-        loop {
-            tokio::select! {
-                _ = stop_task.cancelled() => break,
-                _ = tokio::time::sleep(period) => {}
-                Some(_) = changes.next() => {}
-            }
-            if let Err(error) = registry.refresh(&mut redis, &names_task).await {
-                warn!(%error, "registry refresh failed");
-            }
-        }
-    });
+    let (nats, names, health) = (&replica.nats, &replica.names, &replica.health);
+    let changes = nats.subscribe(names.registry_changed()).await?;
+    health.supervise(
+        background,
+        "registry_refresh",
+        stop,
+        refresh_registry(Arc::clone(replica), changes, redis, stop.clone()),
+    );
     let progress_sub = nats.subscribe(names.progress_wildcard()).await?;
-    background.spawn(progress::relay(
-        Arc::clone(replica),
-        progress_sub,
-        stop.clone(),
-    ));
+    let relay = progress::relay(Arc::clone(replica), progress_sub, stop.clone());
+    health.supervise(background, "progress_relay", stop, relay);
     let catalog_sub = nats
         .queue_subscribe(names.catalog(), COORDINATOR_QUEUE_GROUP.to_string())
         .await?;
-    background.spawn(catalog::serve(
-        Arc::clone(replica),
-        catalog_sub,
-        stop.clone(),
-    ));
-    background.spawn(deadline::sweep(Arc::clone(replica), stop.clone()));
-    background.spawn(results::consume(
+    let catalog = catalog::serve(Arc::clone(replica), catalog_sub, stop.clone());
+    health.supervise(background, "catalog", stop, catalog);
+    let sweep = deadline::sweep(Arc::clone(replica), stop.clone());
+    health.supervise(background, "deadline_sweeper", stop, sweep);
+    let consume = results::consume(
         Arc::clone(replica),
         results,
         replica.config.result_concurrency,
         stop.clone(),
-    ));
+    );
+    health.supervise(background, "results_consumer", stop, consume);
+    let period = replica.config.topology_check;
+    let watch = toolfleet_common::topology::watch(
+        replica.js.clone(),
+        upkeep::needed(replica),
+        period,
+        replica.metrics.clone(),
+        stop.clone(),
+    );
+    health.supervise(background, "topology", stop, watch);
+    let sample = upkeep::sample(Arc::clone(replica), period, stop.clone());
+    health.supervise(background, "gauges", stop, sample);
     Ok(())
+}
+
+/// Re-reads the registry periodically and on every announced change, until `stop`.
+async fn refresh_registry(
+    replica: Arc<Replica>,
+    mut changes: async_nats::Subscriber,
+    mut redis: redis::aio::ConnectionManager,
+    stop: CancellationToken,
+) {
+    let period = replica.config.registry_refresh;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(period) => {}
+            Some(_) = changes.next() => {}
+        }
+        if let Err(error) = replica.registry.refresh(&mut redis, &replica.names).await {
+            replica.metrics.redis_error("registry_refresh");
+            warn!(%error, "registry refresh failed");
+        }
+    }
 }
 
 /// The next message of `subscriber`, or `None` once `stop` is cancelled or the
@@ -234,6 +272,7 @@ async fn take_turns(
     while let Some(message) = next_message(&mut turns, &shutdown).await {
         take(message);
     }
+    replica.health.start_draining();
     info!("coordinator stopping: no new turns");
     let _ = turns.drain().await;
     while let Some(message) = turns.next().await {

@@ -28,12 +28,14 @@
 //! | [`receptionist`] | the `receptionist` pack |
 //! | [`testing`] | the `test` pack |
 //! | [`db`] | PostgreSQL for the database packs: pool, scoped read-only queries, migrations |
+//! | [`keda`] | the worker's KEDA `ScaledObject`, one trigger per tool consumer |
 //! | [`http_tool`] | the `http` pack: tools declared in a file that POST to an HTTP endpoint |
 
 pub mod crm;
 pub mod crm_db;
 pub mod db;
 pub mod http_tool;
+pub mod keda;
 pub mod receptionist;
 pub mod testing;
 

@@ -30,10 +30,13 @@
 //! If the dropping thread is panicking (a failed test), the log tail is printed
 //! to stderr so it shows up in the test's captured output.
 
+pub mod dashboard;
 pub mod fleet;
+pub mod ops;
 pub mod otlp;
 pub mod pg;
 pub mod python;
+pub use ops::{http_get, metric_value, wait_http_status};
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;

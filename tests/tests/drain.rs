@@ -1,5 +1,6 @@
 //! Graceful drain on SIGTERM: a worker process finishes and acks the call it is running
-//! while new jobs go to another worker, and a coordinator process leaves its turns in
+//! while new jobs go to another worker, hands a call still running at the end of its
+//! grace back so another worker answers it at once, and a coordinator process leaves its turns in
 //! flight to another replica, which finishes them before their deadline.
 
 use std::time::{Duration, Instant};
@@ -126,6 +127,48 @@ async fn a_terminated_worker_finishes_its_call_and_takes_no_new_jobs() -> Result
     assert_eq!(r.worker_id.as_deref(), Some("successor"));
 
     jobs_all_acked(&fleet, &[TOOL]).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_running_past_the_grace_is_handed_back_and_answered_by_another_worker() -> Result<()>
+{
+    const TOOL: &str = "test.behave";
+    const SLEEP_MS: u64 = 3000;
+    const GRACE_MS: u64 = 1000;
+    let mut fleet = Fleet::start().await?;
+    let _coordinator = fleet.coordinator(fleet.coordinator_config());
+    // The first worker creates the consumers: an ack wait far longer than the test, so
+    // only a hand-back (NAK) can bring the call to the successor in time.
+    let draining = fleet.spawn_node(
+        "worker",
+        &[
+            ("TOOLFLEET_WORKER_ID", "draining"),
+            ("TOOLFLEET_SHUTDOWN_GRACE_MS", "1000"),
+            ("TOOLFLEET_ACK_WAIT_MS", "60000"),
+        ],
+    )?;
+    fleet.wait_for_tools(&[TOOL]).await?;
+    let slow = call("slow", TOOL, json!({"sleep_ms": SLEEP_MS}));
+    let mut stream = fleet
+        .client
+        .submit(timed_turn("acme", 30_000, vec![slow]))
+        .await?;
+    until_state(&mut stream, Some("slow"), CallState::Running, EVENT_WAIT).await?;
+    fleet.spawn_node("worker", &[("TOOLFLEET_WORKER_ID", "successor")])?;
+    worker_live(&fleet, TOOL, "successor").await?;
+
+    let signalled = Instant::now();
+    fleet.terminate_node(draining, EXIT_WAIT).await?;
+    let fin = read_final(&mut stream, EVENT_WAIT).await?;
+    let answered = signalled.elapsed();
+    let r = result_of(&fin, "slow")?;
+    assert_eq!(r.state, CallState::Done, "{r:?}");
+    assert_eq!(r.worker_id.as_deref(), Some("successor"), "{r:?}");
+    assert_eq!(r.attempts, 2, "{r:?}");
+    let bound = Duration::from_millis(GRACE_MS + SLEEP_MS + 1500);
+    eprintln!("answered {answered:?} after SIGTERM");
+    assert!(answered < bound, "answered {answered:?} after SIGTERM");
     Ok(())
 }
 

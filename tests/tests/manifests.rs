@@ -592,6 +592,120 @@ fn keda_scales_workers_on_the_tool_consumers_lag() -> Result<()> {
 }
 
 #[test]
+fn the_keda_triggers_are_generated_from_the_workers_tools() -> Result<()> {
+    let generated = packs::keda::scaled_object(&Names::default(), "demo", &demo_tools()?, 10);
+    assert_eq!(
+        repo_file("deploy/k8s/worker-scaledobject.yaml")?,
+        generated,
+        "regenerate with `toolfleet admin keda --packs demo > deploy/k8s/worker-scaledobject.yaml`"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_prometheus_rule_carries_the_tested_alert_rules() -> Result<()> {
+    let rules = yaml("deploy/prometheus/alerts.yml")?;
+    let operator = yaml("deploy/prometheus/prometheusrule.yaml")?;
+    assert_eq!(str_at(&operator, &["kind"]), Some("PrometheusRule"));
+    assert_eq!(at(&operator, &["spec", "groups"]), at(&rules, &["groups"]));
+    Ok(())
+}
+
+#[test]
+fn the_service_monitor_scrapes_coordinators_and_workers() -> Result<()> {
+    let objects = k8s_objects()?;
+    let monitor = yaml("deploy/prometheus/servicemonitor.yaml")?;
+    let wanted = strings(
+        at(&monitor, &["spec", "selector", "matchExpressions"])
+            .and_then(Value::as_sequence)
+            .and_then(|s| s.first())
+            .and_then(|e| e.get("values")),
+    );
+    for name in ["coordinator", "worker"] {
+        assert!(wanted.contains(&name.to_string()), "{wanted:?}");
+        let service = of_kind(&objects, "Service")
+            .into_iter()
+            .find(|s| str_at(s, &["metadata", "labels", "app.kubernetes.io/name"]) == Some(name))
+            .with_context(|| format!("no Service labelled {name}"))?;
+        let ports = at(service, &["spec", "ports"]).and_then(Value::as_sequence);
+        let has_http = ports
+            .into_iter()
+            .flatten()
+            .any(|p| str_at(p, &["name"]) == Some("http"));
+        assert!(has_http, "{name}'s Service has no http port");
+    }
+    Ok(())
+}
+
+#[test]
+fn nats_and_redis_run_an_exporter_the_service_monitor_scrapes() -> Result<()> {
+    let objects = k8s_objects()?;
+    let monitor = yaml("deploy/prometheus/servicemonitor-servers.yaml")?;
+    let port = at(&monitor, &["spec", "endpoints"])
+        .and_then(Value::as_sequence)
+        .and_then(|e| e.first())
+        .and_then(|e| str_at(e, &["port"]));
+    assert_eq!(port, Some("metrics"));
+    for name in ["nats", "redis"] {
+        let server = named(&objects, "StatefulSet", name)?;
+        let exporter = containers(server)
+            .into_iter()
+            .find(|c| str_at(c, &["name"]) == Some("exporter"))
+            .with_context(|| format!("{name} has no exporter"))?;
+        let ports = at(exporter, &["ports"]).and_then(Value::as_sequence);
+        assert!(ports
+            .into_iter()
+            .flatten()
+            .any(|p| str_at(p, &["name"]) == Some("metrics")));
+        let service = named(&objects, "Service", name)?;
+        assert_eq!(
+            str_at(service, &["metadata", "labels", "app.kubernetes.io/name"]),
+            Some(name)
+        );
+        let ports = at(service, &["spec", "ports"]).and_then(Value::as_sequence);
+        assert!(ports
+            .into_iter()
+            .flatten()
+            .any(|p| str_at(p, &["name"]) == Some("metrics")));
+    }
+    Ok(())
+}
+
+#[test]
+fn workers_have_a_disruption_budget_and_redis_a_memory_cap() -> Result<()> {
+    let objects = k8s_objects()?;
+    let budget = named(&objects, "PodDisruptionBudget", "worker")?;
+    assert_eq!(
+        at(budget, &["spec", "maxUnavailable"]).and_then(Value::as_u64),
+        Some(1)
+    );
+    let conf = repo_file("deploy/redis/redis.conf")?;
+    let setting = |key: &str| {
+        conf.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key} ")))
+            .map(str::trim)
+            .map(String::from)
+    };
+    assert_eq!(setting("maxmemory-policy").as_deref(), Some("noeviction"));
+    let cap = setting("maxmemory").context("no maxmemory")?;
+    let cap_mb: u64 = cap.trim_end_matches("mb").parse()?;
+    let redis = named(&objects, "StatefulSet", "redis")?;
+    let limit = containers(redis)
+        .into_iter()
+        .find_map(|c| str_at(c, &["resources", "limits", "memory"]))
+        .context("redis has no memory limit")?;
+    let limit_mb: u64 = match limit.strip_suffix("Gi") {
+        Some(gi) => gi.parse::<u64>()? * 1024,
+        None => limit.trim_end_matches("Mi").parse()?,
+    };
+    assert!(
+        cap_mb * 10 <= limit_mb * 8,
+        "maxmemory {cap} too close to the limit {limit}"
+    );
+    Ok(())
+}
+
+#[test]
 fn kustomize_builds_the_manifests_when_kubectl_is_installed() -> Result<()> {
     let dir = toolfleet_tests::repo_path("deploy/k8s");
     let output = match std::process::Command::new("kubectl")

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use toolfleet_tests::fleet::{call, Fleet};
-use toolfleet_tests::{eventually_named, free_port};
+use toolfleet_tests::{eventually_named, free_port, metric_value};
 
 /// `GET path` on loopback; `(status, body)`.
 async fn get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
@@ -39,6 +39,30 @@ async fn wait_status(port: u16, path: &str, want: u16) -> anyhow::Result<()> {
         || async move { matches!(get(port, path).await, Ok((s, _)) if s == want).then_some(()) },
     )
     .await
+}
+
+/// A tool's own code ("boom") is counted as `other`, so codes cannot grow the series; the
+/// build info, in-flight turns and process metrics are there from the start.
+fn bounded_and_always_present(metrics: &str) {
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("toolfleet_errors_total{") && l.contains("error_type=\"other\"")),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("boom"), "{metrics}");
+    for name in [
+        "toolfleet_build_info",
+        "toolfleet_turns_in_flight",
+        "process_memory_usage_bytes",
+        "process_open_fds",
+        "process_cpu_time_seconds_total",
+    ] {
+        assert!(
+            metric_value(metrics, name, &[]).is_some(),
+            "{name}: {metrics}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,17 +103,18 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
             .any(|l| l.contains("outcome=\"done\"") && l.contains("test.behave")),
         "{metrics}"
     );
-    assert!(
-        metrics
-            .lines()
-            .any(|l| l.starts_with("toolfleet_errors_total{") && l.contains("error_type=\"boom\"")),
-        "{metrics}"
-    );
+    bounded_and_always_present(&metrics);
     assert!(
         metrics.contains("toolfleet_turn_duration_seconds_bucket"),
         "{metrics}"
     );
     let (_, worker_metrics) = get(worker_port, "/metrics").await?;
+    let capacity = metric_value(
+        &worker_metrics,
+        "toolfleet_worker_capacity",
+        &["gen_ai_tool_name=\"test.behave\""],
+    );
+    assert_eq!(capacity, Some(8.0), "{worker_metrics}");
     assert!(
         worker_metrics.contains("toolfleet_call_duration_seconds_bucket"),
         "{worker_metrics}"

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use toolfleet_common::config::{env_ms, env_or, env_string, ConfigError, Endpoints};
+use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
 
 /// Everything a worker needs to run.
@@ -36,6 +36,9 @@ pub struct WorkerConfig {
     /// How long in-flight calls may run on after a shutdown request
     /// (`TOOLFLEET_SHUTDOWN_GRACE_MS`).
     pub shutdown_grace: Duration,
+    /// How often the tool consumers are checked and recreated if missing
+    /// (`TOOLFLEET_TOPOLOGY_CHECK_MS`).
+    pub topology_check: Duration,
     /// Address of `/healthz`, `/readyz` and `/metrics` (`TOOLFLEET_HTTP_ADDR`, default
     /// `0.0.0.0:9091`, `off` to disable; none in [`WorkerConfig::local`]).
     pub http_addr: Option<std::net::SocketAddr>,
@@ -60,6 +63,7 @@ impl WorkerConfig {
             ack_wait: Duration::from_secs(5),
             max_result_bytes: 512 * 1024,
             shutdown_grace: Duration::from_secs(10),
+            topology_check: Duration::from_secs(1),
             http_addr: None,
         }
     }
@@ -69,15 +73,51 @@ impl WorkerConfig {
         let d = Self::at(Endpoints::from_env()?);
         Ok(Self {
             worker_id: env_string("TOOLFLEET_WORKER_ID", &d.worker_id),
-            concurrency: env_or("TOOLFLEET_WORKER_CONCURRENCY", d.concurrency)?.max(1),
-            heartbeat: env_ms("TOOLFLEET_HEARTBEAT_MS", d.heartbeat)?,
-            ack_wait: env_ms("TOOLFLEET_ACK_WAIT_MS", d.ack_wait)?,
-            max_result_bytes: env_or("TOOLFLEET_MAX_RESULT_BYTES", d.max_result_bytes)?,
-            shutdown_grace: env_ms("TOOLFLEET_SHUTDOWN_GRACE_MS", d.shutdown_grace)?,
+            concurrency: env_in(
+                "TOOLFLEET_WORKER_CONCURRENCY",
+                d.concurrency,
+                ranges::CONCURRENCY,
+            )?,
+            heartbeat: env_ms_in("TOOLFLEET_HEARTBEAT_MS", d.heartbeat, ranges::HEARTBEAT_MS)?,
+            ack_wait: env_ms_in("TOOLFLEET_ACK_WAIT_MS", d.ack_wait, ranges::ACK_WAIT_MS)?,
+            max_result_bytes: env_in(
+                "TOOLFLEET_MAX_RESULT_BYTES",
+                d.max_result_bytes,
+                ranges::RESULT_BYTES,
+            )?,
+            shutdown_grace: env_ms_in(
+                "TOOLFLEET_SHUTDOWN_GRACE_MS",
+                d.shutdown_grace,
+                ranges::SHUTDOWN_GRACE_MS,
+            )?,
+            topology_check: env_ms_in(
+                "TOOLFLEET_TOPOLOGY_CHECK_MS",
+                d.topology_check,
+                ranges::TOPOLOGY_CHECK_MS,
+            )?,
             http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9091")?,
             ..d
         })
     }
+}
+
+/// The allowed range of each setting: zero is refused wherever it would stop the worker
+/// (no slot, a heartbeat loop hammering Redis, jobs redelivered at once).
+pub mod ranges {
+    use std::ops::RangeInclusive;
+
+    /// Calls of one tool at once (a semaphore's size).
+    pub const CONCURRENCY: RangeInclusive<usize> = 1..=1024;
+    /// Heartbeat period, in ms.
+    pub const HEARTBEAT_MS: RangeInclusive<u64> = 100..=60_000;
+    /// Ack wait of the tool consumers, in ms.
+    pub const ACK_WAIT_MS: RangeInclusive<u64> = 500..=600_000;
+    /// Largest result, in bytes.
+    pub const RESULT_BYTES: RangeInclusive<usize> = 1024..=8 * 1024 * 1024;
+    /// Shutdown grace, in ms (0: hand in-flight calls back at once).
+    pub const SHUTDOWN_GRACE_MS: RangeInclusive<u64> = 0..=600_000;
+    /// Topology checks, in ms.
+    pub const TOPOLOGY_CHECK_MS: RangeInclusive<u64> = 100..=60_000;
 }
 
 fn default_worker_id() -> String {

@@ -29,7 +29,7 @@
 //!
 //! | module | what lives there |
 //! |---|---|
-//! | this file | [`run`]: consumers, registration, heartbeat, draining on shutdown; [`WorkerError`] |
+//! | this file | [`run`]: health, consumers (recreated when lost), registration, heartbeat, draining on shutdown (NAK at the end of the grace); [`WorkerError`] |
 //! | [`tool`] | `Tool`, its builder, `ToolContext`, `ToolOutput`, `ToolError` |
 //! | [`config`] | `WorkerConfig` from environment variables |
 //! | [`registry`] | announcing tools and liveness in Redis |
@@ -52,8 +52,10 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use toolfleet_common::health::{observe_nats, Health};
 use toolfleet_common::streams::{ensure_streams, EnsureStreamsError};
 use toolfleet_common::tool::{validate_tool_name, ToolNameError};
+use toolfleet_common::topology::{self, Needed};
 use toolfleet_common::Names;
 use tracing::{info, warn};
 
@@ -109,12 +111,189 @@ pub enum WorkerError {
 }
 
 /// Serves `tools` until `shutdown` is cancelled, then stops pulling, lets in-flight calls
-/// finish within the grace period, withdraws the worker from the registry and flushes.
+/// finish within the grace period, hands back (NAK) the calls still running when it runs
+/// out, withdraws the worker from the registry and flushes.
+///
+/// The HTTP endpoint answers from the start: `/readyz` names the step start-up is in
+/// ("connecting to NATS", ...), and fails from the shutdown request on; `/healthz` fails
+/// when a tool's pull loop died.
 pub async fn run(
     config: WorkerConfig,
     tools: Vec<Tool>,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
+    let served = serve_list(tools)?;
+    let health = Health::starting("connecting to NATS");
+    let http_stop = CancellationToken::new();
+    let _stop_http_on_exit = http_stop.clone().drop_guard();
+    toolfleet_common::http::serve_ops(config.http_addr, &health, &http_stop)
+        .await
+        .map_err(WorkerError::Http)?;
+    let metrics = toolfleet_common::metrics::FleetMetrics::new();
+    metrics.process_started("toolfleet-worker");
+    let names = Names::new(config.prefix.clone());
+    let options = config
+        .nats_credentials
+        .apply(async_nats::ConnectOptions::new())
+        .name(format!("toolfleet-worker {}", config.worker_id))
+        .retry_on_initial_connect();
+    let nats = observe_nats(options, metrics.clone())
+        .connect(&config.nats_url)
+        .await?;
+    if !toolfleet_common::health::connected(&nats, &shutdown).await {
+        return Ok(());
+    }
+    health.set_phase("creating consumers");
+    let js = jetstream::new(nats.clone());
+    let (jobs_stream, _) = ensure_streams(&js, &names).await?;
+    let mut consumers = Vec::with_capacity(served.len());
+    for tool in &served {
+        consumers.push(tool_consumer(&jobs_stream, &names, tool, config.ack_wait).await?);
+    }
+    health.set_phase("connecting to Redis");
+    let (registration, redis) = register(&config, &names, &served, &nats).await?;
+    let shared = Arc::new(Shared {
+        nats: nats.clone(),
+        js,
+        names: names.clone(),
+        worker_id: config.worker_id.clone(),
+        server: toolfleet_common::telemetry::server_of(&config.nats_url),
+        ack_wait: config.ack_wait,
+        max_result_bytes: config.max_result_bytes,
+        metrics,
+        abandon: CancellationToken::new(),
+    });
+    health.set_readiness(readiness(&shared, redis, &served));
+    let (loops, calls) = start_loops(&config, &shared, &health, served, consumers, &shutdown);
+    let heartbeat_stop = CancellationToken::new();
+    let heartbeat = spawn_heartbeat(
+        registration,
+        config.heartbeat,
+        shared.metrics.clone(),
+        heartbeat_stop.clone(),
+    );
+
+    shutdown.cancelled().await;
+    health.start_draining();
+    let grace_ends = tokio::time::Instant::now() + config.shutdown_grace;
+    info!("worker stopping: no new jobs");
+    loops.wait().await;
+    drain_calls(&shared, &calls, grace_ends).await;
+    heartbeat_stop.cancel();
+    if let Ok(mut registration) = heartbeat.await {
+        if let Err(error) = registration.withdraw().await {
+            warn!(%error, "could not withdraw from the registry");
+        }
+    }
+    let _ = nats.publish(names.registry_changed(), "".into()).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), nats.flush()).await;
+    info!("worker stopped");
+    Ok(())
+}
+
+/// Announces the tools in Redis (one beat) and tells the coordinators; the registration
+/// and a Redis connection for the readiness check.
+async fn register(
+    config: &WorkerConfig,
+    names: &Names,
+    served: &[Arc<ServedTool>],
+    nats: &async_nats::Client,
+) -> Result<(Registration, redis::aio::ConnectionManager), WorkerError> {
+    let redis_client = redis::Client::open(config.redis_url.as_str())?;
+    let redis = redis::aio::ConnectionManager::new(redis_client).await?;
+    let definitions: Vec<_> = served.iter().map(|t| t.tool.definition().clone()).collect();
+    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
+    let mut registration = Registration::new(
+        redis.clone(),
+        names.clone(),
+        config.worker_id.clone(),
+        &definitions,
+        ttl_ms,
+    )?;
+    registration.beat().await?;
+    let _ = nats.publish(names.registry_changed(), "".into()).await;
+    info!(worker_id = %config.worker_id, tools = definitions.len(), "worker serving");
+    Ok((registration, redis))
+}
+
+/// Ready when NATS is connected, Redis answers and every tool's consumer exists.
+fn readiness(
+    shared: &Shared,
+    redis: redis::aio::ConnectionManager,
+    served: &[Arc<ServedTool>],
+) -> toolfleet_common::http::Readiness {
+    let names = &shared.names;
+    let consumers = served
+        .iter()
+        .map(|t| {
+            (
+                names.jobs_stream(),
+                names.tool_consumer(&t.tool.definition().name),
+            )
+        })
+        .collect();
+    toolfleet_common::ready::readiness(
+        shared.nats.clone(),
+        redis,
+        toolfleet_common::ready::Needs {
+            streams: Vec::new(),
+            consumers,
+        },
+    )
+}
+
+/// Starts, supervised until `shutdown`, one pull loop per tool (its calls on the
+/// returned call tracker) and the watch that recreates lost tool consumers; the loops'
+/// tracker (closed) and the calls' tracker.
+fn start_loops(
+    config: &WorkerConfig,
+    shared: &Arc<Shared>,
+    health: &Health,
+    served: Vec<Arc<ServedTool>>,
+    consumers: Vec<consumer::PullConsumer>,
+    shutdown: &CancellationToken,
+) -> (TaskTracker, TaskTracker) {
+    let names = &shared.names;
+    let needed = served
+        .iter()
+        .map(|t| {
+            Needed::Consumer(
+                names.jobs_stream(),
+                consumer_config(names, t, config.ack_wait),
+            )
+        })
+        .collect();
+    let (loops, calls) = (TaskTracker::new(), TaskTracker::new());
+    for (tool, consumer) in served.into_iter().zip(consumers) {
+        let tool_name = tool.tool.definition().name.clone();
+        shared
+            .metrics
+            .worker_capacity(&tool_name, config.concurrency);
+        let serve = serve_tool(
+            Arc::clone(shared),
+            tool,
+            consumer,
+            config.concurrency,
+            shutdown.clone(),
+            calls.clone(),
+        );
+        health.supervise(&loops, "pull_loop", shutdown, serve);
+    }
+    let watch = topology::watch(
+        shared.js.clone(),
+        needed,
+        config.topology_check,
+        shared.metrics.clone(),
+        shutdown.clone(),
+    );
+    health.supervise(&loops, "topology", shutdown, watch);
+    loops.close();
+    (loops, calls)
+}
+
+/// Checks `tools` (names usable and unique, output schemas compile) and pairs each with
+/// its compiled output schema.
+fn serve_list(tools: Vec<Tool>) -> Result<Vec<Arc<ServedTool>>, WorkerError> {
     if tools.is_empty() {
         return Err(WorkerError::Tools("no tools to serve".into()));
     }
@@ -144,159 +323,94 @@ pub async fn run(
             output_validator,
         }));
     }
+    Ok(served)
+}
 
-    let names = Names::new(config.prefix.clone());
-    let nats = config
-        .nats_credentials
-        .apply(async_nats::ConnectOptions::new())
-        .name(format!("toolfleet-worker {}", config.worker_id))
-        .retry_on_initial_connect()
-        .connect(&config.nats_url)
-        .await?;
-    let js = jetstream::new(nats.clone());
-    let (jobs_stream, _) = ensure_streams(&js, &names).await?;
-
-    let mut consumers = Vec::with_capacity(served.len());
-    for tool in &served {
-        let def = tool.tool.definition();
-        let durable = names.tool_consumer(&def.name);
-        let max_deliver = if def.retry.idempotent {
-            i64::from(def.retry.max_attempts.max(1))
-        } else {
-            // The second delivery reports the interruption instead of running the call.
-            2
-        };
-        let consumer: consumer::PullConsumer = jobs_stream
-            .get_or_create_consumer(
-                &durable,
-                consumer::pull::Config {
-                    durable_name: Some(durable.clone()),
-                    filter_subject: names.job_subject(&def.name),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: config.ack_wait,
-                    max_deliver,
-                    max_ack_pending: 10_000,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| WorkerError::Consumer {
-                consumer: durable.clone(),
-                message: e.to_string(),
-            })?;
-        let filter = &consumer.cached_info().config.filter_subject;
-        if *filter != names.job_subject(&def.name) {
-            return Err(WorkerError::Consumer {
-                consumer: durable,
-                message: format!(
-                    "the consumer serves {filter}, not tool {}; rename one of the two tools",
-                    def.name
-                ),
-            });
-        }
-        consumers.push(consumer);
+/// The durable pull consumer of `tool` (also used to recreate it when it disappears).
+fn consumer_config(names: &Names, tool: &ServedTool, ack_wait: Duration) -> consumer::pull::Config {
+    let def = tool.tool.definition();
+    let durable = names.tool_consumer(&def.name);
+    let max_deliver = if def.retry.idempotent {
+        i64::from(def.retry.max_attempts.max(1))
+    } else {
+        // The second delivery reports the interruption instead of running the call.
+        2
+    };
+    consumer::pull::Config {
+        durable_name: Some(durable),
+        filter_subject: names.job_subject(&def.name),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait,
+        max_deliver,
+        max_ack_pending: 10_000,
+        ..Default::default()
     }
+}
 
-    let redis_client = redis::Client::open(config.redis_url.as_str())?;
-    let redis = redis::aio::ConnectionManager::new(redis_client).await?;
-    let redis_probe = redis.clone();
-    let definitions: Vec<_> = served.iter().map(|t| t.tool.definition().clone()).collect();
-    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
-    let mut registration = Registration::new(
-        redis,
-        names.clone(),
-        config.worker_id.clone(),
-        &definitions,
-        ttl_ms,
-    )?;
-    registration.beat().await?;
-    let _ = nats.publish(names.registry_changed(), "".into()).await;
-    info!(worker_id = %config.worker_id, tools = definitions.len(), "worker serving");
-
-    let shared = Arc::new(Shared {
-        nats: nats.clone(),
-        js,
-        names: names.clone(),
-        worker_id: config.worker_id.clone(),
-        server: toolfleet_common::telemetry::server_of(&config.nats_url),
-        ack_wait: config.ack_wait,
-        max_result_bytes: config.max_result_bytes,
-        metrics: toolfleet_common::metrics::FleetMetrics::new(),
-    });
-    let http_stop = CancellationToken::new();
-    if let Some(addr) = config.http_addr {
-        let ready = toolfleet_common::ready::readiness(
-            nats.clone(),
-            redis_probe,
-            toolfleet_common::ready::Needs {
-                streams: Vec::new(),
-                consumers: definitions
-                    .iter()
-                    .map(|d| (names.jobs_stream(), names.tool_consumer(&d.name)))
-                    .collect(),
-            },
-        );
-        let bound = toolfleet_common::http::serve(
-            addr,
-            toolfleet_common::http::ops_handler(ready),
-            http_stop.clone(),
-        )
+/// Gets or creates `tool`'s consumer and checks it serves that tool.
+async fn tool_consumer(
+    jobs_stream: &jetstream::stream::Stream,
+    names: &Names,
+    tool: &ServedTool,
+    ack_wait: Duration,
+) -> Result<consumer::PullConsumer, WorkerError> {
+    let def = tool.tool.definition();
+    let durable = names.tool_consumer(&def.name);
+    let consumer: consumer::PullConsumer = jobs_stream
+        .get_or_create_consumer(&durable, consumer_config(names, tool, ack_wait))
         .await
-        .map_err(WorkerError::Http)?;
-        info!(%bound, "serving /healthz, /readyz and /metrics");
+        .map_err(|e| WorkerError::Consumer {
+            consumer: durable.clone(),
+            message: e.to_string(),
+        })?;
+    let filter = &consumer.cached_info().config.filter_subject;
+    if *filter != names.job_subject(&def.name) {
+        return Err(WorkerError::Consumer {
+            consumer: durable,
+            message: format!(
+                "the consumer serves {filter}, not tool {}; rename one of the two tools",
+                def.name
+            ),
+        });
     }
-    let calls = TaskTracker::new();
-    let loops = TaskTracker::new();
-    for (tool, consumer) in served.into_iter().zip(consumers) {
-        loops.spawn(serve_tool(
-            Arc::clone(&shared),
-            tool,
-            consumer,
-            config.concurrency,
-            shutdown.clone(),
-            calls.clone(),
-        ));
-    }
-    loops.close();
+    Ok(consumer)
+}
 
-    let heartbeat_stop = CancellationToken::new();
-    let heartbeat = {
-        let stop = heartbeat_stop.clone();
-        let period = config.heartbeat;
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tokio::time::sleep(period) => {
-                        if let Err(error) = registration.beat().await {
-                            warn!(%error, "heartbeat failed");
-                        }
+/// Beats every `period` until `stop`, then hands the registration back for withdrawal.
+fn spawn_heartbeat(
+    mut registration: Registration,
+    period: Duration,
+    metrics: toolfleet_common::metrics::FleetMetrics,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<Registration> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(period) => {
+                    if let Err(error) = registration.beat().await {
+                        metrics.redis_error("heartbeat");
+                        warn!(%error, "heartbeat failed");
                     }
                 }
             }
-            registration
-        })
-    };
-
-    shutdown.cancelled().await;
-    info!("worker stopping: no new jobs");
-    loops.wait().await;
-    calls.close();
-    if tokio::time::timeout(config.shutdown_grace, calls.wait())
-        .await
-        .is_err()
-    {
-        warn!(grace = ?config.shutdown_grace, "in-flight calls did not finish within the grace period");
-    }
-    heartbeat_stop.cancel();
-    if let Ok(mut registration) = heartbeat.await {
-        if let Err(error) = registration.withdraw().await {
-            warn!(%error, "could not withdraw from the registry");
         }
+        registration
+    })
+}
+
+/// Lets in-flight calls finish until `grace_ends` (the shutdown request plus the grace);
+/// then hands the rest back (NAK) so another worker takes them at once instead of after
+/// the ack wait.
+async fn drain_calls(shared: &Shared, calls: &TaskTracker, grace_ends: tokio::time::Instant) {
+    calls.close();
+    if tokio::time::timeout_at(grace_ends, calls.wait())
+        .await
+        .is_ok()
+    {
+        return;
     }
-    let _ = nats.publish(names.registry_changed(), "".into()).await;
-    let _ = tokio::time::timeout(Duration::from_secs(2), nats.flush()).await;
-    http_stop.cancel();
-    info!("worker stopped");
-    Ok(())
+    warn!("in-flight calls did not finish within the grace period; handing them back");
+    shared.abandon.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(2), calls.wait()).await;
 }

@@ -33,6 +33,8 @@ use crate::tool::{Tool, ToolContext};
 
 /// How long one pull request waits for jobs before it is renewed.
 const PULL_EXPIRES: Duration = Duration::from_secs(1);
+/// How long a batch may stay silent before it is given up: its expiry plus a margin.
+const PULL_ABANDON: Duration = Duration::from_secs(2);
 /// Attempts to publish a result before the job is handed back.
 const RESULT_PUBLISH_ATTEMPTS: u32 = 3;
 /// Delay before an idempotent call that failed with a retryable error runs again.
@@ -49,6 +51,9 @@ pub(crate) struct Shared {
     pub ack_wait: Duration,
     pub max_result_bytes: usize,
     pub metrics: FleetMetrics,
+    /// Cancelled when the shutdown grace ran out: running calls stop and their jobs are
+    /// handed back (NAK) for another worker.
+    pub abandon: CancellationToken,
 }
 
 /// A tool with its compiled output schema.
@@ -104,7 +109,9 @@ pub(crate) async fn serve_tool(
         };
         // A batch is read to its end even after shutdown: its jobs were handed to this
         // worker, so they run (within the grace period) instead of waiting for redelivery.
-        while let Some(next) = batch.next().await {
+        // A pull request the server lost (restarted, consumer recreated) never ends on its
+        // own: past its expiry the batch is given up and a new one asked for.
+        while let Ok(Some(next)) = tokio::time::timeout(PULL_ABANDON, batch.next()).await {
             match next {
                 Ok(message) => {
                     let Some(permit) = reserved.split(1) else {
@@ -145,9 +152,15 @@ async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstre
     let def = tool.tool.definition();
     let queue_wait_ms = unix_ms().saturating_sub(job.dispatched_unix_ms);
     let span = process_span(&shared, def, &job, &message, attempt, queue_wait_ms);
-    shared
-        .metrics
-        .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
+    // A redelivered attempt waited for the ack wait, not in the queue: it is counted in
+    // `toolfleet.jobs.redeliveries` instead.
+    if attempt == 1 {
+        shared
+            .metrics
+            .queue_waited(&def.name, queue_wait_ms as f64 / 1000.0);
+    } else {
+        shared.metrics.job_redelivered(&def.name);
+    }
     run_job(shared, tool, message, job, attempt)
         .instrument(span)
         .await;
@@ -200,6 +213,7 @@ async fn run_job(
 ) {
     let def = tool.tool.definition();
     if unix_ms() >= job.deadline_unix_ms {
+        shared.metrics.job_deadline_dropped(&def.name);
         debug!("turn deadline already passed; not running the call");
         let why = "the turn's deadline passed before the call started";
         telemetry::set_error(&tracing::Span::current(), codes::DEADLINE_EXCEEDED, why);
@@ -207,6 +221,7 @@ async fn run_job(
         return;
     }
     if attempt > 1 && !def.retry.idempotent {
+        shared.metrics.job_interrupted(&def.name);
         let error = CallError::fatal(
             codes::CALL_INTERRUPTED,
             "the call's worker stopped mid-call and the tool is not idempotent, so it was not run again",
@@ -242,6 +257,7 @@ async fn run_job(
         Executed::Retry => {
             let _ = message.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
         }
+        Executed::Abandoned => hand_back(&shared, &message, &tool.tool.definition().name).await,
     }
     drop(keepalive);
 }
@@ -253,6 +269,8 @@ enum Executed {
     /// A retryable failure of an idempotent tool with attempts and time left: the job
     /// is handed back and runs again.
     Retry,
+    /// The shutdown grace ran out while the handler ran: the job goes back at once.
+    Abandoned,
 }
 
 /// Runs the handler once under the call's time budget, inside its `execute_tool` span;
@@ -281,9 +299,13 @@ async fn execute(
     shared.metrics.in_flight(&def.name, 1);
     let arguments = std::mem::take(&mut job.call.arguments);
     let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
-    let outcome = tokio::time::timeout(budget, run)
-        .instrument(execute.clone())
-        .await;
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout(budget, run).instrument(execute.clone()) => outcome,
+        _ = shared.abandon.cancelled() => {
+            shared.metrics.in_flight(&def.name, -1);
+            return Executed::Abandoned;
+        }
+    };
     shared.metrics.in_flight(&def.name, -1);
 
     let spans = [&execute, &tracing::Span::current()];
@@ -300,6 +322,7 @@ async fn execute(
                 && unix_ms() + 2 * u64::try_from(RETRY_DELAY.as_millis()).unwrap_or(0)
                     < job.deadline_unix_ms
             {
+                shared.metrics.job_retried(&def.name);
                 debug!(code = %error.code, "retryable error; the call runs again");
                 for span in spans {
                     telemetry::set_error(span, &error.code, &error.message);
@@ -500,4 +523,13 @@ async fn finish(
     let _ = message
         .ack_with(AckKind::Nak(Some(Duration::from_millis(500))))
         .await;
+}
+
+/// The shutdown grace ran out mid-call: the job goes back to the stream at once.
+async fn hand_back(shared: &Shared, message: &jetstream::Message, tool: &str) {
+    shared.metrics.job_handed_back(tool);
+    warn!("shutdown grace over; handing the running call back");
+    if let Err(error) = message.ack_with(AckKind::Nak(None)).await {
+        warn!(%error, "could not hand the job back; it is redelivered after the ack wait");
+    }
 }

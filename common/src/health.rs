@@ -1,0 +1,231 @@
+//! The health of one fleet process, as `/healthz` and `/readyz` report it.
+//!
+//! Owns [`Health`]: the start-up phase (answered by `/readyz` before the connections
+//! exist, e.g. "connecting to NATS"), the readiness check installed once they do, the
+//! draining flag (readiness 503 from the shutdown request on), and the supervised
+//! background tasks: a task started with [`Health::supervise`] that panics or returns
+//! before its stop token is cancelled marks the process dead, so liveness fails and
+//! Kubernetes restarts it. Never serves HTTP (`http` does) and never checks a
+//! connection itself (`ready` does).
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::error;
+
+use crate::http::Readiness;
+
+/// Shared, cheap-to-clone health state of one process.
+#[derive(Clone, Default)]
+pub struct Health {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// What the process is doing before it can be ready (`None` once the check is set).
+    phase: Mutex<Option<String>>,
+    /// The readiness check, once the connections exist.
+    ready: Mutex<Option<Readiness>>,
+    /// Set at the shutdown request: readiness fails so traffic goes elsewhere.
+    draining: AtomicBool,
+    /// Supervised tasks that died, with why.
+    dead: Mutex<Vec<String>>,
+}
+
+impl std::fmt::Debug for Health {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Health")
+            .field("live", &self.liveness().is_ok())
+            .finish()
+    }
+}
+
+impl Health {
+    /// A process starting up, in `phase` (e.g. "connecting to NATS").
+    pub fn starting(phase: &str) -> Self {
+        let health = Self::default();
+        health.set_phase(phase);
+        health
+    }
+
+    /// The start-up phase `/readyz` reports until the readiness check is installed.
+    pub fn set_phase(&self, phase: &str) {
+        *lock(&self.inner.phase) = Some(phase.to_string());
+    }
+
+    /// Installs the readiness check (the connections exist).
+    pub fn set_readiness(&self, ready: Readiness) {
+        *lock(&self.inner.ready) = Some(ready);
+        *lock(&self.inner.phase) = None;
+    }
+
+    /// The process was asked to stop: readiness fails from now on.
+    pub fn start_draining(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether [`Health::start_draining`] was called.
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    /// Records that the supervised task `task` died (`why`): liveness fails from now on.
+    pub fn task_died(&self, task: &str, why: &str) {
+        error!(
+            task,
+            why, "background task died; the process is no longer live"
+        );
+        crate::metrics::FleetMetrics::new().task_died(task);
+        lock(&self.inner.dead).push(format!("task {task} died: {why}"));
+    }
+
+    /// `Ok` while every supervised task runs (or stopped when told to).
+    pub fn liveness(&self) -> Result<(), String> {
+        let dead = lock(&self.inner.dead);
+        match dead.is_empty() {
+            true => Ok(()),
+            false => Err(dead.join("; ")),
+        }
+    }
+
+    /// `Ok` when live, not draining, started and the readiness check passes.
+    pub async fn readiness(&self) -> Result<(), String> {
+        self.liveness()?;
+        if self.is_draining() {
+            return Err("draining".into());
+        }
+        if let Some(phase) = lock(&self.inner.phase).clone() {
+            return Err(phase);
+        }
+        let check = lock(&self.inner.ready).clone();
+        match check {
+            Some(check) => check().await,
+            None => Err("starting".into()),
+        }
+    }
+
+    /// Runs `task` on `tracker` under supervision: a panic, or a return before `stop` is
+    /// cancelled, marks the process dead (see [`Health::task_died`]).
+    pub fn supervise<F>(
+        &self,
+        tracker: &TaskTracker,
+        name: &'static str,
+        stop: &CancellationToken,
+        task: F,
+    ) where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let (health, stop) = (self.clone(), stop.clone());
+        tracker.spawn(async move {
+            match AssertUnwindSafe(task).catch_unwind().await {
+                Ok(()) if stop.is_cancelled() => {}
+                Ok(()) => health.task_died(name, "returned before shutdown"),
+                Err(panic) => health.task_died(name, &panic_message(panic.as_ref())),
+            }
+        });
+    }
+}
+
+/// `options` with a callback that counts every NATS connection event
+/// (`toolfleet.nats.events`) and logs losses at WARN.
+pub fn observe_nats(
+    options: async_nats::ConnectOptions,
+    metrics: crate::metrics::FleetMetrics,
+) -> async_nats::ConnectOptions {
+    options.event_callback(move |event| {
+        let metrics = metrics.clone();
+        async move {
+            use async_nats::Event;
+            let name = match &event {
+                Event::Connected => "connected",
+                Event::Disconnected => "disconnected",
+                Event::LameDuckMode => "lame_duck",
+                Event::Draining => "draining",
+                Event::Closed => "closed",
+                Event::SlowConsumer(_) => "slow_consumer",
+                Event::ServerError(_) => "server_error",
+                Event::ClientError(_) => "client_error",
+            };
+            metrics.nats_event(name);
+            match event {
+                Event::Connected => tracing::info!(event = name, "NATS connected"),
+                _ => tracing::warn!(event = name, detail = %event, "NATS connection event"),
+            }
+        }
+    })
+}
+
+/// Waits until `nats` is connected, or `stop`; `false` when stopped first.
+pub async fn connected(nats: &async_nats::Client, stop: &CancellationToken) -> bool {
+    while nats.connection_state() != async_nats::connection::State::Connected {
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+        }
+    }
+    true
+}
+
+/// The text of a panic payload.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_task_fails_liveness_and_a_stopped_one_does_not() {
+        let health = Health::starting("connecting to NATS");
+        assert_eq!(
+            health.readiness().await,
+            Err("connecting to NATS".to_string())
+        );
+        let (tracker, stop) = (TaskTracker::new(), CancellationToken::new());
+        let stopping = stop.clone();
+        health.supervise(&tracker, "quiet", &stop, async move {
+            stopping.cancelled().await;
+        });
+        health.supervise(&tracker, "boom", &stop, async {
+            panic!("semaphore too large");
+        });
+        tracker.close();
+        tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while health.liveness().is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .ok();
+        assert!(health.liveness().is_err());
+        stop.cancel();
+        tracker.wait().await;
+        let why = health.liveness().err().unwrap_or_default();
+        assert!(why.contains("boom") && !why.contains("quiet"), "{why}");
+    }
+
+    #[tokio::test]
+    async fn draining_fails_readiness() {
+        let health = Health::default();
+        health.set_readiness(Arc::new(|| Box::pin(async { Ok(()) })));
+        assert_eq!(health.readiness().await, Ok(()));
+        health.start_draining();
+        assert_eq!(health.readiness().await, Err("draining".to_string()));
+        assert!(health.liveness().is_ok());
+    }
+}

@@ -1,0 +1,91 @@
+//! Health that means something: the HTTP endpoint answers from the first moment and
+//! names the step start-up waits on, readiness fails while a process drains, and
+//! liveness fails when a supervised background task died.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde_json::json;
+use toolfleet_common::CallState;
+use toolfleet_packs as packs;
+use toolfleet_tests::fleet::{
+    call, read_final, result_of, timed_turn, until_state, Fleet, Running,
+};
+use toolfleet_tests::{free_port, http_get, wait_http_status};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn loopback(port: u16) -> Option<std::net::SocketAddr> {
+    Some(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_fails_when_a_background_task_dies() -> Result<()> {
+    let fleet = Fleet::start().await?;
+    let port = free_port()?;
+    let mut config = fleet.coordinator_config();
+    config.http_addr = loopback(port);
+    // Bypasses the settings' range check: the results consumer's semaphore cannot be
+    // this large, so that task panics at once.
+    config.result_concurrency = usize::MAX;
+    let coordinator = Running::coordinator(config);
+    wait_http_status(port, "/healthz", 503, WAIT).await?;
+    assert_eq!(http_get(port, "/readyz").await?.0, 503);
+    coordinator.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_answers_before_nats_does_and_names_the_step() -> Result<()> {
+    let fleet = Fleet::start().await?;
+    let (port, nowhere) = (free_port()?, free_port()?);
+    let mut config = fleet.coordinator_config();
+    config.http_addr = loopback(port);
+    config.nats_url = format!("nats://127.0.0.1:{nowhere}");
+    let started = Instant::now();
+    let coordinator = Running::coordinator(config);
+    let body = wait_http_status(port, "/readyz", 503, Duration::from_secs(1)).await?;
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(body.contains("connecting to NATS"), "{body}");
+    assert_eq!(http_get(port, "/healthz").await?.0, 200);
+    coordinator.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_fails_while_draining_and_liveness_holds() -> Result<()> {
+    const SLEEP_MS: u64 = 3000;
+    let fleet = Fleet::start().await?;
+    let (c_port, w_port) = (free_port()?, free_port()?);
+    let mut c_config = fleet.coordinator_config();
+    c_config.http_addr = loopback(c_port);
+    c_config.shutdown_grace = Duration::from_secs(10);
+    let mut w_config = fleet.worker_config();
+    w_config.http_addr = loopback(w_port);
+    let coordinator = Running::coordinator(c_config);
+    let tools = packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
+    let worker = Running::worker(w_config, tools);
+    fleet.wait_for_tools(&["test.behave"]).await?;
+    for port in [c_port, w_port] {
+        wait_http_status(port, "/readyz", 200, WAIT).await?;
+    }
+
+    let slow = call("slow", "test.behave", json!({"sleep_ms": SLEEP_MS}));
+    let mut stream = fleet
+        .client
+        .submit(timed_turn("acme", 20_000, vec![slow]))
+        .await?;
+    until_state(&mut stream, Some("slow"), CallState::Running, WAIT).await?;
+    coordinator.shutdown.cancel();
+    worker.shutdown.cancel();
+    for port in [c_port, w_port] {
+        let body = wait_http_status(port, "/readyz", 503, Duration::from_secs(2)).await?;
+        assert!(body.contains("draining"), "{body}");
+        assert_eq!(http_get(port, "/healthz").await?.0, 200);
+    }
+    let fin = read_final(&mut stream, WAIT).await?;
+    assert_eq!(result_of(&fin, "slow")?.state, CallState::Done, "{fin:?}");
+    coordinator.stop().await;
+    worker.stop().await;
+    Ok(())
+}
