@@ -132,6 +132,38 @@ impl Health {
     }
 }
 
+/// What every fleet process sets up before it connects anywhere.
+pub struct Started {
+    /// The process's health, starting at "connecting to NATS".
+    pub health: Health,
+    /// The process's instruments.
+    pub metrics: crate::metrics::FleetMetrics,
+    /// Stops the ops endpoint (and whatever else the process hangs on it).
+    pub stop: CancellationToken,
+    /// Cancels `stop` when dropped, however the process's `run` returns.
+    pub guard: tokio_util::sync::DropGuard,
+}
+
+/// Starts a fleet process's health, its ops endpoint on `http_addr` (up from the first
+/// second, so `/readyz` names the start-up step) and its metrics under `service`.
+pub async fn start_process(
+    service: &str,
+    http_addr: Option<std::net::SocketAddr>,
+) -> std::io::Result<Started> {
+    let health = Health::starting("connecting to NATS");
+    let stop = CancellationToken::new();
+    let guard = stop.clone().drop_guard();
+    crate::http::serve_ops(http_addr, &health, &stop).await?;
+    let metrics = crate::metrics::FleetMetrics::new();
+    metrics.process_started(service);
+    Ok(Started {
+        health,
+        metrics,
+        stop,
+        guard,
+    })
+}
+
 /// `options` with a callback that counts every NATS connection event
 /// (`toolfleet.nats.events`) and logs losses at WARN.
 pub fn observe_nats(
@@ -159,6 +191,24 @@ pub fn observe_nats(
             }
         }
     })
+}
+
+/// Connects a fleet process to NATS at `url` with its role's `credentials` under the
+/// client `name`, retrying the first connection and observing connection events, then
+/// waits until connected. `None` when `stop` fired first.
+pub async fn connect_nats(
+    url: &str,
+    credentials: &crate::credentials::NatsCredentials,
+    name: String,
+    metrics: crate::metrics::FleetMetrics,
+    stop: &CancellationToken,
+) -> Result<Option<async_nats::Client>, async_nats::ConnectError> {
+    let options = credentials
+        .apply(async_nats::ConnectOptions::new())
+        .name(name)
+        .retry_on_initial_connect();
+    let nats = observe_nats(options, metrics).connect(url).await?;
+    Ok(connected(&nats, stop).await.then_some(nats))
 }
 
 /// Waits until `nats` is connected, or `stop`; `false` when stopped first.

@@ -50,15 +50,7 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
     let mut trace = TurnTrace::begin(message.headers.as_ref());
     let (turn_id, request) = match decode(&message) {
         Ok(decoded) => decoded,
-        Err((turn_id, error)) => {
-            let end = TurnEnd::Rejected {
-                turn_id,
-                reply,
-                error,
-                trace,
-            };
-            return finish(&replica, end).await;
-        }
+        Err((turn_id, error)) => return reject(&replica, turn_id, reply, error, trace).await,
     };
     if let Some(trace) = trace.as_mut() {
         trace.tenant.clone_from(&request.tenant_id);
@@ -136,7 +128,7 @@ async fn take_turn(
             };
             return finish(&replica, end).await;
         }
-        Err(Err(error)) => return reject(&replica, turn_id, reply, error, trace).await,
+        Err(Err(error)) => return reject(&replica, Some(turn_id), reply, error, trace).await,
     };
     let limits = TurnLimits::resolve(config, policy, &request, &decision);
     let now = unix_ms();
@@ -174,7 +166,7 @@ async fn take_turn(
     let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
     let refused = new_turn.results.clone();
     if let Err(error) = create(&replica, new_turn).instrument(script).await {
-        return reject(&replica, turn_id, reply, error, trace).await;
+        return reject(&replica, Some(turn_id), reply, error, trace).await;
     }
     count_refused(&replica, planned.len(), &refused, &registry);
     acknowledge(
@@ -225,13 +217,13 @@ fn read_decision(
 /// Ends a turn refused before any call ran.
 async fn reject(
     replica: &Arc<Replica>,
-    turn_id: String,
+    turn_id: Option<String>,
     reply: String,
     error: CallError,
     trace: Option<TurnTrace>,
 ) {
     let end = TurnEnd::Rejected {
-        turn_id: Some(turn_id),
+        turn_id,
         reply,
         error,
         trace,

@@ -16,7 +16,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use toolfleet_common::health::{observe_nats, Health};
+use toolfleet_common::health::{connect_nats, start_process, Health, Started};
 use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::names::COORDINATOR_QUEUE_GROUP;
 use toolfleet_common::streams::ensure_streams;
@@ -73,27 +73,26 @@ pub async fn run_with_narrator(
     narrator: Arc<dyn Narrator>,
     shutdown: CancellationToken,
 ) -> Result<(), CoordinatorError> {
-    let health = Health::starting("connecting to NATS");
-    let stop_background = CancellationToken::new();
-    // Stops the HTTP endpoint and the background tasks however this function returns.
-    let _stop_on_exit = stop_background.clone().drop_guard();
-    toolfleet_common::http::serve_ops(config.http_addr, &health, &stop_background)
+    // The guard stops the HTTP endpoint and the background tasks however this returns.
+    let Started {
+        health,
+        metrics,
+        stop: stop_background,
+        guard: _stop_on_exit,
+    } = start_process("toolfleet-coordinator", config.http_addr)
         .await
         .map_err(CoordinatorError::Http)?;
-    let metrics = FleetMetrics::new();
-    metrics.process_started("toolfleet-coordinator");
     let names = Names::new(config.prefix.clone());
-    let options = config
-        .nats_credentials
-        .apply(async_nats::ConnectOptions::new())
-        .name("toolfleet-coordinator")
-        .retry_on_initial_connect();
-    let nats = observe_nats(options, metrics.clone())
-        .connect(&config.nats_url)
-        .await?;
-    if !toolfleet_common::health::connected(&nats, &shutdown).await {
+    let connecting = connect_nats(
+        &config.nats_url,
+        &config.nats_credentials,
+        "toolfleet-coordinator".to_string(),
+        metrics.clone(),
+        &shutdown,
+    );
+    let Some(nats) = connecting.await? else {
         return Ok(());
-    }
+    };
     health.set_phase("creating streams");
     let js = jetstream::new(nats.clone());
     let (_, results_stream) = ensure_streams(&js, &names).await?;

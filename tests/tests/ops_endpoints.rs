@@ -4,41 +4,13 @@
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use toolfleet_tests::fleet::{call, Fleet};
-use toolfleet_tests::{eventually_named, free_port, metric_value};
+use toolfleet_tests::{free_port, http_get, metric_value, wait_http_status};
 
-/// `GET path` on loopback; `(status, body)`.
-async fn get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
-    let mut stream = tokio::time::timeout(
-        Duration::from_secs(2),
-        tokio::net::TcpStream::connect(("127.0.0.1", port)),
-    )
-    .await??;
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await?;
-    let mut text = String::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut text)).await??;
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
+/// Waits (at most 15 s) until `GET path` on `port` answers `want`.
 async fn wait_status(port: u16, path: &str, want: u16) -> anyhow::Result<()> {
-    eventually_named(
-        &format!("{path} answering {want}"),
-        Duration::from_secs(15),
-        || async move { matches!(get(port, path).await, Ok((s, _)) if s == want).then_some(()) },
-    )
-    .await
+    wait_http_status(port, path, want, Duration::from_secs(15)).await?;
+    Ok(())
 }
 
 /// A tool's own code ("boom") is counted as `other`, so codes cannot grow the series; the
@@ -79,7 +51,7 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
     for port in [coordinator_port, worker_port] {
         wait_status(port, "/healthz", 200).await?;
         wait_status(port, "/readyz", 200).await?;
-        assert_eq!(get(port, "/nope").await?.0, 404);
+        assert_eq!(http_get(port, "/nope").await?.0, 404);
     }
 
     let calls = vec![
@@ -91,7 +63,7 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
         .await?;
     assert_eq!(outcome.final_event.summary.ok, 1);
 
-    let (status, metrics) = get(coordinator_port, "/metrics").await?;
+    let (status, metrics) = http_get(coordinator_port, "/metrics").await?;
     assert_eq!(status, 200);
     let calls: Vec<&str> = metrics
         .lines()
@@ -108,7 +80,7 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
         metrics.contains("toolfleet_turn_duration_seconds_bucket"),
         "{metrics}"
     );
-    let (_, worker_metrics) = get(worker_port, "/metrics").await?;
+    let (_, worker_metrics) = http_get(worker_port, "/metrics").await?;
     let capacity = metric_value(
         &worker_metrics,
         "toolfleet_worker_capacity",
@@ -124,7 +96,7 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
     fleet.redis.stop().await;
     wait_status(coordinator_port, "/readyz", 503).await?;
     wait_status(worker_port, "/readyz", 503).await?;
-    assert_eq!(get(coordinator_port, "/healthz").await?.0, 200);
+    assert_eq!(http_get(coordinator_port, "/healthz").await?.0, 200);
     fleet.redis.restart().await?;
     wait_status(coordinator_port, "/readyz", 200).await?;
     Ok(())

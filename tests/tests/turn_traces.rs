@@ -39,6 +39,26 @@ struct Traced {
 }
 
 impl Traced {
+    /// A traced fleet with coordinator `coordinator-a` and worker `worker-a` serving
+    /// `test.behave`; the two nodes' pids.
+    async fn with_nodes() -> anyhow::Result<(Self, u32, u32)> {
+        let mut t = Self::start().await?;
+        let coordinator = t.spawn("coordinator", "coordinator-a")?;
+        let worker = t.spawn("worker", "worker-a")?;
+        t.fleet.wait_for_tools(&["test.behave"]).await?;
+        Ok((t, coordinator, worker))
+    }
+
+    /// Stops `nodes` gracefully (each within 15 s), so their spans are flushed.
+    async fn stop(&mut self, nodes: &[u32]) -> anyhow::Result<()> {
+        for node in nodes {
+            self.fleet
+                .terminate_node(*node, Duration::from_secs(15))
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn start() -> anyhow::Result<Self> {
         Ok(Self {
             receiver: OtlpReceiver::start().await?,
@@ -61,6 +81,18 @@ impl Traced {
 
     /// Submits `request` as the child of a frontend span in a fresh trace; returns the
     /// stream and the frontend's trace and span ids.
+    /// Submits a turn for tenant `acme` of one `test.behave` call `id` that sleeps
+    /// `sleep_ms`, under `deadline_ms`.
+    async fn submit_sleep(
+        &self,
+        id: &str,
+        sleep_ms: u64,
+        deadline_ms: u64,
+    ) -> anyhow::Result<(toolfleet_common::client::TurnStream, String, String)> {
+        let calls = vec![call(id, "test.behave", json!({ "sleep_ms": sleep_ms }))];
+        self.submit(timed_turn("acme", deadline_ms, calls)).await
+    }
+
     async fn submit(
         &self,
         request: TurnRequest,
@@ -85,23 +117,17 @@ impl Traced {
         label: &str,
         ready: impl Fn(&[ReceivedSpan]) -> bool,
     ) -> anyhow::Result<Vec<ReceivedSpan>> {
+        let of_trace = || -> Vec<ReceivedSpan> {
+            let all = self.receiver.spans();
+            all.into_iter().filter(|s| s.trace_id == trace).collect()
+        };
         let found = eventually_named("spans of the turn", SPAN_WAIT, || {
-            let spans: Vec<ReceivedSpan> = self
-                .receiver
-                .spans()
-                .into_iter()
-                .filter(|s| s.trace_id == trace)
-                .collect();
+            let spans = of_trace();
             let done = spans.iter().any(|s| s.name == "turn") && ready(&spans);
             async move { done.then_some(spans) }
         })
         .await;
-        let spans: Vec<ReceivedSpan> = self
-            .receiver
-            .spans()
-            .into_iter()
-            .filter(|s| s.trace_id == trace)
-            .collect();
+        let spans = of_trace();
         let tree = render_tree(&spans, trace, SHOWN);
         eprintln!("--- {label} ---\n{tree}");
         if let Ok(dir) = std::env::var("TOOLFLEET_TRACE_TREE_DIR") {
@@ -152,18 +178,10 @@ fn openai_call(id: &str, name: &str, arguments: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_turn_span_lasts_as_long_as_the_turn() -> anyhow::Result<()> {
-    let mut t = Traced::start().await?;
-    let coordinator = t.spawn("coordinator", "coordinator-a")?;
-    let worker = t.spawn("worker", "worker-a")?;
-    t.fleet.wait_for_tools(&["test.behave"]).await?;
+    let (mut t, coordinator, worker) = Traced::with_nodes().await?;
 
-    let request = timed_turn(
-        "acme",
-        5000,
-        vec![call("slow", "test.behave", json!({"sleep_ms": 400}))],
-    );
     let submitted = Instant::now();
-    let (mut stream, trace, frontend) = t.submit(request).await?;
+    let (mut stream, trace, frontend) = t.submit_sleep("slow", 400, 5000).await?;
     let fin = read_final(&mut stream, EVENT_WAIT).await?;
     let took = submitted.elapsed();
     assert_eq!(fin.results[0].state, CallState::Done, "{fin:?}");
@@ -227,12 +245,7 @@ async fn the_turn_span_lasts_as_long_as_the_turn() -> anyhow::Result<()> {
         && s.parent_span_id == hop.span_id
         && s.attr("db.system.name") == Some("redis")));
 
-    t.fleet
-        .terminate_node(worker, Duration::from_secs(15))
-        .await?;
-    t.fleet
-        .terminate_node(coordinator, Duration::from_secs(15))
-        .await?;
+    t.stop(&[worker, coordinator]).await?;
     Ok(())
 }
 
@@ -260,10 +273,7 @@ fn seven_failures() -> TurnRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_of_a_failing_turn_is_in_the_trace() -> anyhow::Result<()> {
-    let mut t = Traced::start().await?;
-    let coordinator = t.spawn("coordinator", "coordinator-a")?;
-    let worker = t.spawn("worker", "worker-a")?;
-    t.fleet.wait_for_tools(&["test.behave"]).await?;
+    let (mut t, coordinator, worker) = Traced::with_nodes().await?;
 
     let (mut stream, trace, frontend) = t.submit(seven_failures()).await?;
     let fin = read_final(&mut stream, EVENT_WAIT).await?;
@@ -366,29 +376,16 @@ async fn every_call_of_a_failing_turn_is_in_the_trace() -> anyhow::Result<()> {
         [(1, Some("flaky")), (2, Some("flaky")), (3, Some("flaky"))]
     );
 
-    t.fleet
-        .terminate_node(worker, Duration::from_secs(15))
-        .await?;
-    t.fleet
-        .terminate_node(coordinator, Duration::from_secs(15))
-        .await?;
+    t.stop(&[worker, coordinator]).await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_finished_by_another_replica_is_one_whole_trace() -> anyhow::Result<()> {
-    let mut t = Traced::start().await?;
-    let first = t.spawn("coordinator", "coordinator-a")?;
-    let worker = t.spawn("worker", "worker-a")?;
-    t.fleet.wait_for_tools(&["test.behave"]).await?;
+    let (mut t, first, worker) = Traced::with_nodes().await?;
 
-    let request = timed_turn(
-        "acme",
-        10_000,
-        vec![call("orphan", "test.behave", json!({"sleep_ms": 1000}))],
-    );
     let submitted = Instant::now();
-    let (mut stream, trace, frontend) = t.submit(request).await?;
+    let (mut stream, trace, frontend) = t.submit_sleep("orphan", 1000, 10_000).await?;
     read_ack(&mut stream, EVENT_WAIT).await?;
     until_state(&mut stream, None, CallState::Running, EVENT_WAIT).await?;
     t.fleet.kill_node(first).await?;
@@ -427,27 +424,14 @@ async fn a_turn_finished_by_another_replica_is_one_whole_trace() -> anyhow::Resu
         .ok_or_else(|| anyhow::anyhow!("no execute_tool span"))?;
     assert!(descends_from(&spans, exec, &turn.span_id));
 
-    t.fleet
-        .terminate_node(worker, Duration::from_secs(15))
-        .await?;
-    t.fleet
-        .terminate_node(second, Duration::from_secs(15))
-        .await?;
+    t.stop(&[worker, second]).await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resources_name_the_instance_and_numbers_are_integers() -> anyhow::Result<()> {
-    let mut t = Traced::start().await?;
-    let coordinator = t.spawn("coordinator", "coordinator-a")?;
-    let worker = t.spawn("worker", "worker-a")?;
-    t.fleet.wait_for_tools(&["test.behave"]).await?;
-    let request = timed_turn(
-        "acme",
-        5000,
-        vec![call("one", "test.behave", json!({"sleep_ms": 5}))],
-    );
-    let (mut stream, trace, _) = t.submit(request).await?;
+    let (mut t, coordinator, worker) = Traced::with_nodes().await?;
+    let (mut stream, trace, _) = t.submit_sleep("one", 5, 5000).await?;
     read_final(&mut stream, EVENT_WAIT).await?;
     let spans = t
         .spans_of(&trace, "resources", |s| {
@@ -515,12 +499,7 @@ async fn resources_name_the_instance_and_numbers_are_integers() -> anyhow::Resul
         Some(&"int")
     );
 
-    t.fleet
-        .terminate_node(worker, Duration::from_secs(15))
-        .await?;
-    t.fleet
-        .terminate_node(coordinator, Duration::from_secs(15))
-        .await?;
+    t.stop(&[worker, coordinator]).await?;
     Ok(())
 }
 
@@ -543,12 +522,7 @@ async fn a_tool_timeout_is_not_the_turn_deadline_and_a_rejection_says_why() -> a
     t.fleet.wait_for_tools(&["test.behave"]).await?;
 
     // A call cut by its tool timeout (200 ms) well before the turn's deadline.
-    let request = timed_turn(
-        "acme",
-        5000,
-        vec![call("cut", "test.behave", json!({"sleep_ms": 2000}))],
-    );
-    let (mut stream, trace, _) = t.submit(request).await?;
+    let (mut stream, trace, _) = t.submit_sleep("cut", 2000, 5000).await?;
     let fin = read_final(&mut stream, EVENT_WAIT).await?;
     assert!(!fin.deadline_hit);
     assert_eq!(fin.results[0].state, CallState::Timeout, "{fin:?}");
@@ -581,11 +555,6 @@ async fn a_tool_timeout_is_not_the_turn_deadline_and_a_rejection_says_why() -> a
     assert_eq!(turn.status_code, STATUS_ERROR);
     assert!(!turn.status_message.is_empty());
 
-    t.fleet
-        .terminate_node(worker, Duration::from_secs(15))
-        .await?;
-    t.fleet
-        .terminate_node(coordinator, Duration::from_secs(15))
-        .await?;
+    t.stop(&[worker, coordinator]).await?;
     Ok(())
 }

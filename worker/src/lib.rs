@@ -52,7 +52,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use toolfleet_common::health::{observe_nats, Health};
+use toolfleet_common::health::{connect_nats, start_process, Health};
 use toolfleet_common::streams::{ensure_streams, EnsureStreamsError};
 use toolfleet_common::tool::{validate_tool_name, ToolNameError};
 use toolfleet_common::topology::{self, Needed};
@@ -123,26 +123,26 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
     let served = serve_list(tools)?;
-    let health = Health::starting("connecting to NATS");
-    let http_stop = CancellationToken::new();
-    let _stop_http_on_exit = http_stop.clone().drop_guard();
-    toolfleet_common::http::serve_ops(config.http_addr, &health, &http_stop)
+    let started = start_process("toolfleet-worker", config.http_addr)
         .await
         .map_err(WorkerError::Http)?;
-    let metrics = toolfleet_common::metrics::FleetMetrics::new();
-    metrics.process_started("toolfleet-worker");
+    let (health, metrics) = (started.health, started.metrics);
+    let _stop_http_on_exit = started.guard;
     let names = Names::new(config.prefix.clone());
-    let options = config
-        .nats_credentials
-        .apply(async_nats::ConnectOptions::new())
-        .name(format!("toolfleet-worker {}", config.worker_id))
-        .retry_on_initial_connect();
-    let nats = observe_nats(options, metrics.clone())
-        .connect(&config.nats_url)
-        .await?;
-    if !toolfleet_common::health::connected(&nats, &shutdown).await {
-        return Ok(());
-    }
+    let name = format!("toolfleet-worker {}", config.worker_id);
+    let credentials = &config.nats_credentials;
+    let nats = match connect_nats(
+        &config.nats_url,
+        credentials,
+        name,
+        metrics.clone(),
+        &shutdown,
+    )
+    .await?
+    {
+        Some(nats) => nats,
+        None => return Ok(()),
+    };
     health.set_phase("creating consumers");
     let js = jetstream::new(nats.clone());
     let (jobs_stream, _) = ensure_streams(&js, &names).await?;
