@@ -102,6 +102,10 @@ pub fn plan(
         .collect()
 }
 
+/// The verdict for one call: the first check it fails refuses it, in this order —
+/// a problem found while parsing, an unusable or repeated id, the call cap, an unknown
+/// tool, the tenant's allowlist, argument size, tenant-naming arguments, the input
+/// schema, a tool without a live worker.
 #[allow(clippy::too_many_arguments)]
 fn judge(
     call: &mut ToolCall,
@@ -113,112 +117,126 @@ fn judge(
     limits: &Limits<'_>,
     registry: &Snapshot,
 ) -> Verdict {
-    if let Some(problem) = problem {
-        return Verdict::Refuse(problem);
+    let checked = problem.map_or(Ok(()), Err).and_then(|()| {
+        check_position(call, first_use, index, limits)?;
+        let tool = resolve_tool(call, registry)?;
+        check_tenant(call, tenant, policy, limits)?;
+        check_arguments(&tool, call)?;
+        if tool.live_workers == 0 {
+            let message = format!("no live worker serves {:?}", call.name);
+            return Err(CallError::retryable(codes::NO_LIVE_WORKER, message));
+        }
+        Ok(tool)
+    });
+    match checked {
+        Ok(tool) => {
+            let timeout_ms = match limits.tool_timeout_cap_ms {
+                Some(cap) => tool.definition.timeout_ms.min(cap),
+                None => tool.definition.timeout_ms,
+            };
+            Verdict::Dispatch { tool, timeout_ms }
+        }
+        Err(error) => Verdict::Refuse(error),
     }
+}
+
+/// The call's id can travel and is its first use, and the call is within the cap.
+fn check_position(
+    call: &ToolCall,
+    first_use: bool,
+    index: usize,
+    limits: &Limits<'_>,
+) -> Result<(), CallError> {
     if let Some(reason) = unusable_call_id(&call.id) {
-        return Verdict::Refuse(CallError::fatal(codes::MALFORMED_CALL, reason));
+        return Err(CallError::fatal(codes::MALFORMED_CALL, reason));
     }
     if !first_use {
-        return Verdict::Refuse(CallError::fatal(
-            codes::DUPLICATE_CALL_ID,
-            format!("call id {:?} appears earlier in the decision", call.id),
-        ));
+        let message = format!("call id {:?} appears earlier in the decision", call.id);
+        return Err(CallError::fatal(codes::DUPLICATE_CALL_ID, message));
     }
     if index >= limits.max_calls {
-        return Verdict::Refuse(CallError::fatal(
-            codes::TOO_MANY_CALLS,
-            format!("only {} calls per turn run", limits.max_calls),
-        ));
+        let message = format!("only {} calls per turn run", limits.max_calls);
+        return Err(CallError::fatal(codes::TOO_MANY_CALLS, message));
     }
-    let tool = match registry.get(&call.name) {
-        Some(t) => Arc::clone(t),
-        None => {
-            let canonical = canonical_tool_name(&call.name);
-            match registry.get(&canonical) {
-                Some(t) => {
-                    call.name = canonical;
-                    Arc::clone(t)
-                }
-                None => {
-                    return Verdict::Refuse(CallError::fatal(
-                        codes::UNKNOWN_TOOL,
-                        format!("no tool named {:?}", call.name),
-                    ))
-                }
-            }
+    Ok(())
+}
+
+/// The call's tool, by its fleet name or its model-facing name (the call is renamed to
+/// the fleet spelling).
+fn resolve_tool(call: &mut ToolCall, registry: &Snapshot) -> Result<Arc<KnownTool>, CallError> {
+    if let Some(tool) = registry.get(&call.name) {
+        return Ok(Arc::clone(tool));
+    }
+    let canonical = canonical_tool_name(&call.name);
+    match registry.get(&canonical) {
+        Some(tool) => {
+            call.name = canonical;
+            Ok(Arc::clone(tool))
         }
-    };
+        None => {
+            let message = format!("no tool named {:?}", call.name);
+            Err(CallError::fatal(codes::UNKNOWN_TOOL, message))
+        }
+    }
+}
+
+/// The tenant may call the tool, the arguments are within the size limit, and no
+/// tenant-naming argument names another tenant.
+fn check_tenant(
+    call: &ToolCall,
+    tenant: &str,
+    policy: &TenantPolicy,
+    limits: &Limits<'_>,
+) -> Result<(), CallError> {
     if !policy.allows(&call.name) {
-        return Verdict::Refuse(CallError::fatal(
-            codes::TOOL_NOT_ALLOWED,
-            format!("tenant {tenant:?} may not call {:?}", call.name),
-        ));
+        let message = format!("tenant {tenant:?} may not call {:?}", call.name);
+        return Err(CallError::fatal(codes::TOOL_NOT_ALLOWED, message));
     }
     let size = serialized_len(&call.arguments);
     if size > limits.max_argument_bytes {
-        return Verdict::Refuse(CallError::fatal(
-            codes::ARGUMENTS_TOO_LARGE,
-            format!(
-                "arguments are {size} bytes, the limit is {}",
-                limits.max_argument_bytes
-            ),
-        ));
+        let limit = limits.max_argument_bytes;
+        let message = format!("arguments are {size} bytes, the limit is {limit}");
+        return Err(CallError::fatal(codes::ARGUMENTS_TOO_LARGE, message));
     }
-    if let Some(obj) = call.arguments.as_object() {
-        for key in limits.tenant_argument_keys {
-            if let Some(Value::String(named)) = obj.get(key) {
-                if named != tenant {
-                    return Verdict::Refuse(CallError::fatal(
-                        codes::TENANT_MISMATCH,
-                        format!("argument {key:?} names another tenant"),
-                    ));
-                }
-            }
-        }
-    }
-    match &tool.validator {
-        Some(validator) => {
-            let errors: Vec<String> = validator
-                .iter_errors(&call.arguments)
-                .take(3)
-                .map(|e| {
-                    let at = e.instance_path().to_string();
-                    if at.is_empty() {
-                        e.to_string()
-                    } else {
-                        format!("{at}: {e}")
-                    }
-                })
-                .collect();
-            if !errors.is_empty() {
-                return Verdict::Refuse(CallError::fatal(
-                    codes::INVALID_ARGUMENTS,
-                    errors.join("; "),
-                ));
-            }
-        }
-        None => {
-            return Verdict::Refuse(CallError::fatal(
-                codes::INVALID_ARGUMENTS,
-                format!(
-                    "the tool's input schema does not compile: {}",
-                    tool.schema_error.as_deref().unwrap_or("unknown error")
-                ),
-            ))
-        }
-    }
-    if tool.live_workers == 0 {
-        return Verdict::Refuse(CallError::retryable(
-            codes::NO_LIVE_WORKER,
-            format!("no live worker serves {:?}", call.name),
-        ));
-    }
-    let timeout_ms = match limits.tool_timeout_cap_ms {
-        Some(cap) => tool.definition.timeout_ms.min(cap),
-        None => tool.definition.timeout_ms,
+    let Some(obj) = call.arguments.as_object() else {
+        return Ok(());
     };
-    Verdict::Dispatch { tool, timeout_ms }
+    for key in limits.tenant_argument_keys {
+        if matches!(obj.get(key), Some(Value::String(named)) if named != tenant) {
+            let message = format!("argument {key:?} names another tenant");
+            return Err(CallError::fatal(codes::TENANT_MISMATCH, message));
+        }
+    }
+    Ok(())
+}
+
+/// The arguments pass the tool's input schema (the first three errors are reported).
+fn check_arguments(tool: &KnownTool, call: &ToolCall) -> Result<(), CallError> {
+    let Some(validator) = &tool.validator else {
+        let why = tool.schema_error.as_deref().unwrap_or("unknown error");
+        let message = format!("the tool's input schema does not compile: {why}");
+        return Err(CallError::fatal(codes::INVALID_ARGUMENTS, message));
+    };
+    let errors: Vec<String> = validator
+        .iter_errors(&call.arguments)
+        .take(3)
+        .map(|e| {
+            let at = e.instance_path().to_string();
+            if at.is_empty() {
+                e.to_string()
+            } else {
+                format!("{at}: {e}")
+            }
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(CallError::fatal(
+            codes::INVALID_ARGUMENTS,
+            errors.join("; "),
+        ))
+    }
 }
 
 /// Longest call id accepted.
