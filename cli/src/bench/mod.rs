@@ -249,23 +249,8 @@ impl Mode {
 pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs) -> Result<()> {
     let started = Instant::now();
     let plan = Plan::from_args(&args);
-    let phases: Vec<Phase> = if args.phases.is_empty() {
-        ALL_PHASES.to_vec()
-    } else {
-        ALL_PHASES
-            .into_iter()
-            .filter(|p| args.phases.contains(p))
-            .collect()
-    };
-    let modes: Vec<Mode> = if args.attach {
-        vec![Mode::Attached]
-    } else {
-        match args.tracing {
-            TracingChoice::Off => vec![Mode::Off],
-            TracingChoice::On => vec![Mode::On],
-            TracingChoice::Both => vec![Mode::Off, Mode::On],
-        }
-    };
+    let phases = selected_phases(&args.phases);
+    let modes = selected_modes(&args);
 
     let servers = if args.given_servers || args.attach {
         Servers::start(nats_url, redis_url).await?
@@ -284,27 +269,21 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
     let sink = Sink::start().await?;
     let machine = Machine::read();
     let load_start = stats::load_average();
-    let nats_version = env.nats.server_info().version;
-    let redis_version = redis_version(&env).await;
+    let versions = Versions::read(&env).await;
     eprintln!(
-        "toolfleet bench: {} CPUs ({}), load {:?}; nats-server {nats_version} at {}, redis {redis_version} at {}",
-        machine.cpus, machine.cpu_model, load_start, env.nats_url, env.redis_url
+        "toolfleet bench: {} CPUs ({}), load {:?}; nats-server {} at {}, redis {} at {}",
+        machine.cpus,
+        machine.cpu_model,
+        load_start,
+        versions.nats,
+        env.nats_url,
+        versions.redis,
+        env.redis_url
     );
     progress.start(progress::stages(&phases, &modes, &plan, args.attach));
 
-    let mut reports: Vec<ModeReport> = modes
-        .iter()
-        .map(|m| ModeReport {
-            tracing: m.label(),
-            ..Default::default()
-        })
-        .collect();
-    let mut others: Vec<(String, u32)> = servers
-        .started
-        .iter()
-        .map(|(name, pid)| (name.to_string(), *pid))
-        .collect();
-    others.push(("bench client".to_string(), std::process::id()));
+    let mut reports = empty_reports(&modes);
+    let others = watched(&servers);
     let outcome = run_phases(
         &env,
         &sink,
@@ -323,9 +302,93 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
     progress.finish();
     outcome?;
 
-    let load_end = stats::load_average();
+    let load = [load_start, stats::load_average()];
     let elapsed = started.elapsed().as_secs_f64();
-    let report = json!({
+    let report = json_report(&machine, &env, versions, &plan, &reports, load, elapsed);
+    println!(
+        "{}",
+        report::markdown(&machine, &plan, &reports, load[0], load[1], elapsed)
+    );
+    write_json(&args.out, &report)?;
+    eprintln!("JSON report: {}", args.out.display());
+    Ok(())
+}
+
+/// The phases asked for (all when none are), in the bench's order.
+fn selected_phases(asked: &[Phase]) -> Vec<Phase> {
+    if asked.is_empty() {
+        ALL_PHASES.to_vec()
+    } else {
+        ALL_PHASES
+            .into_iter()
+            .filter(|p| asked.contains(p))
+            .collect()
+    }
+}
+
+/// The tracing configurations to measure: the attached fleet's, or those `--tracing` names.
+fn selected_modes(args: &BenchArgs) -> Vec<Mode> {
+    if args.attach {
+        vec![Mode::Attached]
+    } else {
+        match args.tracing {
+            TracingChoice::Off => vec![Mode::Off],
+            TracingChoice::On => vec![Mode::On],
+            TracingChoice::Both => vec![Mode::Off, Mode::On],
+        }
+    }
+}
+
+/// An empty report for each tracing configuration, labelled.
+fn empty_reports(modes: &[Mode]) -> Vec<ModeReport> {
+    modes
+        .iter()
+        .map(|m| ModeReport {
+            tracing: m.label(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Processes watched besides each fleet's own: the servers started and this process.
+fn watched(servers: &Servers) -> Vec<(String, u32)> {
+    let mut others: Vec<(String, u32)> = servers
+        .started
+        .iter()
+        .map(|(name, pid)| (name.to_string(), *pid))
+        .collect();
+    others.push(("bench client".to_string(), std::process::id()));
+    others
+}
+
+/// The versions of the NATS and Redis servers measured against.
+struct Versions {
+    nats: String,
+    redis: String,
+}
+
+impl Versions {
+    /// Asks both servers of `env` for their versions.
+    async fn read(env: &Env) -> Self {
+        Self {
+            nats: env.nats.server_info().version,
+            redis: redis_version(env).await,
+        }
+    }
+}
+
+/// The JSON report: the run's conditions, plan, every configuration's figures and the
+/// targets; `load` is the load averages at start and at end.
+fn json_report(
+    machine: &Machine,
+    env: &Env,
+    versions: Versions,
+    plan: &Plan,
+    reports: &[ModeReport],
+    load: [[f64; 3]; 2],
+    elapsed: f64,
+) -> serde_json::Value {
+    json!({
         "tool": "toolfleet bench",
         "version": env!("CARGO_PKG_VERSION"),
         "finished_at": toolfleet_common::call::now_rfc3339(),
@@ -333,27 +396,25 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
         "machine": machine,
         "servers": {
             "nats_url": env.nats_url,
-            "nats_version": nats_version,
+            "nats_version": versions.nats,
             "redis_url": env.redis_url,
-            "redis_version": redis_version,
+            "redis_version": versions.redis,
         },
-        "load_start": load_start,
-        "load_end": load_end,
+        "load_start": load[0],
+        "load_end": load[1],
         "plan": plan,
         "modes": reports,
-        "targets": report::targets(&reports),
-    });
-    println!(
-        "{}",
-        report::markdown(&machine, &plan, &reports, load_start, load_end, elapsed)
-    );
-    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        "targets": report::targets(reports),
+    })
+}
+
+/// Writes `report` as pretty JSON to `out`, making its folder first.
+fn write_json(out: &std::path::Path, report: &serde_json::Value) -> Result<()> {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    eprintln!("JSON report: {}", args.out.display());
-    Ok(())
+    std::fs::write(out, serde_json::to_vec_pretty(report)?)
+        .with_context(|| format!("writing {}", out.display()))
 }
 
 async fn redis_version(env: &Env) -> String {
@@ -391,6 +452,7 @@ where
     })
 }
 
+/// Runs each phase in each tracing configuration, filling that configuration's report.
 #[allow(clippy::too_many_arguments)]
 async fn run_phases(
     env: &Env,
@@ -416,108 +478,7 @@ async fn run_phases(
                 attached_to: attach.then_some(attach_prefix),
                 others,
             };
-            match phase {
-                Phase::Floor => {
-                    let prefix = stage.prefix("floor");
-                    let m = measured(sink, mode, phases::floor(env, &prefix, plan.floor_samples))
-                        .await?;
-                    report.floor = Some(m);
-                    progress.done();
-                }
-                Phase::Overhead => {
-                    let floor = report
-                        .floor
-                        .as_ref()
-                        .map_or(0.0, |f| f.figures.floor_p50_ms);
-                    let m = stage
-                        .on_fleet("overhead", 1, 8, |client, _| async move {
-                            phases::overhead(
-                                &client,
-                                plan.overhead_warmup,
-                                plan.overhead_turns,
-                                secs(plan.overhead_cap_s),
-                                floor,
-                                progress,
-                            )
-                            .await
-                        })
-                        .await?;
-                    report.overhead = Some(m);
-                    progress.done();
-                }
-                Phase::Throughput => {
-                    let decision = phases::decision("test.noop", &json!({}), 3);
-                    // Enough worker slots that the tools never queue the turns.
-                    let slots = (plan.throughput_turns * 3).max(8);
-                    let m = stage
-                        .on_fleet("throughput", 1, slots, |client, probe| async move {
-                            phases::closed_loop(
-                                &client,
-                                &decision,
-                                3,
-                                plan.throughput_turns,
-                                secs(plan.throughput_warmup_s),
-                                secs(plan.throughput_seconds),
-                                10_000,
-                                &probe,
-                                progress,
-                            )
-                            .await
-                        })
-                        .await?;
-                    report.throughput = Some(m);
-                    progress.done();
-                }
-                Phase::Parallel => {
-                    let m = stage
-                        .on_fleet("parallel", 1, 8, |client, _| async move {
-                            phases::parallel(&client, plan.parallel_turns, progress).await
-                        })
-                        .await?;
-                    report.parallel = Some(m);
-                    progress.done();
-                }
-                Phase::Scaling if !attach => {
-                    for &workers in &plan.scaling_workers {
-                        let workers = workers.max(1);
-                        let concurrency = plan.scaling_concurrency;
-                        let name = format!("scale{workers}");
-                        let plural = if workers == 1 { "" } else { "s" };
-                        progress.stage(*phase, mode, Some(format!("{workers} worker{plural}")));
-                        let m = stage
-                            .on_fleet(&name, workers, concurrency, |client, probe| async move {
-                                phases::scaling_point(
-                                    &client,
-                                    workers,
-                                    concurrency,
-                                    secs(plan.scaling_warmup_s),
-                                    secs(plan.scaling_seconds),
-                                    &probe,
-                                    progress,
-                                )
-                                .await
-                            })
-                            .await?;
-                        report.scaling.push(m);
-                        progress.done();
-                    }
-                }
-                Phase::Memory if !attach => {
-                    let slots = plan.memory_turns * 3;
-                    let (prefix, fleet) = stage.fresh("memory", 1, slots).await?;
-                    let m = measured(
-                        sink,
-                        mode,
-                        phases::memory(&fleet, plan.memory_turns, plan.memory_sleep_ms),
-                    )
-                    .await;
-                    report.memory = Some(stage.retire(&prefix, fleet, m).await?);
-                    progress.done();
-                }
-                Phase::Scaling | Phase::Memory => {
-                    progress.note("  skipped: needs a fleet the bench starts");
-                }
-            }
+            stage.run(*phase, report).await?;
         }
     }
     Ok(())
@@ -536,6 +497,145 @@ struct Stage<'a> {
 }
 
 impl Stage<'_> {
+    /// Runs `phase` in this configuration and keeps its figures in `report`; the scaling
+    /// and memory phases are skipped on an attached fleet.
+    async fn run(&self, phase: Phase, report: &mut ModeReport) -> Result<()> {
+        let progress = &self.env.progress;
+        let attach = self.attached_to.is_some();
+        match phase {
+            Phase::Floor => {
+                report.floor = Some(self.floor().await?);
+                progress.done();
+            }
+            Phase::Overhead => {
+                let floor = report
+                    .floor
+                    .as_ref()
+                    .map_or(0.0, |f| f.figures.floor_p50_ms);
+                report.overhead = Some(self.overhead(floor).await?);
+                progress.done();
+            }
+            Phase::Throughput => {
+                report.throughput = Some(self.throughput().await?);
+                progress.done();
+            }
+            Phase::Parallel => {
+                report.parallel = Some(self.parallel().await?);
+                progress.done();
+            }
+            Phase::Scaling if !attach => {
+                for &workers in &self.plan.scaling_workers {
+                    report.scaling.push(self.scaling_point(workers).await?);
+                    progress.done();
+                }
+            }
+            Phase::Memory if !attach => {
+                report.memory = Some(self.memory().await?);
+                progress.done();
+            }
+            Phase::Scaling | Phase::Memory => {
+                progress.note("  skipped: needs a fleet the bench starts");
+            }
+        }
+        Ok(())
+    }
+
+    /// The floor phase: round trips to NATS and Redis, no fleet.
+    async fn floor(&self) -> Result<Measured<Floor>> {
+        let prefix = self.prefix("floor");
+        let work = phases::floor(self.env, &prefix, self.plan.floor_samples);
+        measured(self.sink, self.mode, work).await
+    }
+
+    /// The overhead phase at concurrency 1, against the `floor` p50 in ms.
+    async fn overhead(&self, floor: f64) -> Result<Measured<Overhead>> {
+        let plan = self.plan;
+        let progress = &self.env.progress;
+        self.on_fleet("overhead", 1, 8, |client, _| async move {
+            phases::overhead(
+                &client,
+                plan.overhead_warmup,
+                plan.overhead_turns,
+                secs(plan.overhead_cap_s),
+                floor,
+                progress,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// The throughput phase: a closed loop of turns of three no-op calls.
+    async fn throughput(&self) -> Result<Measured<Throughput>> {
+        let plan = self.plan;
+        let progress = &self.env.progress;
+        let decision = phases::decision("test.noop", &json!({}), 3);
+        // Enough worker slots that the tools never queue the turns.
+        let slots = (plan.throughput_turns * 3).max(8);
+        self.on_fleet("throughput", 1, slots, |client, probe| async move {
+            phases::closed_loop(
+                &client,
+                &decision,
+                3,
+                plan.throughput_turns,
+                secs(plan.throughput_warmup_s),
+                secs(plan.throughput_seconds),
+                10_000,
+                &probe,
+                progress,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// The parallel phase: three 50 ms calls in one turn.
+    async fn parallel(&self) -> Result<Measured<Parallel>> {
+        let plan = self.plan;
+        let progress = &self.env.progress;
+        self.on_fleet("parallel", 1, 8, |client, _| async move {
+            phases::parallel(&client, plan.parallel_turns, progress).await
+        })
+        .await
+    }
+
+    /// One point of the scaling phase, on a fleet of `workers` worker processes.
+    async fn scaling_point(&self, workers: usize) -> Result<Measured<ScalingPoint>> {
+        let plan = self.plan;
+        let progress = &self.env.progress;
+        let workers = workers.max(1);
+        let concurrency = plan.scaling_concurrency;
+        let name = format!("scale{workers}");
+        let plural = if workers == 1 { "" } else { "s" };
+        progress.stage(
+            Phase::Scaling,
+            self.mode,
+            Some(format!("{workers} worker{plural}")),
+        );
+        self.on_fleet(&name, workers, concurrency, |client, probe| async move {
+            phases::scaling_point(
+                &client,
+                workers,
+                concurrency,
+                secs(plan.scaling_warmup_s),
+                secs(plan.scaling_seconds),
+                &probe,
+                progress,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// The memory phase, on a fresh fleet of its own, stopped afterwards.
+    async fn memory(&self) -> Result<Measured<Memory>> {
+        let slots = self.plan.memory_turns * 3;
+        let (prefix, fleet) = self.fresh("memory", 1, slots).await?;
+        let work = phases::memory(&fleet, self.plan.memory_turns, self.plan.memory_sleep_ms);
+        let m = measured(self.sink, self.mode, work).await;
+        self.retire(&prefix, fleet, m).await
+    }
+
     /// A fresh prefix for `name` in this configuration, remembered for cleanup.
     fn prefix(&self, name: &str) -> String {
         self.env.prefix(&format!("{name}_{}", self.mode.tag()))

@@ -244,10 +244,56 @@ pub fn markdown(
     load_end: [f64; 3],
     seconds: f64,
 ) -> String {
-    let mut t = Table::new(header("phase", "figure", reports));
+    format!(
+        "## toolfleet bench\n\n\
+         {} CPUs ({}), {} GiB, Linux {}; {} run, {:.0} s; load average 1/5/15 min: \
+         {:.2} {:.2} {:.2} at start, {:.2} {:.2} {:.2} at end.\n\n\
+         {}\n\n### Targets\n\n{}\n",
+        machine.cpus,
+        machine.cpu_model,
+        machine.memory_gib,
+        machine.kernel,
+        if plan.quick { "quick" } else { "full" },
+        seconds,
+        load_start[0],
+        load_start[1],
+        load_start[2],
+        load_end[0],
+        load_end[1],
+        load_end[2],
+        figures_table(plan, reports).render(),
+        targets_table(reports).render()
+    )
+}
 
-    phase_rows::<Floor>(
+/// The table of every phase's figures, one column per tracing configuration.
+fn figures_table(plan: &Plan, reports: &[ModeReport]) -> Table {
+    let mut t = Table::new(header("phase", "figure", reports));
+    floor_rows(&mut t, reports);
+    overhead_rows(&mut t, reports);
+    throughput_rows(&mut t, plan, reports);
+    parallel_rows(&mut t, reports);
+    scaling_rows(&mut t, plan, reports);
+    memory_rows(&mut t, plan, reports);
+    row(
         &mut t,
+        reports,
+        "OTLP sink",
+        "trace exports received (KiB) during throughput",
+        |r| {
+            r.throughput
+                .as_ref()
+                .and_then(|m| m.exported)
+                .map(|e| format!("{} ({:.0})", e.trace_requests, e.kib))
+        },
+    );
+    t
+}
+
+/// Adds the floor phase's rows: NATS, Redis and JetStream round trips.
+fn floor_rows(t: &mut Table, reports: &[ModeReport]) {
+    phase_rows::<Floor>(
+        t,
         reports,
         "floor",
         |r| r.floor.as_ref(),
@@ -266,9 +312,12 @@ pub fn markdown(
             }),
         ],
     );
+}
 
+/// Adds the overhead phase's rows: turn latencies, their steps and the floor multiple.
+fn overhead_rows(t: &mut Table, reports: &[ModeReport]) {
     phase_rows::<Overhead>(
-        &mut t,
+        t,
         reports,
         "1 overhead: 3 × test.noop, concurrency 1",
         |r| r.overhead.as_ref(),
@@ -299,9 +348,12 @@ pub fn markdown(
             ("1-min load before → after", load),
         ],
     );
+}
 
+/// Adds the throughput phase's rows: rates, latencies and CPU per turn.
+fn throughput_rows(t: &mut Table, plan: &Plan, reports: &[ModeReport]) {
     phase_rows::<Throughput>(
-        &mut t,
+        t,
         reports,
         &format!(
             "2 throughput: {} turns in flight, 3 × test.noop",
@@ -314,23 +366,7 @@ pub fn markdown(
             ("turn p50 / p99 ms", |m| p50_p99(&m.figures.turn)),
             (
                 "CPU ms per turn: coordinator / worker / nats-server / redis / bench client",
-                |m| {
-                    let cpu = &m.figures.cpu_ms_per_turn;
-                    [
-                        "coordinator",
-                        "worker",
-                        "nats-server",
-                        "redis-server",
-                        "bench client",
-                    ]
-                    .iter()
-                    .map(|k| {
-                        cpu.get(*k)
-                            .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" / ")
-                },
+                |m| cpu_per_turn(&m.figures),
             ),
             ("CPUs busy (of the processes above)", |m| {
                 format!("{:.2}", m.figures.cpus_busy)
@@ -344,9 +380,31 @@ pub fn markdown(
             ("1-min load before → after", load),
         ],
     );
+}
 
+/// CPU ms per turn of the coordinator, worker, nats-server, redis and bench client.
+fn cpu_per_turn(figures: &Throughput) -> String {
+    let cpu = &figures.cpu_ms_per_turn;
+    [
+        "coordinator",
+        "worker",
+        "nats-server",
+        "redis-server",
+        "bench client",
+    ]
+    .iter()
+    .map(|k| {
+        cpu.get(*k)
+            .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
+    })
+    .collect::<Vec<_>>()
+    .join(" / ")
+}
+
+/// Adds the parallel phase's rows: the 3 × 50 ms turn against a sequential runner.
+fn parallel_rows(t: &mut Table, reports: &[ModeReport]) {
     phase_rows::<Parallel>(
-        &mut t,
+        t,
         reports,
         "3 parallel: 3 × test.behave 50 ms",
         |r| r.parallel.as_ref(),
@@ -369,7 +427,10 @@ pub fn markdown(
             }),
         ],
     );
+}
 
+/// Adds the scaling phase's rows, one per worker count of the plan.
+fn scaling_rows(t: &mut Table, plan: &Plan, reports: &[ModeReport]) {
     let phase = format!(
         "4 worker scaling: test.behave 20 ms, {} slots per worker",
         plan.scaling_concurrency
@@ -380,7 +441,7 @@ pub fn markdown(
             "{workers} worker{}: calls/s (ideal {ideal:.0}), turn p50 ms",
             if *workers == 1 { "" } else { "s" }
         );
-        row(&mut t, reports, &phase, &figure, |r| {
+        row(t, reports, &phase, &figure, |r| {
             r.scaling.get(i).map(|m| {
                 format!(
                     "{} ({:.0}%), {}{}",
@@ -396,9 +457,12 @@ pub fn markdown(
             })
         });
     }
+}
 
+/// Adds the memory phase's rows: coordinator RSS and how fast the turns were taken.
+fn memory_rows(t: &mut Table, plan: &Plan, reports: &[ModeReport]) {
     phase_rows::<Memory>(
-        &mut t,
+        t,
         reports,
         &format!("5 memory: {} turns × 3 calls in flight", plan.memory_turns),
         |r| r.memory.as_ref(),
@@ -419,20 +483,10 @@ pub fn markdown(
             }),
         ],
     );
+}
 
-    row(
-        &mut t,
-        reports,
-        "OTLP sink",
-        "trace exports received (KiB) during throughput",
-        |r| {
-            r.throughput
-                .as_ref()
-                .and_then(|m| m.exported)
-                .map(|e| format!("{} ({:.0})", e.trace_requests, e.kib))
-        },
-    );
-
+/// The table of the targets, each configuration's figure and whether it is met.
+fn targets_table(reports: &[ModeReport]) -> Table {
     let mut goals_header = header("target", "goal", reports);
     goals_header.push("met".to_string());
     let mut goals = Table::new(goals_header);
@@ -451,27 +505,7 @@ pub fn markdown(
         });
         goals.row(cells);
     }
-
-    format!(
-        "## toolfleet bench\n\n\
-         {} CPUs ({}), {} GiB, Linux {}; {} run, {:.0} s; load average 1/5/15 min: \
-         {:.2} {:.2} {:.2} at start, {:.2} {:.2} {:.2} at end.\n\n\
-         {}\n\n### Targets\n\n{}\n",
-        machine.cpus,
-        machine.cpu_model,
-        machine.memory_gib,
-        machine.kernel,
-        if plan.quick { "quick" } else { "full" },
-        seconds,
-        load_start[0],
-        load_start[1],
-        load_start[2],
-        load_end[0],
-        load_end[1],
-        load_end[2],
-        t.render(),
-        goals.render()
-    )
+    goals
 }
 
 #[cfg(test)]
