@@ -106,8 +106,9 @@ impl WorkerConfig {
 pub mod ranges {
     use std::ops::RangeInclusive;
 
-    /// Calls of one tool at once (a semaphore's size).
-    pub const CONCURRENCY: RangeInclusive<usize> = 1..=1024;
+    /// Calls of one tool at once (a semaphore's size; I/O-bound tools such as the bench's
+    /// no-op run thousands at once).
+    pub const CONCURRENCY: RangeInclusive<usize> = 1..=65_536;
     /// Heartbeat period, in ms.
     pub const HEARTBEAT_MS: RangeInclusive<u64> = 100..=60_000;
     /// Ack wait of the tool consumers, in ms.
