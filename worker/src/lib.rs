@@ -31,6 +31,7 @@
 //! |---|---|
 //! | this file | [`run`]: health, consumers (recreated when lost), registration, heartbeat, draining on shutdown (NAK at the end of the grace); [`WorkerError`] |
 //! | [`tool`] | `Tool`, its builder, `ToolContext`, `ToolOutput`, `ToolError` |
+//! | [`schema`] | the schemas the model sees, derived from argument and output types |
 //! | [`config`] | `WorkerConfig` from environment variables |
 //! | `consumers` | each tool's durable consumer: created, checked, its delivery settings kept in line with the definition |
 //! | [`registry`] | announcing tools and liveness in Redis |
@@ -45,6 +46,7 @@ pub mod config;
 mod consumers;
 pub mod registry;
 mod runner;
+pub mod schema;
 pub mod tool;
 
 use std::collections::HashSet;
