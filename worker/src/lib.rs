@@ -31,6 +31,8 @@
 //! |---|---|
 //! | this file | [`run`]: health, consumers (recreated when lost), registration, heartbeat, draining on shutdown (NAK at the end of the grace); [`WorkerError`] |
 //! | [`tool`] | `Tool`, its builder, `ToolContext`, `ToolOutput`, `ToolError` |
+//! | `serve` | [`serve`]: a whole worker process (settings, telemetry, signals) in one call |
+//! | [`prelude`] | what a tool file needs in one `use` |
 //! | [`schema`] | the schemas the model sees, derived from argument and output types |
 //! | [`config`] | `WorkerConfig` from environment variables |
 //! | `consumers` | each tool's durable consumer: created, checked, its delivery settings kept in line with the definition |
@@ -44,10 +46,15 @@
 pub mod cache;
 pub mod config;
 mod consumers;
+pub mod prelude;
 pub mod registry;
 mod runner;
 pub mod schema;
+mod serve;
 pub mod tool;
+
+pub use serve::{serve, ServeError};
+pub use toolfleet_worker_macros::tool;
 
 use std::collections::HashSet;
 use std::sync::Arc;
