@@ -18,11 +18,9 @@ const EVENT_WAIT: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
-    let python = toolfleet_tests::python::venv(
-        env!("CARGO_TARGET_TMPDIR"),
-        "sdk/python/requirements.txt",
-    )
-    .await?;
+    let python =
+        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
+            .await?;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let script = toolfleet_tests::repo_path("examples/python-worker/worker.py");
     let mut child = Command::new(&python)
