@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A tool call normalized from any decision shape.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ToolCall {
     /// The call id the model produced (or one generated when it produced none).
     pub id: String,
@@ -25,7 +25,7 @@ pub struct ToolCall {
 }
 
 /// The life of a call as the frontend sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CallState {
     /// Accepted and queued, not yet picked up by a worker.
@@ -111,7 +111,7 @@ pub mod codes {
 /// An error that crosses the wire: a stable code, a human message, whether trying
 /// again later could succeed, and optionally a sentence the end user may hear. Nobody
 /// parses `message`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CallError {
     /// Stable machine-readable code (see [`codes`]).
     pub code: String,
@@ -160,7 +160,7 @@ impl CallError {
 }
 
 /// The outcome of one call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CallResult {
     /// The model's call id.
     pub tool_call_id: String,
@@ -236,7 +236,9 @@ impl CallResult {
 }
 
 /// Counts over a turn's results.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub struct Summary {
     /// Every call the decision held.
     pub total: usize,

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use crate::call::ToolCall;
 
 /// What a worker receives for one call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct JobEnvelope {
     /// The turn the call belongs to.
     pub turn_id: String,
@@ -47,7 +47,7 @@ pub fn job_msg_id(turn_id: &str, call_id: &str) -> String {
 }
 
 /// A core NATS notice on `<prefix>.progress.<turn_id>`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ProgressNotice {
     /// A worker started executing the call.

@@ -17,6 +17,7 @@
 //! | [`http`] | the operational HTTP endpoint server (`/healthz`, `/readyz`, `/metrics`) |
 //! | [`job`] | `JobEnvelope` (what a worker receives) and progress notices |
 //! | `ready` | the `/readyz` check of the coordinator and worker (feature `redis`) |
+//! | [`schemas`] | JSON Schemas of the wire messages (published in `docs/schemas/`) |
 //! | [`shutdown`] | SIGTERM / Ctrl-C as a cancellation token |
 //! | [`streams`] | creating the jobs and results JetStream streams |
 //! | [`topology`] | streams and consumers recreated when they disappear |
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod names;
 #[cfg(feature = "redis")]
 pub mod ready;
+pub mod schemas;
 pub mod shutdown;
 pub mod streams;
 pub mod telemetry;

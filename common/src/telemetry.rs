@@ -140,6 +140,22 @@ impl fmt::Debug for Telemetry {
     }
 }
 
+/// The host's name: `$HOSTNAME` when the environment has it (most shells do not export
+/// it), else the kernel's host name (`/proc/sys/kernel/hostname`, `/etc/hostname`), else
+/// `host`.
+pub fn host_name() -> String {
+    let non_empty = |v: String| Some(v.trim().to_string()).filter(|v| !v.is_empty());
+    std::env::var("HOSTNAME")
+        .ok()
+        .and_then(non_empty)
+        .or_else(|| {
+            ["/proc/sys/kernel/hostname", "/etc/hostname"]
+                .iter()
+                .find_map(|path| std::fs::read_to_string(path).ok().and_then(non_empty))
+        })
+        .unwrap_or_else(|| "host".into())
+}
+
 /// `service.instance.id` when `OTEL_RESOURCE_ATTRIBUTES` does not set one:
 /// `TOOLFLEET_INSTANCE_ID`; else, in a container (process id 1), its host name (the
 /// container id under Docker, the pod name under Kubernetes); else
@@ -151,13 +167,7 @@ pub fn instance_id() -> &'static str {
         if let Some(id) = set("TOOLFLEET_INSTANCE_ID") {
             return id;
         }
-        let host = set("HOSTNAME")
-            .or_else(|| {
-                std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .ok()
-                    .map(|h| h.trim().to_string())
-            })
-            .unwrap_or_else(|| "host".into());
+        let host = host_name();
         match std::process::id() {
             1 => host,
             pid => format!("{host}-{pid}"),
@@ -640,6 +650,24 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::sync::{Arc, Mutex};
+
+    #[test]
+    fn host_name_is_the_environment_or_the_kernel_name() {
+        let name = host_name();
+        assert!(!name.is_empty() && name == name.trim());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+        match std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.trim().is_empty())
+        {
+            Some(env) => assert_eq!(name, env.trim()),
+            None => {
+                if let Some(kernel) = kernel {
+                    assert_eq!(name, kernel.trim());
+                }
+            }
+        }
+    }
 
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);

@@ -14,7 +14,7 @@ pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 
 /// What a worker announces about one tool.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct ToolDefinition {
     /// Unique name; also a NATS subject suffix (`<prefix>.jobs.<name>`).
     pub name: String,
@@ -46,7 +46,7 @@ fn default_timeout() -> u64 {
 }
 
 /// Whether a call may be delivered again after its worker disappeared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct RetryPolicy {
     /// Idempotent tools are redelivered to another worker when one dies mid-call;
     /// others get a `call_interrupted` error instead of a second execution.
@@ -127,7 +127,9 @@ pub fn canonical_tool_name(name: &str) -> String {
 }
 
 /// Catalog formats a frontend can ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CatalogFormat {
     /// OpenAI Chat Completions `tools` entries.
@@ -157,7 +159,7 @@ impl std::str::FromStr for CatalogFormat {
 }
 
 /// A catalog request (core NATS request on `<prefix>.catalog`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CatalogRequest {
     /// The format wanted.
     #[serde(default)]
@@ -168,7 +170,7 @@ pub struct CatalogRequest {
 }
 
 /// The catalog reply: the tools in the requested format.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct CatalogResponse {
     /// The format of `tools`.
     pub format: CatalogFormat,

@@ -1,7 +1,9 @@
 //! A turn whose calls are served by a Rust worker and by the Python worker of
-//! `examples/python-worker/` together. The worker's packages (nats-py, redis-py) are
-//! installed by the test into a virtual environment of its own (`python::venv`); the
-//! machine needs only `python3`.
+//! `examples/python-worker/` (written with the Python SDK of `sdk/python/`) together.
+//! The SDK's packages (nats-py, redis-py) are installed by the test into a virtual
+//! environment of its own (`python::venv`) and the SDK is imported from the repository
+//! (`PYTHONPATH`), so the test always runs its current source; the machine needs only
+//! `python3`.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,15 +18,14 @@ const EVENT_WAIT: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
-    let python = toolfleet_tests::python::venv(
-        env!("CARGO_TARGET_TMPDIR"),
-        "examples/python-worker/requirements.txt",
-    )
-    .await?;
+    let python =
+        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
+            .await?;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let script = toolfleet_tests::repo_path("examples/python-worker/worker.py");
     let mut child = Command::new(&python)
         .arg(&script)
+        .env("PYTHONPATH", toolfleet_tests::repo_path("sdk/python"))
         .env("TOOLFLEET_NATS_URL", fleet.nats.url())
         .env("TOOLFLEET_REDIS_URL", fleet.redis.url())
         .env("TOOLFLEET_PREFIX", fleet.names.prefix())

@@ -1,39 +1,50 @@
 //! A worker serving one tool, written against the SDK alone (the README's "Writing a
 //! tool"): `cargo run -p toolfleet-worker --example writing_a_tool`. It must never need
-//! more than `toolfleet-worker` and `toolfleet-common`: no pack, no database.
+//! more than `toolfleet-worker`, serde, schemars and tokio: no pack, no database.
 
-use std::time::Duration;
+use std::fmt;
 
-use serde_json::json;
-use toolfleet_common::telemetry::{self, TelemetryConfig};
-use toolfleet_worker::{Tool, ToolContext, ToolOutput, WorkerConfig};
+use toolfleet_worker::prelude::*;
 
-#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[derive(Deserialize, JsonSchema)]
 struct CustomerArgs {
     #[serde(rename = "customerId")]
     customer_id: String,
 }
 
+#[derive(Serialize, JsonSchema)]
+struct Invoices {
+    customer: String,
+    open: Vec<String>,
+}
+
+// The summary the assistant speaks: never raw JSON.
+impl fmt::Display for Invoices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "You have {} open invoices.", self.open.len())
+    }
+}
+
+/// Get the customer's open invoices.
+#[tool(
+    name = "crm.getOpenInvoices",
+    waiting_hint = "checking your billing",
+    idempotent = 3,
+    timeout_ms = 2000
+)]
+async fn open_invoices(args: CustomerArgs, ctx: &ToolContext) -> Result<Invoices, ToolError> {
+    // ctx.tenant_id comes from the turn, never from the model's arguments.
+    if ctx.tenant_id.is_empty() {
+        return Err(ToolError::fatal("no_tenant", "the turn names no tenant"));
+    }
+    Ok(Invoices {
+        customer: args.customer_id,
+        open: Vec::new(),
+    })
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let telemetry = telemetry::init(&TelemetryConfig::from_env("my-worker")?)?;
-    // Cancelled at SIGTERM or Ctrl-C; `run` then drains in-flight calls and returns.
-    let shutdown = toolfleet_common::shutdown::on_signal();
-
-    let tool = Tool::builder("crm.getOpenInvoices", "Get the customer's open invoices")
-        .waiting_hint("checking your billing")
-        .idempotent(3)
-        .timeout(Duration::from_secs(2))
-        .handler(|ctx: ToolContext, args: CustomerArgs| async move {
-            // ctx.tenant_id comes from the turn, never from the model's arguments.
-            Ok(ToolOutput::new(json!({
-                "tenant": ctx.tenant_id,
-                "customer": args.customer_id,
-            }))
-            .with_summary("You have no open invoices."))
-        });
-    let outcome = toolfleet_worker::run(WorkerConfig::from_env()?, vec![tool], shutdown).await;
-
-    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
-    Ok(outcome?)
+async fn main() -> Result<(), toolfleet_worker::ServeError> {
+    // Settings and telemetry from the environment; SIGTERM or Ctrl-C drains and withdraws.
+    toolfleet_worker::serve(vec![open_invoices_tool()]).await
 }

@@ -121,8 +121,28 @@ pub mod ranges {
     pub const TOPOLOGY_CHECK_MS: RangeInclusive<u64> = 100..=60_000;
 }
 
+/// `<host name>-<pid>-<6 hex>` (PROTOCOL §7.1).
 fn default_worker_id() -> String {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_string());
+    let host = toolfleet_common::telemetry::host_name();
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     format!("{host}-{}-{}", std::process::id(), &suffix[..6])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_worker_id_is_host_pid_and_six_hex() {
+        let id = default_worker_id();
+        let host = toolfleet_common::telemetry::host_name();
+        let rest = id
+            .strip_prefix(&format!("{host}-"))
+            .expect("host name first");
+        let (pid, hex) = rest.split_once('-').expect("pid and suffix");
+        assert_eq!(pid, std::process::id().to_string());
+        assert_eq!(hex.len(), 6);
+        assert!(hex.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(default_worker_id(), id, "unique per call");
+    }
 }

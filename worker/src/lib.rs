@@ -31,7 +31,11 @@
 //! |---|---|
 //! | this file | [`run`]: health, consumers (recreated when lost), registration, heartbeat, draining on shutdown (NAK at the end of the grace); [`WorkerError`] |
 //! | [`tool`] | `Tool`, its builder, `ToolContext`, `ToolOutput`, `ToolError` |
+//! | `serve` | [`serve`]: a whole worker process (settings, telemetry, signals) in one call |
+//! | [`prelude`] | what a tool file needs in one `use` |
+//! | [`schema`] | the schemas the model sees, derived from argument and output types |
 //! | [`config`] | `WorkerConfig` from environment variables |
+//! | `consumers` | each tool's durable consumer: created, checked, its delivery settings kept in line with the definition |
 //! | [`registry`] | announcing tools and liveness in Redis |
 //! | `runner` | pulling jobs, running calls, publishing results, acking |
 //! | [`cache`] | Redis result cache for idempotent read-only tools (`ResultCache::wrap`) |
@@ -41,9 +45,16 @@
 
 pub mod cache;
 pub mod config;
+mod consumers;
+pub mod prelude;
 pub mod registry;
 mod runner;
+pub mod schema;
+mod serve;
 pub mod tool;
+
+pub use serve::{serve, ServeError};
+pub use toolfleet_worker_macros::tool;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -122,7 +133,7 @@ pub async fn run(
     tools: Vec<Tool>,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    let served = serve_list(tools)?;
+    let mut served = serve_list(tools, &config)?;
     let started = start_process("toolfleet-worker", config.http_addr)
         .await
         .map_err(WorkerError::Http)?;
@@ -147,9 +158,13 @@ pub async fn run(
     let js = jetstream::new(nats.clone());
     let (jobs_stream, _) = ensure_streams(&js, &names).await?;
     let mut consumers = Vec::with_capacity(served.len());
-    for tool in &served {
-        consumers.push(tool_consumer(&jobs_stream, &names, tool, config.ack_wait).await?);
+    for tool in &mut served {
+        let (consumer, bound) =
+            consumers::bind(&jobs_stream, &names, &tool.tool, config.ack_wait).await?;
+        tool.bound = bound;
+        consumers.push(consumer);
     }
+    let served: Vec<_> = served.into_iter().map(Arc::new).collect();
     health.set_phase("connecting to Redis");
     let (registration, redis) = register(&config, &names, &served, &nats).await?;
     let shared = Arc::new(Shared {
@@ -158,7 +173,6 @@ pub async fn run(
         names: names.clone(),
         worker_id: config.worker_id.clone(),
         server: toolfleet_common::telemetry::server_of(&config.nats_url),
-        ack_wait: config.ack_wait,
         max_result_bytes: config.max_result_bytes,
         metrics,
         abandon: CancellationToken::new(),
@@ -259,7 +273,7 @@ fn start_loops(
         .map(|t| {
             Needed::Consumer(
                 names.jobs_stream(),
-                consumer_config(names, t, config.ack_wait),
+                consumers::config(names, &t.tool, config.ack_wait),
             )
         })
         .collect();
@@ -292,8 +306,9 @@ fn start_loops(
 }
 
 /// Checks `tools` (names usable and unique, output schemas compile) and pairs each with
-/// its compiled output schema.
-fn serve_list(tools: Vec<Tool>) -> Result<Vec<Arc<ServedTool>>, WorkerError> {
+/// its compiled output schema and the consumer settings it asks for (replaced by the
+/// bound consumer's once bound).
+fn serve_list(tools: Vec<Tool>, config: &WorkerConfig) -> Result<Vec<ServedTool>, WorkerError> {
     if tools.is_empty() {
         return Err(WorkerError::Tools("no tools to serve".into()));
     }
@@ -318,62 +333,15 @@ fn serve_list(tools: Vec<Tool>) -> Result<Vec<Arc<ServedTool>>, WorkerError> {
                 })?),
                 None => None,
             };
-        served.push(Arc::new(ServedTool {
+        let names = Names::new(config.prefix.clone());
+        let bound = consumers::Bound::wanted(&names, &tool, config.ack_wait);
+        served.push(ServedTool {
             tool,
             output_validator,
-        }));
-    }
-    Ok(served)
-}
-
-/// The durable pull consumer of `tool` (also used to recreate it when it disappears).
-fn consumer_config(names: &Names, tool: &ServedTool, ack_wait: Duration) -> consumer::pull::Config {
-    let def = tool.tool.definition();
-    let durable = names.tool_consumer(&def.name);
-    let max_deliver = if def.retry.idempotent {
-        i64::from(def.retry.max_attempts.max(1))
-    } else {
-        // The second delivery reports the interruption instead of running the call.
-        2
-    };
-    consumer::pull::Config {
-        durable_name: Some(durable),
-        filter_subject: names.job_subject(&def.name),
-        ack_policy: consumer::AckPolicy::Explicit,
-        ack_wait,
-        max_deliver,
-        max_ack_pending: 10_000,
-        ..Default::default()
-    }
-}
-
-/// Gets or creates `tool`'s consumer and checks it serves that tool.
-async fn tool_consumer(
-    jobs_stream: &jetstream::stream::Stream,
-    names: &Names,
-    tool: &ServedTool,
-    ack_wait: Duration,
-) -> Result<consumer::PullConsumer, WorkerError> {
-    let def = tool.tool.definition();
-    let durable = names.tool_consumer(&def.name);
-    let consumer: consumer::PullConsumer = jobs_stream
-        .get_or_create_consumer(&durable, consumer_config(names, tool, ack_wait))
-        .await
-        .map_err(|e| WorkerError::Consumer {
-            consumer: durable.clone(),
-            message: e.to_string(),
-        })?;
-    let filter = &consumer.cached_info().config.filter_subject;
-    if *filter != names.job_subject(&def.name) {
-        return Err(WorkerError::Consumer {
-            consumer: durable,
-            message: format!(
-                "the consumer serves {filter}, not tool {}; rename one of the two tools",
-                def.name
-            ),
+            bound,
         });
     }
-    Ok(consumer)
+    Ok(served)
 }
 
 /// Beats every `period` until `stop`, then hands the registration back for withdrawal.

@@ -29,6 +29,7 @@ use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names};
 use tracing::{debug, info, info_span, warn, Instrument};
 
+use crate::consumers::Bound;
 use crate::tool::{Tool, ToolContext};
 
 /// How long one pull request waits for jobs before it is renewed.
@@ -48,7 +49,6 @@ pub(crate) struct Shared {
     pub worker_id: String,
     /// `server.address` and `server.port` of the NATS server, for spans.
     pub server: (String, i64),
-    pub ack_wait: Duration,
     pub max_result_bytes: usize,
     pub metrics: FleetMetrics,
     /// Cancelled when the shutdown grace ran out: running calls stop and their jobs are
@@ -56,10 +56,12 @@ pub(crate) struct Shared {
     pub abandon: CancellationToken,
 }
 
-/// A tool with its compiled output schema.
+/// A tool with its compiled output schema and the settings of the consumer it is served
+/// from (retries and keep-alives follow those, not the definition).
 pub(crate) struct ServedTool {
     pub tool: Tool,
     pub output_validator: Option<jsonschema::Validator>,
+    pub bound: Bound,
 }
 
 /// Pulls `tool`'s jobs with at most `concurrency` in flight until `shutdown`; every
@@ -242,7 +244,7 @@ async fn run_job(
     // if this task unwinds.
     let keepalive = {
         let message = Arc::clone(&message);
-        let period = (shared.ack_wait / 3).max(Duration::from_millis(50));
+        let period = (tool.bound.ack_wait / 3).max(Duration::from_millis(50));
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
             loop {
                 tokio::time::sleep(period).await;
@@ -318,7 +320,7 @@ async fn execute(
         Ok(Ok(Err(error))) => {
             if error.retryable
                 && def.retry.idempotent
-                && attempt < def.retry.max_attempts
+                && attempt < tool.bound.max_deliver
                 && unix_ms() + 2 * u64::try_from(RETRY_DELAY.as_millis()).unwrap_or(0)
                     < job.deadline_unix_ms
             {

@@ -10,9 +10,13 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::{Map, Value};
 use toolfleet_common::call::codes;
 use toolfleet_common::{CallError, RetryPolicy, ToolDefinition};
+
+use crate::schema::input_schema_of;
+pub use crate::schema::schema_of;
 
 /// What a tool knows about the call it serves.
 #[derive(Debug, Clone)]
@@ -112,6 +116,7 @@ impl Tool {
     pub fn builder(name: impl Into<String>, description: impl Into<String>) -> ToolBuilder {
         ToolBuilder {
             definition: ToolDefinition::new(name, description),
+            allow_unknown_arguments: false,
         }
     }
 
@@ -142,6 +147,7 @@ impl Tool {
 #[derive(Debug, Clone)]
 pub struct ToolBuilder {
     definition: ToolDefinition,
+    allow_unknown_arguments: bool,
 }
 
 impl ToolBuilder {
@@ -173,6 +179,14 @@ impl ToolBuilder {
         self
     }
 
+    /// Accepts arguments the argument type does not name (refused by default: the
+    /// input schema says `additionalProperties: false`, so the coordinator answers
+    /// `invalid_arguments` before the call reaches a worker).
+    pub fn allow_unknown_arguments(mut self) -> Self {
+        self.allow_unknown_arguments = true;
+        self
+    }
+
     /// Sets the JSON Schema of the result, checked before the result is published.
     pub fn output_schema(mut self, schema: Value) -> Self {
         self.definition.output_schema = Some(schema);
@@ -186,7 +200,7 @@ impl ToolBuilder {
         F: Fn(ToolContext, A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<ToolOutput, ToolError>> + Send + 'static,
     {
-        self.definition.input_schema = schema_of::<A>();
+        self.definition.input_schema = input_schema_of::<A>(self.allow_unknown_arguments);
         let handler = Arc::new(handler);
         let erased = move |ctx: ToolContext, arguments: Value| -> ToolFuture {
             let handler = Arc::clone(&handler);
@@ -202,15 +216,30 @@ impl ToolBuilder {
             handler: Arc::new(erased),
         }
     }
-}
 
-/// The JSON Schema of `A`, without the `$schema` meta key.
-pub fn schema_of<A: schemars::JsonSchema>() -> Value {
-    let mut value = serde_json::to_value(schemars::schema_for!(A)).unwrap_or(Value::Null);
-    if let Some(obj) = value.as_object_mut() {
-        obj.remove("$schema");
+    /// Finishes the tool with a handler of typed arguments and output: the input and
+    /// output schemas are generated from `A` and `O`, the output's `Display` is the
+    /// spoken summary (so narration never reads out JSON), and the handler's error
+    /// converts into a [`ToolError`]. The `#[tool]` attribute expands to this.
+    pub fn typed<A, O, E, F, Fut>(mut self, handler: F) -> Tool
+    where
+        A: DeserializeOwned + schemars::JsonSchema + Send + 'static,
+        O: Serialize + schemars::JsonSchema + std::fmt::Display,
+        E: Into<ToolError>,
+        F: Fn(ToolContext, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, E>> + Send + 'static,
+    {
+        self.definition.output_schema = Some(schema_of::<O>());
+        self.handler(move |ctx: ToolContext, args: A| {
+            let run = handler(ctx, args);
+            async move {
+                let output = run.await.map_err(Into::into)?;
+                let value = serde_json::to_value(&output)
+                    .map_err(|e| CallError::fatal(codes::INVALID_RESULT, format!("output: {e}")))?;
+                Ok(ToolOutput::new(value).with_summary(output.to_string()))
+            }
+        })
     }
-    value
 }
 
 #[cfg(test)]

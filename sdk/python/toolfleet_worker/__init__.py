@@ -1,0 +1,139 @@
+"""toolfleet worker SDK for Python: an async function becomes a fleet tool.
+
+    from toolfleet_worker import tool, serve
+
+    @tool(name="text.stats", input_schema={...}, idempotent=3)
+    async def text_stats(args, ctx):
+        "Counts the words of a text."
+        words = len(args["text"].split())
+        return Output({"words": words}, summary=f"That text has {words} words.")
+
+    serve(text_stats)
+
+This module owns the public surface (the decorator, the types, settings, `serve`);
+`_worker` owns the protocol of docs/PROTOCOL.md section 7. Neither contains tools.
+"""
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+__all__ = ["tool", "serve", "run", "Tool", "Output", "ToolError", "Context", "Settings"]
+
+class ToolError(Exception):
+    """A tool failure with a stable code (PROTOCOL.md 3.5); `retryable` may pass on a retry."""
+
+    def __init__(self, code, message, retryable=False, user_message=None):
+        super().__init__(message)
+        self.code, self.message, self.retryable = code, message, retryable
+        self.user_message = user_message
+
+
+@dataclass
+class Output:
+    """A result with the sentence the narrator speaks (never raw JSON)."""
+
+    value: object
+    summary: str = None
+
+
+@dataclass
+class Context:
+    """What a tool knows about its call: tenant (from the turn), ids, deadline, attempt."""
+
+    tenant_id: str
+    turn_id: str
+    call_id: str
+    session_id: str
+    deadline_unix_ms: int
+    attempt: int
+    context: dict
+
+
+@dataclass
+class Tool:
+    """A tool: its definition (PROTOCOL.md 3.1) and its handler `async fn(args, ctx)`."""
+
+    definition: dict
+    handler: object
+
+
+def tool(name=None, *, input_schema=None, output_schema=None, description=None,
+         waiting_hint=None, timeout_ms=30000, idempotent=0, tenant_scoped=False):
+    """Makes `async def f(args, ctx)` a Tool. `idempotent=N` allows N deliveries; the
+    description defaults to the docstring; the input schema defaults to any object."""
+
+    def wrap(handler):
+        definition = {
+            "name": name or handler.__name__,
+            "description": description or " ".join((handler.__doc__ or "").split()),
+            "input_schema": input_schema or {"type": "object"},
+            "timeout_ms": int(timeout_ms),
+            "retry": {"idempotent": idempotent > 0, "max_attempts": max(int(idempotent), 1)},
+            "tenant_scoped": bool(tenant_scoped),
+        }
+        if output_schema is not None:
+            definition["output_schema"] = output_schema
+        if waiting_hint:
+            definition["waiting_hint"] = waiting_hint
+        return Tool(definition, handler)
+
+    return wrap
+
+
+def _env_int(name, default):
+    value = os.environ.get(name, "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError:
+        sys.exit(f"{name}={value!r} is not an integer")
+
+
+@dataclass
+class Settings:
+    """Worker settings from the environment, same names as the Rust worker."""
+
+    nats_url: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_NATS_URL", "").strip() or "nats://127.0.0.1:4222")
+    nats_user: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_NATS_USER", "").strip() or None)
+    nats_password: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_NATS_PASSWORD", "").strip() or None)
+    redis_url: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_REDIS_URL", "").strip() or "redis://127.0.0.1:6379/")
+    prefix: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_PREFIX", "").strip() or "fleet")
+    worker_id: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_WORKER_ID", "").strip() or f"py-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    concurrency: int = field(default_factory=lambda: max(_env_int("TOOLFLEET_WORKER_CONCURRENCY", 8), 1))
+    heartbeat: float = field(default_factory=lambda: _env_int("TOOLFLEET_HEARTBEAT_MS", 2000) / 1000)
+    ack_wait: float = field(default_factory=lambda: _env_int("TOOLFLEET_ACK_WAIT_MS", 5000) / 1000)
+    max_result_bytes: int = field(default_factory=lambda: _env_int("TOOLFLEET_MAX_RESULT_BYTES", 512 * 1024))
+    shutdown_grace: float = field(default_factory=lambda: _env_int("TOOLFLEET_SHUTDOWN_GRACE_MS", 10000) / 1000)
+
+
+def now_ms():
+    return int(time.time() * 1000)
+
+
+def rfc3339(seconds=None):
+    """UTC RFC 3339 with milliseconds, from one clock reading."""
+    moment = datetime.fromtimestamp(time.time() if seconds is None else seconds, timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def serve(*tools, settings=None):
+    """Serves `tools` until SIGTERM or SIGINT (drains, withdraws); blocks."""
+    asyncio.run(run(list(tools), settings or Settings()))
+
+
+async def run(tools, settings):
+    """Serves `tools` with `settings` until SIGTERM or SIGINT."""
+    from toolfleet_worker._worker import Worker
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await Worker(tools, settings).run(stop)

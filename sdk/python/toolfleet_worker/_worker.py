@@ -1,0 +1,277 @@
+"""The protocol of docs/PROTOCOL.md section 7 for a set of tools: streams, consumers kept
+in line with the definitions (7.1), registry and heartbeat, pulls bounded by free slots
+(7.2), deadline skips, call_interrupted, started notices, keep-alives at the bound
+consumer's ack wait, time budgets, retry NAKs below the bound consumer's max_deliver,
++TERM for undecodable jobs, publishing results before acking, draining on shutdown.
+It never contains tools nor reads the environment."""
+
+import asyncio
+import json
+import sys
+import time
+
+import nats
+import redis.asyncio as aioredis
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from toolfleet_worker import Context, Output, ToolError, now_ms, rfc3339
+
+PUBLISH_ATTEMPTS = 3
+RETRY_DELAY = 0.1
+
+
+def _failure(base, state, code, message, retryable):
+    return {**base, "ok": False, "state": state, "result": None,
+            "error": {"code": code, "message": message, "retryable": retryable}}
+
+
+class _Served:
+    """One tool with its names and the delivery settings of its bound consumer."""
+
+    def __init__(self, tool, prefix):
+        self.tool, self.definition = tool, tool.definition
+        name = self.definition["name"]
+        self.idempotent = self.definition["retry"]["idempotent"]
+        self.subject = f"{prefix}.jobs.{name}"
+        self.durable = "tool_" + "".join("_" if c in ".*>" or c.isspace() else c for c in name)
+        self.workers_key = f"{prefix}:{{registry}}:workers:{name}"
+        self.max_deliver, self.ack_wait, self.sub = 1, 1.0, None
+
+
+class Worker:
+    def __init__(self, tools, settings):
+        if not tools:
+            raise ValueError("no tools to serve")
+        self.s = settings
+        self.served = [_Served(t, settings.prefix) for t in tools]
+        self.jobs_stream = f"{settings.prefix.upper()}_JOBS"
+        self.tools_key = f"{settings.prefix}:{{registry}}:tools"
+
+    def log(self, message):
+        print(f"[{self.s.worker_id}] {message}", file=sys.stderr, flush=True)
+
+    async def _ensure_stream(self, name, subject):
+        try:
+            await self.js.stream_info(name)
+        except NotFoundError:
+            await self.js.add_stream(StreamConfig(
+                name=name, subjects=[subject], retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE, duplicate_window=120, max_age=3600))
+
+    async def _bind(self, t):
+        """7.1 step 2: create the consumer, or update one whose settings drifted."""
+        wanted = ConsumerConfig(
+            durable_name=t.durable, filter_subject=t.subject, ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.s.ack_wait, max_ack_pending=10000,
+            max_deliver=t.definition["retry"]["max_attempts"] if t.idempotent else 2)
+        try:
+            info = await self.js.consumer_info(self.jobs_stream, t.durable)
+            c = info.config
+            if c.filter_subject != t.subject:
+                raise RuntimeError(f"consumer {t.durable} serves {c.filter_subject}, not {t.subject}")
+            drift = [f"{k} is {have} on the consumer, {want} in the definition"
+                     for k, have, want in (("max_deliver", c.max_deliver, wanted.max_deliver),
+                                           ("ack_wait", c.ack_wait, wanted.ack_wait),
+                                           ("backoff", c.backoff or [], []))
+                     if have != want]
+            if drift:
+                self.log(f"updating consumer {t.durable}: {'; '.join(drift)}")
+                info = await self.js.add_consumer(self.jobs_stream, wanted)
+        except NotFoundError:
+            info = await self.js.add_consumer(self.jobs_stream, wanted)
+        if info.config.max_deliver != wanted.max_deliver:
+            raise RuntimeError(f"consumer {t.durable}: max_deliver is {info.config.max_deliver}, "
+                               f"the definition needs {wanted.max_deliver}")
+        t.max_deliver, t.ack_wait = info.config.max_deliver, info.config.ack_wait
+        t.sub = await self.js.pull_subscribe_bind(t.durable, self.jobs_stream)
+
+    async def _beat(self):
+        t = now_ms()
+        async with self.redis.pipeline(transaction=False) as p:
+            for served in self.served:
+                p.hset(self.tools_key, served.definition["name"], json.dumps(served.definition))
+                p.zadd(served.workers_key, {self.s.worker_id: t + int(3 * self.s.heartbeat * 1000)})
+                p.zremrangebyscore(served.workers_key, "-inf", t)
+            await p.execute()
+
+    async def _publish(self, msg, job, result):
+        """7.8: publish through JetStream, wait for its ack, then ack the job."""
+        body = json.dumps(result).encode()
+        if len(body) > self.s.max_result_bytes:
+            keep = ("tool_call_id", "name", "started_at", "ended_at", "duration_ms",
+                    "attempts", "worker_id", "parent_id")
+            base = {k: result[k] for k in keep if result.get(k) is not None}
+            body = json.dumps(_failure(base, "error", "result_too_large",
+                                       f"result is {len(body)} bytes, the limit is "
+                                       f"{self.s.max_result_bytes}", False)).encode()
+        call_id = job["call"]["id"]
+        headers = {"Nats-Msg-Id": f"{job['turn_id']}.{call_id}",
+                   "Fleet-Turn-Id": job["turn_id"], "Fleet-Call-Id": call_id}
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            try:
+                await self.js.publish(f"{self.s.prefix}.results.{job['turn_id']}", body,
+                                      headers=headers)
+                await msg.ack()
+                return
+            except Exception as e:  # noqa: BLE001 - any publish failure is retried
+                self.log(f"publishing the result failed (attempt {attempt}): {e}")
+                await asyncio.sleep(0.1 * attempt)
+        await msg.nak(delay=0.5)
+
+    async def _execute(self, t, job, attempt, base):
+        """7.7: the handler under its budget; a result, or None when the job is retried."""
+        call, deadline = job["call"], int(job["deadline_unix_ms"])
+        tool_budget = max(min(int(job["timeout_ms"]), t.definition["timeout_ms"]), 1)
+        turn_budget = deadline - now_ms()
+        budget = max(min(tool_budget, turn_budget), 1)
+        ctx = Context(job.get("tenant_id"), job["turn_id"], call["id"], job.get("session_id"),
+                      deadline, attempt, job.get("context") or {})
+        try:
+            out = await asyncio.wait_for(t.tool.handler(call.get("arguments") or {}, ctx),
+                                         budget / 1000)
+            out = out if isinstance(out, Output) else Output(out)
+            result = {**base, "ok": True, "state": "done", "result": out.value, "error": None}
+            if out.summary:
+                result["summary"] = out.summary
+            return result
+        except asyncio.TimeoutError:
+            code = "tool_timeout" if tool_budget <= turn_budget else "deadline_exceeded"
+            return _failure(base, "timeout", code, f"no result within {budget} ms", True)
+        except ToolError as e:
+            if (e.retryable and t.idempotent and attempt < t.max_deliver
+                    and now_ms() + 2 * RETRY_DELAY * 1000 < deadline):
+                return None
+            result = _failure(base, "error", e.code, e.message, e.retryable)
+            if e.user_message:
+                result["error"]["user_message"] = e.user_message
+            return result
+        except Exception as e:  # noqa: BLE001 - a crash of the tool is tool_panicked
+            return _failure(base, "error", "tool_panicked", f"the tool raised: {e!r}", False)
+
+    async def _handle(self, t, msg):
+        try:
+            job = json.loads(msg.data)
+            call, deadline = job["call"], int(job["deadline_unix_ms"])
+        except (ValueError, KeyError, TypeError):
+            self.log("undecodable job; terminating it")
+            await msg.term()
+            return
+        attempt = msg.metadata.num_delivered or 1
+        if now_ms() >= deadline:  # 7.3
+            await msg.ack()
+            return
+        base = {"tool_call_id": call["id"], "name": call["name"], "attempts": attempt,
+                "worker_id": self.s.worker_id, "duration_ms": 0}
+        if call.get("parent_id"):
+            base["parent_id"] = call["parent_id"]
+        if attempt > 1 and not t.idempotent:  # 7.4
+            result = _failure(base, "error", "call_interrupted",
+                              "the call's worker stopped mid-call and the tool is not "
+                              "idempotent, so it was not run again", False)
+            result["ended_at"] = rfc3339()
+            await self._publish(msg, job, result)
+            return
+        notice = {"kind": "started", "tool_call_id": call["id"], "name": call["name"],
+                  "attempt": attempt, "worker_id": self.s.worker_id}
+        try:  # 7.5, best effort
+            await self.nc.publish(f"{self.s.prefix}.progress.{job['turn_id']}",
+                                  json.dumps(notice).encode())
+        except Exception as e:  # noqa: BLE001
+            self.log(f"started notice not sent: {e}")
+
+        async def keepalive():  # 7.6: every ack_wait / 3, never more often than 50 ms
+            while True:
+                await asyncio.sleep(max(t.ack_wait / 3, 0.05))
+                await msg.in_progress()
+
+        ka = asyncio.create_task(keepalive())
+        started, start = time.time(), time.monotonic()
+        try:
+            result = await self._execute(t, job, attempt, base)
+        finally:
+            ka.cancel()
+        if result is None:
+            await msg.nak(delay=RETRY_DELAY)
+            return
+        result.update(started_at=rfc3339(started), ended_at=rfc3339(),
+                      duration_ms=int((time.monotonic() - start) * 1000))
+        await self._publish(msg, job, result)
+
+    async def _pull(self, t, stop, in_flight):
+        """7.2: fetch no more jobs than free slots."""
+        slots = asyncio.Semaphore(self.s.concurrency)
+
+        async def one(m):
+            try:
+                await self._handle(t, m)
+            finally:
+                slots.release()
+
+        while not stop.is_set():
+            await slots.acquire()
+            free = 1
+            while free < self.s.concurrency and not slots.locked():
+                await slots.acquire()
+                free += 1
+            try:
+                msgs = await t.sub.fetch(free, timeout=1)
+            except (NatsTimeoutError, asyncio.TimeoutError):
+                msgs = []
+            except Exception as e:  # noqa: BLE001 - a failed pull is retried
+                self.log(f"pull failed: {e}")
+                msgs = []
+                await asyncio.sleep(0.2)
+            for m in msgs:
+                task = asyncio.create_task(one(m))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+            for _ in range(free - len(msgs)):
+                slots.release()
+
+    async def run(self, stop):
+        options = {"servers": [u.strip() for u in self.s.nats_url.split(",") if u.strip()],
+                   "name": f"toolfleet-python-worker {self.s.worker_id}"}
+        if self.s.nats_user:
+            options.update(user=self.s.nats_user, password=self.s.nats_password)
+        self.nc = await nats.connect(**options)
+        self.js = self.nc.jetstream()
+        await self._ensure_stream(self.jobs_stream, f"{self.s.prefix}.jobs.>")
+        await self._ensure_stream(f"{self.s.prefix.upper()}_RESULTS", f"{self.s.prefix}.results.>")
+        for t in self.served:
+            await self._bind(t)
+        self.redis = aioredis.from_url(self.s.redis_url)
+        await self._beat()
+        await self.nc.publish(f"{self.s.prefix}.registry.changed", b"")
+        await self.nc.flush()
+        self.log(f"serving {', '.join(t.definition['name'] for t in self.served)}")
+
+        async def heartbeat():
+            while True:
+                await asyncio.sleep(self.s.heartbeat)
+                try:
+                    await self._beat()
+                except Exception as e:  # noqa: BLE001
+                    self.log(f"heartbeat failed: {e}")
+
+        beats = asyncio.create_task(heartbeat())
+        in_flight = set()
+        await asyncio.gather(*(self._pull(t, stop, in_flight) for t in self.served))
+        await self._shut_down(beats, in_flight)
+
+    async def _shut_down(self, beats, in_flight):
+        """7.9: let in-flight calls finish, withdraw, announce, flush."""
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=self.s.shutdown_grace)
+        beats.cancel()
+        try:
+            for t in self.served:
+                await self.redis.zrem(t.workers_key, self.s.worker_id)
+        except Exception as e:  # noqa: BLE001
+            self.log(f"could not withdraw from the registry: {e}")
+        await self.nc.publish(f"{self.s.prefix}.registry.changed", b"")
+        await self.nc.flush(timeout=2)
+        await self.nc.close()
+        await self.redis.aclose()
+        self.log("stopped")

@@ -1,0 +1,71 @@
+//! A tool's JetStream consumer follows the tool's definition: a retry policy changed
+//! between two worker starts is in force on the second start, so every attempt it
+//! allows runs instead of the job stalling at the old `max_deliver`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use toolfleet_common::CallState;
+use toolfleet_tests::fleet::{call, code_of, result_of, Fleet};
+use toolfleet_worker::{Tool, ToolContext, ToolError, ToolOutput};
+
+const TOOL: &str = "test.always_flaky";
+const EVENT_WAIT: Duration = Duration::from_secs(15);
+
+/// An idempotent tool allowing `max_attempts` deliveries that fails retryably every
+/// time, counting its runs in `runs`.
+fn always_flaky(max_attempts: u32, runs: Arc<AtomicU32>) -> Tool {
+    Tool::builder(TOOL, "Fails with a retryable error every time")
+        .idempotent(max_attempts)
+        .handler(move |_ctx: ToolContext, _args: Value| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Err::<ToolOutput, _>(ToolError::retryable("flaky", "failed again")) }
+        })
+}
+
+/// The `max_deliver` the server has for the tool's consumer.
+async fn consumer_max_deliver(fleet: &Fleet) -> anyhow::Result<i64> {
+    let nats = async_nats::connect(fleet.nats.url()).await?;
+    let js = async_nats::jetstream::new(nats);
+    let stream = js.get_stream(fleet.names.jobs_stream()).await?;
+    let info = stream
+        .consumer_info(fleet.names.tool_consumer(TOOL))
+        .await?;
+    Ok(info.config.max_deliver)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_retry_policy_is_in_force_on_the_next_start() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let coordinator = fleet.coordinator(fleet.coordinator_config());
+
+    let first_runs = Arc::new(AtomicU32::new(0));
+    let first = fleet.worker(fleet.worker_config(), vec![always_flaky(2, first_runs)]);
+    fleet.wait_for_tools(&[TOOL]).await?;
+    assert_eq!(consumer_max_deliver(&fleet).await?, 2);
+    first.stop().await;
+    fleet.wait_for_tool_gone(TOOL).await?;
+
+    let runs = Arc::new(AtomicU32::new(0));
+    let second = fleet.worker(
+        fleet.worker_config(),
+        vec![always_flaky(3, Arc::clone(&runs))],
+    );
+    fleet.wait_for_tools(&[TOOL]).await?;
+    assert_eq!(consumer_max_deliver(&fleet).await?, 3);
+
+    let outcome = fleet
+        .run_calls("acme", vec![call("c1", TOOL, json!({}))], EVENT_WAIT)
+        .await?;
+    let result = result_of(&outcome.final_event, "c1")?;
+    assert_eq!(result.state, CallState::Error, "{result:?}");
+    assert_eq!(code_of(result), Some("flaky"), "{result:?}");
+    assert_eq!(result.attempts, 3, "{result:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+
+    second.stop().await;
+    coordinator.stop().await;
+    Ok(())
+}
