@@ -68,7 +68,12 @@ async fn zero_and_huge_settings_are_refused_naming_the_variable() -> Result<()> 
             "100 to 300000",
         ),
         ("worker", "TOOLFLEET_HEARTBEAT_MS", "0", "100 to 60000"),
-        ("worker", "TOOLFLEET_WORKER_CONCURRENCY", &huge, "1 to 65536"),
+        (
+            "worker",
+            "TOOLFLEET_WORKER_CONCURRENCY",
+            &huge,
+            "1 to 65536",
+        ),
         ("worker", "TOOLFLEET_ACK_WAIT_MS", "0", "500 to 600000"),
     ];
     for (role, name, value, range) in cases {
