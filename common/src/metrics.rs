@@ -345,6 +345,8 @@ impl FleetMetrics {
             t::DECISION_TOO_LARGE,
             t::DUPLICATE_TURN,
             t::UNAVAILABLE,
+            t::TENANT_NOT_ALLOWED,
+            t::REPLY_NOT_ALLOWED,
         ];
         let code = known.into_iter().find(|k| *k == code).unwrap_or("other");
         self.count(names::TURNS_REFUSED, "code", code);

@@ -64,9 +64,29 @@ impl Names {
 
     // ----- NATS subjects -------------------------------------------------------------
 
-    /// Frontends publish a `TurnRequest` here, with their inbox as the reply subject.
+    /// Frontends without a NATS user publish a `TurnRequest` here, with their inbox as
+    /// the reply subject (no caller identity: see [`Names::turn_submit_as`]).
     pub fn turn_submit(&self) -> String {
         format!("{}.turns.submit", self.prefix)
+    }
+
+    /// A frontend with NATS user `frontend` publishes its `TurnRequest`s here; NATS lets
+    /// only that user publish it, so the last token names the caller.
+    pub fn turn_submit_as(&self, frontend: &str) -> String {
+        format!("{}.turns.submit.{frontend}", self.prefix)
+    }
+
+    /// What coordinators subscribe to for identified turn requests.
+    pub fn turn_submit_any(&self) -> String {
+        self.turn_submit_as("*")
+    }
+
+    /// The frontend named by an identified turn subject; `None` for the unidentified
+    /// [`Names::turn_submit`] (and for anything else).
+    pub fn submitting_frontend<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(&self.prefix)?;
+        let frontend = rest.strip_prefix(".turns.submit.")?;
+        (!frontend.is_empty() && !frontend.contains('.')).then_some(frontend)
     }
 
     /// Frontends request the tool catalog here (core NATS request/reply).
