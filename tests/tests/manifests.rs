@@ -198,7 +198,7 @@ fn compose_roles_use_their_own_users() -> Result<()> {
         let nats_password = compose_env(s, "TOOLFLEET_NATS_PASSWORD").unwrap_or_default();
         let variable = format!("TOOLFLEET_NATS_{}_PASSWORD", user.to_uppercase());
         assert!(
-            nats_password.starts_with(&format!("${{{variable}:-")),
+            nats_password.starts_with(&format!("${{{variable}:?")),
             "{service} must take the password NATS gets: {nats_password}"
         );
         assert!(
@@ -328,15 +328,21 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
     assert!(!worker
         .iter()
         .any(|s| s.starts_with("$JS.API.STREAM.CREATE")));
-    let frontend = quoted_subjects(&nats_user_block("frontend")?);
-    let expected: BTreeSet<String> = [
-        names.turn_submit(),
-        names.catalog(),
-        "_INBOX_frontend.>".into(),
-    ]
-    .into_iter()
-    .collect();
-    assert_eq!(frontend, expected);
+    assert!(coordinator.contains(&names.turn_submit_any()));
+    // Each frontend submits only as itself and reads only its own inbox.
+    for user in ["frontend", "frontend2"] {
+        let frontend = quoted_subjects(&nats_user_block(user)?);
+        let inbox = format!("_INBOX_{user}.>");
+        let expected: BTreeSet<String> =
+            [names.turn_submit_as(user), names.catalog(), inbox.clone()]
+                .into_iter()
+                .collect();
+        assert_eq!(frontend, expected);
+        assert!(
+            coordinator.contains(&inbox),
+            "coordinator cannot answer {user}"
+        );
+    }
     Ok(())
 }
 
