@@ -34,7 +34,8 @@ impl Caller {
     }
 
     /// Whether events may be published to `reply`: inside this caller's own inbox, never
-    /// inside `own_inbox` (the coordinator's, whose JetStream answers it would forge).
+    /// inside `own_inbox` (the coordinator's, whose JetStream answers it would forge)
+    /// unless that is the shared `_INBOX` of a server without users.
     pub fn may_receive(&self, reply: &str, own_inbox: &str) -> bool {
         let inside = |prefix: &str| {
             reply
@@ -47,7 +48,10 @@ impl Caller {
         }
         match &self.frontend {
             Some(user) => inside(&format!("{DEFAULT_INBOX_PREFIX}_{user}")),
-            None => reply.starts_with(DEFAULT_INBOX_PREFIX) && !inside(own_inbox),
+            None => {
+                let shared = own_inbox == DEFAULT_INBOX_PREFIX;
+                reply.starts_with(DEFAULT_INBOX_PREFIX) && (shared || !inside(own_inbox))
+            }
         }
     }
 
@@ -96,6 +100,8 @@ mod tests {
         assert!(!anonymous.may_receive("_INBOX_coordinator.abc", OWN));
         assert!(!anonymous.may_receive("fleet.jobs.x", OWN));
         assert!(!anonymous.may_receive("$JS.API.STREAM.DELETE.FLEET_JOBS", OWN));
+        // Without users every client shares `_INBOX`.
+        assert!(anonymous.may_receive("_INBOX.abc", DEFAULT_INBOX_PREFIX));
     }
 
     #[test]

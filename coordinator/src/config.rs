@@ -154,7 +154,25 @@ impl CoordinatorConfig {
                 ),
             });
         }
+        config.check_retention()?;
         Ok(config)
+    }
+
+    /// Refuses a retention shorter than the sweep grace plus one sweep interval: a
+    /// turn's keys would expire before any replica could sweep it.
+    fn check_retention(&self) -> Result<(), ConfigError> {
+        let needed = self.sweep_grace + self.sweep_interval;
+        if self.retention >= needed {
+            return Ok(());
+        }
+        Err(ConfigError {
+            name: "TOOLFLEET_RETENTION_MS".into(),
+            value: self.retention.as_millis().to_string(),
+            reason: format!(
+                "out of range: must be at least TOOLFLEET_SWEEP_GRACE_MS + TOOLFLEET_SWEEP_INTERVAL_MS ({})",
+                needed.as_millis()
+            ),
+        })
     }
 }
 
@@ -388,6 +406,15 @@ mod tests {
         for spelling in ["ACME", " acme", "acme "] {
             assert_eq!(parsed.get(spelling).max_calls, Some(2));
         }
+    }
+
+    #[test]
+    fn retention_must_outlast_a_sweep() {
+        let mut config = CoordinatorConfig::local();
+        assert!(config.check_retention().is_ok());
+        config.sweep_grace = Duration::from_secs(3600);
+        let error = config.check_retention().err().map(|e| e.name);
+        assert_eq!(error.as_deref(), Some("TOOLFLEET_RETENTION_MS"));
     }
 
     #[test]

@@ -276,10 +276,11 @@ fn the_nats_worker_user_pulls_exactly_the_demo_tools() -> Result<()> {
     let stream = names.jobs_stream();
     let granted: BTreeSet<String> = quoted_subjects(&nats_user_block("worker")?)
         .into_iter()
-        .filter(|s| s.contains(&format!(".{stream}.")))
+        .filter(|s| s.contains(&format!(".{stream}.")) || s.starts_with("fleet.results."))
         .collect();
     let mut wanted = BTreeSet::new();
     for tool in demo_tools()? {
+        wanted.insert(names.tool_results_wildcard(&tool));
         let consumer = names.tool_consumer(&tool);
         wanted.insert(format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"));
         wanted.insert(format!(
@@ -317,13 +318,10 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
         );
     }
     let worker = quoted_subjects(&nats_user_block("worker")?);
-    for subject in [
-        names.results_wildcard(),
-        names.progress_wildcard(),
-        names.registry_changed(),
-    ] {
+    for subject in [names.progress_wildcard(), names.registry_changed()] {
         assert!(worker.contains(&subject), "worker lacks {subject}");
     }
+    assert!(!worker.contains(&names.results_wildcard()));
     assert!(!worker.contains(&names.turn_submit()));
     assert!(!worker
         .iter()
