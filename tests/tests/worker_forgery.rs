@@ -6,9 +6,8 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use toolfleet_common::{CallResult, ToolCall};
 use toolfleet_tests::fleet::{
-    call, final_of, read_ack, read_to_end, result_of, timed_turn, value_at, Fleet,
+    call, final_of, forged_result, read_ack, read_to_end, result_of, timed_turn, value_at, Fleet,
 };
 use toolfleet_tests::secured::{worker_credentials, RoleConnection, SecuredServers, SILENCE};
 
@@ -16,16 +15,7 @@ const EVENT_WAIT: Duration = Duration::from_secs(10);
 
 /// A successful result of call `id` claiming to come from tool `tool`.
 fn forged(id: &str, tool: &str, value: Value) -> anyhow::Result<Vec<u8>> {
-    let call = ToolCall {
-        id: id.to_string(),
-        name: tool.to_string(),
-        arguments: json!({}),
-        parent_id: None,
-    };
-    let mut result = CallResult::success(&call, value);
-    result.attempts = 1;
-    result.worker_id = Some("rogue".into());
-    Ok(serde_json::to_vec(&result)?)
+    forged_result(id, tool, value, "rogue")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
