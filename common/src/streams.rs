@@ -17,7 +17,7 @@ pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 pub const MAX_AGE: Duration = Duration::from_secs(3600);
 /// Bytes each stream may hold; when full, new messages are refused (`DiscardPolicy::New`),
 /// so one caller cannot fill the server's store and nothing already queued is dropped.
-pub const MAX_BYTES: i64 = 1024 * 1024 * 1024;
+pub const MAX_BYTES: i64 = 256 * 1024 * 1024;
 /// Largest message either stream stores (the deploy `max_payload`).
 pub const MAX_MESSAGE_SIZE: i32 = 8 * 1024 * 1024;
 
