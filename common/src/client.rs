@@ -65,12 +65,33 @@ impl ClientError {
 pub struct FleetClient {
     nats: async_nats::Client,
     names: Names,
+    /// The subject turns are submitted on: `<p>.turns.submit.<user>` for a client with a
+    /// NATS user (the coordinator then sends events only to `_INBOX_<user>.…`), else
+    /// `<p>.turns.submit`.
+    submit_subject: String,
 }
 
 impl FleetClient {
-    /// Wraps an existing NATS connection.
+    /// Wraps an existing NATS connection without a user: turns go to the unidentified
+    /// subject.
     pub fn new(nats: async_nats::Client, names: Names) -> Self {
-        Self { nats, names }
+        let submit_subject = names.turn_submit();
+        Self {
+            nats,
+            names,
+            submit_subject,
+        }
+    }
+
+    /// Wraps a connection made as NATS user `frontend` (with inbox prefix
+    /// `_INBOX_<frontend>`): turns go to that user's own submit subject.
+    pub fn new_as(nats: async_nats::Client, names: Names, frontend: &str) -> Self {
+        let submit_subject = names.turn_submit_as(frontend);
+        Self {
+            nats,
+            names,
+            submit_subject,
+        }
     }
 
     /// Connects to NATS at `url`, using names under `prefix`.
@@ -90,7 +111,11 @@ impl FleetClient {
             .connect(url)
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Connect, e.to_string()))?;
-        Ok(Self::new(nats, Names::new(prefix)))
+        let names = Names::new(prefix);
+        Ok(match &credentials.user {
+            Some(user) => Self::new_as(nats, names, user),
+            None => Self::new(nats, names),
+        })
     }
 
     /// The underlying NATS client.
@@ -147,7 +172,7 @@ impl FleetClient {
         }
         self.nats
             .publish_with_reply_and_headers(
-                self.names.turn_submit(),
+                self.submit_subject.clone(),
                 inbox,
                 headers,
                 payload.into(),

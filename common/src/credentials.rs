@@ -74,6 +74,15 @@ impl NatsCredentials {
             }
             _ => {}
         }
+        if let Some(user) = &credentials.user {
+            if user.contains('.') || !valid_prefix(user) {
+                return Err(ConfigError {
+                    name: "TOOLFLEET_NATS_USER".into(),
+                    value: user.clone(),
+                    reason: "must be one subject token (it names the user's subjects)".into(),
+                });
+            }
+        }
         if let Some(prefix) = &credentials.inbox_prefix {
             if !valid_prefix(prefix) {
                 return Err(ConfigError {

@@ -30,6 +30,7 @@ pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod deferred;
+pub mod headers;
 pub mod health;
 pub mod http;
 pub mod job;

@@ -51,6 +51,8 @@ pub mod names {
     pub const TURNS_IN_FLIGHT: &str = "toolfleet.turns.in_flight";
     /// Turns refused whole, by `code` (`invalid_decision`, `duplicate_turn`, ...).
     pub const TURNS_REFUSED: &str = "toolfleet.turns.refused";
+    /// Results refused because their tool is not their call's (forged), by `code`.
+    pub const RESULTS_REFUSED: &str = "toolfleet.results.refused";
     /// NATS connection events, by `event` (`connected`, `disconnected`, `error`, ...).
     pub const NATS_EVENTS: &str = "toolfleet.nats.events";
     /// Failed Redis operations, by `operation`.
@@ -191,7 +193,7 @@ const QUEUE_WAIT_BOUNDS: [f64; 15] = [
 ];
 
 /// Counters with one label, created in [`FleetMetrics::new`]: name, description.
-const LABELLED_COUNTERS: [(&str, &str); 10] = [
+const LABELLED_COUNTERS: [(&str, &str); 11] = [
     (
         names::JOB_RETRIES,
         "Jobs handed back after a retryable error",
@@ -210,6 +212,10 @@ const LABELLED_COUNTERS: [(&str, &str); 10] = [
         "In-flight jobs handed back when the shutdown grace ran out",
     ),
     (names::TURNS_REFUSED, "Turns refused whole, by code"),
+    (
+        names::RESULTS_REFUSED,
+        "Results refused as not their call's tool, by code",
+    ),
     (names::NATS_EVENTS, "NATS connection events"),
     (names::REDIS_ERRORS, "Failed Redis operations"),
     (
@@ -345,9 +351,16 @@ impl FleetMetrics {
             t::DECISION_TOO_LARGE,
             t::DUPLICATE_TURN,
             t::UNAVAILABLE,
+            t::TENANT_NOT_ALLOWED,
+            t::REPLY_NOT_ALLOWED,
         ];
         let code = known.into_iter().find(|k| *k == code).unwrap_or("other");
         self.count(names::TURNS_REFUSED, "code", code);
+    }
+
+    /// A result refused because its tool is not its call's (or its subject's).
+    pub fn forged_result(&self) {
+        self.count(names::RESULTS_REFUSED, "code", "wrong_tool");
     }
 
     /// A NATS connection event (`connected`, `disconnected`, `error`, ...).

@@ -64,9 +64,29 @@ impl Names {
 
     // ----- NATS subjects -------------------------------------------------------------
 
-    /// Frontends publish a `TurnRequest` here, with their inbox as the reply subject.
+    /// Frontends without a NATS user publish a `TurnRequest` here, with their inbox as
+    /// the reply subject (no caller identity: see [`Names::turn_submit_as`]).
     pub fn turn_submit(&self) -> String {
         format!("{}.turns.submit", self.prefix)
+    }
+
+    /// A frontend with NATS user `frontend` publishes its `TurnRequest`s here; NATS lets
+    /// only that user publish it, so the last token names the caller.
+    pub fn turn_submit_as(&self, frontend: &str) -> String {
+        format!("{}.turns.submit.{frontend}", self.prefix)
+    }
+
+    /// What coordinators subscribe to for identified turn requests.
+    pub fn turn_submit_any(&self) -> String {
+        self.turn_submit_as("*")
+    }
+
+    /// The frontend named by an identified turn subject; `None` for the unidentified
+    /// [`Names::turn_submit`] (and for anything else).
+    pub fn submitting_frontend<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        let rest = subject.strip_prefix(&self.prefix)?;
+        let frontend = rest.strip_prefix(".turns.submit.")?;
+        (!frontend.is_empty() && !frontend.contains('.')).then_some(frontend)
     }
 
     /// Frontends request the tool catalog here (core NATS request/reply).
@@ -84,9 +104,22 @@ impl Names {
         format!("{}.jobs.>", self.prefix)
     }
 
-    /// Workers publish a call's `CallResult` here (JetStream).
+    /// A call's `CallResult` without its tool in the subject (JetStream). Still
+    /// accepted, but NATS cannot confine it to the workers of the call's tool: workers
+    /// publish on [`Names::tool_result_subject`].
     pub fn result_subject(&self, turn_id: &str) -> String {
         format!("{}.results.{turn_id}", self.prefix)
+    }
+
+    /// Workers publish a call of `tool`'s `CallResult` here (JetStream); a worker user's
+    /// permissions name `<p>.results.*.<tool>` for each tool it serves.
+    pub fn tool_result_subject(&self, turn_id: &str, tool: &str) -> String {
+        format!("{}.results.{turn_id}.{tool}", self.prefix)
+    }
+
+    /// What the result subjects of `tool` look like in a worker user's permissions.
+    pub fn tool_results_wildcard(&self, tool: &str) -> String {
+        self.tool_result_subject("*", tool)
     }
 
     /// The result subjects as a template (`<prefix>.results.{turn_id}`), for span names.
@@ -101,9 +134,18 @@ impl Names {
 
     /// Extracts the turn id from a result subject.
     pub fn turn_id_from_result_subject<'a>(&self, subject: &'a str) -> Option<&'a str> {
-        subject
+        self.result_subject_parts(subject).map(|(turn, _)| turn)
+    }
+
+    /// The turn id and, on a [`Names::tool_result_subject`], the tool of a result subject.
+    pub fn result_subject_parts<'a>(&self, subject: &'a str) -> Option<(&'a str, Option<&'a str>)> {
+        let rest = subject
             .strip_prefix(self.prefix.as_str())?
-            .strip_prefix(".results.")
+            .strip_prefix(".results.")?;
+        Some(match rest.split_once('.') {
+            Some((turn, tool)) => (turn, Some(tool)),
+            None => (rest, None),
+        })
     }
 
     /// Core NATS progress notices about one turn's calls (`running`, slot freed).
@@ -246,5 +288,9 @@ mod tests {
             Some("abc")
         );
         assert_eq!(n.turn_id_from_result_subject("other.results.abc"), None);
+        assert_eq!(
+            n.result_subject_parts(&n.tool_result_subject("abc", "crm.getOpenInvoices")),
+            Some(("abc", Some("crm.getOpenInvoices")))
+        );
     }
 }

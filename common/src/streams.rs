@@ -15,6 +15,11 @@ use crate::names::Names;
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// How long an unconsumed job or result is kept.
 pub const MAX_AGE: Duration = Duration::from_secs(3600);
+/// Bytes each stream may hold; when full, new messages are refused (`DiscardPolicy::New`),
+/// so one caller cannot fill the server's store and nothing already queued is dropped.
+pub const MAX_BYTES: i64 = 256 * 1024 * 1024;
+/// Largest message either stream stores (the deploy `max_payload`).
+pub const MAX_MESSAGE_SIZE: i32 = 8 * 1024 * 1024;
 
 /// Failure to create or look up a stream.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +60,9 @@ fn config(name: String, subject: String) -> stream::Config {
         storage: stream::StorageType::File,
         duplicate_window: DUPLICATE_WINDOW,
         max_age: MAX_AGE,
+        max_bytes: MAX_BYTES,
+        max_message_size: MAX_MESSAGE_SIZE,
+        discard: stream::DiscardPolicy::New,
         ..Default::default()
     }
 }

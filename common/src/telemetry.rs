@@ -380,7 +380,12 @@ struct HeaderInjector<'a>(&'a mut HeaderMap);
 
 impl Injector for HeaderInjector<'_> {
     fn set(&mut self, key: &str, value: String) {
-        self.0.insert(key, value.as_str());
+        // The propagator's keys are fixed names (`traceparent`, `tracestate`).
+        if let Ok(value) = value.parse::<async_nats::header::HeaderValue>() {
+            if let Ok(name) = key.parse::<async_nats::header::HeaderName>() {
+                self.0.insert(name, value);
+            }
+        }
     }
 }
 
@@ -452,7 +457,7 @@ pub fn set_consumer_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
         .and_then(|h| h.get(crate::names::HEADER_TURN_TRACEPARENT))
         .map(|v| {
             let mut only = HeaderMap::new();
-            only.insert(crate::names::HEADER_TRACEPARENT, v.as_str());
+            only.insert(crate::names::HEADER_TRACEPARENT, v.clone());
             extract(Some(&only))
         })
         .filter(|cx| cx.span().span_context().is_valid());
@@ -526,7 +531,8 @@ pub fn record_exception(span: &tracing::Span, kind: &str, message: &str) {
 /// Parents `span` under a stored `traceparent`.
 pub fn set_parent_from_traceparent(span: &tracing::Span, traceparent: &str) {
     let mut headers = HeaderMap::new();
-    headers.insert(crate::names::HEADER_TRACEPARENT, traceparent);
+    // A stored value with a line break (a poisoned turn) parents nothing.
+    crate::headers::set(&mut headers, crate::names::HEADER_TRACEPARENT, traceparent);
     set_remote_parent(span, Some(&headers));
 }
 

@@ -166,6 +166,18 @@ pub mod turn_codes {
     pub const DUPLICATE_TURN: &str = "duplicate_turn";
     /// The coordinator could not reach Redis or NATS.
     pub const UNAVAILABLE: &str = "unavailable";
+    /// The submitting frontend is not bound to the turn's tenant (or has no identity
+    /// while frontend bindings are configured).
+    pub const TENANT_NOT_ALLOWED: &str = "tenant_not_allowed";
+    /// The reply subject is not the submitting frontend's own inbox. Nothing is
+    /// published for such a request; the code only labels the refusal's metric.
+    pub const REPLY_NOT_ALLOWED: &str = "reply_not_allowed";
+}
+
+/// The one form of a tenant id that policies, tenant checks and packs compare: trimmed
+/// and lower-cased, so `T1`, ` t1` and `t1 ` are all tenant `t1`.
+pub fn normalize_tenant(tenant: &str) -> String {
+    tenant.trim().to_lowercase()
 }
 
 /// Checks a turn id: 1–64 characters of `[A-Za-z0-9_-]` (it is a subject token and part

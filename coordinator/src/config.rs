@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
+use toolfleet_common::turn::normalize_tenant;
 
 /// Everything a coordinator needs to run.
 #[derive(Debug, Clone)]
@@ -60,6 +61,8 @@ pub struct CoordinatorConfig {
     pub topology_check: Duration,
     /// Per-tenant policies (`TOOLFLEET_TENANTS_FILE`, JSON).
     pub tenants: TenantPolicies,
+    /// Tenants each frontend user may name (`TOOLFLEET_FRONTEND_TENANTS`).
+    pub frontends: FrontendBindings,
     /// Address of `/healthz`, `/readyz` and `/metrics` (`TOOLFLEET_HTTP_ADDR`, default
     /// `0.0.0.0:9090`, `off` to disable; none in [`CoordinatorConfig::local`]).
     pub http_addr: Option<std::net::SocketAddr>,
@@ -96,6 +99,7 @@ impl CoordinatorConfig {
             shutdown_grace: Duration::from_secs(10),
             topology_check: Duration::from_secs(1),
             tenants: TenantPolicies::default(),
+            frontends: FrontendBindings::default(),
             http_addr: None,
         }
     }
@@ -135,6 +139,7 @@ impl CoordinatorConfig {
                 .map(String::from)
                 .collect(),
             tenants,
+            frontends: frontend_bindings_from_env()?,
             http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9090")?,
             ..d
         }
@@ -149,7 +154,25 @@ impl CoordinatorConfig {
                 ),
             });
         }
+        config.check_retention()?;
         Ok(config)
+    }
+
+    /// Refuses a retention shorter than the sweep grace plus one sweep interval: a
+    /// turn's keys would expire before any replica could sweep it.
+    fn check_retention(&self) -> Result<(), ConfigError> {
+        let needed = self.sweep_grace + self.sweep_interval;
+        if self.retention >= needed {
+            return Ok(());
+        }
+        Err(ConfigError {
+            name: "TOOLFLEET_RETENTION_MS".into(),
+            value: self.retention.as_millis().to_string(),
+            reason: format!(
+                "out of range: must be at least TOOLFLEET_SWEEP_GRACE_MS + TOOLFLEET_SWEEP_INTERVAL_MS ({})",
+                needed.as_millis()
+            ),
+        })
     }
 }
 
@@ -268,6 +291,17 @@ impl TenantPolicy {
     }
 }
 
+/// `TOOLFLEET_FRONTEND_TENANTS`, empty when unset.
+fn frontend_bindings_from_env() -> Result<FrontendBindings, ConfigError> {
+    let name = "TOOLFLEET_FRONTEND_TENANTS";
+    let value = env_string(name, "");
+    FrontendBindings::parse(&value).map_err(|reason| ConfigError {
+        name: name.into(),
+        value,
+        reason,
+    })
+}
+
 /// Policies by tenant id, with a default for tenants not listed.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -287,9 +321,60 @@ impl TenantPolicies {
         serde_json::from_str(&text).map_err(|e| e.to_string())
     }
 
-    /// The policy of `tenant`.
+    /// The policy of `tenant`, both ids compared in their normalized form.
     pub fn get(&self, tenant: &str) -> &TenantPolicy {
-        self.tenants.get(tenant).unwrap_or(&self.default)
+        let tenant = normalize_tenant(tenant);
+        self.tenants
+            .iter()
+            .find(|(id, _)| normalize_tenant(id) == tenant)
+            .map_or(&self.default, |(_, policy)| policy)
+    }
+}
+
+/// Which tenants each frontend (NATS user) may submit turns for
+/// (`TOOLFLEET_FRONTEND_TENANTS`, `frontend=acme,globex;frontend2=initech`). Empty: no
+/// binding, any identified or unidentified frontend names its tenant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FrontendBindings {
+    /// Normalized tenant ids by frontend user.
+    pub tenants: BTreeMap<String, Vec<String>>,
+}
+
+impl FrontendBindings {
+    /// Parses `frontend=t1,t2;other=t3`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut tenants = BTreeMap::new();
+        for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let (frontend, list) = entry
+                .split_once('=')
+                .ok_or_else(|| format!("{entry:?} is not frontend=tenant,..."))?;
+            let ids: Vec<String> = list
+                .split(',')
+                .map(normalize_tenant)
+                .filter(|t| !t.is_empty())
+                .collect();
+            let frontend = frontend.trim();
+            if frontend.is_empty() || frontend.contains(['.', '*', '>', ' ']) || ids.is_empty() {
+                return Err(format!("{entry:?} needs a frontend user and a tenant"));
+            }
+            tenants.insert(frontend.to_string(), ids);
+        }
+        Ok(Self { tenants })
+    }
+
+    /// Whether any binding is configured.
+    pub fn enforced(&self) -> bool {
+        !self.tenants.is_empty()
+    }
+
+    /// Whether `frontend` may submit for the (normalized) `tenant`.
+    pub fn allows(&self, frontend: Option<&str>, tenant: &str) -> bool {
+        if !self.enforced() {
+            return true;
+        }
+        frontend
+            .and_then(|f| self.tenants.get(f))
+            .is_some_and(|ids| ids.iter().any(|t| *t == normalize_tenant(tenant)))
     }
 }
 
@@ -318,5 +403,29 @@ mod tests {
         let parsed = parsed.unwrap_or_default();
         assert_eq!(parsed.get("acme").max_calls, Some(2));
         assert_eq!(parsed.get("other").max_calls, None);
+        for spelling in ["ACME", " acme", "acme "] {
+            assert_eq!(parsed.get(spelling).max_calls, Some(2));
+        }
+    }
+
+    #[test]
+    fn retention_must_outlast_a_sweep() {
+        let mut config = CoordinatorConfig::local();
+        assert!(config.check_retention().is_ok());
+        config.sweep_grace = Duration::from_secs(3600);
+        let error = config.check_retention().err().map(|e| e.name);
+        assert_eq!(error.as_deref(), Some("TOOLFLEET_RETENTION_MS"));
+    }
+
+    #[test]
+    fn frontend_bindings() {
+        let b = FrontendBindings::parse("web=acme, Globex ;kiosk=initech").unwrap_or_default();
+        assert!(b.allows(Some("web"), " GLOBEX"));
+        assert!(!b.allows(Some("web"), "initech"));
+        assert!(!b.allows(None, "acme"));
+        assert!(!b.allows(Some("other"), "acme"));
+        assert!(FrontendBindings::default().allows(None, "anyone"));
+        assert!(FrontendBindings::parse("web").is_err());
+        assert!(FrontendBindings::parse("a.b=t1").is_err());
     }
 }

@@ -16,12 +16,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use async_nats::jetstream::context::PublishAckFuture;
-use async_nats::HeaderMap;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::names::spans;
-use toolfleet_common::names::{
-    HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID, HEADER_TURN_TRACEPARENT,
-};
+use toolfleet_common::names::HEADER_TURN_TRACEPARENT;
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
@@ -211,14 +208,11 @@ async fn publish_job(
     trace: Option<&TurnTrace>,
 ) -> Result<PublishAckFuture, String> {
     let body = serde_json::to_vec(job).map_err(|e| e.to_string())?;
-    let mut headers = HeaderMap::new();
-    headers.insert(HEADER_MSG_ID, job.msg_id().as_str());
-    headers.insert(HEADER_TURN_ID, job.turn_id.as_str());
-    headers.insert(HEADER_CALL_ID, job.call.id.as_str());
-    headers.insert(HEADER_TENANT_ID, job.tenant_id.as_str());
+    let mut headers = toolfleet_common::headers::call_headers(job);
     telemetry::inject_span(span, &mut headers);
     if let Some(trace) = trace {
-        headers.insert(HEADER_TURN_TRACEPARENT, trace.span.traceparent().as_str());
+        let traceparent = trace.span.traceparent();
+        toolfleet_common::headers::set(&mut headers, HEADER_TURN_TRACEPARENT, &traceparent);
     }
     replica
         .js

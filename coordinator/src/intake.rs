@@ -1,6 +1,8 @@
 //! Taking a turn: the first step of every turn, and the turn's path as named steps.
 //!
-//! Owns decoding a turn request (JSON, turn id, tenant id), reading its decision, and
+//! Owns decoding a turn request (JSON, turn id, tenant id in its normalized form), the
+//! caller checks of `callers.rs` (a request whose reply is not the caller's own inbox is
+//! dropped and counted, never answered), reading its decision, and
 //! [`take_turn`]: a short sequence that hands each step to its room — limits
 //! (`limits.rs`), per-call verdicts (`validate.rs`), the call layout and jobs
 //! (`dispatch.rs`), creating the turn in the join (`join.rs`), the `ack` and `pending`
@@ -18,12 +20,13 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::names::{spans, HEADER_TURN_ID};
 use toolfleet_common::telemetry;
-use toolfleet_common::turn::{turn_codes, valid_turn_id, AckCall};
+use toolfleet_common::turn::{normalize_tenant, turn_codes, valid_turn_id, AckCall};
 use toolfleet_common::{CallError, CallResult, CallState, TurnEvent, TurnRequest};
 use toolfleet_decision::ack::compose_acknowledgement;
 use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind, ToolCallsDecision};
 use tracing::{info_span, warn, Instrument};
 
+use crate::callers::Caller;
 use crate::deadline;
 use crate::dispatch::{build_jobs, dispatch, Layout};
 use crate::events;
@@ -46,9 +49,21 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
         warn!(subject = %message.subject, "turn request without a reply subject dropped");
         return;
     };
+    let caller = Caller::of(&replica.names, &message.subject);
+    if !caller.may_receive(&reply, &replica.config.nats_credentials.inbox_prefix()) {
+        replica.metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
+        warn!(subject = %message.subject, %reply, "turn request dropped: reply outside the caller's inbox");
+        return;
+    }
     // The turn span's ids and start are fixed here; whoever ends the turn exports it.
     let mut trace = TurnTrace::begin(message.headers.as_ref());
-    let (turn_id, request) = match decode(&message) {
+    let decoded = decode(&message).and_then(|(turn_id, request)| {
+        match caller.check_tenant(&replica.config.frontends, &request.tenant_id) {
+            Ok(()) => Ok((turn_id, request)),
+            Err(error) => Err((Some(turn_id), error)),
+        }
+    });
+    let (turn_id, request) = match decoded {
         Ok(decoded) => decoded,
         Err((turn_id, error)) => return reject(&replica, turn_id, reply, error, trace).await,
     };
@@ -84,7 +99,7 @@ fn decode(
     message: &async_nats::Message,
 ) -> Result<(String, TurnRequest), (Option<String>, CallError)> {
     let invalid = |message: String| CallError::fatal(turn_codes::INVALID_REQUEST, message);
-    let request: TurnRequest = serde_json::from_slice(&message.payload).map_err(|error| {
+    let mut request: TurnRequest = serde_json::from_slice(&message.payload).map_err(|error| {
         let headers = message.headers.as_ref();
         let turn_id = headers
             .and_then(|h| h.get(HEADER_TURN_ID))
@@ -99,6 +114,7 @@ fn decode(
         let why = "turn_id must be 1-64 characters of [A-Za-z0-9_-]";
         return Err((None, invalid(why.into())));
     }
+    request.tenant_id = normalize_tenant(&request.tenant_id);
     let tenant = &request.tenant_id;
     if tenant.is_empty() || tenant.len() > 128 || tenant.chars().any(char::is_control) {
         let why = "tenant_id must be 1-128 characters without control characters";

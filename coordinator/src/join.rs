@@ -39,11 +39,15 @@ return 1
 /// Records one result, write-once per call key. A result recorded at or after the
 /// turn's deadline is late even while the turn is still open, so the deadline alone
 /// decides the turn's end. KEYS: meta, calls, results.
-/// ARGV: call key, result JSON, now (Unix ms).
+/// ARGV: call key, result JSON, now (Unix ms), the result's tool. A result whose tool is
+/// not the call's is refused (`wrong_tool`) and changes nothing.
 const RECORD: &str = r#"
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'unknown'} end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return {'unknown_call'} end
+local entry = redis.call('HGET', KEYS[2], ARGV[1])
+if not entry then return {'unknown_call'} end
+local ok, call = pcall(cjson.decode, entry)
+if not ok or type(call) ~= 'table' or call.name ~= ARGV[4] then return {'wrong_tool'} end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
   return {'duplicate'}
@@ -118,6 +122,8 @@ pub enum Recorded {
     UnknownTurn,
     /// The turn has no call with that key.
     UnknownCall,
+    /// The call is of another tool than the result names: a forgery, never recorded.
+    WrongTool,
     /// The call already had a result; this one is ignored.
     Duplicate,
     /// The turn had already ended, or its deadline had passed; counted as late.
@@ -144,6 +150,7 @@ impl Recorded {
         match self {
             Self::UnknownTurn => "unknown_turn",
             Self::UnknownCall => "unknown_call",
+            Self::WrongTool => "wrong_tool",
             Self::Duplicate => "duplicate",
             Self::Late => "late",
             Self::Recorded { .. } => "recorded",
@@ -289,13 +296,18 @@ impl JoinStore {
         for key in self.keys(turn_id) {
             invocation.key(key);
         }
-        invocation.arg(call_key).arg(encode(result)?).arg(unix_ms());
+        invocation
+            .arg(call_key)
+            .arg(encode(result)?)
+            .arg(unix_ms())
+            .arg(&result.name);
         let mut redis = self.redis.clone();
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         let tag = string_at(&reply, 0)?;
         Ok(match tag.as_str() {
             "unknown" => Recorded::UnknownTurn,
             "unknown_call" => Recorded::UnknownCall,
+            "wrong_tool" => Recorded::WrongTool,
             "duplicate" => Recorded::Duplicate,
             "late" => Recorded::Late,
             "recorded" => Recorded::Recorded {

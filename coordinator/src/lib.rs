@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | 0 | `startup` | connections, streams, subscriptions, background tasks, drain; `Replica` |
 //! | 1 | `intake` | decode the request, check ids, parse the decision; the turn as named steps |
+//! | - | `callers` | the submitting frontend: its own inbox as the only reply, its tenants |
 //! | 2 | `limits` | the turn's call cap, concurrency and deadline from config, tenant and request |
 //! | 3 | [`validate`] | per-call verdicts: dispatch or refuse, with the refusal's code |
 //! | 4 | `dispatch` | build the jobs, hold back paced calls, publish to JetStream |
@@ -28,6 +29,7 @@
 //! | - | `catalog` | serving the tool catalog to frontends |
 //! | - | [`config`] | `CoordinatorConfig` (environment) and per-tenant policies |
 
+mod callers;
 mod catalog;
 pub mod config;
 mod deadline;
@@ -47,7 +49,7 @@ mod turns;
 mod upkeep;
 pub mod validate;
 
-pub use config::{CoordinatorConfig, TenantPolicies, TenantPolicy};
+pub use config::{CoordinatorConfig, FrontendBindings, TenantPolicies, TenantPolicy};
 pub use narrate::{Narrator, TemplateNarrator};
 pub use startup::{run, run_with_narrator, REDIS_RESPONSE_TIMEOUT};
 

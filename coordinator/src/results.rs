@@ -7,7 +7,8 @@
 //! turn's `final` through the turn's gate. Each result gets a CONSUMER span (`trace.rs`)
 //! around its recording and its state, not around the turn's end. A late result (after the turn ended or its
 //! deadline passed) is counted in the join and the metrics, never published. A duplicate
-//! is counted and ignored.
+//! is counted and ignored. A result whose tool differs from its subject's tool or from
+//! its call's tool (a worker forging another tool's result) is counted and refused.
 //!
 //! Never builds the `final` (`finalize.rs` does) and never frees a paced slot itself: it
 //! notifies the turn's owner, whose `progress.rs` dispatches the next call. Next:
@@ -119,14 +120,11 @@ pub(crate) async fn consume(
 }
 
 async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Message) {
-    let Some(turn_id) = replica
-        .names
-        .turn_id_from_result_subject(&message.subject)
-        .map(String::from)
-    else {
+    let Some((turn_id, subject_tool)) = replica.names.result_subject_parts(&message.subject) else {
         let _ = message.ack_with(AckKind::Term).await;
         return;
     };
+    let turn_id = turn_id.to_string();
     let result: CallResult = match serde_json::from_slice(&message.payload) {
         Ok(r) => r,
         Err(error) => {
@@ -135,6 +133,13 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
             return;
         }
     };
+    // NATS let only the tool's workers publish on its subject; the body must agree.
+    if subject_tool.is_some_and(|tool| tool != result.name) {
+        replica.metrics.forged_result();
+        warn!(%turn_id, subject = %message.subject, tool = %result.name, "result naming another tool than its subject refused");
+        let _ = message.ack_with(AckKind::Term).await;
+        return;
+    }
     let key = result.tool_call_id.clone();
     let template = replica.names.results_template();
     let consumer = trace::result_received(
@@ -238,6 +243,10 @@ async fn record_and_report(
     match outcome {
         Recorded::UnknownTurn | Recorded::UnknownCall => {
             debug!(%turn_id, call = %key, "result for no known call ignored");
+        }
+        Recorded::WrongTool => {
+            replica.metrics.forged_result();
+            warn!(%turn_id, call = %key, tool = %result.name, "result naming another tool than its call refused");
         }
         Recorded::Duplicate => {
             replica.metrics.duplicate_result();

@@ -238,7 +238,7 @@ async fn refresh_registry(
 /// The next message of `subscriber`, or `None` once `stop` is cancelled or the
 /// subscription ended.
 pub(crate) async fn next_message(
-    subscriber: &mut async_nats::Subscriber,
+    subscriber: &mut (impl futures::Stream<Item = async_nats::Message> + Unpin),
     stop: &CancellationToken,
 ) -> Option<async_nats::Message> {
     tokio::select! {
@@ -260,20 +260,29 @@ async fn take_turns(
             .clone()
             .spawn(intake::handle_turn_message(replica, message));
     };
-    let mut turns = replica
+    let group = || COORDINATOR_QUEUE_GROUP.to_string();
+    let names = &replica.names;
+    // Identified frontends (`<p>.turns.submit.<user>`) and unidentified ones.
+    let mut identified = replica
         .nats
-        .queue_subscribe(
-            replica.names.turn_submit(),
-            COORDINATOR_QUEUE_GROUP.to_string(),
-        )
+        .queue_subscribe(names.turn_submit_any(), group())
         .await?;
-    info!(prefix = %replica.names.prefix(), "coordinator taking turns");
-    while let Some(message) = next_message(&mut turns, &shutdown).await {
-        take(message);
+    let mut unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_submit(), group())
+        .await?;
+    info!(prefix = %names.prefix(), "coordinator taking turns");
+    {
+        let mut turns = futures::stream::select(&mut identified, &mut unidentified);
+        while let Some(message) = next_message(&mut turns, &shutdown).await {
+            take(message);
+        }
     }
     replica.health.start_draining();
     info!("coordinator stopping: no new turns");
-    let _ = turns.drain().await;
+    let _ = identified.drain().await;
+    let _ = unidentified.drain().await;
+    let mut turns = futures::stream::select(identified, unidentified);
     while let Some(message) = turns.next().await {
         take(message);
     }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use toolfleet_common::call::codes;
 use toolfleet_common::tool::canonical_tool_name;
+use toolfleet_common::turn::normalize_tenant;
 use toolfleet_common::{CallError, ToolCall};
 use toolfleet_decision::parse::DecisionCall;
 
@@ -198,14 +199,9 @@ fn check_tenant(
         let message = format!("arguments are {size} bytes, the limit is {limit}");
         return Err(CallError::fatal(codes::ARGUMENTS_TOO_LARGE, message));
     }
-    let Some(obj) = call.arguments.as_object() else {
-        return Ok(());
-    };
-    for key in limits.tenant_argument_keys {
-        if matches!(obj.get(key), Some(Value::String(named)) if named != tenant) {
-            let message = format!("argument {key:?} names another tenant");
-            return Err(CallError::fatal(codes::TENANT_MISMATCH, message));
-        }
+    if let Some(key) = foreign_tenant(&call.arguments, tenant, limits.tenant_argument_keys) {
+        let message = format!("argument {key:?} names another tenant");
+        return Err(CallError::fatal(codes::TENANT_MISMATCH, message));
     }
     Ok(())
 }
@@ -258,6 +254,32 @@ pub fn unusable_call_id(id: &str) -> Option<String> {
     None
 }
 
+/// The first tenant argument, at any depth of objects and arrays, that names another
+/// tenant than `tenant` (both compared normalized). Arguments are already bounded in
+/// size, so the walk is too; an explicit stack keeps deep nesting off the call stack.
+fn foreign_tenant<'a>(arguments: &'a Value, tenant: &str, keys: &[String]) -> Option<&'a str> {
+    let tenant = normalize_tenant(tenant);
+    let mut stack = vec![arguments];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Object(map) => {
+                for (key, inner) in map {
+                    if let Value::String(named) = inner {
+                        let is_tenant_key = keys.iter().any(|k| k == key);
+                        if is_tenant_key && normalize_tenant(named) != tenant {
+                            return Some(key.as_str());
+                        }
+                    }
+                    stack.push(inner);
+                }
+            }
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Length of `value` as JSON without building the string.
 fn serialized_len(value: &Value) -> usize {
     struct Counter(usize);
@@ -278,6 +300,17 @@ fn serialized_len(value: &Value) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenant_arguments_are_checked_at_any_depth() {
+        let keys = ["tenant_id".to_string(), "tenantId".to_string()];
+        let nested = serde_json::json!({"filter": {"tenantId": "other"}});
+        assert_eq!(foreign_tenant(&nested, "t1", &keys), Some("tenantId"));
+        let listed = serde_json::json!({"items": [{"q": 1}, {"tenant_id": "t2"}]});
+        assert_eq!(foreign_tenant(&listed, "t1", &keys), Some("tenant_id"));
+        let own = serde_json::json!({"tenant_id": " T1 ", "filter": {"tenantId": "t1"}});
+        assert_eq!(foreign_tenant(&own, "t1", &keys), None);
+    }
 
     #[test]
     fn call_ids_that_cannot_travel_are_refused() {

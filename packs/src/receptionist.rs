@@ -29,6 +29,7 @@ use time::{OffsetDateTime, PrimitiveDateTime};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 use toolfleet_common::call::codes;
+use toolfleet_common::turn::normalize_tenant;
 use toolfleet_worker::cache::ResultCache;
 use toolfleet_worker::tool::{Tool, ToolBuilder, ToolContext, ToolError, ToolOutput};
 use uuid::Uuid;
@@ -135,15 +136,16 @@ fn fatal(code: &str, message: impl Into<String>) -> ToolError {
 
 /// The business of the turn; refuses a `business_id` argument naming another one.
 pub(crate) fn business_of(ctx: &ToolContext, named: Option<&str>) -> Result<Uuid, ToolError> {
-    if let Some(named) = named.map(str::trim).filter(|n| !n.is_empty()) {
-        if !named.eq_ignore_ascii_case(ctx.tenant_id.trim()) {
+    let tenant = normalize_tenant(&ctx.tenant_id);
+    if let Some(named) = named.map(normalize_tenant).filter(|n| !n.is_empty()) {
+        if named != tenant {
             return Err(fatal(
                 codes::TENANT_MISMATCH,
                 "business_id names another business; tools only read the current business",
             ));
         }
     }
-    Uuid::parse_str(ctx.tenant_id.trim()).map_err(|_| {
+    Uuid::parse_str(&tenant).map_err(|_| {
         fatal(
             UNKNOWN_BUSINESS,
             format!("tenant {:?} is not a business id", ctx.tenant_id),

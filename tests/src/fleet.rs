@@ -567,3 +567,18 @@ pub async fn next_raw_event(
         .context("subscription closed")?;
     Ok(serde_json::from_slice(&message.payload)?)
 }
+
+/// The body of a successful `CallResult` of call `id` that claims to come from `tool`
+/// and from worker `worker`, as a forging publisher would send it.
+pub fn forged_result(id: &str, tool: &str, value: Value, worker: &str) -> Result<Vec<u8>> {
+    let call = toolfleet_common::ToolCall {
+        id: id.to_string(),
+        name: tool.to_string(),
+        arguments: serde_json::json!({}),
+        parent_id: None,
+    };
+    let mut result = CallResult::success(&call, value);
+    result.attempts = 1;
+    result.worker_id = Some(worker.into());
+    Ok(serde_json::to_vec(&result)?)
+}

@@ -15,6 +15,8 @@
 //!   state, a catalog or a counter, read a turn to its `final`).
 //! - [`eventually`] and [`eventually_named`]: bounded polling helpers for
 //!   asserting on state that converges asynchronously.
+//! - [`secured::SecuredServers`]: servers configured from `deploy/` (per-role NATS
+//!   users, Redis ACL users) and a per-role connection that sees permission errors.
 //! - [`pg::TestDatabase`]: a private PostgreSQL database, migrated and seeded,
 //!   dropped on `Drop`.
 //! - [`python::venv`]: a virtual environment with a requirements file installed,
@@ -36,6 +38,7 @@ pub mod ops;
 pub mod otlp;
 pub mod pg;
 pub mod python;
+pub mod secured;
 pub use ops::{http_get, metric_value, wait_http_status};
 
 use std::ffi::OsString;

@@ -4,62 +4,18 @@
 //! another tool's jobs, and a whole turn still runs with every role on its own
 //! credentials.
 
-use std::time::Duration;
-
 use anyhow::{Context, Result};
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream::consumer;
 use futures::StreamExt;
 use serde_json::json;
-use tokio::sync::mpsc;
 use toolfleet_common::credentials::NatsCredentials;
-use toolfleet_common::streams::ensure_streams;
-use toolfleet_common::{CallState, FleetClient, Names};
-use toolfleet_coordinator::CoordinatorConfig;
-use toolfleet_packs as packs;
-use toolfleet_tests::fleet::{
-    coordinator_settings, turn, wait_for_catalog, wait_for_tools_on, worker_settings, Running,
+use toolfleet_common::{CallState, Names};
+use toolfleet_tests::fleet::{turn, wait_for_catalog, wait_for_tools_on};
+use toolfleet_tests::secured::{
+    apply_redis_acl, coordinator_credentials, frontend_credentials, worker_credentials,
+    RoleConnection, SecuredServers, EVENT_WAIT, SILENCE,
 };
-use toolfleet_tests::{free_port, read_repo_file, read_repo_json, repo_path};
-use toolfleet_tests::{NatsServer, RedisServer};
-use toolfleet_worker::WorkerConfig;
-
-const COORDINATOR_PASSWORD: &str = "coordinator-test-password";
-const WORKER_PASSWORD: &str = "worker-test-password";
-const FRONTEND_PASSWORD: &str = "frontend-test-password";
-
-/// How long a test waits for a server's permissions error.
-const ERROR_WAIT: Duration = Duration::from_secs(5);
-/// How long a test waits to be sure a message does not arrive.
-const SILENCE: Duration = Duration::from_millis(1500);
-/// How long a JetStream request may take before it counts as refused.
-const JS_TIMEOUT: Duration = Duration::from_secs(1);
-const EVENT_WAIT: Duration = Duration::from_secs(10);
-
-fn deploy_file(path: &str) -> Result<String> {
-    read_repo_file(&format!("deploy/{path}"))
-}
-
-/// `deploy/nats/auth.conf` with its password variables defined.
-fn nats_auth_config() -> Result<String> {
-    Ok(format!(
-        "TOOLFLEET_NATS_COORDINATOR_PASSWORD: \"{COORDINATOR_PASSWORD}\"\n\
-         TOOLFLEET_NATS_WORKER_PASSWORD: \"{WORKER_PASSWORD}\"\n\
-         TOOLFLEET_NATS_FRONTEND_PASSWORD: \"{FRONTEND_PASSWORD}\"\n\n{}",
-        deploy_file("nats/auth.conf")?
-    ))
-}
-
-fn coordinator_credentials() -> NatsCredentials {
-    NatsCredentials::user_and_password("coordinator", COORDINATOR_PASSWORD)
-}
-
-fn worker_credentials() -> NatsCredentials {
-    NatsCredentials::user_and_password("worker", WORKER_PASSWORD)
-}
-
-fn frontend_credentials() -> NatsCredentials {
-    NatsCredentials::user_and_password("frontend", FRONTEND_PASSWORD)
-}
+use toolfleet_tests::{free_port, read_repo_json, repo_path, RedisServer};
 
 /// Runs `deploy/probe.sh` (the image's `toolfleet-probe`) against `port` and `path`.
 async fn probe(port: u16, path: &str) -> Result<bool> {
@@ -75,150 +31,6 @@ async fn probe(port: u16, path: &str) -> Result<bool> {
     .await
     .context("the probe hung")??;
     Ok(status.success())
-}
-
-/// A connection as one role, with the server errors it receives.
-struct RoleConnection {
-    client: async_nats::Client,
-    server_errors: mpsc::UnboundedReceiver<async_nats::ServerError>,
-}
-
-impl RoleConnection {
-    async fn open(nats: &NatsServer, credentials: &NatsCredentials) -> Result<Self> {
-        let (tx, server_errors) = mpsc::unbounded_channel();
-        let options = credentials.apply(async_nats::ConnectOptions::new().event_callback(
-            move |event| {
-                let tx = tx.clone();
-                async move {
-                    if let async_nats::Event::ServerError(error) = event {
-                        let _ = tx.send(error);
-                    }
-                }
-            },
-        ));
-        let client = tokio::time::timeout(EVENT_WAIT, options.connect(nats.url()))
-            .await
-            .context("connect timed out")??;
-        Ok(Self {
-            client,
-            server_errors,
-        })
-    }
-
-    /// Waits (bounded) for the server to report an error to this connection.
-    async fn expect_server_error(&mut self) -> Result<async_nats::ServerError> {
-        tokio::time::timeout(ERROR_WAIT, self.server_errors.recv())
-            .await
-            .context("no permissions error from the server")?
-            .context("event channel closed")
-    }
-
-    fn jetstream(&self) -> jetstream::Context {
-        let mut js = jetstream::new(self.client.clone());
-        js.set_timeout(JS_TIMEOUT);
-        js
-    }
-}
-
-/// Turns the `deploy/redis/users.acl` users (but `default`) on in `redis`, and returns
-/// the URL of the fleet user.
-async fn apply_redis_acl(redis: &RedisServer) -> Result<String> {
-    let mut conn = redis.client()?.get_multiplexed_async_connection().await?;
-    let mut fleet_url = None;
-    for line in deploy_file("redis/users.acl")?.lines() {
-        let mut words = line.split_whitespace();
-        if words.next() != Some("user") {
-            continue;
-        }
-        let Some(user) = words.next() else { continue };
-        if user == "default" {
-            continue;
-        }
-        let rules: Vec<&str> = words.collect();
-        let () = redis::cmd("ACL")
-            .arg("SETUSER")
-            .arg(user)
-            .arg(&rules)
-            .query_async(&mut conn)
-            .await?;
-        if user == "toolfleet" {
-            let password = rules
-                .iter()
-                .find_map(|r| r.strip_prefix('>'))
-                .context("the fleet user has no password")?;
-            fleet_url = Some(format!(
-                "redis://{user}:{password}@127.0.0.1:{}/",
-                redis.port()
-            ));
-        }
-    }
-    fleet_url.context("users.acl has no toolfleet user")
-}
-
-/// Servers with per-role users; the streams exist (created by the coordinator user).
-struct SecuredServers {
-    nats: NatsServer,
-    _redis: RedisServer,
-    redis_url: String,
-    names: Names,
-}
-
-impl SecuredServers {
-    async fn start() -> Result<Self> {
-        toolfleet_tests::init_test_tracing();
-        let nats = NatsServer::start_with_config(&nats_auth_config()?).await?;
-        let redis = RedisServer::start().await?;
-        let redis_url = apply_redis_acl(&redis).await?;
-        let names = Names::default();
-        let coordinator = RoleConnection::open(&nats, &coordinator_credentials()).await?;
-        ensure_streams(&coordinator.jetstream(), &names).await?;
-        Ok(Self {
-            nats,
-            _redis: redis,
-            redis_url,
-            names,
-        })
-    }
-
-    async fn messages_in(&self, stream: &str) -> Result<u64> {
-        let coordinator = RoleConnection::open(&self.nats, &coordinator_credentials()).await?;
-        let mut stream = coordinator.jetstream().get_stream(stream).await?;
-        Ok(stream.info().await?.state.messages)
-    }
-
-    /// A coordinator on the coordinator user, serving HTTP on `http_port`.
-    fn coordinator(&self, http_port: u16) -> Running {
-        Running::coordinator(CoordinatorConfig {
-            http_addr: Some(loopback(http_port)),
-            nats_credentials: coordinator_credentials(),
-            ..coordinator_settings(self.nats.url(), self.redis_url.clone(), &self.names)
-        })
-    }
-
-    /// A worker with the demo pack on the worker user, serving HTTP on `http_port`.
-    fn demo_worker(&self, http_port: u16) -> Result<Running> {
-        let config = WorkerConfig {
-            http_addr: Some(loopback(http_port)),
-            nats_credentials: worker_credentials(),
-            ..worker_settings(self.nats.url(), self.redis_url.clone(), &self.names)
-        };
-        let tools = packs::tools_for(&["demo"]).map_err(anyhow::Error::msg)?;
-        Ok(Running::worker(config, tools))
-    }
-
-    async fn frontend(&self) -> Result<FleetClient> {
-        Ok(FleetClient::connect_with(
-            &self.nats.url(),
-            self.names.prefix(),
-            &frontend_credentials(),
-        )
-        .await?)
-    }
-}
-
-/// `127.0.0.1:port`.
-fn loopback(port: u16) -> std::net::SocketAddr {
-    std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
 
 /// A job body; its content does not matter to the permissions under test.

@@ -7,26 +7,18 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use serde_json::{json, Value};
 use toolfleet_common::names::HEADER_MSG_ID;
-use toolfleet_common::{CallResult, CallState, ToolCall, TurnEvent};
+use toolfleet_common::{CallState, TurnEvent};
 use toolfleet_tests::eventually_named;
 use toolfleet_tests::fleet::{
-    call, call_ids, final_of, read_ack, read_to_end, result_of, timed_turn, value_at, Fleet,
+    call, call_ids, final_of, forged_result, read_ack, read_to_end, result_of, timed_turn,
+    value_at, Fleet,
 };
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 const SLEEP_MS: u64 = 1500;
 
 fn forged(id: &str, value: Value) -> anyhow::Result<Vec<u8>> {
-    let call = ToolCall {
-        id: id.to_string(),
-        name: "test.behave".to_string(),
-        arguments: json!({}),
-        parent_id: None,
-    };
-    let mut result = CallResult::success(&call, value);
-    result.attempts = 1;
-    result.worker_id = Some("forger".into());
-    Ok(serde_json::to_vec(&result)?)
+    forged_result(id, "test.behave", value, "forger")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -198,7 +198,7 @@ fn compose_roles_use_their_own_users() -> Result<()> {
         let nats_password = compose_env(s, "TOOLFLEET_NATS_PASSWORD").unwrap_or_default();
         let variable = format!("TOOLFLEET_NATS_{}_PASSWORD", user.to_uppercase());
         assert!(
-            nats_password.starts_with(&format!("${{{variable}:-")),
+            nats_password.starts_with(&format!("${{{variable}:?")),
             "{service} must take the password NATS gets: {nats_password}"
         );
         assert!(
@@ -276,10 +276,11 @@ fn the_nats_worker_user_pulls_exactly_the_demo_tools() -> Result<()> {
     let stream = names.jobs_stream();
     let granted: BTreeSet<String> = quoted_subjects(&nats_user_block("worker")?)
         .into_iter()
-        .filter(|s| s.contains(&format!(".{stream}.")))
+        .filter(|s| s.contains(&format!(".{stream}.")) || s.starts_with("fleet.results."))
         .collect();
     let mut wanted = BTreeSet::new();
     for tool in demo_tools()? {
+        wanted.insert(names.tool_results_wildcard(&tool));
         let consumer = names.tool_consumer(&tool);
         wanted.insert(format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"));
         wanted.insert(format!(
@@ -317,26 +318,29 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
         );
     }
     let worker = quoted_subjects(&nats_user_block("worker")?);
-    for subject in [
-        names.results_wildcard(),
-        names.progress_wildcard(),
-        names.registry_changed(),
-    ] {
+    for subject in [names.progress_wildcard(), names.registry_changed()] {
         assert!(worker.contains(&subject), "worker lacks {subject}");
     }
+    assert!(!worker.contains(&names.results_wildcard()));
     assert!(!worker.contains(&names.turn_submit()));
     assert!(!worker
         .iter()
         .any(|s| s.starts_with("$JS.API.STREAM.CREATE")));
-    let frontend = quoted_subjects(&nats_user_block("frontend")?);
-    let expected: BTreeSet<String> = [
-        names.turn_submit(),
-        names.catalog(),
-        "_INBOX_frontend.>".into(),
-    ]
-    .into_iter()
-    .collect();
-    assert_eq!(frontend, expected);
+    assert!(coordinator.contains(&names.turn_submit_any()));
+    // Each frontend submits only as itself and reads only its own inbox.
+    for user in ["frontend", "frontend2"] {
+        let frontend = quoted_subjects(&nats_user_block(user)?);
+        let inbox = format!("_INBOX_{user}.>");
+        let expected: BTreeSet<String> =
+            [names.turn_submit_as(user), names.catalog(), inbox.clone()]
+                .into_iter()
+                .collect();
+        assert_eq!(frontend, expected);
+        assert!(
+            coordinator.contains(&inbox),
+            "coordinator cannot answer {user}"
+        );
+    }
     Ok(())
 }
 

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
-use async_nats::HeaderMap;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -21,9 +20,7 @@ use tokio_util::task::TaskTracker;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::metrics::FleetMetrics;
-use toolfleet_common::names::{
-    spans, HEADER_CALL_ID, HEADER_MSG_ID, HEADER_TENANT_ID, HEADER_TURN_ID, HEADER_TURN_TRACEPARENT,
-};
+use toolfleet_common::names::{spans, HEADER_TURN_TRACEPARENT};
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names};
@@ -488,19 +485,17 @@ async fn finish(
     let body = bytes::Bytes::from(body);
     let job_headers = message.headers.as_ref();
     for attempt in 1..=RESULT_PUBLISH_ATTEMPTS {
-        let mut headers = HeaderMap::new();
-        headers.insert(HEADER_TURN_ID, job.turn_id.as_str());
-        headers.insert(HEADER_CALL_ID, job.call.id.as_str());
-        headers.insert(HEADER_MSG_ID, job.msg_id().as_str());
-        headers.insert(HEADER_TENANT_ID, job.tenant_id.as_str());
+        let mut headers = toolfleet_common::headers::call_headers(job);
         if let Some(turn) = job_headers.and_then(|h| h.get(HEADER_TURN_TRACEPARENT)) {
-            headers.insert(HEADER_TURN_TRACEPARENT, turn.as_str());
+            toolfleet_common::headers::set(&mut headers, HEADER_TURN_TRACEPARENT, turn.as_str());
         }
         telemetry::inject_current(&mut headers);
         let published = match shared
             .js
             .publish_with_headers(
-                shared.names.result_subject(&job.turn_id),
+                shared
+                    .names
+                    .tool_result_subject(&job.turn_id, &job.call.name),
                 headers,
                 body.clone(),
             )

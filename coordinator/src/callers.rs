@@ -1,0 +1,118 @@
+//! Who submitted a turn: the frontend named by the subject it published on, where that
+//! frontend's events may go, and which tenants it may name.
+//!
+//! Owns the checks between decoding a turn request and taking it: the reply subject
+//! must be inside the submitting frontend's own inbox (`_INBOX_<user>.…`; for the
+//! unidentified subject, inside the `_INBOX` namespace and never the coordinator's own
+//! inbox), and, when `TOOLFLEET_FRONTEND_TENANTS` binds frontends to tenants, the turn's
+//! tenant must be one of the caller's. NATS permissions make the subject's last token
+//! trustworthy: only user `<user>` may publish `<p>.turns.submit.<user>`.
+//!
+//! Never publishes: `intake.rs` drops a request whose reply is refused (publishing
+//! anything there is exactly what the check prevents) and refuses a tenant mismatch on
+//! the caller's own inbox through `finalize.rs`.
+
+use toolfleet_common::credentials::DEFAULT_INBOX_PREFIX;
+use toolfleet_common::turn::turn_codes;
+use toolfleet_common::{CallError, Names};
+
+use crate::config::FrontendBindings;
+
+/// The frontend a turn request came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Caller {
+    /// The NATS user of an identified submission; `None` on the unidentified subject.
+    pub frontend: Option<String>,
+}
+
+impl Caller {
+    /// The caller of a request published on `subject`.
+    pub fn of(names: &Names, subject: &str) -> Self {
+        Self {
+            frontend: names.submitting_frontend(subject).map(String::from),
+        }
+    }
+
+    /// Whether events may be published to `reply`: inside this caller's own inbox, never
+    /// inside `own_inbox` (the coordinator's, whose JetStream answers it would forge)
+    /// unless that is the shared `_INBOX` of a server without users.
+    pub fn may_receive(&self, reply: &str, own_inbox: &str) -> bool {
+        let inside = |prefix: &str| {
+            reply
+                .strip_prefix(prefix)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|rest| !rest.is_empty())
+        };
+        if reply.contains(['*', '>']) || reply.chars().any(char::is_whitespace) {
+            return false;
+        }
+        match &self.frontend {
+            Some(user) => inside(&format!("{DEFAULT_INBOX_PREFIX}_{user}")),
+            None => {
+                let shared = own_inbox == DEFAULT_INBOX_PREFIX;
+                reply.starts_with(DEFAULT_INBOX_PREFIX) && (shared || !inside(own_inbox))
+            }
+        }
+    }
+
+    /// Refuses a turn for `tenant` unless the bindings let this caller name it.
+    pub fn check_tenant(&self, bindings: &FrontendBindings, tenant: &str) -> Result<(), CallError> {
+        if bindings.allows(self.frontend.as_deref(), tenant) {
+            return Ok(());
+        }
+        let who = self
+            .frontend
+            .as_deref()
+            .unwrap_or("an unidentified frontend");
+        Err(CallError::fatal(
+            turn_codes::TENANT_NOT_ALLOWED,
+            format!("{who} may not submit turns for tenant {tenant}"),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OWN: &str = "_INBOX_coordinator";
+
+    #[test]
+    fn identified_callers_reply_only_to_their_own_inbox() {
+        let names = Names::new("fleet");
+        let a = Caller::of(&names, "fleet.turns.submit.web");
+        assert_eq!(a.frontend.as_deref(), Some("web"));
+        assert!(a.may_receive("_INBOX_web.abc", OWN));
+        assert!(!a.may_receive("_INBOX_web", OWN));
+        assert!(!a.may_receive("_INBOX_kiosk.abc", OWN));
+        assert!(!a.may_receive("_INBOX_webx.abc", OWN));
+        assert!(!a.may_receive("fleet.jobs.crm.getOpenInvoices", OWN));
+        assert!(!a.may_receive("_INBOX_web.>", OWN));
+    }
+
+    #[test]
+    fn unidentified_callers_stay_in_the_inbox_namespace() {
+        let names = Names::new("fleet");
+        let anonymous = Caller::of(&names, "fleet.turns.submit");
+        assert_eq!(anonymous.frontend, None);
+        assert!(anonymous.may_receive("_INBOX.abc", OWN));
+        assert!(anonymous.may_receive("_INBOX_frontend.abc", OWN));
+        assert!(!anonymous.may_receive("_INBOX_coordinator.abc", OWN));
+        assert!(!anonymous.may_receive("fleet.jobs.x", OWN));
+        assert!(!anonymous.may_receive("$JS.API.STREAM.DELETE.FLEET_JOBS", OWN));
+        // Without users every client shares `_INBOX`.
+        assert!(anonymous.may_receive("_INBOX.abc", DEFAULT_INBOX_PREFIX));
+    }
+
+    #[test]
+    fn tenants_follow_the_bindings() {
+        let names = Names::new("fleet");
+        let bindings = FrontendBindings::parse("web=t1").unwrap_or_default();
+        let web = Caller::of(&names, "fleet.turns.submit.web");
+        assert!(web.check_tenant(&bindings, " T1").is_ok());
+        let refused = web.check_tenant(&bindings, "t2").err().map(|e| e.code);
+        assert_eq!(refused.as_deref(), Some(turn_codes::TENANT_NOT_ALLOWED));
+        let anonymous = Caller::of(&names, "fleet.turns.submit");
+        assert!(anonymous.check_tenant(&bindings, "t1").is_err());
+    }
+}
