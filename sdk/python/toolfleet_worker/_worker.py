@@ -111,8 +111,9 @@ class Worker:
                    "Fleet-Turn-Id": job["turn_id"], "Fleet-Call-Id": call_id}
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
-                await self.js.publish(f"{self.s.prefix}.results.{job['turn_id']}", body,
-                                      headers=headers)
+                # The per-tool result subject: a worker user may publish only its own tools'.
+                subject = f"{self.s.prefix}.results.{job['turn_id']}.{job['call']['name']}"
+                await self.js.publish(subject, body, headers=headers)
                 await msg.ack()
                 return
             except Exception as e:  # noqa: BLE001 - any publish failure is retried
