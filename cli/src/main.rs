@@ -166,40 +166,35 @@ async fn main() -> Result<()> {
     outcome
 }
 
+/// Where the command's fleet is: the NATS and Redis URLs and the prefix.
+struct Servers<'a> {
+    nats: &'a str,
+    redis: &'a str,
+    prefix: &'a str,
+}
+
+impl Servers<'_> {
+    /// A local fleet serving `packs` on these servers (started when none answer).
+    async fn local(&self, packs: &[&str]) -> Result<LocalFleet> {
+        LocalFleet::start(self.nats, self.redis, self.prefix, packs).await
+    }
+
+    /// A frontend client of a running fleet, with the credentials of the environment.
+    async fn client(&self) -> Result<FleetClient> {
+        let credentials = NatsCredentials::from_env()?;
+        Ok(FleetClient::connect_with(self.nats, self.prefix, &credentials).await?)
+    }
+}
+
 async fn run(cli: Cli) -> Result<()> {
+    let servers = Servers {
+        nats: &cli.nats,
+        redis: &cli.redis,
+        prefix: &cli.prefix,
+    };
     match cli.command {
-        Command::Demo { customer, json } => {
-            let fleet = LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo"]).await?;
-            let decision: Value = serde_json::from_str(DEMO_DECISION)?;
-            let decision = retarget_customer(decision, &customer);
-            let mut context = Map::new();
-            context.insert("customerId".into(), json!(customer));
-            println!("user: {DEMO_MESSAGE}");
-            let request = TurnRequest {
-                turn_id: None,
-                tenant_id: "demo".into(),
-                session_id: Some("demo-session".into()),
-                user_message: Some(DEMO_MESSAGE.into()),
-                decision,
-                deadline_ms: Some(5_000),
-                options: Default::default(),
-                context,
-            };
-            let outcome = stream_turn(&fleet.client, request, json).await;
-            fleet.stop().await;
-            outcome
-        }
-        Command::Up { packs } => {
-            let names: Vec<&str> = packs.iter().map(String::as_str).collect();
-            let fleet = LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &names).await?;
-            println!(
-                "fleet up: nats {} redis {} prefix {} (Ctrl-C to stop)",
-                fleet.nats_url, fleet.redis_url, cli.prefix
-            );
-            toolfleet_common::shutdown::signalled().await;
-            fleet.stop().await;
-            Ok(())
-        }
+        Command::Demo { customer, json } => demo(&servers, &customer, json).await,
+        Command::Up { packs } => up(&servers, &packs).await,
         Command::Submit {
             file,
             tenant,
@@ -210,14 +205,7 @@ async fn run(cli: Cli) -> Result<()> {
             packs,
             json,
         } => {
-            let text = if file.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin())?
-            } else {
-                std::fs::read_to_string(&file)
-                    .with_context(|| format!("reading {}", file.display()))?
-            };
-            let decision: Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not JSON", file.display()))?;
+            let decision = read_decision(&file)?;
             let request = TurnRequest {
                 turn_id: None,
                 tenant_id: tenant,
@@ -231,21 +219,7 @@ async fn run(cli: Cli) -> Result<()> {
                     .map(|(k, v)| (k, Value::String(v)))
                     .collect(),
             };
-            if local {
-                let names: Vec<&str> = packs.iter().map(String::as_str).collect();
-                let fleet = LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &names).await?;
-                let outcome = stream_turn(&fleet.client, request, json).await;
-                fleet.stop().await;
-                outcome
-            } else {
-                let client = FleetClient::connect_with(
-                    &cli.nats,
-                    &cli.prefix,
-                    &NatsCredentials::from_env()?,
-                )
-                .await?;
-                stream_turn(&client, request, json).await
-            }
+            submit(&servers, request, local.then_some(packs.as_slice()), json).await
         }
         Command::Admin {
             database_url,
@@ -255,35 +229,101 @@ async fn run(cli: Cli) -> Result<()> {
             format,
             tenant,
             local,
-        } => {
-            let fleet = if local {
-                Some(
-                    LocalFleet::start(&cli.nats, &cli.redis, &cli.prefix, &["demo", "test"])
-                        .await?,
-                )
-            } else {
-                None
-            };
-            let client = match &fleet {
-                Some(f) => f.client.clone(),
-                None => {
-                    FleetClient::connect_with(&cli.nats, &cli.prefix, &NatsCredentials::from_env()?)
-                        .await?
-                }
-            };
-            let tools = client
-                .catalog(format, tenant, Duration::from_secs(5))
-                .await?;
-            println!("{}", serde_json::to_string_pretty(&tools)?);
-            if let Some(f) = fleet {
-                f.stop().await;
-            }
-            Ok(())
-        }
+        } => catalog(&servers, format, tenant, local).await,
         Command::Bench(args) => bench::run(&cli.nats, &cli.redis, &cli.prefix, args).await,
         Command::Coordinator => node::coordinator(&cli.nats, &cli.redis, &cli.prefix).await,
         Command::Worker { packs } => node::worker(&cli.nats, &cli.redis, &cli.prefix, &packs).await,
     }
+}
+
+/// `toolfleet demo`: a local fleet answers the recorded two-call decision.
+async fn demo(servers: &Servers<'_>, customer: &str, json: bool) -> Result<()> {
+    let fleet = servers.local(&["demo"]).await?;
+    let decision: Value = serde_json::from_str(DEMO_DECISION)?;
+    let decision = retarget_customer(decision, customer);
+    let mut context = Map::new();
+    context.insert("customerId".into(), json!(customer));
+    println!("user: {DEMO_MESSAGE}");
+    let request = TurnRequest {
+        turn_id: None,
+        tenant_id: "demo".into(),
+        session_id: Some("demo-session".into()),
+        user_message: Some(DEMO_MESSAGE.into()),
+        decision,
+        deadline_ms: Some(5_000),
+        options: Default::default(),
+        context,
+    };
+    let outcome = stream_turn(&fleet.client, request, json).await;
+    fleet.stop().await;
+    outcome
+}
+
+/// `toolfleet up`: a local fleet serving `packs` until Ctrl-C or SIGTERM.
+async fn up(servers: &Servers<'_>, packs: &[String]) -> Result<()> {
+    let names: Vec<&str> = packs.iter().map(String::as_str).collect();
+    let fleet = servers.local(&names).await?;
+    println!(
+        "fleet up: nats {} redis {} prefix {} (Ctrl-C to stop)",
+        fleet.nats_url, fleet.redis_url, servers.prefix
+    );
+    toolfleet_common::shutdown::signalled().await;
+    fleet.stop().await;
+    Ok(())
+}
+
+/// The decision in `file` (`-` for stdin), as JSON.
+fn read_decision(file: &std::path::Path) -> Result<Value> {
+    let text = if file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())?
+    } else {
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?
+    };
+    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))
+}
+
+/// `toolfleet submit`: streams `request` on a running fleet, or on a local one serving
+/// `local_packs` when given.
+async fn submit(
+    servers: &Servers<'_>,
+    request: TurnRequest,
+    local_packs: Option<&[String]>,
+    json: bool,
+) -> Result<()> {
+    let Some(packs) = local_packs else {
+        return stream_turn(&servers.client().await?, request, json).await;
+    };
+    let names: Vec<&str> = packs.iter().map(String::as_str).collect();
+    let fleet = servers.local(&names).await?;
+    let outcome = stream_turn(&fleet.client, request, json).await;
+    fleet.stop().await;
+    outcome
+}
+
+/// `toolfleet catalog`: the tools with a live worker, in `format`.
+async fn catalog(
+    servers: &Servers<'_>,
+    format: CatalogFormat,
+    tenant: Option<String>,
+    local: bool,
+) -> Result<()> {
+    let fleet = if local {
+        Some(servers.local(&["demo", "test"]).await?)
+    } else {
+        None
+    };
+    let client = match &fleet {
+        Some(f) => f.client.clone(),
+        None => servers.client().await?,
+    };
+    let tools = client
+        .catalog(format, tenant, Duration::from_secs(5))
+        .await?;
+    println!("{}", serde_json::to_string_pretty(&tools)?);
+    if let Some(f) = fleet {
+        f.stop().await;
+    }
+    Ok(())
 }
 
 /// Points every call's `customerId` argument at `customer`.

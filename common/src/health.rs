@@ -187,6 +187,8 @@ pub fn observe_nats(
             metrics.nats_event(name);
             match event {
                 Event::Connected => tracing::info!(event = name, "NATS connected"),
+                // Closing is what a drained process does last; not a fault.
+                Event::Closed => tracing::info!(event = name, "NATS connection closed"),
                 _ => tracing::warn!(event = name, detail = %event, "NATS connection event"),
             }
         }
