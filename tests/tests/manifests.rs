@@ -40,16 +40,17 @@ fn at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a Value> {
 fn strings(value: Option<&Value>) -> Vec<String> {
     value
         .and_then(Value::as_sequence)
-        .map(|seq| {
-            seq.iter()
-                .filter_map(|v| match v {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Number(n) => Some(n.to_string()),
-                    _ => None,
-                })
-                .collect()
-        })
+        .map(|seq| seq.iter().filter_map(scalar).collect())
         .unwrap_or_default()
+}
+
+/// A string or number as text.
+fn scalar(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
 }
 
 /// The demo pack's tool names, as the worker binary serves them by default.
@@ -755,5 +756,90 @@ fn kustomize_builds_the_manifests_when_kubectl_is_installed() -> Result<()> {
     ] {
         assert!(kinds.contains(kind), "no {kind} rendered");
     }
+    Ok(())
+}
+
+/// Who each ingress rule of a NetworkPolicy admits to which ports: (ports, peers), each
+/// peer as `pod:<name label>`, `pods:<part-of label>` or `namespace:<name>`.
+fn admitted(policy: &Value) -> Vec<(Vec<String>, Vec<String>)> {
+    let rules = at(policy, &["spec", "ingress"]).and_then(Value::as_sequence);
+    rules
+        .into_iter()
+        .flatten()
+        .map(|rule| {
+            let ports = at(rule, &["ports"])
+                .and_then(Value::as_sequence)
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.get("port").and_then(scalar))
+                .collect();
+            let peers = at(rule, &["from"])
+                .and_then(Value::as_sequence)
+                .into_iter()
+                .flatten()
+                .filter_map(|peer| {
+                    let pod = |label| str_at(peer, &["podSelector", "matchLabels", label]);
+                    let namespace = str_at(
+                        peer,
+                        &[
+                            "namespaceSelector",
+                            "matchLabels",
+                            "kubernetes.io/metadata.name",
+                        ],
+                    );
+                    pod("app.kubernetes.io/name")
+                        .map(|n| format!("pod:{n}"))
+                        .or_else(|| pod("app.kubernetes.io/part-of").map(|n| format!("pods:{n}")))
+                        .or_else(|| namespace.map(|n| format!("namespace:{n}")))
+                })
+                .collect();
+            (ports, peers)
+        })
+        .collect()
+}
+
+/// The peers a policy admits to `port`.
+fn peers_on(policy: &Value, port: &str) -> BTreeSet<String> {
+    admitted(policy)
+        .into_iter()
+        .filter(|(ports, _)| ports.iter().any(|p| p == port))
+        .flat_map(|(_, peers)| peers)
+        .collect()
+}
+
+#[test]
+fn network_policies_confine_the_servers_ports() -> Result<()> {
+    let objects = k8s_objects()?;
+    let nats = named(&objects, "NetworkPolicy", "nats")?;
+    assert_eq!(
+        str_at(
+            nats,
+            &[
+                "spec",
+                "podSelector",
+                "matchLabels",
+                "app.kubernetes.io/name"
+            ]
+        ),
+        Some("nats")
+    );
+    let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(peers_on(nats, "4222"), set(&["pods:toolfleet"]));
+    assert_eq!(peers_on(nats, "8222"), set(&["namespace:keda"]));
+    assert_eq!(peers_on(nats, "7777"), set(&["namespace:monitoring"]));
+    let redis = named(&objects, "NetworkPolicy", "redis")?;
+    assert_eq!(
+        peers_on(redis, "6379"),
+        set(&["pod:coordinator", "pod:worker"])
+    );
+    assert_eq!(peers_on(redis, "9121"), set(&["namespace:monitoring"]));
+    // Compose publishes the unauthenticated monitoring port on the host's loopback only.
+    let compose = yaml("docker-compose.yml")?;
+    let ports = strings(at(compose_service(&compose, "nats")?, &["ports"]));
+    assert!(
+        ports.iter().any(|p| p == "127.0.0.1:8222:8222"),
+        "{ports:?}"
+    );
+    assert!(!ports.iter().any(|p| p == "8222:8222"), "{ports:?}");
     Ok(())
 }
