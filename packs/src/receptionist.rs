@@ -158,13 +158,18 @@ pub fn phone_digits(phone: &str) -> String {
     phone.chars().filter(char::is_ascii_digit).collect()
 }
 
-/// The phone to look bookings up by: the call's, or the argument when the call has none.
-fn caller_phone(ctx: &ToolContext, argument: Option<&str>) -> Result<String, ToolError> {
-    let from_call = PHONE_CONTEXT_KEYS
+/// The digits of the phone the call comes from, when the session knows it.
+fn phone_of_call(ctx: &ToolContext) -> Option<String> {
+    PHONE_CONTEXT_KEYS
         .iter()
         .filter_map(|k| ctx.context.get(*k).and_then(Value::as_str))
         .map(phone_digits)
-        .find(|d| !d.is_empty());
+        .find(|d| !d.is_empty())
+}
+
+/// The phone to look bookings up by: the call's, or the argument when the call has none.
+fn caller_phone(ctx: &ToolContext, argument: Option<&str>) -> Result<String, ToolError> {
+    let from_call = phone_of_call(ctx);
     let from_model = argument.map(phone_digits).filter(|d| !d.is_empty());
     match (from_call, from_model) {
         (Some(call), Some(model)) if call != model => Err(fatal(
@@ -341,13 +346,17 @@ async fn booking_by_id(call: Call, args: BookingByIdArgs) -> Result<ToolOutput, 
         )
         .with_user_message(BOOKING_NOT_FOUND_SENTENCE)
     })?;
+    // A caller whose phone the session knows hears only their own bookings; another
+    // customer's booking reads as not found, so its existence is not revealed.
+    let phone = phone_of_call(&call.ctx);
     let sql = format!(
         "SELECT {BOOKING_COLUMNS}
          FROM businesses b
          LEFT JOIN bookings k ON k.business_id = b.id AND k.id = $2
+              AND ($3::text IS NULL OR regexp_replace(k.customer_phone, '[^0-9]', '', 'g') = $3)
          WHERE b.id = $1"
     );
-    let row = call.row(&sql, &[&id]).await?;
+    let row = call.row(&sql, &[&id, &phone]).await?;
     let booking = booking_from(&row)?.ok_or_else(|| {
         fatal(
             BOOKING_NOT_FOUND,
@@ -701,8 +710,8 @@ fn topics_output_schema(list_key: &str, item: Value) -> Value {
 
 /// The receptionist tools: `get_latest_booking`, `get_booking_by_id`,
 /// `get_business_services`, `get_working_hours`, `get_policies`, `get_faqs`. With a
-/// cache, results are served from Redis for its TTL (`get_latest_booking` keyed also by
-/// the caller's phone).
+/// cache, results are served from Redis for its TTL (the two booking tools keyed also by
+/// the caller's phone, which decides what they may return).
 pub fn tools(db: &Db, cache: Option<&ResultCache>) -> Vec<Tool> {
     let base = |name: &str, description: &str, hint: &str, output_schema: Value| {
         Tool::builder(name, description)
@@ -733,13 +742,13 @@ pub fn tools(db: &Db, cache: Option<&ResultCache>) -> Vec<Tool> {
                 db,
                 base(
                     "get_booking_by_id",
-                    "A booking of this business by its id",
+                    "A booking of this business by its id (only the caller's own when the call's phone is known)",
                     "looking up that booking",
                     booking(booking_schema()),
                 ),
                 booking_by_id,
             ),
-            no_context,
+            PHONE_CONTEXT_KEYS,
         ),
         (
             tool(

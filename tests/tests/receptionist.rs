@@ -224,6 +224,31 @@ async fn a_tenant_never_sees_another_tenants_rows() -> Result<()> {
     );
     assert!(!text_of(&latest.result).contains("blow-dry"));
 
+    // A session without a caller's phone (a staff console) hears a booking by its id;
+    // another caller of business A does not, not even from the cache that answer filled.
+    let by_id = || {
+        call(
+            "by_id",
+            "get_booking_by_id",
+            json!({"booking_id": BOOKING_A}),
+        )
+    };
+    let staff = turn(BUSINESS_A, tool_calls(vec![by_id()]));
+    let fin = r.fleet.run(staff, EVENT_WAIT).await?.final_event;
+    assert_eq!(
+        value_at(result_of(&fin, "by_id")?, "/booking/booking_id"),
+        Some(json!(BOOKING_A))
+    );
+    let mut other_caller = turn(BUSINESS_A, tool_calls(vec![by_id()]));
+    other_caller
+        .context
+        .insert("customer_phone".into(), json!("+61 499 999 999"));
+    let fin = r.fleet.run(other_caller, EVENT_WAIT).await?.final_event;
+    assert_eq!(
+        code_at(&fin, "by_id")?,
+        Some(receptionist::BOOKING_NOT_FOUND)
+    );
+
     // Arguments naming business B are refused; A's policy is A's.
     let named_b = call(
         "named_b",
