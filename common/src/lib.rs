@@ -35,9 +35,9 @@ pub mod headers;
 pub mod health;
 pub mod http;
 pub mod job;
-pub mod metrics;
 #[cfg(feature = "mcp")]
 pub mod mcp;
+pub mod metrics;
 pub mod names;
 #[cfg(feature = "redis")]
 pub mod ready;

@@ -64,9 +64,8 @@ pub fn definition_of(server: &str, tool: &McpTool) -> Result<ToolDefinition, Too
 /// The fleet's retry policy for a tool with `annotations`: a read-only or idempotent
 /// tool may run again after a retryable failure or a lost worker; any other runs once.
 pub fn retry_policy_of(annotations: Option<&ToolAnnotations>) -> RetryPolicy {
-    let safe = annotations.is_some_and(|a| {
-        a.read_only_hint.unwrap_or(false) || a.idempotent_hint.unwrap_or(false)
-    });
+    let safe = annotations
+        .is_some_and(|a| a.read_only_hint.unwrap_or(false) || a.idempotent_hint.unwrap_or(false));
     if safe {
         RetryPolicy::idempotent()
     } else {
