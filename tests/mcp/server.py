@@ -18,7 +18,7 @@ from pydantic import BaseModel
 server = MCPServer("fleet-test")
 
 
-@server.tool(description="Sleep for `ms` milliseconds, then say so.")
+@server.tool(description="Sleep for `ms` milliseconds, then say so.", structured_output=False)
 async def nap(ms: int) -> str:
     marker = os.environ.get("NAP_MARKER")
     if marker:
@@ -79,7 +79,7 @@ async def learn(name: str, ctx: Context) -> str:
     async def echo(text: str) -> str:
         return text
 
-    server.add_tool(echo, name=name, description=f"Echo ({name})")
+    server.add_tool(echo, name=name, description=f"Echo ({name})", structured_output=False)
     await announce(ctx)
     return f"learned {name}"
 

@@ -193,10 +193,21 @@ fn server(name: String, spec: McpServerSpec) -> Result<McpServer, McpConfigError
                 "only http:// URLs are supported; reach https through a TLS-terminating proxy",
             ));
         }
-        (None, Some(url)) => Transport::Http {
-            url,
-            headers: spec.headers,
-        },
+        (None, Some(url)) => {
+            for (name, value) in &spec.headers {
+                let usable = reqwest::header::HeaderName::try_from(name.as_str()).is_ok()
+                    && reqwest::header::HeaderValue::try_from(value.as_str()).is_ok();
+                if !usable {
+                    return Err(invalid(&format!(
+                        "header {name:?} is not a valid HTTP header"
+                    )));
+                }
+            }
+            Transport::Http {
+                url,
+                headers: spec.headers,
+            }
+        }
         _ => {
             return Err(invalid(
                 "give exactly one of command (stdio) and url (HTTP)",
@@ -258,6 +269,7 @@ mod tests {
             r#"{"servers": {"a": {"url": "http://h/", "args": ["x"]}}}"#,
             r#"{"servers": {"a": {"command": "x", "headers": {"k": "v"}}}}"#,
             r#"{"servers": {"a": {"command": "x", "timeout_ms": 0}}}"#,
+            r#"{"servers": {"a": {"url": "http://h/", "headers": {"bad name": "v"}}}}"#,
         ] {
             assert!(
                 matches!(parse(bad), Err(McpConfigError::Invalid { .. })),
