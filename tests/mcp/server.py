@@ -1,7 +1,7 @@
 """A small MCP server on the official Python SDK (`MCPServer`, formerly FastMCP), for the
 `mcp` pack's tests: `python server.py stdio` or `python server.py http PORT`.
 
-Tools: `nap` sleeps, `fail` answers `isError` with the caller's reason, `forecast` returns
+Tools: `nap` sleeps (noting its pid, and its cancellation, in `$NAP_MARKER`), `fail` answers `isError` with the caller's reason, `forecast` returns
 structured content (and the trace context it was called with). `learn` and `forget` add
 and remove a tool at run time and announce the change (`notifications/tools/list_changed`).
 """
@@ -20,12 +20,21 @@ server = MCPServer("fleet-test")
 
 @server.tool(description="Sleep for `ms` milliseconds, then say so.", structured_output=False)
 async def nap(ms: int) -> str:
+    note(f"{os.getpid()}")
+    try:
+        await asyncio.sleep(ms / 1000)
+    except asyncio.CancelledError:
+        note(f"cancelled {os.getpid()}")
+        raise
+    return f"slept {ms} ms"
+
+
+def note(line: str) -> None:
+    """Appends `line` to the file named by NAP_MARKER, when set."""
     marker = os.environ.get("NAP_MARKER")
     if marker:
         with open(marker, "a", encoding="utf-8") as f:
-            f.write(f"{os.getpid()}\n")
-    await asyncio.sleep(ms / 1000)
-    return f"slept {ms} ms"
+            f.write(line + "\n")
 
 
 @server.tool(description="Always fails, with the given reason.")

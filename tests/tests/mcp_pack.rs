@@ -323,3 +323,113 @@ async fn the_catalog_follows_a_changing_tool_list() -> Result<()> {
     packs.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_deadline_is_cancelled_on_the_server() -> Result<()> {
+    let python = python().await?;
+    let dir = tempfile::tempdir()?;
+    let marker = dir.path().join("naps");
+    let file = servers_file(dir.path(), &python, &marker, None)?;
+    let fleet = Fleet::start().await?;
+    let (_c, _w, packs) = mcp_fleet(&fleet, file).await?;
+    fleet.wait_for_tools(&["local.nap"]).await?;
+
+    let request = toolfleet_tests::fleet::timed_turn(
+        "acme",
+        800,
+        vec![call("long", "local.nap", json!({"ms": 5000}))],
+    );
+    let outcome = fleet.run(request, EVENT_WAIT).await?;
+    let long = result_of(&outcome.final_event, "long")?;
+    assert_eq!(long.state, CallState::Timeout, "{long:?}");
+    // The runner dropped the call at the deadline; the server heard
+    // `notifications/cancelled` and stopped the nap.
+    let cancelled = eventually_named("the server to cancel the nap", EVENT_WAIT, || {
+        let text = std::fs::read_to_string(&marker).unwrap_or_default();
+        async move {
+            text.lines()
+                .any(|l| l.starts_with("cancelled "))
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(cancelled.is_ok(), "{cancelled:?}");
+    packs.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_call_continues_the_turn_trace() -> Result<()> {
+    let python = python().await?;
+    let dir = tempfile::tempdir()?;
+    let (_http, url) = http_server(&python).await?;
+    let marker = dir.path().join("naps");
+    let file = servers_file(dir.path(), &python, &marker, Some(&url))?;
+    let receiver = toolfleet_tests::otlp::OtlpReceiver::start().await?;
+    let mut fleet = Fleet::start().await?;
+    let file = file.display().to_string();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_string()),
+        ("FLEET_NODE_PACKS", "test,mcp".to_string()),
+        ("TOOLFLEET_MCP_SERVERS", file),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let coordinator = fleet.spawn_node("coordinator", &env)?;
+    let worker = fleet.spawn_node("worker", &env)?;
+    fleet
+        .wait_for_tools(&["test.behave", "remote.forecast"])
+        .await?;
+
+    let calls = vec![
+        call("native", "test.behave", json!({"sleep_ms": 20})),
+        call("weather", "remote.forecast", json!({"city": "Oslo"})),
+    ];
+    let outcome = fleet.run_calls("acme", calls, EVENT_WAIT).await?;
+    let fin = &outcome.final_event;
+    assert_eq!(fin.summary.ok, 2, "{fin:?}");
+    let weather = result_of(fin, "weather")?
+        .result
+        .clone()
+        .unwrap_or_default();
+    fleet
+        .terminate_node(worker, Duration::from_secs(15))
+        .await?;
+    fleet
+        .terminate_node(coordinator, Duration::from_secs(15))
+        .await?;
+
+    let execs = eventually_named("both execute_tool spans", Duration::from_secs(10), || {
+        let spans = receiver.spans();
+        async move {
+            let execs: Vec<_> = spans
+                .into_iter()
+                .filter(|s| s.attr("gen_ai.operation.name") == Some("execute_tool"))
+                .collect();
+            (execs.len() >= 2).then_some(execs)
+        }
+    })
+    .await?;
+    let span_of = |id: &str| {
+        execs
+            .iter()
+            .find(|s| s.attr("gen_ai.tool.call.id") == Some(id))
+            .with_context(|| format!("no execute_tool span for {id}"))
+    };
+    let (native, mcp) = (span_of("native")?, span_of("weather")?);
+    assert_eq!(native.trace_id, mcp.trace_id, "one trace for the turn");
+    // The server got the MCP call's execute_tool span as its parent, in `_meta` and as
+    // the HTTP header.
+    let expected = format!("00-{}-{}-01", mcp.trace_id, mcp.span_id);
+    assert_eq!(weather["traceparent_meta"], json!(expected), "{weather}");
+    assert_eq!(weather["traceparent_header"], json!(expected), "{weather}");
+    eprintln!(
+        "{}",
+        toolfleet_tests::otlp::render_tree(
+            &receiver.spans(),
+            &mcp.trace_id,
+            &["gen_ai.tool.name", "gen_ai.tool.call.id"]
+        )
+    );
+    Ok(())
+}

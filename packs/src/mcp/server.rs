@@ -195,7 +195,11 @@ impl Server {
         let _listening = listen_for_changes(&peer, Arc::clone(&changed)).await;
         *lock(&self.peer) = Some(peer.clone());
         self.list(&peer).await;
-        info!(server = %self.name(), tools = lock(&self.owned).len(), "MCP server up");
+        let protocol = peer
+            .peer_info()
+            .map(|i| i.protocol_version.as_str().to_string())
+            .unwrap_or_default();
+        info!(server = %self.name(), %protocol, tools = lock(&self.owned).len(), "MCP server up");
         if let Some(first) = first.take() {
             let _ = first.send(());
         }
