@@ -154,7 +154,7 @@ pub async fn run(
 /// [`run`] for a set of tools that may change while the worker runs: tools added to
 /// `tools` are served (consumer, pull loop, registration) from then on, removed ones
 /// stop being pulled and are withdrawn from the registry (their running calls finish),
-/// replaced ones are restarted. The set may be empty. A tool of the set at start that
+/// replaced ones take every job from then on. The set may be empty. A tool of the set at start that
 /// cannot be served is an error; one added later is logged and left out.
 pub async fn run_set(
     config: WorkerConfig,

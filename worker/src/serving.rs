@@ -1,7 +1,8 @@
 //! The tools this worker serves, kept in line with its [`ToolSet`] while it runs.
 //!
 //! Owns, per served tool, its bound consumer, its pull loop and its topology watch under
-//! the tool's own stop token (a child of the worker's shutdown); and the registration
+//! the tool's own stop token (a child of the worker's shutdown); a replaced tool is
+//! handed to the running loop (no job reaches the old one afterwards); and the registration
 //! that follows them: liveness beats every heartbeat, the withdrawal of tools no longer
 //! served, `registry.changed` after every change, and the readiness check over the
 //! served tools' consumers. A tool is announced only once its loop runs, and withdrawn
@@ -26,27 +27,31 @@ use crate::{consumers, WorkerConfig, WorkerError};
 
 /// A tool being served: what its loop runs and how to stop it.
 struct Running {
-    served: Arc<ServedTool>,
+    /// The tool the pull loop hands each job to; replaced in place when the set
+    /// replaces the tool, so no job reaches the old handler afterwards.
+    current: watch::Sender<Arc<ServedTool>>,
     /// Cancelled when the tool leaves the set (or at shutdown): its pull loop and
     /// topology watch end; its calls already running finish on `calls`.
     stop: CancellationToken,
+    /// Stops the topology watch alone (a replaced tool gets one for its settings).
+    watch_stop: CancellationToken,
 }
 
 /// What keeps the served tools in line with the set, and the registry with them.
 pub(crate) struct Serving {
-    pub config: WorkerConfig,
-    pub shared: Arc<Shared>,
-    pub health: Health,
-    pub jobs_stream: jetstream::stream::Stream,
+    config: WorkerConfig,
+    shared: Arc<Shared>,
+    health: Health,
+    jobs_stream: jetstream::stream::Stream,
     /// For the readiness check.
-    pub redis: redis::aio::ConnectionManager,
-    pub registration: Registration,
+    redis: redis::aio::ConnectionManager,
+    registration: Registration,
     /// The pull loops and topology watches; closed and awaited at shutdown.
     pub loops: TaskTracker,
     /// Every call of every tool; drained at shutdown.
     pub calls: TaskTracker,
     /// The worker's shutdown: parent of every tool's stop token.
-    pub shutdown: CancellationToken,
+    shutdown: CancellationToken,
     running: BTreeMap<String, Running>,
     /// Tools that cannot be served as they are (bad name, output schema that does not
     /// compile): not tried again until the set replaces them.
@@ -55,7 +60,6 @@ pub(crate) struct Serving {
 
 impl Serving {
     /// Nothing served yet.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: WorkerConfig,
         shared: Arc<Shared>,
@@ -83,6 +87,14 @@ impl Serving {
     /// Checks `tool`, binds its consumer and starts its pull loop (not yet announced:
     /// see [`Serving::announce`]).
     pub async fn add(&mut self, tool: Tool) -> Result<(), WorkerError> {
+        let (served, consumer) = self.prepare(tool).await?;
+        self.start(served, consumer);
+        Ok(())
+    }
+
+    /// Checks `tool` and binds its consumer (bringing the consumer's delivery settings
+    /// in line with the definition).
+    async fn prepare(&self, tool: Tool) -> Result<(ServedTool, PullConsumer), WorkerError> {
         let mut served = crate::checked(tool, &self.config)?;
         let (consumer, bound) = consumers::bind(
             &self.jobs_stream,
@@ -92,42 +104,71 @@ impl Serving {
         )
         .await?;
         served.bound = bound;
-        self.start(served, consumer);
-        Ok(())
+        Ok((served, consumer))
     }
 
     /// Starts `served`'s pull loop and topology watch under a stop token of its own.
     fn start(&mut self, served: ServedTool, consumer: PullConsumer) {
-        let (config, names) = (&self.config, &self.shared.names);
         let name = served.tool.definition().name.clone();
         let stop = self.shutdown.child_token();
-        let needed = vec![Needed::Consumer(
-            names.jobs_stream(),
-            consumers::config(names, &served.tool, config.ack_wait),
-        )];
         let served = Arc::new(served);
-        self.shared
-            .metrics
-            .worker_capacity(&name, config.concurrency);
+        let watch_stop = self.watch(&served, &stop);
+        let (current, tool) = watch::channel(served);
+        let concurrency = self.config.concurrency;
+        self.shared.metrics.worker_capacity(&name, concurrency);
         let serve = serve_tool(
             Arc::clone(&self.shared),
-            Arc::clone(&served),
+            tool,
             consumer,
-            config.concurrency,
+            concurrency,
             stop.clone(),
             self.calls.clone(),
         );
         self.health
             .supervise(&self.loops, "pull_loop", &stop, serve);
+        let running = Running {
+            current,
+            stop,
+            watch_stop,
+        };
+        self.running.insert(name, running);
+    }
+
+    /// Starts the watch that recreates `served`'s consumer when it disappears, under a
+    /// child of `stop`; its stop token.
+    fn watch(&self, served: &ServedTool, stop: &CancellationToken) -> CancellationToken {
+        let names = &self.shared.names;
+        let needed = vec![Needed::Consumer(
+            names.jobs_stream(),
+            consumers::config(names, &served.tool, self.config.ack_wait),
+        )];
+        let watch_stop = stop.child_token();
         let watch = topology::watch(
             self.shared.js.clone(),
             needed,
-            config.topology_check,
+            self.config.topology_check,
             self.shared.metrics.clone(),
-            stop.clone(),
+            watch_stop.clone(),
         );
-        self.health.supervise(&self.loops, "topology", &stop, watch);
-        self.running.insert(name, Running { served, stop });
+        self.health
+            .supervise(&self.loops, "topology", &watch_stop, watch);
+        watch_stop
+    }
+
+    /// Puts `tool` in place of the served tool of the same name: its consumer is bound
+    /// again (settings updated) and the running pull loop hands every later job to it.
+    async fn replace(&mut self, name: &str, tool: Tool) -> Result<(), WorkerError> {
+        let (served, _consumer) = self.prepare(tool).await?;
+        let Some(running) = self.running.get(name) else {
+            return Ok(());
+        };
+        running.watch_stop.cancel();
+        let watch_stop = self.watch(&served, &running.stop);
+        running.current.send_replace(Arc::new(served));
+        if let Some(running) = self.running.get_mut(name) {
+            running.watch_stop = watch_stop;
+        }
+        Ok(())
     }
 
     /// Stops pulling `name`'s jobs; its running calls finish.
@@ -145,7 +186,7 @@ impl Serving {
         let definitions: Vec<_> = self
             .running
             .values()
-            .map(|r| r.served.tool.definition().clone())
+            .map(|r| r.current.borrow().tool.definition().clone())
             .collect();
         let dropped = self.registration.set_tools(&definitions)?;
         self.registration.withdraw_tools(&dropped).await?;
@@ -176,15 +217,16 @@ impl Serving {
         Ok(())
     }
 
-    /// Serves exactly the tools of `wanted`: stops the tools that left it or were
-    /// replaced, starts the new ones, and announces the result when anything changed.
-    /// A tool whose consumer cannot be bound now is tried again at the next beat.
+    /// Serves exactly the tools of `wanted`: stops the tools that left it, puts
+    /// replaced ones in place, starts the new ones, and announces the result when
+    /// anything changed. A tool whose consumer cannot be bound now is tried again at the
+    /// next beat (a replaced one keeps being served as it was meanwhile).
     async fn reconcile(&mut self, wanted: &BTreeMap<String, Tool>) {
         let gone: Vec<String> = self
             .running
-            .iter()
-            .filter(|(name, r)| !wanted.get(*name).is_some_and(|t| t.same_as(&r.served.tool)))
-            .map(|(name, _)| name.clone())
+            .keys()
+            .filter(|name| !wanted.contains_key(*name))
+            .cloned()
             .collect();
         for name in &gone {
             self.stop(name);
@@ -193,16 +235,23 @@ impl Serving {
             .retain(|name, tool| wanted.get(name).is_some_and(|t| t.same_as(tool)));
         let mut changed = !gone.is_empty();
         for (name, tool) in wanted {
-            if self.running.contains_key(name) || self.refused.contains_key(name) {
+            if self.refused.contains_key(name) {
                 continue;
             }
-            match self.add(tool.clone()).await {
+            let outcome = match self.running.get(name) {
+                Some(r) if r.current.borrow().tool.same_as(tool) => continue,
+                Some(_) => self.replace(name, tool.clone()).await,
+                None => self.add(tool.clone()).await,
+            };
+            match outcome {
                 Ok(()) => changed = true,
                 Err(error @ WorkerError::Consumer { .. }) => {
                     warn!(tool = %name, %error, "cannot serve the tool yet; trying again at the next beat");
                 }
                 Err(error) => {
                     error!(tool = %name, %error, "cannot serve the tool");
+                    changed |= self.running.contains_key(name);
+                    self.stop(name);
                     self.refused.insert(name.clone(), tool.clone());
                 }
             }

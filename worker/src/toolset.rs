@@ -5,7 +5,8 @@
 //! Owns the set only; it never serves anything. [`crate::run_set`] watches it and, on
 //! each change, starts serving added tools (consumer, pull loop, registration), stops
 //! removed ones (their liveness entries withdrawn, so the coordinators refuse the tool
-//! with `no_live_worker` while no worker serves it) and restarts replaced ones. Changes
+//! with `no_live_worker` while no worker serves it) and hands replaced ones to their
+//! running loop (consumer settings brought in line with the new definition). Changes
 //! made in quick succession are applied together, as the latest state.
 
 use std::collections::BTreeMap;
