@@ -155,30 +155,13 @@ impl Server {
                 env,
                 cwd,
             } => {
-                let mut cmd = tokio::process::Command::new(command);
-                cmd.args(args).envs(env);
-                if let Some(cwd) = cwd {
-                    cmd.current_dir(cwd);
-                }
-                let (transport, _) = TokioChildProcess::builder(cmd)
-                    .stderr(Stdio::inherit())
-                    .spawn()
-                    .map_err(|e| format!("starting {command}: {e}"))?;
-                listener.serve(transport).await.map_err(|e| e.to_string())?
+                listener
+                    .serve(child(command, args, env, cwd.as_deref())?)
+                    .await
             }
-            Transport::Http { url, headers } => {
-                let config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
-                    .custom_headers(header_map(headers)?);
-                let client = reqwest::Client::builder()
-                    .pool_max_idle_per_host(0)
-                    .redirect(reqwest::redirect::Policy::none())
-                    .build()
-                    .map_err(|e| e.to_string())?;
-                let transport =
-                    StreamableHttpClientTransport::with_client(TracingClient(client), config);
-                listener.serve(transport).await.map_err(|e| e.to_string())?
-            }
+            Transport::Http { url, headers } => listener.serve(http(url, headers)?).await,
         };
+        let service = service.map_err(|e| e.to_string())?;
         Ok(Connection { service, changed })
     }
 
@@ -236,18 +219,7 @@ impl Server {
     /// Makes `listed` this server's tools in the set: new and changed ones put in,
     /// unchanged ones kept as they are (their pull loops go on), gone ones taken out.
     fn replace_tools(self: &Arc<Self>, listed: &[McpTool]) {
-        let mut wanted = BTreeMap::new();
-        for tool in listed {
-            match definition_of(self.name(), tool) {
-                Ok(definition) => {
-                    wanted.insert(
-                        definition.name.clone(),
-                        (self.fleet_definition(definition), tool.name.to_string()),
-                    );
-                }
-                Err(why) => error!(server = %self.name(), %why, "MCP tool left out"),
-            }
-        }
+        let wanted = self.definitions(listed);
         let mut owned = lock(&self.owned);
         self.tools.update(|set| {
             for name in owned.iter() {
@@ -270,6 +242,23 @@ impl Server {
             }
             *owned = now;
         });
+    }
+
+    /// The fleet definitions of `listed` by fleet name, each with the tool's MCP name;
+    /// a tool whose name cannot be a fleet name is left out, with an error.
+    fn definitions(&self, listed: &[McpTool]) -> BTreeMap<String, (ToolDefinition, String)> {
+        let mut wanted = BTreeMap::new();
+        for tool in listed {
+            match definition_of(self.name(), tool) {
+                Ok(definition) => {
+                    let name = definition.name.clone();
+                    let definition = self.fleet_definition(definition);
+                    wanted.insert(name, (definition, tool.name.to_string()));
+                }
+                Err(why) => error!(server = %self.name(), %why, "MCP tool left out"),
+            }
+        }
+        wanted
     }
 
     /// The server's settings applied to a listed tool's definition.
@@ -299,6 +288,46 @@ impl Server {
         });
         owned.clear();
     }
+}
+
+/// The server's process, started with its stdin and stdout piped to the client and its
+/// stderr to the worker's.
+fn child(
+    command: &str,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: Option<&std::path::Path>,
+) -> Result<TokioChildProcess, String> {
+    let mut cmd = tokio::process::Command::new(command);
+    cmd.args(args).envs(env);
+    if let Some(cwd) = cwd {
+        cmd.current_dir(cwd);
+    }
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| format!("starting {command}: {e}"))?;
+    Ok(transport)
+}
+
+/// The Streamable HTTP transport to `url` with `headers` on every request, on a client
+/// that adds each call's `traceparent`, keeps no idle connections and follows no
+/// redirect.
+fn http(
+    url: &str,
+    headers: &BTreeMap<String, String>,
+) -> Result<StreamableHttpClientTransport<TracingClient>, String> {
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(url).custom_headers(header_map(headers)?);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(StreamableHttpClientTransport::with_client(
+        TracingClient(client),
+        config,
+    ))
 }
 
 /// On protocol versions where list changes come only on a `subscriptions/listen`
