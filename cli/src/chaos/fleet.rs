@@ -198,23 +198,24 @@ impl ChaosFleet {
         let (nats_url, redis_url) = (server_url(&nats), server_url(&redis));
         let prefix = "chaos";
         let env = node_env(&nats_url, &redis_url, prefix);
-        let node = |label: String, (program, args): &(PathBuf, Vec<&'static str>)| -> Result<Proc> {
-            let mut env = env.clone();
-            env.push(("TOOLFLEET_WORKER_ID", label.clone()));
-            let log = spec.logs.as_ref().map(|d| d.join(format!("{label}.log")));
-            let mut proc = Proc {
-                label,
-                launch: Launch::Node {
-                    program: program.clone(),
-                    args: args.clone(),
-                    env,
-                    log,
-                },
-                child: None,
+        let node =
+            |label: String, (program, args): &(PathBuf, Vec<&'static str>)| -> Result<Proc> {
+                let mut env = env.clone();
+                env.push(("TOOLFLEET_WORKER_ID", label.clone()));
+                let log = spec.logs.as_ref().map(|d| d.join(format!("{label}.log")));
+                let mut proc = Proc {
+                    label,
+                    launch: Launch::Node {
+                        program: program.clone(),
+                        args: args.clone(),
+                        env,
+                        log,
+                    },
+                    child: None,
+                };
+                proc.start()?;
+                Ok(proc)
             };
-            proc.start()?;
-            Ok(proc)
-        };
         let coordinators = (0..spec.coordinators)
             .map(|i| node(format!("coordinator-{i}"), &binaries.coordinator))
             .collect::<Result<Vec<_>>>()?;

@@ -128,7 +128,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("{s:?} is not a duration such as 40s, 1.5s or 500ms"))?;
     if !value.is_finite() || value < 0.0 {
-        return Err(format!("{s:?} is not a duration such as 40s, 1.5s or 500ms"));
+        return Err(format!(
+            "{s:?} is not a duration such as 40s, 1.5s or 500ms"
+        ));
     }
     Ok(Duration::from_millis((value * unit_ms).round() as u64))
 }
@@ -284,7 +286,15 @@ async fn run_fault(
     ));
     let started = Instant::now();
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
-    let kills = inject(&mut fleet, fault, args, &mut rng, started + args.each, interrupt).await;
+    let kills = inject(
+        &mut fleet,
+        fault,
+        args,
+        &mut rng,
+        started + args.each,
+        interrupt,
+    )
+    .await;
     let seconds = started.elapsed().as_secs_f64();
     stop.cancel();
     let records = match tokio::time::timeout(drain, load).await {
@@ -397,7 +407,10 @@ mod tests {
                 high: 3000
             })
         );
-        assert_eq!(MsRange::parse_ms("20-80"), Ok(MsRange { low: 20, high: 80 }));
+        assert_eq!(
+            MsRange::parse_ms("20-80"),
+            Ok(MsRange { low: 20, high: 80 })
+        );
         assert_eq!(MsRange::parse_ms("40"), Ok(MsRange { low: 40, high: 40 }));
         assert!(MsRange::parse_ms("80-20").is_err());
     }
