@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
+use toolfleet_common::client::{ClientErrorKind, TurnStream};
 use toolfleet_common::config::{DEFAULT_NATS_URL, DEFAULT_REDIS_URL};
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::names::DEFAULT_PREFIX;
@@ -104,6 +105,18 @@ enum Command {
         /// Tool packs the local fleet's worker serves (with `--local`).
         #[arg(long, value_delimiter = ',', default_value = "demo,test")]
         packs: Vec<String>,
+        /// Print raw events as JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a turn this frontend submitted, by id: its stored events up to now, or with
+    /// `--watch` everything until its `final`.
+    Turn {
+        /// The turn id.
+        id: String,
+        /// Follow the turn until its `final`.
+        #[arg(long)]
+        watch: bool,
         /// Print raw events as JSON lines.
         #[arg(long)]
         json: bool,
@@ -235,6 +248,7 @@ async fn run(cli: Cli) -> Result<()> {
             tenant,
             local,
         } => catalog(&servers, format, tenant, local).await,
+        Command::Turn { id, watch, json } => show_turn(&servers, &id, watch, json).await,
         Command::Bench(args) => bench::run(&cli.nats, &cli.redis, &cli.prefix, args).await,
         Command::Chaos(args) => chaos::run(args).await,
         Command::Coordinator => node::coordinator(&cli.nats, &cli.redis, &cli.prefix).await,
@@ -304,6 +318,16 @@ async fn submit(
     let outcome = stream_turn(&fleet.client, request, json).await;
     fleet.stop().await;
     outcome
+}
+
+/// `toolfleet turn ID`: the turn's stored events (a finished turn to its `final`), then,
+/// with `watch`, its later ones until `final`.
+async fn show_turn(servers: &Servers<'_>, id: &str, watch: bool, json: bool) -> Result<()> {
+    let client = servers.client().await?;
+    let span = tracing::Span::none();
+    let mut stream = client.attach(id).await?;
+    let idle = (!watch).then_some(Duration::from_millis(500));
+    print_until_end(&mut stream, json, Instant::now(), &span, idle).await
 }
 
 /// `toolfleet catalog`: the tools with a live worker, in `format`.
@@ -393,8 +417,35 @@ async fn stream_turn_in(
             println!("trace {trace_id}");
         }
     }
+    print_until_end(&mut stream, json, started, span, None).await
+}
+
+/// Prints the turn's events until `final` or `error`; with `idle`, also stops (with
+/// success) after that long without an event.
+async fn print_until_end(
+    stream: &mut TurnStream,
+    json: bool,
+    started: Instant,
+    span: &tracing::Span,
+    idle: Option<Duration>,
+) -> Result<()> {
     loop {
-        let event = stream.next_event(Duration::from_secs(30)).await?;
+        let event = match stream
+            .next_event(idle.unwrap_or(Duration::from_secs(30)))
+            .await
+        {
+            Ok(event) => event,
+            Err(e) if idle.is_some() && e.kind() == ClientErrorKind::Timeout => {
+                if !json {
+                    println!(
+                        "         running    (seq {} so far; --watch follows it)",
+                        stream.last_seq()
+                    );
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         if json {
             println!("{}", serde_json::to_string(&event)?);
         } else {

@@ -418,6 +418,11 @@ impl TurnStream {
                     continue;
                 }
             };
+            if message.status.is_some() {
+                // NATS answered for the coordinators (no responders while none listens):
+                // the next probe asks again.
+                continue;
+            }
             self.probe = PROBE_START;
             let event: TurnEvent = serde_json::from_slice(&message.payload)
                 .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use async_nats::jetstream::consumer;
 use futures::StreamExt;
 use serde_json::json;
+use std::time::Duration;
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::{CallState, Names};
 use toolfleet_tests::fleet::{turn, wait_for_catalog, wait_for_tools_on};
@@ -127,11 +128,23 @@ async fn a_frontend_reads_only_its_own_inbox() -> Result<()> {
     let inbox = frontend.client.new_inbox();
     let mut own = frontend.client.subscribe(inbox.clone()).await?;
     frontend.client.flush().await?;
-    coordinator.client.publish(inbox, "event".into()).await?;
-    coordinator.client.flush().await?;
-    let delivered = tokio::time::timeout(EVENT_WAIT, own.next())
-        .await
-        .context("the coordinator could not reach the frontend's inbox")?;
+    // Published until it arrives: the frontend's connection may still be settling after
+    // the refused subscription above, and a core NATS message is not redelivered.
+    let delivered = tokio::time::timeout(EVENT_WAIT, async {
+        loop {
+            coordinator
+                .client
+                .publish(inbox.clone(), "event".into())
+                .await?;
+            coordinator.client.flush().await?;
+            if let Ok(message) = tokio::time::timeout(Duration::from_millis(250), own.next()).await
+            {
+                return anyhow::Ok(message);
+            }
+        }
+    })
+    .await
+    .context("the coordinator could not reach the frontend's inbox")??;
     assert_eq!(
         delivered.map(|m| m.payload.to_vec()),
         Some(b"event".to_vec())
