@@ -8,7 +8,20 @@ use serde_json::Value;
 
 use crate::job::ProgressNotice;
 use crate::tool::{CatalogRequest, CatalogResponse};
+use crate::turn::AttachRequest;
 use crate::{CallResult, JobEnvelope, ToolDefinition, TurnEvent, TurnRequest};
+
+/// A `TurnEvent` as a frontend receives it: with its `seq` when its turn is stored.
+#[derive(schemars::JsonSchema)]
+#[allow(dead_code)]
+struct SentTurnEvent {
+    /// The event's position among the turn's stored events (1, 2, 3 …; `final` last).
+    /// Absent on the `error` of a request whose turn was never stored and on the
+    /// `error` answering an attach.
+    seq: Option<u64>,
+    #[serde(flatten)]
+    event: TurnEvent,
+}
 
 /// Every wire message as (file stem under `docs/schemas/`, its JSON Schema).
 pub fn wire_schemas() -> Vec<(&'static str, Value)> {
@@ -21,7 +34,8 @@ pub fn wire_schemas() -> Vec<(&'static str, Value)> {
         ("progress_notice", of::<ProgressNotice>()),
         ("call_result", of::<CallResult>()),
         ("turn_request", of::<TurnRequest>()),
-        ("turn_event", of::<TurnEvent>()),
+        ("turn_event", of::<SentTurnEvent>()),
+        ("attach_request", of::<AttachRequest>()),
         ("catalog_request", of::<CatalogRequest>()),
         ("catalog_response", of::<CatalogResponse>()),
     ]
