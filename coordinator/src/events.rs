@@ -57,10 +57,16 @@ pub(crate) async fn publish_unstored(replica: &Replica, reply: &str, event: &Tur
 }
 
 /// Stores `events` of a turn that has not ended, then sends them; nothing when the turn
-/// is unknown or has ended (a `running` after `final` is never stored nor sent).
-pub(crate) async fn emit(replica: &Replica, turn_id: &str, events: &[TurnEvent]) {
+/// is unknown or has ended, or when `unless_result_of` names a call that has its result
+/// (a `running` is never stored after its call's terminal state nor after `final`).
+pub(crate) async fn emit(
+    replica: &Replica,
+    turn_id: &str,
+    unless_result_of: Option<&str>,
+    events: &[TurnEvent],
+) {
     let encoded: Vec<String> = events.iter().filter_map(encode).collect();
-    match replica.join.emit(turn_id, &encoded).await {
+    match replica.join.emit(turn_id, unless_result_of, &encoded).await {
         Ok(Emitted::Stored { reply, first_seq }) => {
             publish_stored(replica, &reply, first_seq, &encoded).await;
         }

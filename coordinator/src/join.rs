@@ -112,13 +112,18 @@ redis.call('HSET', KEYS[1], 'final_seq', last, 'published', 0)
 return {'stored', redis.call('HGET', KEYS[1], 'reply'), last - #ARGV + 1}
 "#;
 
-/// Stores events of a turn that has not ended. KEYS: meta, events. ARGV: event*.
+/// Stores events of a turn that has not ended, and (with a call key) whose call has no
+/// result yet, so a `running` never follows the call's terminal state.
+/// KEYS: meta, events, results. ARGV: call key ('' for none), event*.
 const EMIT: &str = r#"
 if redis.call('HEXISTS', KEYS[1], 'final_seq') == 1 then return {'ended'} end
+if ARGV[1] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return {'ended'} end
 local reply = redis.call('HGET', KEYS[1], 'reply')
 if not reply then return {'unknown'} end
-local last = redis.call('RPUSH', KEYS[2], unpack(ARGV))
-return {'emitted', reply, last - #ARGV + 1}
+local events = {}
+for i = 2, #ARGV do events[#events + 1] = ARGV[i] end
+local last = redis.call('RPUSH', KEYS[2], unpack(events))
+return {'emitted', reply, last - #events + 1}
 "#;
 
 /// Sends a turn's later events to a new reply subject and returns the stored events
@@ -499,9 +504,26 @@ impl JoinStore {
         })
     }
 
-    /// Stores events of a turn that has not ended.
-    pub async fn emit(&self, turn_id: &str, events: &[String]) -> Result<Emitted, JoinError> {
-        let reply = self.log(&self.emit, turn_id, events).await?;
+    /// Stores events of a turn that has not ended; with `unless_result_of`, only while
+    /// that call has no result.
+    pub async fn emit(
+        &self,
+        turn_id: &str,
+        unless_result_of: Option<&str>,
+        events: &[String],
+    ) -> Result<Emitted, JoinError> {
+        let mut invocation = self.emit.prepare_invoke();
+        for key in self.log_keys(turn_id) {
+            invocation.key(key);
+        }
+        invocation
+            .key(self.names.turn_results_key(turn_id))
+            .arg(unless_result_of.unwrap_or_default());
+        for event in events {
+            invocation.arg(event);
+        }
+        let mut redis = self.redis.clone();
+        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         Ok(match string_at(&reply, 0)?.as_str() {
             "emitted" => Emitted::Stored {
                 reply: string_at(&reply, 1)?,

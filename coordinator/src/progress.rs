@@ -81,7 +81,7 @@ async fn relay_running(replica: &Replica, turn_id: &str, tool_call_id: &str, nam
                 return;
             }
             let running = events::tool_state(turn_id, tool_call_id, name, CallState::Running, None);
-            events::emit(replica, turn_id, &[running]).await;
+            events::emit(replica, turn_id, Some(tool_call_id), &[running]).await;
         })
         .await;
 }

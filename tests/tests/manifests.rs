@@ -328,14 +328,20 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
         .iter()
         .any(|s| s.starts_with("$JS.API.STREAM.CREATE")));
     assert!(coordinator.contains(&names.turn_submit_any()));
+    assert!(coordinator.contains(&names.turn_attach_any()));
+    assert!(coordinator.contains(&names.turn_attach()));
     // Each frontend submits only as itself and reads only its own inbox.
     for user in ["frontend", "frontend2"] {
         let frontend = quoted_subjects(&nats_user_block(user)?);
         let inbox = format!("_INBOX_{user}.>");
-        let expected: BTreeSet<String> =
-            [names.turn_submit_as(user), names.catalog(), inbox.clone()]
-                .into_iter()
-                .collect();
+        let expected: BTreeSet<String> = [
+            names.turn_submit_as(user),
+            names.turn_attach_as(user),
+            names.catalog(),
+            inbox.clone(),
+        ]
+        .into_iter()
+        .collect();
         assert_eq!(frontend, expected);
         assert!(
             coordinator.contains(&inbox),
