@@ -177,13 +177,15 @@ pub async fn run(
         metrics,
         abandon: CancellationToken::new(),
     });
-    health.set_readiness(readiness(&shared, redis, &served));
+    let refusals = registry::Refusals::default();
+    health.set_readiness(readiness(&shared, redis, &served, refusals.clone()));
     let (loops, calls) = start_loops(&config, &shared, &health, served, consumers, &shutdown);
     let heartbeat_stop = CancellationToken::new();
     let heartbeat = spawn_heartbeat(
         registration,
         config.heartbeat,
         shared.metrics.clone(),
+        refusals,
         heartbeat_stop.clone(),
     );
 
@@ -230,11 +232,13 @@ async fn register(
     Ok((registration, redis))
 }
 
-/// Ready when NATS is connected, Redis answers and every tool's consumer exists.
+/// Ready when NATS is connected, Redis answers, every tool's consumer exists and no
+/// tool's definition is refused by the coordinators.
 fn readiness(
     shared: &Shared,
     redis: redis::aio::ConnectionManager,
     served: &[Arc<ServedTool>],
+    refusals: registry::Refusals,
 ) -> toolfleet_common::http::Readiness {
     let names = &shared.names;
     let consumers = served
@@ -246,14 +250,23 @@ fn readiness(
             )
         })
         .collect();
-    toolfleet_common::ready::readiness(
+    let connected = toolfleet_common::ready::readiness(
         shared.nats.clone(),
         redis,
         toolfleet_common::ready::Needs {
             streams: Vec::new(),
             consumers,
         },
-    )
+    );
+    Arc::new(move || {
+        let (connected, refusals) = (Arc::clone(&connected), refusals.clone());
+        Box::pin(async move {
+            match refusals.not_ready() {
+                Some(why) => Err(why),
+                None => connected().await,
+            }
+        })
+    })
 }
 
 /// Starts, supervised until `shutdown`, one pull loop per tool (its calls on the
@@ -344,11 +357,13 @@ fn serve_list(tools: Vec<Tool>, config: &WorkerConfig) -> Result<Vec<ServedTool>
     Ok(served)
 }
 
-/// Beats every `period` until `stop`, then hands the registration back for withdrawal.
+/// Beats every `period` until `stop`, reading the coordinators' refusals into
+/// `refusals` after each beat; then hands the registration back for withdrawal.
 fn spawn_heartbeat(
     mut registration: Registration,
     period: Duration,
     metrics: toolfleet_common::metrics::FleetMetrics,
+    refusals: registry::Refusals,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<Registration> {
     tokio::spawn(async move {
@@ -359,6 +374,8 @@ fn spawn_heartbeat(
                     if let Err(error) = registration.beat().await {
                         metrics.redis_error("heartbeat");
                         warn!(%error, "heartbeat failed");
+                    } else if let Err(error) = registration.read_refusals(&refusals).await {
+                        warn!(%error, "reading the coordinators' refusals failed");
                     }
                 }
             }
