@@ -124,7 +124,9 @@ impl Registry {
                 }
                 _ => match serde_json::from_str::<ToolDefinition>(source) {
                     Ok(definition) => {
-                        verdicts.hdel(names.rejected_definitions_key(), name.as_str()).ignore();
+                        verdicts
+                            .hdel(names.rejected_definitions_key(), name.as_str())
+                            .ignore();
                         verdict_count += 1;
                         let (validator, schema_error) =
                             match jsonschema::validator_for(&definition.input_schema) {
@@ -148,7 +150,9 @@ impl Registry {
                             tool_call_id: None,
                         };
                         let body = serde_json::to_string(&rejection).unwrap_or_default();
-                        verdicts.hset(names.rejected_definitions_key(), name.as_str(), body).ignore();
+                        verdicts
+                            .hset(names.rejected_definitions_key(), name.as_str(), body)
+                            .ignore();
                         verdict_count += 1;
                         rejected.insert(name.clone(), source.clone());
                         continue;

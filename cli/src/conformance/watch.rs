@@ -158,13 +158,19 @@ impl Watch {
     }
 
     /// The next thing seen about this job; `None` when a subscription closed.
+    ///
+    /// The server hands one connection a publisher's messages in the order they were
+    /// published, but each subscription has its own queue: results and notices are
+    /// taken before acknowledgements, so a result published before its ack is never
+    /// seen after it.
     async fn next(&mut self) -> Option<Seen> {
         loop {
             let seen = tokio::select! {
-                m = self.acks.next() => m.map(|m| reply_of(&m, self.sequence)),
+                biased;
                 m = self.results.next() => m.map(|m| Some(result_of(m))),
                 m = self.old_results.next() => m.map(|m| Some(result_of(m))),
                 m = self.progress.next() => m.map(|m| started_of(&m)),
+                m = self.acks.next() => m.map(|m| reply_of(&m, self.sequence)),
             };
             match seen {
                 None => return None,
