@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use crate::job::ProgressNotice;
-use crate::tool::{CatalogRequest, CatalogResponse};
+use crate::tool::{CatalogRequest, CatalogResponse, Rejection};
 use crate::{CallResult, JobEnvelope, ToolDefinition, TurnEvent, TurnRequest};
 
 /// Every wire message as (file stem under `docs/schemas/`, its JSON Schema).
@@ -24,6 +24,7 @@ pub fn wire_schemas() -> Vec<(&'static str, Value)> {
         ("turn_event", of::<TurnEvent>()),
         ("catalog_request", of::<CatalogRequest>()),
         ("catalog_response", of::<CatalogResponse>()),
+        ("rejection", of::<Rejection>()),
     ]
 }
 
