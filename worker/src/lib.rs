@@ -348,12 +348,13 @@ fn serve_list(tools: Vec<Tool>, config: &WorkerConfig) -> Result<Vec<ServedTool>
                 def.name
             )));
         }
-        let output = output::OutputCheck::compile(def.output_schema.as_ref()).map_err(|message| {
-            WorkerError::OutputSchema {
-                tool: def.name.clone(),
-                message,
-            }
-        })?;
+        let output =
+            output::OutputCheck::compile(def.output_schema.as_ref()).map_err(|message| {
+                WorkerError::OutputSchema {
+                    tool: def.name.clone(),
+                    message,
+                }
+            })?;
         let names = Names::new(config.prefix.clone());
         let bound = consumers::Bound::wanted(&names, &tool, config.ack_wait);
         served.push(ServedTool {

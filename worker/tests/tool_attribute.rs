@@ -135,7 +135,11 @@ async fn output_display_is_the_summary_and_errors_convert() {
 fn derived_tool_errors_carry_code_retryability_message_and_user_message() {
     let overflow = ToolError::from(MathError::Overflow);
     assert_eq!(
-        (overflow.code.as_str(), overflow.message.as_str(), overflow.retryable),
+        (
+            overflow.code.as_str(),
+            overflow.message.as_str(),
+            overflow.retryable
+        ),
         ("overflow", "the sum is not finite", false)
     );
     let down = ToolError::from(UpstreamError::Down { after_ms: 300 });
@@ -147,5 +151,8 @@ fn derived_tool_errors_carry_code_retryability_message_and_user_message() {
     let closed = ToolError::from(UpstreamError::AccountClosed("a-1".into()));
     assert_eq!(closed.code, "account_closed");
     assert_eq!(closed.message, "account a-1 is closed");
-    assert_eq!(closed.user_message.as_deref(), Some("That account is closed."));
+    assert_eq!(
+        closed.user_message.as_deref(),
+        Some("That account is closed.")
+    );
 }

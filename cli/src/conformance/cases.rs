@@ -56,6 +56,29 @@ fn job(probe: &Probe, case: &str, arguments: Value, timeout: Duration) -> JobEnv
     }
 }
 
+/// Publishes `body` with `job`'s headers, watching what the worker sends about it; a
+/// `publish_failed` finding when it cannot.
+async fn publish(
+    probe: &Probe,
+    case: &mut Case,
+    job: &JobEnvelope,
+    body: Vec<u8>,
+) -> Option<Watch> {
+    let watched = async {
+        let mut watch = Watch::start(probe, &job.turn_id).await?;
+        let headers = toolfleet_common::headers::call_headers(job);
+        watch.publish(probe, headers, body).await?;
+        Ok::<_, async_nats::Error>(watch)
+    };
+    match watched.await {
+        Ok(watch) => Some(watch),
+        Err(error) => {
+            case.fail("publish_failed", format!("publishing the job: {error}"));
+            None
+        }
+    }
+}
+
 /// Publishes `job` and watches it until it is done with or `timeout` passes.
 async fn send(
     probe: &Probe,
@@ -63,29 +86,15 @@ async fn send(
     job: &JobEnvelope,
     timeout: Duration,
 ) -> Option<Watch> {
-    let watched = async {
-        let mut watch = Watch::start(probe, &job.turn_id).await?;
-        let headers = toolfleet_common::headers::call_headers(job);
-        watch
-            .publish(probe, headers, serde_json::to_vec(job)?)
-            .await?;
-        Ok::<_, async_nats::Error>(watch)
-    };
-    match watched.await {
-        Ok(mut watch) => {
-            if !watch.until_done(timeout).await {
-                case.fail(
-                    "not_acked",
-                    format!("the job was neither acked nor terminated within {timeout:?}"),
-                );
-            }
-            Some(watch)
-        }
-        Err(error) => {
-            case.fail("publish_failed", format!("publishing the job: {error}"));
-            None
-        }
+    let body = serde_json::to_vec(job).unwrap_or_default();
+    let mut watch = publish(probe, case, job, body).await?;
+    if !watch.until_done(timeout).await {
+        case.fail(
+            "not_acked",
+            format!("the job was neither acked nor terminated within {timeout:?}"),
+        );
     }
+    Some(watch)
 }
 
 /// The one result of `job`, checked against PROTOCOL §3.4 and §7.8.
@@ -300,20 +309,9 @@ async fn retry(probe: &Probe, timeout: Duration) -> Case {
 async fn term(probe: &Probe, timeout: Duration) -> Case {
     let mut case = Case::new("term");
     let job = job(probe, "term", json!({}), timeout);
-    let watched = async {
-        let mut watch = Watch::start(probe, &job.turn_id).await?;
-        let headers = toolfleet_common::headers::call_headers(&job);
-        watch
-            .publish(probe, headers, b"{\"turn_id\": not a job".to_vec())
-            .await?;
-        Ok::<_, async_nats::Error>(watch)
-    };
-    let mut watch = match watched.await {
-        Ok(watch) => watch,
-        Err(error) => {
-            case.fail("publish_failed", format!("publishing the job: {error}"));
-            return case;
-        }
+    let body = b"{\"turn_id\": not a job".to_vec();
+    let Some(mut watch) = publish(probe, &mut case, &job, body).await else {
+        return case;
     };
     let wait = timeout.min(probe.ack_wait * 2);
     watch.until_done(wait).await;
@@ -454,20 +452,9 @@ async fn shutdown(probe: &Probe, timeout: Duration, pid: i32) -> Case {
         timeout,
     );
     let changed = probe.nats.subscribe(probe.names.registry_changed()).await;
-    let watched = async {
-        let mut watch = Watch::start(probe, &job.turn_id).await?;
-        let headers = toolfleet_common::headers::call_headers(&job);
-        watch
-            .publish(probe, headers, serde_json::to_vec(&job)?)
-            .await?;
-        Ok::<_, async_nats::Error>(watch)
-    };
-    let mut watch = match watched.await {
-        Ok(watch) => watch,
-        Err(error) => {
-            case.fail("publish_failed", format!("publishing the job: {error}"));
-            return case;
-        }
+    let body = serde_json::to_vec(&job).unwrap_or_default();
+    let Some(mut watch) = publish(probe, &mut case, &job, body).await else {
+        return case;
     };
     let running = watch
         .until(timeout, |s| {

@@ -234,7 +234,10 @@ fn expand_main(tools: Option<Expr>, function: &ItemFn) -> syn::Result<Tokens> {
 /// `path::to::f` → `path::to::f_tool()`, the constructor `#[tool]` adds beside `f`.
 fn tool_constructor(entry: &Expr) -> syn::Result<Tokens> {
     let Expr::Path(path) = entry else {
-        return Err(syn::Error::new(entry.span(), "list the #[tool] functions by name"));
+        return Err(syn::Error::new(
+            entry.span(),
+            "list the #[tool] functions by name",
+        ));
     };
     let mut path = path.path.clone();
     let last = path
@@ -269,7 +272,11 @@ impl VariantError {
         let mut out = Self::default();
         for attr in attrs.iter().filter(|a| a.path().is_ident("tool_error")) {
             attr.parse_nested_meta(|meta| {
-                let key = meta.path.get_ident().map(ToString::to_string).unwrap_or_default();
+                let key = meta
+                    .path
+                    .get_ident()
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
                 match key.as_str() {
                     "code" => out.code = Some(meta.value()?.parse()?),
                     "message" => out.message = Some(meta.value()?.parse()?),
@@ -302,7 +309,10 @@ fn uses_display(attrs: &[syn::Attribute]) -> syn::Result<bool> {
 
 fn expand_tool_error(input: &DeriveInput) -> syn::Result<Tokens> {
     let syn::Data::Enum(data) = &input.data else {
-        return Err(syn::Error::new(input.span(), "#[derive(ToolError)] goes on an enum"));
+        return Err(syn::Error::new(
+            input.span(),
+            "#[derive(ToolError)] goes on an enum",
+        ));
     };
     let display = uses_display(&input.attrs)?;
     let ident = &input.ident;
