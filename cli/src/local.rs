@@ -7,7 +7,7 @@
 //! they die when the [`Servers`] that holds them is dropped.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -46,7 +46,7 @@ pub struct Servers {
     _dirs: Vec<tempdir::Dir>,
 }
 
-mod tempdir {
+pub(crate) mod tempdir {
     //! Temporary folders for the servers' data. Owns only the folders it creates; it
     //! must never remove anything else.
 
@@ -104,11 +104,11 @@ async fn answers(url: &str, default_port: u16) -> bool {
     )
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn find_binary(name: &str) -> Option<PathBuf> {
+pub(crate) fn find_binary(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/usr/bin", "/usr/local/bin"].map(PathBuf::from))
@@ -116,7 +116,7 @@ fn find_binary(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-async fn wait_port(port: u16, what: &str) -> Result<()> {
+pub(crate) async fn wait_port(port: u16, what: &str) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::time::Instant::now() < deadline {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -162,38 +162,21 @@ impl Servers {
             return Ok(url.to_string());
         }
         let name = server.bin;
-        let bin = find_binary(name).with_context(|| {
-            let what = server.what;
-            format!(
-                "{name} not found: apt-get install {name} (the local fleet starts its own {what})"
-            )
-        })?;
+        let bin = server.find()?;
         let port = free_port()?;
         let dir = tempdir::Dir::new(server.dir_tag)?;
-        let child = Command::new(bin)
-            .args(server.args_before_port)
-            .arg(port.to_string())
-            .args(server.args_before_dir)
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
+        let child = server.spawn(&bin, port, dir.path())?;
         self.started.extend(child.id().map(|pid| (name, pid)));
         self._children.push(child);
         self._dirs.push(dir);
         wait_port(port, name).await?;
         eprintln!("started {name} on 127.0.0.1:{port}");
-        Ok(format!(
-            "{}://127.0.0.1:{port}{}",
-            server.scheme, server.path
-        ))
+        Ok(server.url(port))
     }
 }
 
 /// A server a local fleet starts when none answers at the URL it was given.
-struct Server {
+pub(crate) struct Server {
     /// Its executable, also the name its process goes by in `Servers::started`.
     bin: &'static str,
     /// What it serves, in messages.
@@ -212,8 +195,42 @@ struct Server {
     path: &'static str,
 }
 
+impl Server {
+    /// Its executable on `PATH` or in the usual system folders.
+    pub(crate) fn find(&self) -> Result<PathBuf> {
+        let name = self.bin;
+        find_binary(name).with_context(|| {
+            let what = self.what;
+            format!(
+                "{name} not found: apt-get install {name} (the local fleet starts its own {what})"
+            )
+        })
+    }
+
+    /// Starts `bin` listening on 127.0.0.1:`port` with its data in `dir`; the process
+    /// is killed when the returned child is dropped.
+    pub(crate) fn spawn(&self, bin: &Path, port: u16, dir: &Path) -> Result<Child> {
+        Command::new(bin)
+            .args(self.args_before_port)
+            .arg(port.to_string())
+            .args(self.args_before_dir)
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", self.bin))
+    }
+
+    /// The URL it answers at on 127.0.0.1:`port`.
+    pub(crate) fn url(&self, port: u16) -> String {
+        format!("{}://127.0.0.1:{port}{}", self.scheme, self.path)
+    }
+}
+
 /// `nats-server` with JetStream, its store in the data folder.
-const NATS: Server = Server {
+pub(crate) const NATS: Server = Server {
     bin: "nats-server",
     what: "NATS",
     default_port: 4222,
@@ -225,7 +242,7 @@ const NATS: Server = Server {
 };
 
 /// `redis-server` without persistence, working in the data folder.
-const REDIS: Server = Server {
+pub(crate) const REDIS: Server = Server {
     bin: "redis-server",
     what: "Redis",
     default_port: 6379,
@@ -242,6 +259,24 @@ const REDIS: Server = Server {
     ],
     scheme: "redis",
     path: "/",
+};
+
+/// `redis-server` with an append-only file synced every second, in the data folder: a
+/// restart keeps what was written up to a second before it died.
+pub(crate) const REDIS_AOF: Server = Server {
+    dir_tag: "redis-aof",
+    args_before_dir: &[
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--dir",
+    ],
+    ..REDIS
 };
 
 impl LocalFleet {
@@ -302,23 +337,7 @@ impl LocalFleet {
     }
 
     async fn wait_for(&self, wanted: &[String]) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Ok(tools) = self
-                .client
-                .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
-                .await
-            {
-                let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-                if wanted.iter().all(|w| names.contains(&w.as_str())) {
-                    return Ok(());
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                bail!("the local fleet did not list its tools within 15 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_tools(&self.client, wanted, Duration::from_secs(15)).await
     }
 
     /// Stops the coordinator and worker gracefully, then the servers it started.
@@ -327,5 +346,29 @@ impl LocalFleet {
         for task in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
         }
+    }
+}
+
+/// Waits until the catalog `client` sees lists every tool in `wanted`, at most `timeout`.
+pub(crate) async fn wait_for_tools(
+    client: &FleetClient,
+    wanted: &[String],
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(tools) = client
+            .catalog(CatalogFormat::Native, None, Duration::from_millis(500))
+            .await
+        {
+            let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+            if wanted.iter().all(|w| names.contains(&w.as_str())) {
+                return Ok(());
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("the fleet did not list {wanted:?} within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

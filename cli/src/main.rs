@@ -11,6 +11,7 @@
 //! | module | what lives there |
 //! |---|---|
 //! | `bench` | the benchmark: overhead against the floor, throughput, scaling, memory |
+//! | `chaos` | turns in flight while processes are killed and restarted; what was lost |
 //! | `toolfleet_cli::conformance` (the library) | `toolfleet conformance`: a worker of any language checked against PROTOCOL §7 |
 //! | `admin` | database migrations and per-business policies and FAQs |
 //! | `local` | starting a local fleet (servers when none answer, coordinator, worker) |
@@ -19,6 +20,7 @@
 
 mod admin;
 mod bench;
+mod chaos;
 mod local;
 mod node;
 mod print;
@@ -147,6 +149,9 @@ enum Command {
     /// Measure coordination overhead against the NATS/Redis floor, throughput, parallel
     /// speedup, worker scaling and coordinator memory, with tracing export off and on.
     Bench(bench::BenchArgs),
+    /// Keep turns in flight on a fleet of its own while workers, coordinators, Redis or
+    /// NATS are killed and restarted; count turns lost, late, refused and counted twice.
+    Chaos(chaos::ChaosArgs),
     /// Run a coordinator configured by the environment until SIGTERM.
     #[command(hide = true)]
     Coordinator,
@@ -265,6 +270,7 @@ async fn run(cli: Cli) -> Result<()> {
             conformance(&settings, json).await
         }
         Command::Bench(args) => bench::run(&cli.nats, &cli.redis, &cli.prefix, args).await,
+        Command::Chaos(args) => chaos::run(args).await,
         Command::Coordinator => node::coordinator(&cli.nats, &cli.redis, &cli.prefix).await,
         Command::Worker { packs } => node::worker(&cli.nats, &cli.redis, &cli.prefix, &packs).await,
     }

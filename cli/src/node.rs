@@ -45,7 +45,7 @@ pub async fn worker(
 }
 
 /// A token cancelled by the first SIGTERM or Ctrl-C.
-fn stop_on_signal() -> CancellationToken {
+pub(crate) fn stop_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {

@@ -1,19 +1,34 @@
-//! The frontend client: submit a turn, stream its events to `final`, list the catalog.
+//! The frontend client: submit a turn, stream its events to `final`, attach to a turn
+//! by id, list the catalog.
 //!
 //! Owns what a NATS frontend does: the request it publishes, the inbox it listens on,
-//! reading events until `final` or `error`, and the catalog request. Never touches Redis
+//! reading events until `final` or `error` in `seq` order (duplicates dropped, gaps
+//! filled by attaching), resubmitting the same turn id while no acceptance arrives, and
+//! attaching again after a silence (a NATS restart, a lost publish). Never touches Redis
 //! or JetStream, and never holds a turn's state: the coordinator does.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::Value;
 
 use crate::credentials::NatsCredentials;
 use crate::names::{self, Names};
 use crate::tool::{CatalogFormat, CatalogRequest, CatalogResponse};
-use crate::turn::{valid_turn_id, FinalEvent, TurnEvent, TurnRequest};
+use crate::turn::{
+    seq_of, turn_codes, valid_turn_id, AttachRequest, FinalEvent, TurnEvent, TurnRequest,
+};
+
+/// Silence after which a stream asks again: it resubmits a turn not yet accepted, or
+/// attaches to an accepted one from the last `seq` it holds. Doubles up to
+/// [`PROBE_MAX`] while nothing arrives.
+pub const PROBE_START: Duration = Duration::from_millis(1000);
+
+/// Longest silence between two probes of a stream.
+pub const PROBE_MAX: Duration = Duration::from_secs(4);
 
 /// What went wrong in a client operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +84,8 @@ pub struct FleetClient {
     /// NATS user (the coordinator then sends events only to `_INBOX_<user>.…`), else
     /// `<p>.turns.submit`.
     submit_subject: String,
+    /// Where this client attaches to its turns (`<p>.turns.attach[.<user>]`).
+    attach_subject: String,
 }
 
 impl FleetClient {
@@ -76,10 +93,12 @@ impl FleetClient {
     /// subject.
     pub fn new(nats: async_nats::Client, names: Names) -> Self {
         let submit_subject = names.turn_submit();
+        let attach_subject = names.turn_attach();
         Self {
             nats,
             names,
             submit_subject,
+            attach_subject,
         }
     }
 
@@ -87,10 +106,12 @@ impl FleetClient {
     /// `_INBOX_<frontend>`): turns go to that user's own submit subject.
     pub fn new_as(nats: async_nats::Client, names: Names, frontend: &str) -> Self {
         let submit_subject = names.turn_submit_as(frontend);
+        let attach_subject = names.turn_attach_as(frontend);
         Self {
             nats,
             names,
             submit_subject,
+            attach_subject,
         }
     }
 
@@ -160,33 +181,59 @@ impl FleetClient {
                 ),
             ));
         }
+        headers.insert(names::HEADER_TURN_ID, turn_id.as_str());
+        if headers.get(names::HEADER_TRACEPARENT).is_none() {
+            crate::telemetry::inject_current(&mut headers);
+        }
+        let submission = Submission {
+            subject: self.submit_subject.clone(),
+            headers,
+            payload: payload.into(),
+        };
+        let mut stream = self.stream(turn_id, Some(submission)).await?;
+        stream.ask().await?;
+        Ok(stream)
+    }
+
+    /// Follows turn `turn_id`, submitted earlier by this frontend: its stored events from
+    /// the first (`ack`), then its later ones, until `final`. A finished turn replays to
+    /// its `final` at once; an id this frontend never submitted, or one past its
+    /// retention, ends with an `error` event whose code is `unknown_turn`.
+    pub async fn attach(&self, turn_id: &str) -> Result<TurnStream, ClientError> {
+        if !valid_turn_id(turn_id) {
+            return Err(ClientError::new(
+                ClientErrorKind::InvalidRequest,
+                format!("turn id {turn_id:?} must be 1-64 characters of [A-Za-z0-9_-]"),
+            ));
+        }
+        let mut stream = self.stream(turn_id.to_string(), None).await?;
+        stream.ask().await?;
+        Ok(stream)
+    }
+
+    /// A stream of `turn_id`'s events on a new inbox.
+    async fn stream(
+        &self,
+        turn_id: String,
+        submission: Option<Submission>,
+    ) -> Result<TurnStream, ClientError> {
         let inbox = self.nats.new_inbox();
         let subscriber = self
             .nats
             .subscribe(inbox.clone())
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
-        headers.insert(names::HEADER_TURN_ID, turn_id.as_str());
-        if headers.get(names::HEADER_TRACEPARENT).is_none() {
-            crate::telemetry::inject_current(&mut headers);
-        }
-        self.nats
-            .publish_with_reply_and_headers(
-                self.submit_subject.clone(),
-                inbox,
-                headers,
-                payload.into(),
-            )
-            .await
-            .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
-        self.nats
-            .flush()
-            .await
-            .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
         Ok(TurnStream {
             turn_id,
             subscriber,
             finished: false,
+            nats: self.nats.clone(),
+            inbox,
+            submission,
+            attach_subject: self.attach_subject.clone(),
+            next_seq: 1,
+            early: BTreeMap::new(),
+            probe: PROBE_START,
         })
     }
 
@@ -284,12 +331,31 @@ impl TurnOutcome {
     }
 }
 
-/// The events of one submitted turn.
+/// A turn request as published, kept to publish it again while no acceptance arrives.
+#[derive(Debug, Clone)]
+struct Submission {
+    subject: String,
+    headers: HeaderMap,
+    payload: Bytes,
+}
+
+/// The events of one submitted (or attached) turn, in `seq` order.
 #[derive(Debug)]
 pub struct TurnStream {
     turn_id: String,
     subscriber: async_nats::Subscriber,
     finished: bool,
+    nats: async_nats::Client,
+    inbox: String,
+    /// The request, until the turn is accepted (its first stored event arrives).
+    submission: Option<Submission>,
+    attach_subject: String,
+    /// The `seq` of the next event to hand out; every lower one was handed out.
+    next_seq: u64,
+    /// Events that arrived ahead of a gap, by `seq`.
+    early: BTreeMap<u64, TurnEvent>,
+    /// The current silence before the next probe.
+    probe: Duration,
 }
 
 impl TurnStream {
@@ -298,8 +364,22 @@ impl TurnStream {
         &self.turn_id
     }
 
-    /// The next event, waiting at most `timeout`. After `final` or `error` the stream is
-    /// finished and further calls return a `Closed` error.
+    /// Whether the turn was accepted: an event stored with it arrived.
+    pub fn accepted(&self) -> bool {
+        self.next_seq > 1
+    }
+
+    /// The last `seq` handed out (0 before any).
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    /// The next event in `seq` order, waiting at most `timeout`. Duplicates are dropped;
+    /// after a gap, or after [`PROBE_START`] of silence, the stream attaches again from
+    /// the last `seq` it handed out (or, before acceptance, submits the same turn again).
+    /// After `final` or `error` the stream is finished and further calls return a
+    /// `Closed` error. An attach that finds an accepted turn gone (Redis lost it) ends the
+    /// stream with `turn_state_lost`.
     pub async fn next_event(&mut self, timeout: Duration) -> Result<TurnEvent, ClientError> {
         if self.finished {
             return Err(ClientError::new(
@@ -307,21 +387,121 @@ impl TurnStream {
                 "turn already ended",
             ));
         }
-        let message = tokio::time::timeout(timeout, self.subscriber.next())
-            .await
-            .map_err(|_| {
-                ClientError::new(
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(event) = self.early.remove(&self.next_seq) {
+                self.next_seq += 1;
+                return Ok(self.hand_out(event).await);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= until {
+                return Err(ClientError::new(
                     ClientErrorKind::Timeout,
                     format!("no event for turn {} within {timeout:?}", self.turn_id),
-                )
-            })?
-            .ok_or_else(|| ClientError::new(ClientErrorKind::Closed, "subscription closed"))?;
-        let event: TurnEvent = serde_json::from_slice(&message.payload)
-            .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;
+                ));
+            }
+            let wait = self.probe.min(until - now);
+            let message = match tokio::time::timeout(wait, self.subscriber.next()).await {
+                Ok(Some(message)) => message,
+                Ok(None) => {
+                    return Err(ClientError::new(
+                        ClientErrorKind::Closed,
+                        "subscription closed",
+                    ))
+                }
+                Err(_) => {
+                    if tokio::time::Instant::now() < until {
+                        // A silent turn: ask again, then wait longer before the next ask.
+                        let _ = self.ask().await;
+                        self.probe = (self.probe * 2).min(PROBE_MAX);
+                    }
+                    continue;
+                }
+            };
+            self.probe = PROBE_START;
+            let event: TurnEvent = serde_json::from_slice(&message.payload)
+                .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;
+            match seq_of(&message.payload) {
+                None => return Ok(self.unstored(event).await),
+                Some(seq) if seq < self.next_seq => continue,
+                Some(seq) if seq == self.next_seq => {
+                    self.next_seq += 1;
+                    self.submission = None;
+                    return Ok(self.hand_out(event).await);
+                }
+                Some(seq) => {
+                    self.submission = None;
+                    self.early.insert(seq, event);
+                    let _ = self.ask().await;
+                }
+            }
+        }
+    }
+
+    /// Publishes the turn request again while it is not accepted, else an attach from
+    /// the last `seq` handed out.
+    async fn ask(&mut self) -> Result<(), ClientError> {
+        let publish = match &self.submission {
+            Some(s) => {
+                self.nats
+                    .publish_with_reply_and_headers(
+                        s.subject.clone(),
+                        self.inbox.clone(),
+                        s.headers.clone(),
+                        s.payload.clone(),
+                    )
+                    .await
+            }
+            None => {
+                let request = AttachRequest {
+                    turn_id: self.turn_id.clone(),
+                    after_seq: self.last_seq(),
+                };
+                let body = serde_json::to_vec(&request).map_err(|e| {
+                    ClientError::new(ClientErrorKind::InvalidRequest, e.to_string())
+                })?;
+                self.nats
+                    .publish_with_reply(
+                        self.attach_subject.clone(),
+                        self.inbox.clone(),
+                        body.into(),
+                    )
+                    .await
+            }
+        };
+        publish.map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
+        self.nats
+            .flush()
+            .await
+            .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))
+    }
+
+    /// An event with no `seq`: the `error` of a request whose turn was never stored, or
+    /// of an attach. `unknown_turn` for a turn this stream saw accepted means its state
+    /// is gone.
+    async fn unstored(&mut self, event: TurnEvent) -> TurnEvent {
+        let event = match event {
+            TurnEvent::Error { turn_id, mut error }
+                if error.code == turn_codes::UNKNOWN_TURN && self.accepted() =>
+            {
+                error.code = turn_codes::TURN_STATE_LOST.to_string();
+                error.message = format!(
+                    "turn {} was accepted but its stored state is gone",
+                    self.turn_id
+                );
+                TurnEvent::Error { turn_id, error }
+            }
+            other => other,
+        };
+        self.hand_out(event).await
+    }
+
+    /// Hands `event` out, closing the stream after the last one.
+    async fn hand_out(&mut self, event: TurnEvent) -> TurnEvent {
         if event.is_last() {
             self.finished = true;
             let _ = self.subscriber.unsubscribe().await;
         }
-        Ok(event)
+        event
     }
 }

@@ -14,6 +14,7 @@
 //! | [`turn`] | `TurnRequest`, `TurnEvent` (`ack`, `tool_state`, `narration`, `final`, `error`) |
 //! | [`call`] | `ToolCall`, `CallState`, `CallError` and its codes, `CallResult`, `Summary` |
 //! | [`tool`] | `ToolDefinition`, retry policy, catalog formats (OpenAI, Anthropic, MCP) |
+//! | `mcp` | fleet tools and results to and from the Model Context Protocol's types (feature `mcp`) |
 //! | [`http`] | the operational HTTP endpoint server (`/healthz`, `/readyz`, `/metrics`) |
 //! | [`job`] | `JobEnvelope` (what a worker receives) and progress notices |
 //! | `ready` | the `/readyz` check of the coordinator and worker (feature `redis`) |
@@ -34,6 +35,8 @@ pub mod headers;
 pub mod health;
 pub mod http;
 pub mod job;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod metrics;
 pub mod names;
 #[cfg(feature = "redis")]

@@ -81,11 +81,32 @@ impl Names {
         self.turn_submit_as("*")
     }
 
-    /// The frontend named by an identified turn subject; `None` for the unidentified
-    /// [`Names::turn_submit`] (and for anything else).
+    /// Frontends without a NATS user attach to a turn here (an [`AttachRequest`], their
+    /// inbox as the reply subject).
+    ///
+    /// [`AttachRequest`]: crate::turn::AttachRequest
+    pub fn turn_attach(&self) -> String {
+        format!("{}.turns.attach", self.prefix)
+    }
+
+    /// A frontend with NATS user `frontend` attaches to its turns here.
+    pub fn turn_attach_as(&self, frontend: &str) -> String {
+        format!("{}.turns.attach.{frontend}", self.prefix)
+    }
+
+    /// What coordinators subscribe to for identified attach requests.
+    pub fn turn_attach_any(&self) -> String {
+        self.turn_attach_as("*")
+    }
+
+    /// The frontend named by an identified submit or attach subject; `None` for the
+    /// unidentified [`Names::turn_submit`] and [`Names::turn_attach`] (and for anything
+    /// else).
     pub fn submitting_frontend<'a>(&self, subject: &'a str) -> Option<&'a str> {
         let rest = subject.strip_prefix(&self.prefix)?;
-        let frontend = rest.strip_prefix(".turns.submit.")?;
+        let frontend = rest
+            .strip_prefix(".turns.submit.")
+            .or_else(|| rest.strip_prefix(".turns.attach."))?;
         (!frontend.is_empty() && !frontend.contains('.')).then_some(frontend)
     }
 
@@ -215,6 +236,12 @@ impl Names {
         format!("{}:turn:{{{turn_id}}}:calls", self.prefix)
     }
 
+    /// List of the events a turn's frontend was sent, in order: an event's `seq` is its
+    /// position (1-based). Attaching replays it.
+    pub fn turn_events_key(&self, turn_id: &str) -> String {
+        format!("{}:turn:{{{turn_id}}}:events", self.prefix)
+    }
+
     /// Sorted set of open turns scored by deadline (unix ms); any replica sweeps it.
     pub fn deadlines_key(&self) -> String {
         format!("{}:deadlines", self.prefix)
@@ -284,6 +311,7 @@ mod tests {
             n.turn_meta_key("t1"),
             n.turn_results_key("t1"),
             n.turn_calls_key("t1"),
+            n.turn_events_key("t1"),
         ] {
             assert!(key.contains("{t1}"), "{key}");
         }

@@ -39,6 +39,43 @@ pub struct TurnRequest {
     pub context: Map<String, Value>,
 }
 
+/// A frontend's request to follow a turn it submitted: every stored event after
+/// `after_seq`, then the turn's later events, on the request's reply subject.
+///
+/// Published on `<prefix>.turns.attach[.<user>]`. Only the frontend that submitted the
+/// turn may attach to it; any other gets `unknown_turn`, as for an id never seen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct AttachRequest {
+    /// The turn id.
+    pub turn_id: String,
+    /// The last `seq` the frontend holds; 0 replays every event.
+    #[serde(default)]
+    pub after_seq: u64,
+}
+
+/// The `seq` of an event as published: its position in the turn's stored events (1, 2,
+/// 3 …; `final` is the last). Events of turns that were never stored (a request refused
+/// before its turn existed, an attach to an unknown turn) carry none.
+pub fn seq_of(payload: &[u8]) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Seq {
+        seq: Option<u64>,
+    }
+    serde_json::from_slice::<Seq>(payload).ok()?.seq
+}
+
+/// `event` (a JSON object) with `"seq": seq` as its first member, without decoding it.
+pub fn with_seq(event: &[u8], seq: u64) -> Vec<u8> {
+    let rest = event.strip_prefix(b"{").unwrap_or(event);
+    let mut out = Vec::with_capacity(event.len() + 24);
+    out.extend_from_slice(format!("{{\"seq\":{seq}").as_bytes());
+    if rest.first() != Some(&b'}') {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
 /// Per-turn limits; each is capped by the coordinator's and the tenant's configuration.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
@@ -164,6 +201,13 @@ pub mod turn_codes {
     pub const DECISION_TOO_LARGE: &str = "decision_too_large";
     /// A turn with this id already exists.
     pub const DUPLICATE_TURN: &str = "duplicate_turn";
+    /// No turn with this id is stored for this frontend (never submitted, another
+    /// frontend's, or past its retention).
+    pub const UNKNOWN_TURN: &str = "unknown_turn";
+    /// The turn was accepted but its stored state is gone (Redis lost its data): it
+    /// cannot end with its results. The client reports this when an attach to a turn it
+    /// saw accepted answers `unknown_turn`.
+    pub const TURN_STATE_LOST: &str = "turn_state_lost";
     /// The coordinator could not reach Redis or NATS.
     pub const UNAVAILABLE: &str = "unavailable";
     /// The submitting frontend is not bound to the turn's tenant (or has no identity
@@ -211,6 +255,20 @@ mod tests {
             error: CallError::fatal("x", "y"),
         });
         assert_eq!(back.kind(), "narration");
+    }
+
+    #[test]
+    fn seq_goes_first_and_reads_back() {
+        let event = br#"{"type":"narration","turn_id":"t","text":"hi"}"#;
+        let stamped = with_seq(event, 7);
+        assert_eq!(seq_of(&stamped), Some(7));
+        assert_eq!(seq_of(event), None);
+        let back: TurnEvent = serde_json::from_slice(&stamped).unwrap_or(TurnEvent::Error {
+            turn_id: None,
+            error: CallError::fatal("x", "y"),
+        });
+        assert_eq!(back.kind(), "narration");
+        assert_eq!(with_seq(b"{}", 1), br#"{"seq":1}"#);
     }
 
     #[test]

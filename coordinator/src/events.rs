@@ -1,32 +1,74 @@
 //! Everything the coordinator publishes that is not a job: turn events to a frontend's
 //! reply subject and progress notices between replicas.
 //!
-//! Owns the two publishing functions ([`publish`] for frontend events, [`notify`] for
-//! notices) and the small constructors of events several steps send. Core NATS,
-//! fire-and-forget: a failed publish is logged, never retried, and never changes a
-//! turn's state (the join in Redis decides that).
+//! Owns the publishing functions ([`publish_stored`] for events of a stored turn, each
+//! with its `seq`; [`publish_unstored`] for the one `error` of a request whose turn was
+//! never stored; [`emit`], which stores events of a running turn and sends them; [`notify`]
+//! for notices) and the small constructors of events several steps send. Every event of
+//! a stored turn is stored in the turn's event list before it is sent (`join.rs`), so a
+//! publish that is lost is only a gap the frontend fills by attaching; sending is core
+//! NATS, fire-and-forget, and never changes a turn's state.
 //!
 //! Never decides *what* to say or *when*: the step that owns the moment does (`intake`
 //! the ack, `results` a call's state, `progress` a relayed `running`, `finalize` the
-//! narration and `final`). Never publishes a job (`dispatch.rs` does).
+//! narration and `final`, `attach` a replay). Never publishes a job (`dispatch.rs` does).
 
 use toolfleet_common::job::ProgressNotice;
+use toolfleet_common::turn::with_seq;
 use toolfleet_common::{CallError, CallResult, CallState, TurnEvent};
 use tracing::warn;
 
+use crate::join::Emitted;
 use crate::startup::Replica;
 
-/// Publishes `event` to the frontend's `reply` subject.
-pub(crate) async fn publish(replica: &Replica, reply: &str, event: &TurnEvent) {
-    let body = match serde_json::to_vec(event) {
-        Ok(b) => b,
+/// The JSON an event is stored and sent as (without its `seq`); `None` (logged) if it
+/// does not serialize.
+pub(crate) fn encode(event: &TurnEvent) -> Option<String> {
+    match serde_json::to_string(event) {
+        Ok(json) => Some(json),
         Err(error) => {
             warn!(%error, kind = event.kind(), "event does not serialize");
-            return;
+            None
         }
-    };
+    }
+}
+
+/// Sends stored events to `reply`, the first with `first_seq`, the next with the next.
+pub(crate) async fn publish_stored(
+    replica: &Replica,
+    reply: &str,
+    first_seq: u64,
+    events: &[String],
+) {
+    for (seq, event) in (first_seq..).zip(events) {
+        let body = with_seq(event.as_bytes(), seq);
+        if let Err(error) = replica.nats.publish(reply.to_string(), body.into()).await {
+            warn!(%error, seq, "event publish failed; the frontend fills the gap by attaching");
+        }
+    }
+}
+
+/// Sends the `error` of a request whose turn was never stored (no `seq`).
+pub(crate) async fn publish_unstored(replica: &Replica, reply: &str, event: &TurnEvent) {
+    let Some(body) = encode(event) else { return };
     if let Err(error) = replica.nats.publish(reply.to_string(), body.into()).await {
         warn!(%error, kind = event.kind(), "event publish failed");
+    }
+}
+
+/// Stores `events` of a turn that has not ended, then sends them; nothing when the turn
+/// is unknown or has ended (a `running` after `final` is never stored nor sent).
+pub(crate) async fn emit(replica: &Replica, turn_id: &str, events: &[TurnEvent]) {
+    let encoded: Vec<String> = events.iter().filter_map(encode).collect();
+    match replica.join.emit(turn_id, &encoded).await {
+        Ok(Emitted::Stored { reply, first_seq }) => {
+            publish_stored(replica, &reply, first_seq, &encoded).await;
+        }
+        Ok(Emitted::Nothing) => {}
+        Err(error) => {
+            replica.metrics.redis_error("emit");
+            warn!(%turn_id, %error, "could not store events; not sent");
+        }
     }
 }
 
@@ -58,21 +100,15 @@ pub(crate) fn tool_state(
     }
 }
 
-/// Publishes the terminal `tool_state` of `result`.
-pub(crate) async fn publish_result_state(
-    replica: &Replica,
-    turn_id: &str,
-    reply: &str,
-    result: &CallResult,
-) {
-    let event = tool_state(
+/// The terminal `tool_state` of `result`.
+pub(crate) fn result_state(turn_id: &str, result: &CallResult) -> TurnEvent {
+    tool_state(
         turn_id,
         &result.tool_call_id,
         &result.name,
         result.state,
         result.error.clone(),
-    );
-    publish(replica, reply, &event).await;
+    )
 }
 
 /// A turn-level `error` event.

@@ -19,14 +19,19 @@ use toolfleet_common::call::{codes, unix_ms};
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::names::spans;
 use toolfleet_common::telemetry;
+use toolfleet_common::turn::turn_codes;
 use toolfleet_common::{
     CallError, CallResult, CallState, FinalEvent, Summary, ToolCall, TurnEvent,
 };
 use toolfleet_decision::history::render_history;
 use tracing::{debug, info_span, warn, Instrument};
 
+use crate::attach;
 use crate::events;
-use crate::join::{CallEntry, Closing, Finalized};
+use crate::fault;
+use crate::intake::{self, Taken};
+use crate::join::{CallEntry, Closing, Created, Finalized, NewTurn, StoredFinal};
+use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::startup::Replica;
 use crate::trace::{self, TurnOutcome, TurnTrace};
@@ -53,10 +58,10 @@ pub(crate) enum TurnEnd {
     },
     /// The model answered without calling a tool: its text is the answer.
     NoTools {
-        /// The turn.
-        turn_id: String,
-        /// The frontend's reply subject.
-        reply: String,
+        /// The turn, its caller and reply subject.
+        taken: Taken,
+        /// The tenant.
+        tenant: String,
         /// The model's answer.
         text: String,
         /// The turn span, when traced.
@@ -86,34 +91,11 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
             close_turn(replica, &turn_id, closing, true).await;
         }
         TurnEnd::NoTools {
-            turn_id,
-            reply,
+            taken,
+            tenant,
             text,
             trace,
-        } => {
-            let narration = TurnEvent::Narration {
-                turn_id: turn_id.clone(),
-                text: text.clone(),
-            };
-            events::publish(replica, &reply, &narration).await;
-            let event = TurnEvent::Final(FinalEvent {
-                turn_id,
-                text,
-                results: Vec::new(),
-                summary: Summary::default(),
-                history: Default::default(),
-                deadline_hit: false,
-            });
-            events::publish(replica, &reply, &event).await;
-            if let (Some(trace), TurnEvent::Final(fin)) = (trace, &event) {
-                trace.end(&TurnOutcome {
-                    turn_id: &fin.turn_id,
-                    summary: None,
-                    deadline_hit: false,
-                    error: None,
-                });
-            }
-        }
+        } => answer_without_tools(replica, taken, &tenant, text, trace).await,
         TurnEnd::Rejected {
             turn_id,
             reply,
@@ -124,7 +106,7 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
             let outcome_error = error.clone();
             replica.metrics.turn_refused(&error.code);
             let event = events::turn_error(turn_id.as_deref(), error);
-            events::publish(replica, &reply, &event).await;
+            events::publish_unstored(replica, &reply, &event).await;
             if let Some(trace) = trace {
                 trace.end(&TurnOutcome {
                     turn_id: turn_id.as_deref().unwrap_or_default(),
@@ -178,7 +160,22 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
                 })
                 .await;
         }
-        Ok(Finalized::AlreadyEnded | Finalized::UnknownTurn) => {
+        Ok(Finalized::Unstored(closing)) => {
+            // Its replica died between ending the turn and storing the `final`.
+            let turn_id = turn_id.to_string();
+            let end = if closing.results.len() >= closing.calls.len() {
+                TurnEnd::AllResultsIn { turn_id, closing }
+            } else {
+                TurnEnd::Deadline { turn_id, closing }
+            };
+            Box::pin(finish(replica, end)).await;
+        }
+        Ok(Finalized::AlreadyEnded { published: false }) => {
+            // Stored but not marked sent: its replica died before sending it, or is
+            // sending it now; a frontend drops what it already has by `seq`.
+            send_stored_again(replica, turn_id).await;
+        }
+        Ok(Finalized::AlreadyEnded { published: true } | Finalized::UnknownTurn) => {
             replica.turns.release(turn_id);
             if let Err(error) = replica.join.forget_deadline(turn_id).await {
                 debug!(%turn_id, %error, "deadline index cleanup failed");
@@ -190,7 +187,8 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
 }
 
 /// Publishes the end of `turn_id` from what the join returned, then exports the turn
-/// span (whichever replica this is).
+/// span (whichever replica this is). Only the replica whose `final` was stored does the
+/// rest; another that stored first does it instead.
 async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, deadline_hit: bool) {
     let trace = closing.trace.as_deref().and_then(TurnTrace::decode);
     let tenant = trace.as_ref().map(|t| t.tenant.clone()).unwrap_or_default();
@@ -201,9 +199,8 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, dea
         (None, None) => {}
     }
     let turn_seconds = unix_ms().saturating_sub(closing.created_unix_ms) as f64 / 1000.0;
-    let (summary, error) = async {
-        let reply = closing.reply.clone();
-        let ordered = complete_results(replica, turn_id, closing).await;
+    let (summary, error, stored) = async {
+        let (ordered, missing) = complete_results(closing);
         let summary = Summary::of(&ordered);
         let error = join_error(&ordered, deadline_hit);
         let current = tracing::Span::current();
@@ -214,11 +211,26 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, dea
         if let Some(error) = &error {
             telemetry::set_error(&current, &error.code, &error.message);
         }
-        publish_final(replica, turn_id, &tenant, &reply, ordered, deadline_hit).await;
-        (summary, error)
+        let ending = Ending {
+            turn_id,
+            tenant: &tenant,
+            missing: &missing,
+            deadline_hit,
+        };
+        let stored = publish_final(replica, ending, ordered).await;
+        if stored {
+            for result in &missing {
+                replica.metrics.call_result(&result.name, result);
+            }
+        }
+        (summary, error, stored)
     }
     .instrument(span)
     .await;
+    if !stored {
+        replica.turns.release(turn_id);
+        return;
+    }
     if let Some(trace) = &trace {
         trace.end(&TurnOutcome {
             turn_id,
@@ -236,8 +248,111 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, dea
         events::notify(replica, turn_id, &ProgressNotice::Ended).await;
     }
     replica.turns.release(turn_id);
-    if let Err(error) = replica.join.forget_deadline(turn_id).await {
-        warn!(%turn_id, %error, "could not drop the turn from the deadline index");
+}
+
+/// Sends every stored event of an ended turn again and marks its `final` sent.
+async fn send_stored_again(replica: &Replica, turn_id: &str) {
+    match replica.join.stored_events(turn_id).await {
+        Ok((reply, stored)) if !reply.is_empty() && !stored.is_empty() => {
+            events::publish_stored(replica, &reply, 1, &stored).await;
+            if let Err(error) = replica.join.mark_published(turn_id).await {
+                warn!(%turn_id, %error, "could not mark the final sent; it is sent again");
+            }
+        }
+        Ok(_) => {}
+        Err(error) => {
+            warn!(%turn_id, %error, "could not read the stored final; the sweeper retries")
+        }
+    }
+}
+
+/// A no-tool turn: stored with its narration and `final`, then sent. A resubmission
+/// of the same id by the same frontend replays it.
+async fn answer_without_tools(
+    replica: &Arc<Replica>,
+    taken: Taken,
+    tenant: &str,
+    text: String,
+    trace: Option<TurnTrace>,
+) {
+    let Taken {
+        turn_id,
+        reply,
+        caller,
+    } = taken;
+    let narration = TurnEvent::Narration {
+        turn_id: turn_id.clone(),
+        text: text.clone(),
+    };
+    let event = TurnEvent::Final(FinalEvent {
+        turn_id: turn_id.clone(),
+        text,
+        results: Vec::new(),
+        summary: Summary::default(),
+        history: Default::default(),
+        deadline_hit: false,
+    });
+    let stored: Vec<String> = [&narration, &event]
+        .into_iter()
+        .filter_map(events::encode)
+        .collect();
+    let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
+    let now = unix_ms();
+    let turn = NewTurn {
+        turn_id: &turn_id,
+        reply: &reply,
+        tenant,
+        deadline_unix_ms: now + millis(replica.config.sweep_grace),
+        paced: false,
+        calls: Vec::new(),
+        results: Vec::new(),
+        ttl_ms: millis(replica.config.retention),
+        created_unix_ms: now,
+        traceparent: &traceparent,
+        trace: &stored_trace,
+        caller: &caller,
+        events: stored.clone(),
+        ended: true,
+    };
+    match intake::create(replica, turn).await {
+        Ok(Created::New) => {}
+        Ok(Created::Exists { same_caller: true }) => {
+            return attach::replay(replica, &turn_id, &caller, &reply, 0).await;
+        }
+        Ok(Created::Exists { same_caller: false }) => {
+            let error = CallError::fatal(
+                turn_codes::DUPLICATE_TURN,
+                format!("turn {turn_id} already exists"),
+            );
+            let end = TurnEnd::Rejected {
+                turn_id: Some(turn_id),
+                reply,
+                error,
+                trace,
+            };
+            return Box::pin(finish(replica, end)).await;
+        }
+        Err(error) => {
+            let end = TurnEnd::Rejected {
+                turn_id: Some(turn_id),
+                reply,
+                error,
+                trace,
+            };
+            return Box::pin(finish(replica, end)).await;
+        }
+    }
+    events::publish_stored(replica, &reply, 1, &stored).await;
+    if let Err(error) = replica.join.mark_published(&turn_id).await {
+        debug!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
+    }
+    if let Some(trace) = trace {
+        trace.end(&TurnOutcome {
+            turn_id: &turn_id,
+            summary: None,
+            deadline_hit: false,
+            error: None,
+        });
     }
 }
 
@@ -276,41 +391,104 @@ fn join_error(results: &[CallResult], deadline_hit: bool) -> Option<CallError> {
 }
 
 /// The turn's results in the model's order, a `timeout` or `skipped` result standing in
-/// for each call that has none (its state is published and counted here).
-async fn complete_results(replica: &Replica, turn_id: &str, closing: Closing) -> Vec<CallResult> {
+/// for each call that has none; those stand-ins are also returned on their own (their
+/// states are stored and sent with the `final`).
+fn complete_results(closing: Closing) -> (Vec<CallResult>, Vec<CallResult>) {
     let Closing {
-        reply,
-        calls,
-        mut results,
-        ..
+        calls, mut results, ..
     } = closing;
     let mut entries: Vec<(String, CallEntry)> = calls.into_iter().collect();
     entries.sort_by_key(|(_, e)| e.index);
     let mut ordered = Vec::with_capacity(entries.len());
+    let mut missing = Vec::new();
     for (key, entry) in entries {
         let result = match results.remove(&key) {
             Some(r) => r,
             None => {
-                let missing = missing_result(&entry);
-                replica.metrics.call_result(&missing.name, &missing);
-                events::publish_result_state(replica, turn_id, &reply, &missing).await;
-                missing
+                let stand_in = missing_result(&entry);
+                missing.push(stand_in.clone());
+                stand_in
             }
         };
         ordered.push(result);
     }
-    ordered
+    (ordered, missing)
 }
 
-/// Narrates `results` and publishes the `narration` chunks and the `final` event.
+/// What a turn's end is told besides its results.
+struct Ending<'a> {
+    turn_id: &'a str,
+    tenant: &'a str,
+    /// Stand-in results of calls that never answered: their states go out first.
+    missing: &'a [CallResult],
+    deadline_hit: bool,
+}
+
+/// Narrates `results`, stores the closing events (the missing calls' states, the
+/// `narration` chunks, the `final` last), then sends them and marks the `final` sent.
+/// `false` when nothing was stored here (another replica stored the turn's `final`
+/// first, or Redis failed: the sweeper ends the turn later).
 async fn publish_final(
+    replica: &Arc<Replica>,
+    ending: Ending<'_>,
+    results: Vec<CallResult>,
+) -> bool {
+    let Ending {
+        turn_id,
+        tenant,
+        missing,
+        deadline_hit,
+    } = ending;
+    let chunks = narrate(replica, turn_id, tenant, &results).await;
+    let limit = final_limit(replica);
+    let event = TurnEvent::Final(fit_final(
+        FinalEvent {
+            turn_id: turn_id.to_string(),
+            text: chunks.join(" "),
+            summary: Summary::of(&results),
+            history: render_history(&results),
+            results,
+            deadline_hit,
+        },
+        limit,
+    ));
+    let narration = chunks.into_iter().map(|text| TurnEvent::Narration {
+        turn_id: turn_id.to_string(),
+        text,
+    });
+    let closing: Vec<String> = missing
+        .iter()
+        .map(|r| events::result_state(turn_id, r))
+        .chain(narration)
+        .chain(std::iter::once(event))
+        .filter_map(|e| events::encode(&e))
+        .collect();
+    match replica.join.store_final(turn_id, &closing).await {
+        Ok(StoredFinal::Stored { reply, first_seq }) => {
+            fault::point(fault::EXIT_AFTER_FINAL_STORED);
+            events::publish_stored(replica, &reply, first_seq, &closing).await;
+            if let Err(error) = replica.join.mark_published(turn_id).await {
+                warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
+            }
+            true
+        }
+        Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => false,
+        Err(error) => {
+            replica.metrics.redis_error("store_final");
+            warn!(%turn_id, %error, "could not store the final; the sweeper ends the turn");
+            false
+        }
+    }
+}
+
+/// The narration of `results`: the narrator's chunks, or the templates' when it fails
+/// or takes longer than [`NARRATE_TIMEOUT`].
+async fn narrate(
     replica: &Arc<Replica>,
     turn_id: &str,
     tenant: &str,
-    reply: &str,
-    results: Vec<CallResult>,
-    deadline_hit: bool,
-) {
+    results: &[CallResult],
+) -> Vec<String> {
     let registry = replica.registry.snapshot();
     let tools: Vec<_> = results
         .iter()
@@ -318,7 +496,7 @@ async fn publish_final(
         .collect();
     let input = NarrationInput {
         user_message: None,
-        results: &results,
+        results,
         tools,
     };
     let narration = tokio::time::timeout(NARRATE_TIMEOUT, replica.narrator.narrate(&input))
@@ -329,7 +507,7 @@ async fn publish_final(
             toolfleet.tenant.id = %tenant,
         ))
         .await;
-    let chunks = match narration {
+    match narration {
         Ok(Ok(chunks)) if !chunks.is_empty() => chunks,
         Ok(Ok(_)) => vec![FALLBACK.to_string()],
         Ok(Err(error)) => {
@@ -340,25 +518,62 @@ async fn publish_final(
             warn!(%turn_id, "narrator timed out; narrating from the templates");
             TemplateNarrator::chunks(&input)
         }
-    };
-    for chunk in &chunks {
-        let event = TurnEvent::Narration {
-            turn_id: turn_id.to_string(),
-            text: chunk.clone(),
-        };
-        events::publish(replica, reply, &event).await;
     }
-    let summary = Summary::of(&results);
-    let history = render_history(&results);
-    let event = TurnEvent::Final(FinalEvent {
-        turn_id: turn_id.to_string(),
-        text: chunks.join(" "),
-        results,
-        summary,
-        history,
-        deadline_hit,
-    });
-    events::publish(replica, reply, &event).await;
+}
+
+/// The largest `final` sent: the server's `max_payload` less room for the `seq` and
+/// the message's own framing.
+fn final_limit(replica: &Replica) -> usize {
+    let max = replica.nats.server_info().max_payload;
+    let max = if max == 0 { DEFAULT_MAX_PAYLOAD } else { max };
+    max.saturating_sub(FINAL_HEADROOM)
+}
+
+/// `max_payload` assumed when the server announced none (nats-server's default).
+const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
+
+/// Bytes kept free below `max_payload` for the `seq` member and headers.
+const FINAL_HEADROOM: usize = 4096;
+
+/// `event` made to fit in `limit` bytes: the largest result bodies, one by one, are
+/// replaced by a `result_too_large` error of their call (every call id stays, in order),
+/// and the summary and history follow.
+fn fit_final(mut event: FinalEvent, limit: usize) -> FinalEvent {
+    let size = |e: &FinalEvent| serde_json::to_vec(e).map(|v| v.len()).unwrap_or(usize::MAX);
+    while size(&event) > limit {
+        let largest = event
+            .results
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.result.is_some())
+            .max_by_key(|(_, r)| r.result.as_ref().map(|v| v.to_string().len()));
+        let Some((index, _)) = largest else { break };
+        let original = &event.results[index];
+        let bytes = original
+            .result
+            .as_ref()
+            .map(|v| v.to_string().len())
+            .unwrap_or(0);
+        let call = ToolCall {
+            id: original.tool_call_id.clone(),
+            name: original.name.clone(),
+            arguments: serde_json::Value::Null,
+            parent_id: original.parent_id.clone(),
+        };
+        let message =
+            format!("the result ({bytes} bytes) was left out: the final must fit in {limit} bytes");
+        let mut replaced = CallResult::failure(
+            &call,
+            CallState::Error,
+            CallError::fatal(codes::RESULT_TOO_LARGE, message),
+        );
+        replaced.worker_id.clone_from(&original.worker_id);
+        replaced.attempts = original.attempts;
+        event.results[index] = replaced;
+        event.summary = Summary::of(&event.results);
+        event.history = render_history(&event.results);
+    }
+    event
 }
 
 /// The result of a call that has none at the end: `skipped` when pacing never

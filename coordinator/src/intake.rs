@@ -26,12 +26,13 @@ use toolfleet_decision::ack::compose_acknowledgement;
 use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind, ToolCallsDecision};
 use tracing::{info_span, warn, Instrument};
 
+use crate::attach;
 use crate::callers::Caller;
 use crate::deadline;
 use crate::dispatch::{build_jobs, dispatch, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
-use crate::join::NewTurn;
+use crate::join::{Created, NewTurn};
 use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
 use crate::startup::Replica;
@@ -88,9 +89,19 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
         Some(trace) => trace.parent(&span),
         None => telemetry::set_remote_parent(&span, message.headers.as_ref()),
     }
-    take_turn(replica, turn_id, reply, request, trace)
-        .instrument(span)
-        .await;
+    let caller = caller.frontend.unwrap_or_default();
+    take_turn(
+        replica,
+        Taken {
+            turn_id,
+            reply,
+            caller,
+        },
+        request,
+        trace,
+    )
+    .instrument(span)
+    .await;
 }
 
 /// The request with its turn id (generated when absent), or why it is refused (with
@@ -123,22 +134,40 @@ fn decode(
     Ok((turn_id, request))
 }
 
+/// Who asked for a turn and where its events go.
+pub(crate) struct Taken {
+    /// The turn id.
+    pub turn_id: String,
+    /// The frontend's reply subject.
+    pub reply: String,
+    /// The submitting frontend's NATS user ('' when unidentified).
+    pub caller: String,
+}
+
 /// A turn's path, step by step, inside the intake span.
 async fn take_turn(
     replica: Arc<Replica>,
-    turn_id: String,
-    reply: String,
+    taken: Taken,
     request: TurnRequest,
     mut trace: Option<TurnTrace>,
 ) {
+    let Taken {
+        turn_id,
+        reply,
+        caller,
+    } = taken;
     let config = &replica.config;
     let policy = config.tenants.get(&request.tenant_id);
     let decision = match read_decision(config, &request) {
         Ok(decision) => decision,
         Err(Ok(text)) => {
             let end = TurnEnd::NoTools {
-                turn_id,
-                reply,
+                taken: Taken {
+                    turn_id,
+                    reply,
+                    caller,
+                },
+                tenant: request.tenant_id.clone(),
                 text,
                 trace,
             };
@@ -166,6 +195,7 @@ async fn take_turn(
     let layout = Layout::new(&planned, limits.concurrency);
     trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
+    let first = first_events(&turn_id, &planned, decision.acknowledgement);
     let new_turn = NewTurn {
         turn_id: &turn_id,
         reply: &reply,
@@ -178,21 +208,30 @@ async fn take_turn(
         created_unix_ms: now,
         traceparent: &traceparent,
         trace: &stored_trace,
+        caller: &caller,
+        events: first.clone(),
+        ended: false,
     };
     let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
     let refused = new_turn.results.clone();
-    if let Err(error) = create(&replica, new_turn).instrument(script).await {
-        return reject(&replica, Some(turn_id), reply, error, trace).await;
+    match create(&replica, new_turn).instrument(script).await {
+        Ok(Created::New) => {}
+        Ok(Created::Exists { same_caller: true }) => {
+            // The same frontend submitted this turn again (its acceptance was lost or
+            // late): it follows the existing turn; nothing runs twice.
+            return attach::replay(&replica, &turn_id, &caller, &reply, 0).await;
+        }
+        Ok(Created::Exists { same_caller: false }) => {
+            let error = CallError::fatal(
+                turn_codes::DUPLICATE_TURN,
+                format!("turn {turn_id} already exists"),
+            );
+            return reject(&replica, Some(turn_id), reply, error, trace).await;
+        }
+        Err(error) => return reject(&replica, Some(turn_id), reply, error, trace).await,
     }
     count_refused(&replica, planned.len(), &refused, &registry);
-    acknowledge(
-        &replica,
-        &turn_id,
-        &reply,
-        &planned,
-        decision.acknowledgement,
-    )
-    .await;
+    events::publish_stored(&replica, &reply, 1, &first).await;
     if layout.dispatched == 0 {
         return Box::pin(end_open_turn(&replica, &turn_id, false)).await;
     }
@@ -282,16 +321,10 @@ fn count_refused(
     }
 }
 
-/// Creates the turn in the join; a turn id already taken or an unreachable store
-/// refuses the turn.
-async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<(), CallError> {
-    let turn_id = turn.turn_id;
+/// Creates the turn in the join; an unreachable store refuses the turn.
+pub(crate) async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<Created, CallError> {
     match replica.join.create(turn).await {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(CallError::fatal(
-            turn_codes::DUPLICATE_TURN,
-            format!("turn {turn_id} already exists"),
-        )),
+        Ok(created) => Ok(created),
         Err(error) => {
             warn!(%error, "could not create the turn");
             replica.metrics.redis_error("create_turn");
@@ -303,15 +336,10 @@ async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<(), CallError> {
     }
 }
 
-/// Publishes `ack` (the model's own text, or one composed from the tools' waiting
-/// hints), then one state per call (`pending`, or the refusal), before any job leaves.
-async fn acknowledge(
-    replica: &Replica,
-    turn_id: &str,
-    reply: &str,
-    planned: &[PlannedCall],
-    model_text: Option<String>,
-) {
+/// The turn's first events, stored with the turn and sent before any job leaves: `ack`
+/// (the model's own text, or one composed from the tools' waiting hints), then one state
+/// per call (`pending`, or the refusal).
+fn first_events(turn_id: &str, planned: &[PlannedCall], model_text: Option<String>) -> Vec<String> {
     let text = model_text.unwrap_or_else(|| {
         let hints: Vec<&str> = planned
             .iter()
@@ -334,13 +362,15 @@ async fn acknowledge(
         text,
         calls,
     };
-    events::publish(replica, reply, &ack).await;
-    for p in planned {
+    let states = planned.iter().map(|p| {
         let (state, error) = match &p.verdict {
             Verdict::Dispatch { .. } => (CallState::Pending, None),
             Verdict::Refuse(e) => (CallState::Error, Some(e.clone())),
         };
-        let event = events::tool_state(turn_id, &p.call.id, &p.call.name, state, error);
-        events::publish(replica, reply, &event).await;
-    }
+        events::tool_state(turn_id, &p.call.id, &p.call.name, state, error)
+    });
+    std::iter::once(ack)
+        .chain(states)
+        .filter_map(|event| events::encode(&event))
+        .collect()
 }

@@ -19,29 +19,43 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{CallResult, Names};
 
-/// Creates a turn unless it exists. KEYS: meta, calls, results.
+/// Creates a turn unless it exists. KEYS: meta, calls, results, events.
 /// ARGV: ttl_ms, total, reply, tenant, deadline, paced, created, traceparent, trace,
-/// n_calls, (key, call)*, n_results, (key, result)*. `trace` is the turn span's identity
-/// (`trace.rs`), handed back to whoever ends the turn.
+/// caller, state, n_calls, (key, call)*, n_results, (key, result)*, n_events, event*.
+/// `trace` is the turn span's identity (`trace.rs`), handed back to whoever ends the
+/// turn; `caller` is the submitting frontend ('' when unidentified), the only one that
+/// may attach. The events (the `ack` and the first call states, or a no-tool turn's
+/// narration and `final`) are stored before anything is sent: seq 1, 2, …. A turn
+/// created `final` (no tools) has its `final` stored with it. Returns {1} when created,
+/// {0, same caller (1/0)} when the id exists.
 const CREATE: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'open', 'total', ARGV[2], 'reply', ARGV[3],
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local same = (redis.call('HGET', KEYS[1], 'caller') or '') == ARGV[10]
+  return {0, same and 1 or 0}
+end
+redis.call('HSET', KEYS[1], 'state', ARGV[11], 'total', ARGV[2], 'reply', ARGV[3],
   'tenant', ARGV[4], 'deadline', ARGV[5], 'paced', ARGV[6], 'created', ARGV[7],
-  'traceparent', ARGV[8], 'trace', ARGV[9], 'late', 0, 'duplicates', 0)
-local i = 10
+  'traceparent', ARGV[8], 'trace', ARGV[9], 'caller', ARGV[10], 'late', 0, 'duplicates', 0)
+local i = 12
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]); i = i + 2 end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]); i = i + 2 end
-for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
-return 1
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
+if ARGV[11] == 'final' then
+  redis.call('HSET', KEYS[1], 'ended', 'no_tools', 'final_seq', n, 'published', 0)
+end
+for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
+return {1}
 "#;
 
-/// Records one result, write-once per call key. A result recorded at or after the
-/// turn's deadline is late even while the turn is still open, so the deadline alone
-/// decides the turn's end. KEYS: meta, calls, results.
-/// ARGV: call key, result JSON, now (Unix ms), the result's tool. A result whose tool is
-/// not the call's is refused (`wrong_tool`) and changes nothing.
+/// Records one result, write-once per call key, and stores its call's terminal state
+/// event. A result recorded at or after the turn's deadline is late even while the turn
+/// is still open, so the deadline alone decides the turn's end. KEYS: meta, calls,
+/// results, events. ARGV: call key, result JSON, now (Unix ms), the result's tool, the
+/// state event. A result whose tool is not the call's is refused (`wrong_tool`) and
+/// changes nothing.
 const RECORD: &str = r#"
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'unknown'} end
@@ -62,24 +76,60 @@ redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 if redis.call('PTTL', KEYS[3]) < 0 then
   redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 1000))
 end
+local seq = redis.call('RPUSH', KEYS[4], ARGV[5])
 local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'total', 'created', 'traceparent', 'trace')
 if redis.call('HLEN', KEYS[3]) >= tonumber(meta[3]) then
   redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete')
   return {'complete', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
-    meta[4] or '0', meta[5] or '', meta[6] or ''}
+    meta[4] or '0', meta[5] or '', meta[6] or '', seq}
 end
-return {'recorded', meta[1], meta[2]}
+return {'recorded', meta[1], meta[2], seq}
 "#;
 
 /// Ends a turn unless it already ended. KEYS: meta, calls, results. ARGV: reason.
+/// For a turn that ended before, says whether its `final` is stored and published; one
+/// that ended without a stored `final` (its replica died while ending it) is handed
+/// back whole (`unstored`) so this caller can finish it.
 const FINALIZE: &str = r#"
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'unknown'} end
-if state ~= 'open' then return {'already'} end
-redis.call('HSET', KEYS[1], 'state', 'final', 'ended', ARGV[1])
+if state ~= 'open' then
+  local stored = redis.call('HMGET', KEYS[1], 'final_seq', 'published')
+  if stored[1] then return {'already', stored[2] or '0'} end
+end
+if state == 'open' then redis.call('HSET', KEYS[1], 'state', 'final', 'ended', ARGV[1]) end
 local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace')
-return {'finalized', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
-  meta[3] or '0', meta[4] or '', meta[5] or ''}
+return {state == 'open' and 'finalized' or 'unstored', meta[1], meta[2], redis.call('HGETALL', KEYS[2]),
+  redis.call('HGETALL', KEYS[3]), meta[3] or '0', meta[4] or '', meta[5] or ''}
+"#;
+
+/// Stores a turn's closing events (the last call states, the narration, `final` last)
+/// unless a `final` is stored already. KEYS: meta, events. ARGV: event*.
+const STORE_FINAL: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown'} end
+if redis.call('HEXISTS', KEYS[1], 'final_seq') == 1 then return {'stored_before'} end
+local last = redis.call('RPUSH', KEYS[2], unpack(ARGV))
+redis.call('HSET', KEYS[1], 'final_seq', last, 'published', 0)
+return {'stored', redis.call('HGET', KEYS[1], 'reply'), last - #ARGV + 1}
+"#;
+
+/// Stores events of a turn that has not ended. KEYS: meta, events. ARGV: event*.
+const EMIT: &str = r#"
+if redis.call('HEXISTS', KEYS[1], 'final_seq') == 1 then return {'ended'} end
+local reply = redis.call('HGET', KEYS[1], 'reply')
+if not reply then return {'unknown'} end
+local last = redis.call('RPUSH', KEYS[2], unpack(ARGV))
+return {'emitted', reply, last - #ARGV + 1}
+"#;
+
+/// Sends a turn's later events to a new reply subject and returns the stored events
+/// after a seq, in one step, so nothing falls between the two. KEYS: meta, events.
+/// ARGV: caller, reply, after_seq. Another caller's turn reads as unknown.
+const ATTACH: &str = r#"
+local meta = redis.call('HMGET', KEYS[1], 'caller', 'state')
+if not meta[2] or (meta[1] or '') ~= ARGV[1] then return {'unknown'} end
+redis.call('HSET', KEYS[1], 'reply', ARGV[2])
+return {'attached', redis.call('LRANGE', KEYS[2], tonumber(ARGV[3]), -1)}
 "#;
 
 /// A call as stored in the turn's `calls` hash.
@@ -135,6 +185,8 @@ pub enum Recorded {
         reply: String,
         /// Whether the turn's owner paces dispatch by completions.
         paced: bool,
+        /// The seq of the call's stored state event.
+        seq: u64,
     },
     /// Recorded, and it was the last one: this caller finalizes the turn.
     Complete {
@@ -142,6 +194,8 @@ pub enum Recorded {
         closing: Closing,
         /// Whether the turn's owner paces dispatch by completions.
         paced: bool,
+        /// The seq of the call's stored state event.
+        seq: u64,
     },
 }
 
@@ -165,10 +219,58 @@ impl Recorded {
 pub enum Finalized {
     /// No such turn.
     UnknownTurn,
-    /// Someone else ended it first.
-    AlreadyEnded,
+    /// Ended before, its `final` stored; `published` once it was sent.
+    AlreadyEnded {
+        /// Whether the stored `final` was marked sent.
+        published: bool,
+    },
     /// This caller ended it.
     Ended(Closing),
+    /// Ended before, but its `final` was never stored (the replica ending it died):
+    /// this caller finishes it.
+    Unstored(Closing),
+}
+
+/// What creating a turn did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Created {
+    /// The turn is new and stored.
+    New,
+    /// A turn with this id exists; `same_caller` when the same frontend submitted it.
+    Exists {
+        /// Whether the existing turn is this caller's.
+        same_caller: bool,
+    },
+}
+
+/// What storing a turn's closing events did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredFinal {
+    /// No such turn.
+    UnknownTurn,
+    /// Another caller stored the turn's `final` first; it sends it.
+    StoredBefore,
+    /// Stored: send the events to `reply`, the first with `first_seq`.
+    Stored {
+        /// Where the turn's events go.
+        reply: String,
+        /// The seq of the first stored event.
+        first_seq: u64,
+    },
+}
+
+/// What storing events of a running turn did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Emitted {
+    /// No such turn, or it has ended: nothing stored, nothing to send.
+    Nothing,
+    /// Stored: send the events to `reply`, the first with `first_seq`.
+    Stored {
+        /// Where the turn's events go.
+        reply: String,
+        /// The seq of the first stored event.
+        first_seq: u64,
+    },
 }
 
 /// A new turn for [`JoinStore::create`].
@@ -195,6 +297,12 @@ pub struct NewTurn<'a> {
     pub traceparent: &'a str,
     /// The turn span's identity (`trace.rs`; empty when not traced).
     pub trace: &'a str,
+    /// The submitting frontend (empty when unidentified): the only one that may attach.
+    pub caller: &'a str,
+    /// The first events, stored before they are sent (seq 1, 2, …).
+    pub events: Vec<String>,
+    /// Whether the turn is created ended (no tools): its events end with its `final`.
+    pub ended: bool,
 }
 
 /// Failure to talk to Redis or to decode what it returned.
@@ -216,6 +324,9 @@ pub struct JoinStore {
     create: Script,
     record: Script,
     finalize: Script,
+    store_final: Script,
+    emit: Script,
+    attach: Script,
 }
 
 impl JoinStore {
@@ -227,25 +338,37 @@ impl JoinStore {
             create: Script::new(CREATE),
             record: Script::new(RECORD),
             finalize: Script::new(FINALIZE),
+            store_final: Script::new(STORE_FINAL),
+            emit: Script::new(EMIT),
+            attach: Script::new(ATTACH),
         }
     }
 
-    fn keys(&self, turn_id: &str) -> [String; 3] {
+    fn keys(&self, turn_id: &str) -> [String; 4] {
         [
             self.names.turn_meta_key(turn_id),
             self.names.turn_calls_key(turn_id),
             self.names.turn_results_key(turn_id),
+            self.names.turn_events_key(turn_id),
         ]
     }
 
-    /// Indexes the turn's deadline, then creates the turn; `false` if it already exists.
+    /// The meta and events keys of a turn.
+    fn log_keys(&self, turn_id: &str) -> [String; 2] {
+        [
+            self.names.turn_meta_key(turn_id),
+            self.names.turn_events_key(turn_id),
+        ]
+    }
+
+    /// Indexes the turn's deadline, then creates the turn with its first events.
     /// The index comes first so that a turn is never stored without a deadline entry
     /// (an entry without a turn is dropped by the sweeper). Both go out in one pipeline,
     /// one round trip, and Redis runs them in that order.
-    pub async fn create(&self, turn: NewTurn<'_>) -> Result<bool, JoinError> {
+    pub async fn create(&self, turn: NewTurn<'_>) -> Result<Created, JoinError> {
         let mut redis = self.redis.clone();
         let mut invocation = redis::cmd("EVALSHA");
-        invocation.arg(self.create.get_hash()).arg(3);
+        invocation.arg(self.create.get_hash()).arg(4);
         for key in self.keys(turn.turn_id) {
             invocation.arg(key);
         }
@@ -259,6 +382,8 @@ impl JoinStore {
             .arg(turn.created_unix_ms)
             .arg(turn.traceparent)
             .arg(turn.trace)
+            .arg(turn.caller)
+            .arg(if turn.ended { "final" } else { "open" })
             .arg(turn.calls.len());
         for (key, entry) in &turn.calls {
             invocation.arg(key).arg(encode(entry)?);
@@ -266,6 +391,10 @@ impl JoinStore {
         invocation.arg(turn.results.len());
         for (key, result) in &turn.results {
             invocation.arg(key).arg(encode(result)?);
+        }
+        invocation.arg(turn.events.len());
+        for event in &turn.events {
+            invocation.arg(event);
         }
         let mut pipe = redis::pipe();
         pipe.cmd("ZADD")
@@ -275,7 +404,7 @@ impl JoinStore {
             .arg(turn.turn_id)
             .ignore()
             .add_command(invocation);
-        let (created,): (i64,) = match pipe.query_async(&mut redis).await {
+        let (created,): (Vec<i64>,) = match pipe.query_async(&mut redis).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 // The index entry is `NX`, so sending it again changes nothing.
                 self.create.load_async(&mut redis).await?;
@@ -283,7 +412,13 @@ impl JoinStore {
             }
             other => other?,
         };
-        Ok(created == 1)
+        Ok(match created.as_slice() {
+            [1] => Created::New,
+            [0, same] => Created::Exists {
+                same_caller: *same == 1,
+            },
+            other => return Err(JoinError::Decode(format!("create returned {other:?}"))),
+        })
     }
 
     /// Records `result` under `call_key`.
@@ -292,6 +427,7 @@ impl JoinStore {
         turn_id: &str,
         call_key: &str,
         result: &CallResult,
+        state_event: &str,
     ) -> Result<Recorded, JoinError> {
         let mut invocation = self.record.prepare_invoke();
         for key in self.keys(turn_id) {
@@ -301,7 +437,8 @@ impl JoinStore {
             .arg(call_key)
             .arg(encode(result)?)
             .arg(unix_ms())
-            .arg(&result.name);
+            .arg(&result.name)
+            .arg(state_event);
         let mut redis = self.redis.clone();
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         let tag = string_at(&reply, 0)?;
@@ -314,10 +451,12 @@ impl JoinStore {
             "recorded" => Recorded::Recorded {
                 reply: string_at(&reply, 1)?,
                 paced: string_at(&reply, 2)? == "1",
+                seq: number_at(&reply, 3)?,
             },
             "complete" => Recorded::Complete {
                 paced: string_at(&reply, 2)? == "1",
                 closing: closing_from(&reply)?,
+                seq: number_at(&reply, 8)?,
             },
             other => return Err(JoinError::Decode(format!("record returned {other:?}"))),
         })
@@ -334,10 +473,125 @@ impl JoinStore {
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         Ok(match string_at(&reply, 0)?.as_str() {
             "unknown" => Finalized::UnknownTurn,
-            "already" => Finalized::AlreadyEnded,
+            "already" => Finalized::AlreadyEnded {
+                published: string_at(&reply, 1)? == "1",
+            },
             "finalized" => Finalized::Ended(closing_from(&reply)?),
+            "unstored" => Finalized::Unstored(closing_from(&reply)?),
             other => return Err(JoinError::Decode(format!("finalize returned {other:?}"))),
         })
+    }
+
+    /// Stores a turn's closing events, `final` last, unless its `final` is stored.
+    pub async fn store_final(
+        &self,
+        turn_id: &str,
+        events: &[String],
+    ) -> Result<StoredFinal, JoinError> {
+        let reply = self.log(&self.store_final, turn_id, events).await?;
+        Ok(match string_at(&reply, 0)?.as_str() {
+            "unknown" => StoredFinal::UnknownTurn,
+            "stored_before" => StoredFinal::StoredBefore,
+            "stored" => StoredFinal::Stored {
+                reply: string_at(&reply, 1)?,
+                first_seq: number_at(&reply, 2)?,
+            },
+            other => return Err(JoinError::Decode(format!("store_final returned {other:?}"))),
+        })
+    }
+
+    /// Stores events of a turn that has not ended.
+    pub async fn emit(&self, turn_id: &str, events: &[String]) -> Result<Emitted, JoinError> {
+        let reply = self.log(&self.emit, turn_id, events).await?;
+        Ok(match string_at(&reply, 0)?.as_str() {
+            "emitted" => Emitted::Stored {
+                reply: string_at(&reply, 1)?,
+                first_seq: number_at(&reply, 2)?,
+            },
+            _ => Emitted::Nothing,
+        })
+    }
+
+    /// Runs `script` over the turn's meta and events keys with `events` as arguments.
+    async fn log(
+        &self,
+        script: &Script,
+        turn_id: &str,
+        events: &[String],
+    ) -> Result<Vec<RedisValue>, JoinError> {
+        let mut invocation = script.prepare_invoke();
+        for key in self.log_keys(turn_id) {
+            invocation.key(key);
+        }
+        for event in events {
+            invocation.arg(event);
+        }
+        let mut redis = self.redis.clone();
+        Ok(invocation.invoke_async(&mut redis).await?)
+    }
+
+    /// Sends the turn's later events to `reply` and returns its stored events after
+    /// `after_seq`; `None` for an unknown turn or another caller's.
+    pub async fn attach(
+        &self,
+        turn_id: &str,
+        caller: &str,
+        reply: &str,
+        after_seq: u64,
+    ) -> Result<Option<Vec<String>>, JoinError> {
+        let mut invocation = self.attach.prepare_invoke();
+        for key in self.log_keys(turn_id) {
+            invocation.key(key);
+        }
+        invocation.arg(caller).arg(reply).arg(after_seq);
+        let mut redis = self.redis.clone();
+        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        if string_at(&reply, 0)? != "attached" {
+            return Ok(None);
+        }
+        let events = match reply.get(1) {
+            Some(v) => Vec::<String>::from_redis_value(v.clone())
+                .map_err(|e| JoinError::Decode(e.to_string()))?,
+            None => Vec::new(),
+        };
+        Ok(Some(events))
+    }
+
+    /// Every stored event of a turn and where they go, for sending a stored `final`
+    /// again.
+    pub async fn stored_events(&self, turn_id: &str) -> Result<(String, Vec<String>), JoinError> {
+        let [meta, events] = self.log_keys(turn_id);
+        let mut redis = self.redis.clone();
+        let (reply, events): (Option<String>, Vec<String>) = redis::pipe()
+            .cmd("HGET")
+            .arg(meta)
+            .arg("reply")
+            .cmd("LRANGE")
+            .arg(events)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut redis)
+            .await?;
+        Ok((reply.unwrap_or_default(), events))
+    }
+
+    /// Marks the turn's stored `final` sent and drops the turn from the deadline index,
+    /// so no sweeper sends it again.
+    pub async fn mark_published(&self, turn_id: &str) -> Result<(), JoinError> {
+        let mut redis = self.redis.clone();
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg(self.names.turn_meta_key(turn_id))
+            .arg("published")
+            .arg(1)
+            .ignore()
+            .cmd("ZREM")
+            .arg(self.names.deadlines_key())
+            .arg(turn_id)
+            .ignore()
+            .query_async(&mut redis)
+            .await?;
+        Ok(())
     }
 
     /// Marks a queued call dispatched, so the deadline reports it as `timeout`, not
@@ -432,6 +686,13 @@ fn string_at(reply: &[RedisValue], i: usize) -> Result<String, JoinError> {
         .get(i)
         .ok_or_else(|| JoinError::Decode(format!("script reply has no element {i}")))?;
     String::from_redis_value(value.clone()).map_err(|e| JoinError::Decode(e.to_string()))
+}
+
+fn number_at(reply: &[RedisValue], i: usize) -> Result<u64, JoinError> {
+    let value = reply
+        .get(i)
+        .ok_or_else(|| JoinError::Decode(format!("script reply has no element {i}")))?;
+    u64::from_redis_value(value.clone()).map_err(|e| JoinError::Decode(e.to_string()))
 }
 
 fn pairs<T: serde::de::DeserializeOwned>(

@@ -29,12 +29,14 @@
 //! | - | `catalog` | serving the tool catalog to frontends |
 //! | - | [`config`] | `CoordinatorConfig` (environment) and per-tenant policies |
 
+mod attach;
 mod callers;
 mod catalog;
 pub mod config;
 mod deadline;
 mod dispatch;
 mod events;
+mod fault;
 mod finalize;
 mod intake;
 pub mod join;

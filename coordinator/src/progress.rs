@@ -73,15 +73,15 @@ async fn relay_running(replica: &Replica, turn_id: &str, tool_call_id: &str, nam
         .turns
         .gated(turn_id, |gate| async move {
             let _publishing = gate.publishing.lock().await;
-            let Some(reply) = replica.turns.running_target(turn_id, tool_call_id) else {
+            if replica
+                .turns
+                .running_target(turn_id, tool_call_id)
+                .is_none()
+            {
                 return;
-            };
-            events::publish(
-                replica,
-                &reply,
-                &events::tool_state(turn_id, tool_call_id, name, CallState::Running, None),
-            )
-            .await;
+            }
+            let running = events::tool_state(turn_id, tool_call_id, name, CallState::Running, None);
+            events::emit(replica, turn_id, &[running]).await;
         })
         .await;
 }

@@ -42,8 +42,20 @@ pub const RESULTS_ACK_WAIT: Duration = Duration::from_secs(10);
 /// restarted empty) is noticed after two missed heartbeats and renewed.
 const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
 
-/// Deliveries of one result before it is given up (Redis unreachable for that long).
-pub const RESULTS_MAX_DELIVER: i64 = 100;
+/// Deliveries of one result before it is given up: none (-1). While Redis is
+/// unreachable a result is redelivered with a growing delay ([`redelivery_delay`]) and
+/// kept in the stream, bounded by the stream's own limits (docs/RELIABILITY.md).
+pub const RESULTS_MAX_DELIVER: i64 = -1;
+
+/// Longest wait before a result whose recording failed is delivered again.
+const MAX_REDELIVERY_DELAY: Duration = Duration::from_secs(5);
+
+/// The wait before the next delivery of a result delivered `delivered` times: 200 ms,
+/// doubling, at most [`MAX_REDELIVERY_DELAY`].
+fn redelivery_delay(delivered: i64) -> Duration {
+    let doublings = u32::try_from(delivered.clamp(1, 16) - 1).unwrap_or(0);
+    (Duration::from_millis(200) * 2u32.pow(doublings)).min(MAX_REDELIVERY_DELAY)
+}
 
 /// Creates (or opens) the results consumer shared by every replica.
 pub(crate) async fn results_consumer(
@@ -174,8 +186,9 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
         Err(error) => {
             telemetry::set_error(&consumer, "join_unavailable", &error.to_string());
             warn!(%turn_id, %error, "recording a result failed; it will be redelivered");
+            let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
             let _ = message
-                .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
+                .ack_with(AckKind::Nak(Some(redelivery_delay(delivered))))
                 .await;
         }
     }
@@ -253,9 +266,10 @@ async fn record_and_report(
     let recording = gate.recording.read().await;
     let span = traced.span;
     let script = span.in_scope(|| trace::join_script("RECORD", turn_id, traced.tenant));
+    let state = events::encode(&events::result_state(turn_id, &result)).unwrap_or_default();
     let outcome = replica
         .join
-        .record(turn_id, key, &result)
+        .record(turn_id, key, &result, &state)
         .instrument(script)
         .instrument(span.clone())
         .await?;
@@ -276,13 +290,13 @@ async fn record_and_report(
             replica.metrics.late_result();
             debug!(%turn_id, call = %key, "late result counted");
         }
-        Recorded::Recorded { reply, paced } => {
+        Recorded::Recorded { reply, paced, seq } => {
             let label = replica.registry.snapshot().label(&result.name);
             replica.metrics.call_result(&label, &result);
             {
                 let _publishing = gate.publishing.lock().await;
                 replica.turns.mark_ended(turn_id, key);
-                events::publish_result_state(replica, turn_id, &reply, &result)
+                events::publish_stored(replica, &reply, seq, std::slice::from_ref(&state))
                     .instrument(span.clone())
                     .await;
             }
@@ -294,14 +308,14 @@ async fn record_and_report(
                 events::notify(replica, turn_id, &notice).await;
             }
         }
-        Recorded::Complete { closing, .. } => {
+        Recorded::Complete { closing, seq, .. } => {
             let label = replica.registry.snapshot().label(&result.name);
             replica.metrics.call_result(&label, &result);
             drop(recording);
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
-            events::publish_result_state(replica, turn_id, &closing.reply, &result)
+            events::publish_stored(replica, &closing.reply, seq, std::slice::from_ref(&state))
                 .instrument(span.clone())
                 .await;
             let end = TurnEnd::AllResultsIn {
@@ -312,4 +326,19 @@ async fn record_and_report(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redelivery_backs_off_to_a_cap() {
+        assert_eq!(redelivery_delay(1), Duration::from_millis(200));
+        assert_eq!(redelivery_delay(2), Duration::from_millis(400));
+        assert_eq!(redelivery_delay(5), Duration::from_millis(3200));
+        assert_eq!(redelivery_delay(6), MAX_REDELIVERY_DELAY);
+        assert_eq!(redelivery_delay(10_000), MAX_REDELIVERY_DELAY);
+        assert_eq!(redelivery_delay(0), Duration::from_millis(200));
+    }
 }

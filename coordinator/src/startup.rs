@@ -23,6 +23,7 @@ use toolfleet_common::streams::ensure_streams;
 use toolfleet_common::Names;
 use tracing::{info, warn};
 
+use crate::attach;
 use crate::join::JoinStore;
 use crate::narrate::{Narrator, TemplateNarrator};
 use crate::registry::Registry;
@@ -237,10 +238,10 @@ async fn refresh_registry(
 
 /// The next message of `subscriber`, or `None` once `stop` is cancelled or the
 /// subscription ended.
-pub(crate) async fn next_message(
-    subscriber: &mut (impl futures::Stream<Item = async_nats::Message> + Unpin),
+pub(crate) async fn next_message<T>(
+    subscriber: &mut (impl futures::Stream<Item = T> + Unpin),
     stop: &CancellationToken,
-) -> Option<async_nats::Message> {
+) -> Option<T> {
     tokio::select! {
         _ = stop.cancelled() => None,
         m = subscriber.next() => m,
@@ -260,6 +261,13 @@ async fn take_turns(
             .clone()
             .spawn(intake::handle_turn_message(replica, message));
     };
+    let attach = |message| {
+        let replica = Arc::clone(replica);
+        replica
+            .tasks
+            .clone()
+            .spawn(attach::handle_attach_message(replica, message));
+    };
     let group = || COORDINATOR_QUEUE_GROUP.to_string();
     let names = &replica.names;
     // Identified frontends (`<p>.turns.submit.<user>`) and unidentified ones.
@@ -271,22 +279,45 @@ async fn take_turns(
         .nats
         .queue_subscribe(names.turn_submit(), group())
         .await?;
+    // Attach requests: a frontend following a turn it submitted.
+    let mut attaching = replica
+        .nats
+        .queue_subscribe(names.turn_attach_any(), group())
+        .await?;
+    let mut attaching_unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_attach(), group())
+        .await?;
     info!(prefix = %names.prefix(), "coordinator taking turns");
     {
-        let mut turns = futures::stream::select(&mut identified, &mut unidentified);
-        while let Some(message) = next_message(&mut turns, &shutdown).await {
-            take(message);
+        let turns = futures::stream::select(&mut identified, &mut unidentified);
+        let attaches = futures::stream::select(&mut attaching, &mut attaching_unidentified);
+        let mut all =
+            futures::stream::select(turns.map(Incoming::Turn), attaches.map(Incoming::Attach));
+        while let Some(message) = next_message(&mut all, &shutdown).await {
+            match message {
+                Incoming::Turn(message) => take(message),
+                Incoming::Attach(message) => attach(message),
+            }
         }
     }
     replica.health.start_draining();
     info!("coordinator stopping: no new turns");
     let _ = identified.drain().await;
     let _ = unidentified.drain().await;
+    let _ = attaching.unsubscribe().await;
+    let _ = attaching_unidentified.unsubscribe().await;
     let mut turns = futures::stream::select(identified, unidentified);
     while let Some(message) = turns.next().await {
         take(message);
     }
     Ok(())
+}
+
+/// A message on one of the subjects frontends publish to.
+enum Incoming {
+    Turn(async_nats::Message),
+    Attach(async_nats::Message),
 }
 
 /// Lets owned turns end within the grace period, then abandons the rest to the other

@@ -15,6 +15,11 @@
 //! | `receptionist` | `get_latest_booking`, `get_policies`, ... on PostgreSQL | `TOOLFLEET_DATABASE_URL` |
 //! | `crm-db` | the CRM tools (same names and arguments as `demo`) on PostgreSQL | `TOOLFLEET_DATABASE_URL` |
 //! | `http` | tools declared in a file that call HTTP endpoints | `TOOLFLEET_HTTP_TOOLS_FILE` |
+//! | `mcp` | the tools of MCP servers (stdio or Streamable HTTP), as `<server>.<tool>` | `TOOLFLEET_MCP_SERVERS` |
+//!
+//! The `mcp` pack's tools change while the worker runs (servers restart, their lists
+//! change), so it is started with [`start_packs`], which hands the worker a
+//! [`ToolSet`] for `toolfleet_worker::run_set`; [`tools_with`] serves the fixed packs.
 //!
 //! `demo` and `crm-db` serve the same tool names, so one worker serves one of them.
 //! Results of the database packs are cached in Redis for `TOOLFLEET_CACHE_TTL_MS`.
@@ -23,7 +28,7 @@
 //!
 //! | module | what lives there |
 //! |---|---|
-//! | this file | pack selection: [`tools_for`], [`tools_with`], [`PackSettings`], [`PackError`] |
+//! | this file | pack selection: [`start_packs`], [`tools_for`], [`tools_with`], [`PackSettings`], [`PackError`] |
 //! | [`crm`] | the `demo` pack on the sample data, and the spoken forms the other packs share |
 //! | [`crm_db`] | the `crm-db` pack: the `demo` tools on PostgreSQL |
 //! | [`receptionist`] | the `receptionist` pack |
@@ -31,12 +36,14 @@
 //! | [`db`] | PostgreSQL for the database packs: pool, scoped read-only queries, migrations |
 //! | [`keda`] | the worker's KEDA `ScaledObject`, one trigger per tool consumer |
 //! | [`http_tool`] | the `http` pack: tools declared in a file that POST to an HTTP endpoint |
+//! | [`mcp`] | the `mcp` pack: MCP servers' tools, kept in the worker's set while the servers come and go |
 
 pub mod crm;
 pub mod crm_db;
 pub mod db;
 pub mod http_tool;
 pub mod keda;
+pub mod mcp;
 pub mod receptionist;
 pub mod testing;
 
@@ -46,10 +53,11 @@ use std::time::Duration;
 use toolfleet_common::config::{env_ms, ConfigError};
 use toolfleet_common::Names;
 use toolfleet_worker::cache::{CacheConfig, CacheError, ResultCache};
-use toolfleet_worker::{Tool, WorkerConfig};
+use toolfleet_worker::{Tool, ToolSet, WorkerConfig};
 
 use crate::db::{Db, DbConfig};
 use crate::http_tool::HttpToolError;
+use crate::mcp::{McpConfigError, McpPack};
 
 /// Pack names the binary knows.
 pub const PACKS: &[&str] = &[
@@ -59,7 +67,11 @@ pub const PACKS: &[&str] = &[
     "receptionist",
     "crm-db",
     "http",
+    "mcp",
 ];
+
+/// Packs whose tools change while the worker runs ([`start_packs`] only).
+const RUN_TIME_PACKS: &[&str] = &["mcp"];
 
 /// Packs that need no settings.
 const STATIC_PACKS: &[&str] = &["demo", "crm", "test", "conformance", ""];
@@ -73,6 +85,8 @@ pub struct PackSettings {
     pub cache: Option<CacheConfig>,
     /// The declarations of the `http` pack (`TOOLFLEET_HTTP_TOOLS_FILE`).
     pub http_tools_file: Option<PathBuf>,
+    /// The servers file of the `mcp` pack (`TOOLFLEET_MCP_SERVERS`).
+    pub mcp_servers_file: Option<PathBuf>,
 }
 
 impl PackSettings {
@@ -84,17 +98,22 @@ impl PackSettings {
             ttl,
             ..CacheConfig::new(worker.redis_url.clone(), Names::new(worker.prefix.clone()))
         });
-        let http_tools_file = std::env::var("TOOLFLEET_HTTP_TOOLS_FILE")
-            .ok()
-            .map(|p| p.trim().to_string())
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from);
         Ok(Self {
             database: DbConfig::from_env()?,
             cache,
-            http_tools_file,
+            http_tools_file: path_from_env("TOOLFLEET_HTTP_TOOLS_FILE"),
+            mcp_servers_file: path_from_env("TOOLFLEET_MCP_SERVERS"),
         })
     }
+}
+
+/// The path in the environment variable `name`, if set and not blank.
+fn path_from_env(name: &str) -> Option<PathBuf> {
+    std::env::var(name)
+        .ok()
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
 }
 
 /// Why the tools of a pack could not be built.
@@ -120,6 +139,14 @@ pub enum PackError {
     /// The cache could not be set up.
     #[error(transparent)]
     Cache(#[from] CacheError),
+    /// The MCP servers file is unusable.
+    #[error(transparent)]
+    Mcp(#[from] McpConfigError),
+    /// A pack whose tools change at run time was asked for a fixed list.
+    #[error(
+        "tool pack {0} serves tools that change while the worker runs: start it with start_packs"
+    )]
+    RunTime(&'static str),
 }
 
 /// The tools of the named packs, with `settings` for those that need them.
@@ -159,11 +186,56 @@ pub fn tools_with(packs: &[&str], settings: &PackSettings) -> Result<Vec<Tool>, 
                     })?;
                 tools.extend(http_tool::tools_from_file(path)?);
             }
+            "mcp" => return Err(PackError::RunTime("mcp")),
             "" => {}
             other => return Err(PackError::Unknown(other.to_string())),
         }
     }
     Ok(tools)
+}
+
+/// The named packs, started: their tools as the set a worker serves
+/// (`toolfleet_worker::run_set`), and the `mcp` pack's servers connected and supervised.
+pub struct StartedPacks {
+    /// The tools to serve; the `mcp` pack changes it while the servers come and go.
+    pub tools: ToolSet,
+    mcp: Option<McpPack>,
+}
+
+impl StartedPacks {
+    /// Stops what the packs run (the MCP servers); call it after the worker stopped.
+    pub async fn stop(self) {
+        if let Some(mcp) = self.mcp {
+            mcp.stop().await;
+        }
+    }
+}
+
+/// Starts the named packs with `settings`: the fixed packs' tools go into the set, and
+/// the `mcp` pack connects to its servers (each within its connection timeout) and
+/// keeps their tools in it.
+pub async fn start_packs(
+    packs: &[&str],
+    settings: &PackSettings,
+) -> Result<StartedPacks, PackError> {
+    let (run_time, fixed): (Vec<&str>, Vec<&str>) = packs
+        .iter()
+        .map(|p| p.trim())
+        .partition(|p| RUN_TIME_PACKS.contains(p));
+    let tools = ToolSet::new(tools_with(&fixed, settings)?);
+    let mut mcp = None;
+    if !run_time.is_empty() {
+        let path = settings
+            .mcp_servers_file
+            .as_ref()
+            .ok_or(PackError::MissingSetting {
+                pack: "mcp",
+                variable: "TOOLFLEET_MCP_SERVERS",
+            })?;
+        let servers = mcp::read_servers(path)?;
+        mcp = Some(McpPack::start(servers, &tools).await);
+    }
+    Ok(StartedPacks { tools, mcp })
 }
 
 /// The tools of the named packs; packs that need settings read them from the

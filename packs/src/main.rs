@@ -1,6 +1,7 @@
 //! `toolfleet-worker`: serves the tool packs named in `TOOLFLEET_PACKS` (default `demo`)
-//! until SIGTERM or Ctrl-C, then drains. It only wires settings, telemetry and the
-//! packs' tools into the SDK's `run`; it must never hold tool logic of its own.
+//! until SIGTERM or Ctrl-C, then drains, then stops what the packs run (MCP servers). It
+//! only wires settings, telemetry and the packs' tools into the SDK's `run_set`; it must
+//! never hold tool logic of its own.
 
 use anyhow::Context;
 use toolfleet_common::telemetry::{self, TelemetryConfig};
@@ -12,11 +13,13 @@ async fn main() -> anyhow::Result<()> {
     let config = WorkerConfig::from_env()?;
     let packs_setting = std::env::var("TOOLFLEET_PACKS").unwrap_or_else(|_| "demo".into());
     let names: Vec<&str> = packs_setting.split(',').collect();
-    let tools = toolfleet_packs::tools_for(&names).map_err(anyhow::Error::msg)?;
+    let settings = toolfleet_packs::PackSettings::from_env(&config)?;
+    let packs = toolfleet_packs::start_packs(&names, &settings).await?;
     let shutdown = toolfleet_common::shutdown::on_signal();
-    let outcome = toolfleet_worker::run(config, tools, shutdown)
+    let outcome = toolfleet_worker::run_set(config, packs.tools.clone(), shutdown)
         .await
         .context("worker failed");
+    packs.stop().await;
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     outcome
 }

@@ -43,6 +43,40 @@ pub fn fleet_node_path() -> Result<std::path::PathBuf> {
     Ok(path)
 }
 
+/// How long building the command-line binaries from this checkout may take.
+const CLI_BUILD_TIMEOUT: Duration = Duration::from_secs(900);
+
+/// Builds `toolfleet`, `toolfleet-coordinator` and `toolfleet-worker` from this checkout
+/// into the running tests' target directory and profile (a no-op when they are up to
+/// date) and returns the path of `toolfleet`; the other two lie beside it, where
+/// `toolfleet chaos` looks for them.
+pub async fn checkout_cli() -> Result<std::path::PathBuf> {
+    let node = fleet_node_path()?;
+    let dir = node.parent().context("fleet-node has no folder")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .current_dir(crate::repo_path(""))
+        .args(["build", "--bins", "--quiet"])
+        .args(["-p", "toolfleet-cli", "-p", "toolfleet-coordinator"])
+        .args(["-p", "toolfleet-packs"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    if dir.file_name().is_some_and(|name| name == "release") {
+        build.arg("--release");
+    }
+    let status = tokio::time::timeout(CLI_BUILD_TIMEOUT, build.status())
+        .await
+        .context("building the command-line binaries took too long")??;
+    anyhow::ensure!(
+        status.success(),
+        "building the command-line binaries failed: {status}"
+    );
+    let path = dir.join(format!("toolfleet{}", std::env::consts::EXE_SUFFIX));
+    anyhow::ensure!(path.is_file(), "{} was not built", path.display());
+    Ok(path)
+}
+
 /// An in-process component: cancel its token to stop it gracefully, abort to stop it
 /// without any cleanup.
 pub struct Running {

@@ -29,7 +29,9 @@
 //!
 //! | module | what lives there |
 //! |---|---|
-//! | this file | [`run`]: health, consumers (recreated when lost), registration, heartbeat, draining on shutdown (NAK at the end of the grace); [`WorkerError`] |
+//! | this file | [`run`] and [`run_set`]: health, connections, draining on shutdown (NAK at the end of the grace), withdrawal; [`WorkerError`] |
+//! | [`toolset`] | [`ToolSet`]: the tools served, changeable while the worker runs |
+//! | `serving` | keeping the served tools (consumers recreated when lost, pull loops) and the registration and heartbeat in line with the set |
 //! | [`tool`] | `Tool`, its builder, `ToolContext`, `ToolOutput`, `ToolError` |
 //! | `serve` | [`serve`]: a whole worker process (settings, telemetry, signals) in one call |
 //! | [`prelude`] | what a tool file needs in one `use` |
@@ -57,7 +59,9 @@ pub mod registry;
 mod runner;
 pub mod schema;
 mod serve;
+mod serving;
 pub mod tool;
+pub mod toolset;
 
 pub use serve::{serve, ServeError};
 pub use toolfleet_worker_macros::{main, tool, ToolError};
@@ -72,21 +76,22 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use toolfleet_common::health::{connect_nats, start_process, Health};
+use toolfleet_common::health::{connect_nats, start_process};
 use toolfleet_common::streams::{ensure_streams, EnsureStreamsError};
 use toolfleet_common::tool::{validate_tool_name, ToolNameError};
-use toolfleet_common::topology::{self, Needed};
 use toolfleet_common::Names;
 use tracing::{info, warn};
 
 pub use config::WorkerConfig;
 pub use tool::{Tool, ToolContext, ToolError, ToolOutput};
+pub use toolset::ToolSet;
 
 use registry::Registration;
-use runner::{serve_tool, ServedTool, Shared};
+use runner::{ServedTool, Shared};
+use serving::Serving;
 
 /// Why a worker could not start.
 #[derive(Debug, thiserror::Error)]
@@ -145,7 +150,34 @@ pub async fn run(
     tools: Vec<Tool>,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    let mut served = serve_list(tools, &config)?;
+    if tools.is_empty() {
+        return Err(WorkerError::Tools("no tools to serve".into()));
+    }
+    let mut seen = HashSet::new();
+    for tool in &tools {
+        let name = &tool.definition().name;
+        if !seen.insert(name.clone()) {
+            return Err(WorkerError::Tools(format!("tool {name} registered twice")));
+        }
+    }
+    run_set(config, ToolSet::new(tools), shutdown).await
+}
+
+/// [`run`] for a set of tools that may change while the worker runs: tools added to
+/// `tools` are served (consumer, pull loop, registration) from then on, removed ones
+/// stop being pulled and are withdrawn from the registry (their running calls finish),
+/// replaced ones take every job from then on. The set may be empty. A tool of the set at start that
+/// cannot be served is an error; one added later is logged and left out.
+pub async fn run_set(
+    config: WorkerConfig,
+    tools: ToolSet,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    let mut changes = tools.subscribe();
+    let initial: Vec<Tool> = changes.borrow_and_update().values().cloned().collect();
+    for tool in &initial {
+        checked(tool.clone(), &config)?;
+    }
     let started = start_process("toolfleet-worker", config.http_addr)
         .await
         .map_err(WorkerError::Http)?;
@@ -166,19 +198,20 @@ pub async fn run(
         Some(nats) => nats,
         None => return Ok(()),
     };
-    health.set_phase("creating consumers");
+    health.set_phase("creating streams");
     let js = jetstream::new(nats.clone());
     let (jobs_stream, _) = ensure_streams(&js, &names).await?;
-    let mut consumers = Vec::with_capacity(served.len());
-    for tool in &mut served {
-        let (consumer, bound) =
-            consumers::bind(&jobs_stream, &names, &tool.tool, config.ack_wait).await?;
-        tool.bound = bound;
-        consumers.push(consumer);
-    }
-    let served: Vec<_> = served.into_iter().map(Arc::new).collect();
     health.set_phase("connecting to Redis");
-    let (registration, redis) = register(&config, &names, &served, &nats).await?;
+    let redis_client = redis::Client::open(config.redis_url.as_str())?;
+    let redis = redis::aio::ConnectionManager::new(redis_client).await?;
+    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
+    let registration = Registration::new(
+        redis.clone(),
+        names.clone(),
+        config.worker_id.clone(),
+        &[],
+        ttl_ms,
+    )?;
     let shared = Arc::new(Shared {
         nats: nats.clone(),
         js,
@@ -189,22 +222,30 @@ pub async fn run(
         metrics,
         abandon: CancellationToken::new(),
     });
-    let refusals = registry::Refusals::default();
-    health.set_readiness(readiness(&shared, redis, &served, refusals.clone()));
-    let (loops, calls) = start_loops(&config, &shared, &health, served, consumers, &shutdown);
-    let heartbeat_stop = CancellationToken::new();
-    let heartbeat = spawn_heartbeat(
+    let mut serving = Serving::new(
+        config.clone(),
+        Arc::clone(&shared),
+        health.clone(),
+        jobs_stream,
+        redis,
         registration,
-        config.heartbeat,
-        shared.metrics.clone(),
-        refusals,
-        heartbeat_stop.clone(),
+        shutdown.clone(),
     );
+    health.set_phase("creating consumers");
+    for tool in initial {
+        serving.add(tool).await?;
+    }
+    serving.announce().await?;
+    info!(worker_id = %config.worker_id, "worker serving");
+    let (loops, calls) = (serving.loops.clone(), serving.calls.clone());
+    let heartbeat_stop = CancellationToken::new();
+    let heartbeat = tokio::spawn(serving.run(changes, heartbeat_stop.clone()));
 
     shutdown.cancelled().await;
     health.start_draining();
     let grace_ends = tokio::time::Instant::now() + config.shutdown_grace;
     info!("worker stopping: no new jobs");
+    loops.close();
     loops.wait().await;
     drain_calls(&shared, &calls, grace_ends).await;
     heartbeat_stop.cancel();
@@ -219,177 +260,22 @@ pub async fn run(
     Ok(())
 }
 
-/// Announces the tools in Redis (one beat) and tells the coordinators; the registration
-/// and a Redis connection for the readiness check.
-async fn register(
-    config: &WorkerConfig,
-    names: &Names,
-    served: &[Arc<ServedTool>],
-    nats: &async_nats::Client,
-) -> Result<(Registration, redis::aio::ConnectionManager), WorkerError> {
-    let redis_client = redis::Client::open(config.redis_url.as_str())?;
-    let redis = redis::aio::ConnectionManager::new(redis_client).await?;
-    let definitions: Vec<_> = served.iter().map(|t| t.tool.definition().clone()).collect();
-    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
-    let mut registration = Registration::new(
-        redis.clone(),
-        names.clone(),
-        config.worker_id.clone(),
-        &definitions,
-        ttl_ms,
-    )?;
-    registration.beat().await?;
-    let _ = nats.publish(names.registry_changed(), "".into()).await;
-    info!(worker_id = %config.worker_id, tools = definitions.len(), "worker serving");
-    Ok((registration, redis))
-}
-
-/// Ready when NATS is connected, Redis answers, every tool's consumer exists and no
-/// tool's definition is refused by the coordinators.
-fn readiness(
-    shared: &Shared,
-    redis: redis::aio::ConnectionManager,
-    served: &[Arc<ServedTool>],
-    refusals: registry::Refusals,
-) -> toolfleet_common::http::Readiness {
-    let names = &shared.names;
-    let consumers = served
-        .iter()
-        .map(|t| {
-            (
-                names.jobs_stream(),
-                names.tool_consumer(&t.tool.definition().name),
-            )
-        })
-        .collect();
-    let connected = toolfleet_common::ready::readiness(
-        shared.nats.clone(),
-        redis,
-        toolfleet_common::ready::Needs {
-            streams: Vec::new(),
-            consumers,
-        },
-    );
-    Arc::new(move || {
-        let (connected, refusals) = (Arc::clone(&connected), refusals.clone());
-        Box::pin(async move {
-            match refusals.not_ready() {
-                Some(why) => Err(why),
-                None => connected().await,
-            }
-        })
-    })
-}
-
-/// Starts, supervised until `shutdown`, one pull loop per tool (its calls on the
-/// returned call tracker) and the watch that recreates lost tool consumers; the loops'
-/// tracker (closed) and the calls' tracker.
-fn start_loops(
-    config: &WorkerConfig,
-    shared: &Arc<Shared>,
-    health: &Health,
-    served: Vec<Arc<ServedTool>>,
-    consumers: Vec<consumer::PullConsumer>,
-    shutdown: &CancellationToken,
-) -> (TaskTracker, TaskTracker) {
-    let names = &shared.names;
-    let needed = served
-        .iter()
-        .map(|t| {
-            Needed::Consumer(
-                names.jobs_stream(),
-                consumers::config(names, &t.tool, config.ack_wait),
-            )
-        })
-        .collect();
-    let (loops, calls) = (TaskTracker::new(), TaskTracker::new());
-    for (tool, consumer) in served.into_iter().zip(consumers) {
-        let tool_name = tool.tool.definition().name.clone();
-        shared
-            .metrics
-            .worker_capacity(&tool_name, config.concurrency);
-        let serve = serve_tool(
-            Arc::clone(shared),
-            tool,
-            consumer,
-            config.concurrency,
-            shutdown.clone(),
-            calls.clone(),
-        );
-        health.supervise(&loops, "pull_loop", shutdown, serve);
-    }
-    let watch = topology::watch(
-        shared.js.clone(),
-        needed,
-        config.topology_check,
-        shared.metrics.clone(),
-        shutdown.clone(),
-    );
-    health.supervise(&loops, "topology", shutdown, watch);
-    loops.close();
-    (loops, calls)
-}
-
-/// Checks `tools` (names usable and unique, output schemas compile) and pairs each with
-/// its compiled output schema and the consumer settings it asks for (replaced by the
-/// bound consumer's once bound).
-fn serve_list(tools: Vec<Tool>, config: &WorkerConfig) -> Result<Vec<ServedTool>, WorkerError> {
-    if tools.is_empty() {
-        return Err(WorkerError::Tools("no tools to serve".into()));
-    }
-    let mut seen = HashSet::new();
-    let mut served = Vec::with_capacity(tools.len());
-    for tool in tools {
-        let def = tool.definition();
-        validate_tool_name(&def.name)?;
-        if !seen.insert(def.name.clone()) {
-            return Err(WorkerError::Tools(format!(
-                "tool {} registered twice",
-                def.name
-            )));
+/// Checks `tool` (name usable, output schema compiles) and pairs it with its compiled
+/// output schema and the consumer settings it asks for (replaced by the bound
+/// consumer's once bound).
+fn checked(tool: Tool, config: &WorkerConfig) -> Result<ServedTool, WorkerError> {
+    let def = tool.definition();
+    validate_tool_name(&def.name)?;
+    let output = output::OutputCheck::compile(def.output_schema.as_ref()).map_err(|message| {
+        WorkerError::OutputSchema {
+            tool: def.name.clone(),
+            message,
         }
-        let output =
-            output::OutputCheck::compile(def.output_schema.as_ref()).map_err(|message| {
-                WorkerError::OutputSchema {
-                    tool: def.name.clone(),
-                    message,
-                }
-            })?;
-        let names = Names::new(config.prefix.clone());
-        let bound = consumers::Bound::wanted(&names, &tool, config.ack_wait);
-        served.push(ServedTool {
-            tool,
-            output,
-            bound,
-        });
-    }
-    Ok(served)
-}
-
-/// Beats every `period` until `stop`, reading the coordinators' refusals into
-/// `refusals` after each beat; then hands the registration back for withdrawal.
-fn spawn_heartbeat(
-    mut registration: Registration,
-    period: Duration,
-    metrics: toolfleet_common::metrics::FleetMetrics,
-    refusals: registry::Refusals,
-    stop: CancellationToken,
-) -> tokio::task::JoinHandle<Registration> {
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tokio::time::sleep(period) => {
-                    if let Err(error) = registration.beat().await {
-                        metrics.redis_error("heartbeat");
-                        warn!(%error, "heartbeat failed");
-                    } else if let Err(error) = registration.read_refusals(&refusals).await {
-                        warn!(%error, "reading the coordinators' refusals failed");
-                    }
-                }
-            }
-        }
-        registration
+    })?;
+    Ok(ServedTool {
+        output,
+        bound: consumers::Bound::wanted(&Names::new(config.prefix.clone()), &tool, config.ack_wait),
+        tool,
     })
 }
 

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use redis::aio::ConnectionManager;
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::http::Readiness;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{Names, ToolDefinition};
 use tracing::error;
@@ -36,6 +37,20 @@ impl Refusals {
             "coordinators refuse the definition of {tool}: {}",
             rejection.reason
         ))
+    }
+
+    /// `check` that also fails while a definition is refused.
+    pub fn guard(&self, check: Readiness) -> Readiness {
+        let refusals = self.clone();
+        Arc::new(move || {
+            let (check, refusals) = (Arc::clone(&check), refusals.clone());
+            Box::pin(async move {
+                match refusals.not_ready() {
+                    Some(why) => Err(why),
+                    None => check().await,
+                }
+            })
+        })
     }
 
     /// Takes in the refusals read for `tool`, logging each new one at ERROR.
@@ -81,22 +96,38 @@ impl Registration {
         tools: &[ToolDefinition],
         ttl_ms: u64,
     ) -> Result<Self, serde_json::Error> {
-        let definitions = tools
-            .iter()
-            .map(|d| Ok((d.name.clone(), serde_json::to_string(d)?)))
-            .collect::<Result<Vec<_>, serde_json::Error>>()?;
         Ok(Self {
             redis,
             names,
             worker_id,
-            definitions,
+            definitions: serialized(tools)?,
             ttl_ms,
         })
+    }
+
+    /// Announces `tools` from the next beat on, in place of the previous list; the names
+    /// of the tools no longer listed, for [`Registration::withdraw_tools`].
+    pub fn set_tools(
+        &mut self,
+        tools: &[ToolDefinition],
+    ) -> Result<Vec<String>, serde_json::Error> {
+        let definitions = serialized(tools)?;
+        let dropped = self
+            .definitions
+            .iter()
+            .filter(|(name, _)| !definitions.iter().any(|(kept, _)| kept == name))
+            .map(|(name, _)| name.clone())
+            .collect();
+        self.definitions = definitions;
+        Ok(dropped)
     }
 
     /// Writes the definitions and marks this worker alive for each tool; prunes workers
     /// whose entries expired.
     pub async fn beat(&mut self) -> redis::RedisResult<()> {
+        if self.definitions.is_empty() {
+            return Ok(());
+        }
         let now = unix_ms();
         let mut pipe = redis::pipe();
         for (name, json) in &self.definitions {
@@ -115,6 +146,9 @@ impl Registration {
 
     /// Reads what coordinators refused of these tools into `refusals`.
     pub async fn read_refusals(&mut self, refusals: &Refusals) -> redis::RedisResult<()> {
+        if self.definitions.is_empty() {
+            return Ok(());
+        }
         let mut pipe = redis::pipe();
         for (name, _) in &self.definitions {
             pipe.hget(self.names.rejected_definitions_key(), name);
@@ -133,11 +167,29 @@ impl Registration {
 
     /// Removes this worker's liveness entries (definitions stay for the catalog).
     pub async fn withdraw(&mut self) -> redis::RedisResult<()> {
+        let all: Vec<String> = self.definitions.iter().map(|(n, _)| n.clone()).collect();
+        self.withdraw_tools(&all).await
+    }
+
+    /// Removes this worker's liveness entries of the tools `names` (definitions stay for
+    /// the catalog, which lists only tools with a live worker).
+    pub async fn withdraw_tools(&mut self, names: &[String]) -> redis::RedisResult<()> {
+        if names.is_empty() {
+            return Ok(());
+        }
         let mut pipe = redis::pipe();
-        for (name, _) in &self.definitions {
+        for name in names {
             pipe.zrem(self.names.tool_workers_key(name), &self.worker_id)
                 .ignore();
         }
         pipe.query_async(&mut self.redis).await
     }
+}
+
+/// Each definition with its JSON.
+fn serialized(tools: &[ToolDefinition]) -> Result<Vec<(String, String)>, serde_json::Error> {
+    tools
+        .iter()
+        .map(|d| Ok((d.name.clone(), serde_json::to_string(d)?)))
+        .collect()
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
 use futures::{FutureExt, StreamExt};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
@@ -62,10 +62,12 @@ pub(crate) struct ServedTool {
 }
 
 /// Pulls `tool`'s jobs with at most `concurrency` in flight until `shutdown`; every
-/// call runs on `tracker` so the caller can wait for in-flight calls.
+/// call runs on `tracker` so the caller can wait for in-flight calls. Each job runs on
+/// the tool `tool` holds when the job arrives, so a tool replaced while it is served
+/// (same name, same consumer) takes every job from then on.
 pub(crate) async fn serve_tool(
     shared: Arc<Shared>,
-    tool: Arc<ServedTool>,
+    tool: watch::Receiver<Arc<ServedTool>>,
     consumer: PullConsumer,
     concurrency: usize,
     shutdown: CancellationToken,
@@ -98,7 +100,7 @@ pub(crate) async fn serve_tool(
             }
             Err(error) => {
                 failures = failures.saturating_add(1);
-                warn!(tool = %tool.tool.definition().name, %error, "pull request failed");
+                warn!(tool = %tool.borrow().tool.definition().name, %error, "pull request failed");
                 let backoff = Duration::from_millis(50 * u64::from(failures.min(20)));
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
@@ -119,7 +121,7 @@ pub(crate) async fn serve_tool(
                         continue;
                     };
                     let shared = Arc::clone(&shared);
-                    let tool = Arc::clone(&tool);
+                    let tool = Arc::clone(&tool.borrow());
                     tracker.spawn(async move {
                         handle_job(shared, tool, message).await;
                         drop(permit);

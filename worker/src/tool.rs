@@ -137,6 +137,12 @@ impl Tool {
         &self.definition
     }
 
+    /// Whether `other` is this very tool: the same definition and the same handler (a
+    /// clone is; a tool built again from the same parts is not).
+    pub(crate) fn same_as(&self, other: &Tool) -> bool {
+        self.definition == other.definition && Arc::ptr_eq(&self.handler, &other.handler)
+    }
+
     /// Runs the handler.
     pub fn call(&self, ctx: ToolContext, arguments: Value) -> ToolFuture {
         (self.handler)(ctx, arguments)

@@ -27,7 +27,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a child may take to stop after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Variables that would point a child's telemetry somewhere else.
-const OTEL_VARIABLES: [&str; 5] = [
+pub(crate) const OTEL_VARIABLES: [&str; 5] = [
     "OTEL_EXPORTER_OTLP_ENDPOINT",
     "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
@@ -244,13 +244,10 @@ impl Env {
         }
         let mut redis = self.redis.clone();
         for tool in TOOLS {
-            let live: Result<usize, _> = redis::cmd("ZCOUNT")
-                .arg(names.tool_workers_key(tool))
-                .arg(unix_ms())
-                .arg("+inf")
-                .query_async(&mut redis)
-                .await;
-            if live.map_or(true, |n| n < workers) {
+            if live_workers(&mut redis, names, tool)
+                .await
+                .is_none_or(|n| n < workers)
+            {
                 return false;
             }
         }
@@ -305,6 +302,22 @@ impl Env {
             cursor = next;
         }
     }
+}
+
+/// How many workers serving `tool` under `names` have a live heartbeat; `None` when
+/// Redis does not answer.
+pub(crate) async fn live_workers(
+    redis: &mut redis::aio::MultiplexedConnection,
+    names: &Names,
+    tool: &str,
+) -> Option<usize> {
+    redis::cmd("ZCOUNT")
+        .arg(names.tool_workers_key(tool))
+        .arg(unix_ms())
+        .arg("+inf")
+        .query_async(redis)
+        .await
+        .ok()
 }
 
 /// The stream the floor measurement publishes to.

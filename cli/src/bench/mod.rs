@@ -23,7 +23,7 @@ mod phases;
 mod progress;
 mod report;
 mod sink;
-mod stats;
+pub(crate) mod stats;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -36,6 +36,7 @@ use serde_json::json;
 use toolfleet_common::FleetClient;
 
 use crate::local::Servers;
+pub(crate) use fleet::{live_workers, OTEL_VARIABLES};
 use fleet::{Env, Fleet, Spec};
 use phases::{Floor, Memory, Overhead, Parallel, ScalingPoint, Throughput};
 use progress::Progress;

@@ -1,6 +1,7 @@
 //! `fleet-node coordinator|worker`: a coordinator, or a worker with the packs of
-//! `FLEET_NODE_PACKS` (default the demo and test packs), configured from the environment,
-//! so tests can kill or signal a real process.
+//! `FLEET_NODE_PACKS` (default the demo and test packs; `mcp` reads
+//! `TOOLFLEET_MCP_SERVERS`), configured from the environment, so tests can kill or
+//! signal a real process.
 
 use tokio_util::sync::CancellationToken;
 
@@ -34,8 +35,11 @@ async fn main() -> anyhow::Result<()> {
             let config = toolfleet_worker::WorkerConfig::from_env()?;
             let packs = std::env::var("FLEET_NODE_PACKS").unwrap_or_else(|_| "demo,test".into());
             let names: Vec<&str> = packs.split(',').collect();
-            let tools = toolfleet_packs::tools_for(&names).map_err(anyhow::Error::msg)?;
-            toolfleet_worker::run(config, tools, shutdown).await?;
+            let settings = toolfleet_packs::PackSettings::from_env(&config)?;
+            let packs = toolfleet_packs::start_packs(&names, &settings).await?;
+            let outcome = toolfleet_worker::run_set(config, packs.tools.clone(), shutdown).await;
+            packs.stop().await;
+            outcome?;
         }
         other => anyhow::bail!("usage: fleet-node coordinator|worker (got {other:?})"),
     }

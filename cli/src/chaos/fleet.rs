@@ -1,0 +1,345 @@
+//! The fleet under fault: its own `nats-server -js` and `redis-server` (append-only
+//! file, synced every second) on free loopback ports, coordinator and worker processes,
+//! each of which can be killed with SIGKILL and started again on the same port and
+//! data folder.
+//!
+//! Owns every process it spawns and the run folder holding their data. It must never
+//! signal a process it did not spawn, never listen beyond 127.0.0.1, and never leave a
+//! process or the run folder behind: [`ChaosFleet::stop`] (or dropping the fleet) kills
+//! every process and removes the folder.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use tokio::process::{Child, Command};
+use toolfleet_common::{FleetClient, Names};
+
+use super::Fault;
+use crate::bench::{live_workers, OTEL_VARIABLES};
+use crate::local::{self, tempdir, Server, NATS, REDIS_AOF};
+
+/// The tool the chaos turns call.
+pub const TOOL: &str = "test.behave";
+/// How long a fleet may take to list the tool with every worker alive.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a restarted server may take to listen again.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How many coordinators and workers to run, and where their logs go.
+#[derive(Debug, Clone)]
+pub struct FleetSpec {
+    /// Coordinator processes.
+    pub coordinators: usize,
+    /// Worker processes.
+    pub workers: usize,
+    /// Folder the nodes' standard error is appended to (`<label>.log`); `None`
+    /// discards it.
+    pub logs: Option<PathBuf>,
+}
+
+/// The executables of the coordinator and worker processes.
+#[derive(Debug, Clone)]
+pub struct NodeBinaries {
+    coordinator: (PathBuf, Vec<&'static str>),
+    worker: (PathBuf, Vec<&'static str>),
+}
+
+impl NodeBinaries {
+    /// `toolfleet-coordinator` and `toolfleet-worker` beside this executable (one
+    /// build); when either is missing, this executable's own `coordinator` and
+    /// `worker --packs test` commands, which run the same code.
+    pub fn locate() -> Result<Self> {
+        let exe = std::env::current_exe().context("locating this executable")?;
+        let dir = exe.parent().context("this executable has no folder")?;
+        let beside = |name: &str| dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+        let (coordinator, worker) = (beside("toolfleet-coordinator"), beside("toolfleet-worker"));
+        Ok(if coordinator.is_file() && worker.is_file() {
+            Self {
+                coordinator: (coordinator, vec![]),
+                worker: (worker, vec![]),
+            }
+        } else {
+            Self {
+                coordinator: (exe.clone(), vec!["coordinator"]),
+                worker: (exe, vec!["worker", "--packs", "test"]),
+            }
+        })
+    }
+
+    /// The coordinator's and the worker's command lines, for the report.
+    pub fn describe(&self) -> [String; 2] {
+        let line = |(path, args): &(PathBuf, Vec<&str>)| {
+            std::iter::once(path.display().to_string())
+                .chain(args.iter().map(|a| a.to_string()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        [line(&self.coordinator), line(&self.worker)]
+    }
+}
+
+/// How to start one process again, the same way each time.
+enum Launch {
+    /// A server on a fixed port with a fixed data folder.
+    Server {
+        server: &'static Server,
+        bin: PathBuf,
+        port: u16,
+        dir: PathBuf,
+    },
+    /// A coordinator or worker with fixed arguments and environment.
+    Node {
+        program: PathBuf,
+        args: Vec<&'static str>,
+        env: Vec<(&'static str, String)>,
+        log: Option<PathBuf>,
+    },
+}
+
+/// One process of the fleet: running, or killed and waiting to be started again.
+pub struct Proc {
+    /// `nats`, `redis`, `coordinator-0`, `worker-1`, …
+    pub label: String,
+    launch: Launch,
+    child: Option<Child>,
+}
+
+impl Proc {
+    fn start(&mut self) -> Result<()> {
+        let child = match &self.launch {
+            Launch::Server {
+                server,
+                bin,
+                port,
+                dir,
+            } => server.spawn(bin, *port, dir)?,
+            Launch::Node {
+                program,
+                args,
+                env,
+                log,
+            } => spawn_node(program, args, env, log.as_deref())
+                .with_context(|| format!("starting {}", self.label))?,
+        };
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until a server listens again (nodes listen on nothing).
+    async fn wait_listening(&self) -> Result<()> {
+        if let Launch::Server { port, .. } = &self.launch {
+            tokio::time::timeout(LISTEN_TIMEOUT, local::wait_port(*port, &self.label))
+                .await
+                .with_context(|| format!("{} did not listen again", self.label))??;
+        }
+        Ok(())
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+fn spawn_node(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, String)],
+    log: Option<&Path>,
+) -> Result<Child> {
+    let stderr = match log {
+        Some(path) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?,
+        ),
+        None => Stdio::null(),
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true);
+    for name in OTEL_VARIABLES {
+        cmd.env_remove(name);
+    }
+    Ok(cmd.spawn()?)
+}
+
+/// A fleet of its own: servers, coordinators and workers under one prefix.
+pub struct ChaosFleet {
+    /// NATS URL of the fleet's server.
+    pub nats_url: String,
+    /// A frontend client that reconnects for as long as the fleet runs.
+    pub client: FleetClient,
+    nats: Proc,
+    redis: Proc,
+    coordinators: Vec<Proc>,
+    workers: Vec<Proc>,
+    /// Removed on drop, after the processes are gone.
+    _run_dir: tempdir::Dir,
+}
+
+impl ChaosFleet {
+    /// Starts the servers, then the nodes, and waits until the coordinators list
+    /// [`TOOL`] with every worker alive.
+    pub async fn start(spec: &FleetSpec, binaries: &NodeBinaries) -> Result<Self> {
+        let run_dir = tempdir::Dir::new("chaos")?;
+        let nats = start_server(&NATS, "nats", run_dir.path()).await?;
+        let redis = start_server(&REDIS_AOF, "redis", run_dir.path()).await?;
+        let (nats_url, redis_url) = (server_url(&nats), server_url(&redis));
+        let prefix = "chaos";
+        let env = node_env(&nats_url, &redis_url, prefix);
+        let node =
+            |label: String, (program, args): &(PathBuf, Vec<&'static str>)| -> Result<Proc> {
+                let mut env = env.clone();
+                env.push(("TOOLFLEET_WORKER_ID", label.clone()));
+                let log = spec.logs.as_ref().map(|d| d.join(format!("{label}.log")));
+                let mut proc = Proc {
+                    label,
+                    launch: Launch::Node {
+                        program: program.clone(),
+                        args: args.clone(),
+                        env,
+                        log,
+                    },
+                    child: None,
+                };
+                proc.start()?;
+                Ok(proc)
+            };
+        let coordinators = (0..spec.coordinators)
+            .map(|i| node(format!("coordinator-{i}"), &binaries.coordinator))
+            .collect::<Result<Vec<_>>>()?;
+        let workers = (0..spec.workers)
+            .map(|i| node(format!("worker-{i}"), &binaries.worker))
+            .collect::<Result<Vec<_>>>()?;
+        let nats_client = async_nats::ConnectOptions::new()
+            .name("toolfleet-chaos")
+            .max_reconnects(None)
+            .connect(&nats_url)
+            .await
+            .with_context(|| format!("connecting to {nats_url}"))?;
+        let names = Names::new(prefix);
+        let fleet = Self {
+            nats_url,
+            client: FleetClient::new(nats_client, names.clone()),
+            nats,
+            redis,
+            coordinators,
+            workers,
+            _run_dir: run_dir,
+        };
+        fleet.wait_ready(&redis_url, &names, spec.workers).await?;
+        Ok(fleet)
+    }
+
+    async fn wait_ready(&self, redis_url: &str, names: &Names, workers: usize) -> Result<()> {
+        local::wait_for_tools(&self.client, &[TOOL.to_string()], START_TIMEOUT).await?;
+        let mut redis = redis::Client::open(redis_url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        while live_workers(&mut redis, names, TOOL)
+            .await
+            .is_none_or(|n| n < workers)
+        {
+            if tokio::time::Instant::now() >= deadline {
+                bail!("{workers} workers did not come alive within {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// The processes a fault of `fault` kind picks from.
+    fn of_kind(&mut self, fault: Fault) -> &mut [Proc] {
+        match fault {
+            Fault::None => &mut [],
+            Fault::Worker => &mut self.workers,
+            Fault::Coordinator => &mut self.coordinators,
+            Fault::Redis => std::slice::from_mut(&mut self.redis),
+            Fault::Nats => std::slice::from_mut(&mut self.nats),
+        }
+    }
+
+    /// Kills the `pick`-th process of `fault` kind (modulo their number) with SIGKILL;
+    /// its index, or `None` when there is none of that kind.
+    pub async fn kill(&mut self, fault: Fault, pick: usize) -> Option<usize> {
+        let procs = self.of_kind(fault);
+        if procs.is_empty() {
+            return None;
+        }
+        let index = pick % procs.len();
+        procs[index].kill().await;
+        Some(index)
+    }
+
+    /// Starts the `index`-th process of `fault` kind again, same port and data folder,
+    /// and waits until a server listens.
+    pub async fn restart(&mut self, fault: Fault, index: usize) -> Result<()> {
+        let Some(proc) = self.of_kind(fault).get_mut(index) else {
+            return Ok(());
+        };
+        proc.start()?;
+        proc.wait_listening().await
+    }
+
+    /// Kills every process (nodes first), then removes the run folder.
+    pub async fn stop(mut self) {
+        for proc in self.coordinators.iter_mut().chain(self.workers.iter_mut()) {
+            proc.kill().await;
+        }
+        self.nats.kill().await;
+        self.redis.kill().await;
+    }
+}
+
+async fn start_server(server: &'static Server, label: &str, run_dir: &Path) -> Result<Proc> {
+    let dir = run_dir.join(label);
+    std::fs::create_dir_all(&dir)?;
+    let mut proc = Proc {
+        label: label.to_string(),
+        launch: Launch::Server {
+            server,
+            bin: server.find()?,
+            port: local::free_port()?,
+            dir,
+        },
+        child: None,
+    };
+    proc.start()?;
+    proc.wait_listening().await?;
+    Ok(proc)
+}
+
+fn server_url(proc: &Proc) -> String {
+    match &proc.launch {
+        Launch::Server { server, port, .. } => server.url(*port),
+        Launch::Node { .. } => String::new(),
+    }
+}
+
+/// The environment every node gets: the fleet's servers and prefix, no HTTP listener
+/// (several nodes share the host), the test pack, warnings only unless `RUST_LOG` says.
+fn node_env(nats_url: &str, redis_url: &str, prefix: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("TOOLFLEET_NATS_URL", nats_url.to_string()),
+        ("TOOLFLEET_REDIS_URL", redis_url.to_string()),
+        ("TOOLFLEET_PREFIX", prefix.to_string()),
+        ("TOOLFLEET_HTTP_ADDR", "off".to_string()),
+        ("TOOLFLEET_PACKS", "test".to_string()),
+        (
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        ),
+    ]
+}

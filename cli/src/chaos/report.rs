@@ -1,0 +1,164 @@
+//! What a chaos run found: the counts per fault, the table printed at the end and the
+//! JSON file.
+//!
+//! Owns the definitions of the columns (what counts as lost, late, refused, counted
+//! twice) as they are tallied from the turn records. It must never judge a turn from
+//! anything but its record.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::load::{Ending, TurnRecord};
+use super::Fault;
+use crate::bench::stats::{round3, Latencies, Summary};
+
+/// How long the watchers of second `final`s may still take once the load has stopped.
+const SECOND_FINAL_WAIT: Duration = Duration::from_secs(5);
+/// Turn ids listed per fault for the lost and counted-twice turns.
+const LISTED_IDS: usize = 20;
+
+/// The counts of one fault's run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FaultReport {
+    /// The fault: `none`, `worker`, `coordinator`, `redis` or `nats`.
+    pub fault: String,
+    /// SIGKILLs sent (each followed by a restart).
+    pub kills: usize,
+    /// Seconds turns were submitted for.
+    pub seconds: f64,
+    /// Turns submitted.
+    pub turns: usize,
+    /// Turns whose `ack` (or `final`) arrived.
+    pub accepted: usize,
+    /// Turns that ended with a `final`.
+    pub finals: usize,
+    /// Turns with neither `final` nor `error` by deadline + patience.
+    pub lost: usize,
+    /// Turns whose `final` came later than deadline + the late threshold.
+    pub late: usize,
+    /// Submissions that failed, or turns whose `error` said unavailable or retryable.
+    pub refused: usize,
+    /// Turns with two different `final`s, or a `final` that miscounts the calls.
+    pub counted_twice: usize,
+    /// Turn-level `error` events by code (refusals included).
+    pub errors_by_code: BTreeMap<String, usize>,
+    /// Refusals by client error kind or code.
+    pub refused_by_reason: BTreeMap<String, usize>,
+    /// The calls' terminal states in the `final`s (`done`, `timeout:deadline_exceeded`, …).
+    pub call_states: BTreeMap<String, usize>,
+    /// Submit → `final`, milliseconds.
+    pub latency: Summary,
+    /// Up to 20 lost turns' ids.
+    pub lost_turn_ids: Vec<String>,
+    /// Up to 20 counted-twice turns' ids.
+    pub counted_twice_turn_ids: Vec<String>,
+}
+
+impl FaultReport {
+    /// Tallies `records`; waits (bounded) for the second-`final` watchers.
+    pub async fn tally(
+        fault: Fault,
+        kills: usize,
+        seconds: f64,
+        late_after: Duration,
+        deadline: Duration,
+        records: Vec<TurnRecord>,
+    ) -> Self {
+        let mut report = Self {
+            fault: fault.name().to_string(),
+            kills,
+            seconds: round3(seconds),
+            turns: records.len(),
+            ..Self::default()
+        };
+        let mut latencies = Latencies::default();
+        for record in records {
+            report.accepted += usize::from(record.acked);
+            match record.ending {
+                Ending::Refused { reason, by_event } => {
+                    report.refused += 1;
+                    if by_event {
+                        *report.errors_by_code.entry(reason.clone()).or_default() += 1;
+                    }
+                    *report.refused_by_reason.entry(reason).or_default() += 1;
+                }
+                Ending::Error { code } => {
+                    *report.errors_by_code.entry(code).or_default() += 1;
+                }
+                Ending::Lost => {
+                    report.lost += 1;
+                    push_id(&mut report.lost_turn_ids, &record.turn_id);
+                }
+                Ending::Final {
+                    latency,
+                    counted_twice,
+                    call_states,
+                    second_final,
+                } => {
+                    report.finals += 1;
+                    latencies.push(latency);
+                    report.late += usize::from(latency > deadline + late_after);
+                    let second = tokio::time::timeout(SECOND_FINAL_WAIT, second_final)
+                        .await
+                        .is_ok_and(|seen| seen.unwrap_or(false));
+                    if counted_twice || second {
+                        report.counted_twice += 1;
+                        push_id(&mut report.counted_twice_turn_ids, &record.turn_id);
+                    }
+                    for state in call_states {
+                        *report.call_states.entry(state).or_default() += 1;
+                    }
+                }
+            }
+        }
+        report.latency = latencies.summary();
+        report
+    }
+
+    /// Whether the fault broke the guarantee: a turn lost or counted twice.
+    pub fn failed(&self) -> bool {
+        self.lost > 0 || self.counted_twice > 0
+    }
+}
+
+fn push_id(ids: &mut Vec<String>, id: &str) {
+    if ids.len() < LISTED_IDS {
+        ids.push(id.to_string());
+    }
+}
+
+/// The table printed at the end of a run.
+pub fn table(reports: &[FaultReport], late_after: Duration) -> String {
+    let late = format!("late (> deadline + {} s)", late_after.as_secs_f64());
+    let mut out = format!(
+        "| fault | kills | turns | accepted | lost | {late} | refused at submit | counted twice | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    );
+    for r in reports {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} |",
+            r.fault,
+            r.kills,
+            r.turns,
+            r.accepted,
+            r.lost,
+            r.late,
+            r.refused,
+            r.counted_twice,
+            r.latency.p50_ms,
+            r.latency.p99_ms
+        );
+    }
+    for r in reports {
+        if !r.errors_by_code.is_empty() {
+            let _ = writeln!(out, "{} errors by code: {:?}", r.fault, r.errors_by_code);
+        }
+        if !r.refused_by_reason.is_empty() {
+            let _ = writeln!(out, "{} refusals: {:?}", r.fault, r.refused_by_reason);
+        }
+    }
+    out
+}

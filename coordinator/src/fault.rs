@@ -1,0 +1,20 @@
+//! Fault points for failure tests: `TOOLFLEET_FAULT=<name>` makes the process exit
+//! (status 86, no cleanup, like a crash) when it reaches the named point. Unset in
+//! production; the reliability tests set it on a coordinator process they then replace.
+//!
+//! Owns the point names. Never changes behaviour when the variable is unset.
+
+use std::sync::OnceLock;
+
+/// After a turn's `final` is stored in Redis, before it is sent.
+pub(crate) const EXIT_AFTER_FINAL_STORED: &str = "exit_after_final_stored";
+
+/// Exits the process when `TOOLFLEET_FAULT` names `point`.
+pub(crate) fn point(point: &str) {
+    static FAULT: OnceLock<Option<String>> = OnceLock::new();
+    let fault = FAULT.get_or_init(|| std::env::var("TOOLFLEET_FAULT").ok());
+    if fault.as_deref() == Some(point) {
+        eprintln!("fault point {point} reached: exiting");
+        std::process::exit(86);
+    }
+}

@@ -1,0 +1,85 @@
+//! `toolfleet chaos`, built from this checkout, in a short run: every fault kind
+//! (worker, coordinator, Redis, NATS) for a few seconds each on a fleet of its own.
+//! Every accepted turn must end with exactly one final: no turn lost, none counted
+//! twice, and every fault ran turns.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+use tokio::process::Command;
+use toolfleet_tests::fleet::checkout_cli;
+
+/// The faults the run covers, after the `none` baseline.
+const FAULTS: [&str; 4] = ["worker", "coordinator", "redis", "nats"];
+/// Bound of the whole chaos run (five fleets of four seconds each, plus start-up and
+/// the turns in flight ending).
+const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Runs `toolfleet chaos` for `FAULTS`, four seconds each; its exit success and report.
+async fn short_chaos_run() -> Result<(bool, Value)> {
+    let toolfleet = checkout_cli().await?;
+    let dir = tempfile::tempdir()?;
+    let json_path = dir.path().join("chaos.json");
+    let status = Command::new(toolfleet)
+        .args(["chaos", "--faults", &FAULTS.join(","), "--each", "4s"])
+        .arg("--json")
+        .arg(&json_path)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .status();
+    let status = tokio::time::timeout(RUN_TIMEOUT, status)
+        .await
+        .context("toolfleet chaos did not finish in time")??;
+    let text = std::fs::read_to_string(&json_path)
+        .with_context(|| format!("toolfleet chaos ({status}) wrote no report"))?;
+    Ok((status.success(), serde_json::from_str(&text)?))
+}
+
+fn count(fault: &Value, field: &str) -> u64 {
+    fault[field].as_u64().unwrap_or(u64::MAX)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_turn_is_lost_or_counted_twice_under_any_fault() -> Result<()> {
+    let (succeeded, report) = short_chaos_run().await?;
+    let faults = report["faults"].as_array().context("a faults array")?;
+    let names: Vec<&str> = faults.iter().filter_map(|f| f["fault"].as_str()).collect();
+    let mut expected = vec!["none"];
+    expected.extend(FAULTS);
+    assert_eq!(names, expected);
+
+    let broken: Vec<String> = faults
+        .iter()
+        .filter(|f| count(f, "turns") == 0 || count(f, "lost") > 0 || count(f, "counted_twice") > 0)
+        .map(|f| {
+            format!(
+                "{}: {} turns, {} lost {}, {} counted twice {}",
+                f["fault"],
+                f["turns"],
+                f["lost"],
+                f["lost_turn_ids"],
+                f["counted_twice"],
+                f["counted_twice_turn_ids"]
+            )
+        })
+        .collect();
+    assert!(
+        broken.is_empty(),
+        "faults that broke the guarantee: {broken:#?}"
+    );
+    for fault in faults.iter().skip(1) {
+        assert!(
+            count(fault, "kills") > 0,
+            "no kill under {}",
+            fault["fault"]
+        );
+    }
+    assert!(
+        succeeded,
+        "toolfleet chaos failed although its report passed"
+    );
+    assert_eq!(report["passed"], Value::Bool(true));
+    Ok(())
+}
