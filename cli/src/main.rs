@@ -12,6 +12,7 @@
 //! |---|---|
 //! | `bench` | the benchmark: overhead against the floor, throughput, scaling, memory |
 //! | `chaos` | turns in flight while processes are killed and restarted; what was lost |
+//! | `toolfleet_cli::conformance` (the library) | `toolfleet conformance`: a worker of any language checked against PROTOCOL §7 |
 //! | `admin` | database migrations and per-business policies and FAQs |
 //! | `local` | starting a local fleet (servers when none answer, coordinator, worker) |
 //! | `node` | one coordinator or worker in this process (hidden commands `bench` starts) |
@@ -141,6 +142,23 @@ enum Command {
         #[arg(long)]
         local: bool,
     },
+    /// Check the worker serving the conformance probe NAME against the worker protocol
+    /// (PROTOCOL §7.11): retry NAKs, +TERM, keep-alives, panics, result and definition
+    /// types, and with --pid the drain on SIGTERM. Exits 1 when a case fails.
+    Conformance {
+        /// The probe tool the worker serves.
+        #[arg(long, default_value = "conformance.probe")]
+        tool: String,
+        /// Longest wait of one case, in milliseconds.
+        #[arg(long = "timeout-ms", default_value_t = 20_000)]
+        timeout_ms: u64,
+        /// The worker's process id: the shutdown case sends it SIGTERM.
+        #[arg(long)]
+        pid: Option<i32>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure coordination overhead against the NATS/Redis floor, throughput, parallel
     /// speedup, worker scaling and coordinator memory, with tracing export off and on.
     Bench(bench::BenchArgs),
@@ -249,6 +267,22 @@ async fn run(cli: Cli) -> Result<()> {
             local,
         } => catalog(&servers, format, tenant, local).await,
         Command::Turn { id, watch, json } => show_turn(&servers, &id, watch, json).await,
+        Command::Conformance {
+            tool,
+            timeout_ms,
+            pid,
+            json,
+        } => {
+            let settings = toolfleet_cli::conformance::Settings {
+                nats_url: cli.nats.clone(),
+                redis_url: cli.redis.clone(),
+                prefix: cli.prefix.clone(),
+                tool,
+                timeout: Duration::from_millis(timeout_ms),
+                pid,
+            };
+            conformance(&settings, json).await
+        }
         Command::Bench(args) => bench::run(&cli.nats, &cli.redis, &cli.prefix, args).await,
         Command::Chaos(args) => chaos::run(args).await,
         Command::Coordinator => node::coordinator(&cli.nats, &cli.redis, &cli.prefix).await,
@@ -352,6 +386,21 @@ async fn catalog(
     println!("{}", serde_json::to_string_pretty(&tools)?);
     if let Some(f) = fleet {
         f.stop().await;
+    }
+    Ok(())
+}
+
+/// `toolfleet conformance`: the report on the terminal (or as JSON); an error when a
+/// case failed.
+async fn conformance(settings: &toolfleet_cli::conformance::Settings, json: bool) -> Result<()> {
+    let report = toolfleet_cli::conformance::run(settings).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+    }
+    if !report.passed() {
+        anyhow::bail!("the worker serving {} does not conform", settings.tool);
     }
     Ok(())
 }

@@ -182,11 +182,13 @@ pub struct CallResult {
     /// RFC 3339 time the call ended.
     #[serde(default)]
     pub ended_at: Option<String>,
-    /// Execution time in milliseconds (0 if it never ran).
-    #[serde(default)]
+    /// Execution time in milliseconds (0 if it never ran). Read leniently: any
+    /// non-negative number is accepted and rounded (`0.27` reads 0); written as an integer.
+    #[serde(default, deserialize_with = "lenient::count")]
     pub duration_ms: u64,
-    /// How many deliveries the call took (0 if never dispatched).
-    #[serde(default)]
+    /// How many deliveries the call took (0 if never dispatched). Read leniently, like
+    /// `duration_ms`.
+    #[serde(default, deserialize_with = "lenient::count")]
     pub attempts: u32,
     /// The tool's own one-sentence spoken summary of its result, used by narrators.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -291,8 +293,73 @@ pub fn unix_ms() -> u64 {
     u64::try_from(now.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
 }
 
+/// Lenient readers of the fields PROTOCOL §3.4 calls lenient: a worker in another
+/// language that writes a count as a float (`"duration_ms": 0.27`) still gets its result
+/// recorded instead of losing the call to the turn's deadline.
+pub mod lenient {
+    use serde::de::{Deserializer, Error, Visitor};
+
+    /// A non-negative count written as an integer or as any finite non-negative number
+    /// (rounded to the nearest integer).
+    pub fn count<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: TryFrom<u64>,
+    {
+        let n = deserializer.deserialize_any(CountVisitor)?;
+        T::try_from(n).map_err(|_| D::Error::custom(format!("{n} is out of range")))
+    }
+
+    struct CountVisitor;
+
+    impl Visitor<'_> for CountVisitor {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a non-negative number")
+        }
+
+        fn visit_u64<E: Error>(self, v: u64) -> Result<u64, E> {
+            Ok(v)
+        }
+
+        fn visit_i64<E: Error>(self, v: i64) -> Result<u64, E> {
+            u64::try_from(v).map_err(|_| E::custom(format!("{v} is negative")))
+        }
+
+        fn visit_f64<E: Error>(self, v: f64) -> Result<u64, E> {
+            if !v.is_finite() || v < 0.0 {
+                return Err(E::custom(format!("{v} is not a non-negative number")));
+            }
+            // Saturating float-to-int conversion, by the language's definition.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            Ok(v.round() as u64)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn counts_are_read_leniently() {
+        let read = |counts: &str| {
+            let body =
+                format!(r#"{{"tool_call_id":"c","name":"t","ok":true,"state":"done",{counts}}}"#);
+            serde_json::from_str::<super::CallResult>(&body).map(|r| (r.duration_ms, r.attempts))
+        };
+        assert_eq!(
+            read(r#""duration_ms":0.27,"attempts":1"#).ok(),
+            Some((0, 1))
+        );
+        assert_eq!(
+            read(r#""duration_ms":7.6,"attempts":2.0"#).ok(),
+            Some((8, 2))
+        );
+        assert_eq!(read(r#""duration_ms":12"#).ok(), Some((12, 0)));
+        assert!(read(r#""duration_ms":-1"#).is_err());
+        assert!(read(r#""duration_ms":"7""#).is_err());
+    }
+
     use super::*;
 
     #[test]

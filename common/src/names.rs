@@ -253,6 +253,19 @@ impl Names {
         format!("{}:{{registry}}:tools", self.prefix)
     }
 
+    /// Hash of definitions coordinators refused, field = tool name, value =
+    /// [`Rejection`](crate::tool::Rejection) JSON; written by coordinators, read by the
+    /// tool's workers so the refusal is seen where it was caused.
+    pub fn rejected_definitions_key(&self) -> String {
+        format!("{}:{{registry}}:rejected:definitions", self.prefix)
+    }
+
+    /// Hash of the last result coordinators refused per tool, field = tool name, value =
+    /// [`Rejection`](crate::tool::Rejection) JSON naming the turn and call.
+    pub fn rejected_results_key(&self) -> String {
+        format!("{}:{{registry}}:rejected:results", self.prefix)
+    }
+
     /// Sorted set of live workers for one tool, member = worker id, score = expiry (unix ms).
     pub fn tool_workers_key(&self, tool: &str) -> String {
         format!("{}:{{registry}}:workers:{tool}", self.prefix)

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use crate::job::ProgressNotice;
-use crate::tool::{CatalogRequest, CatalogResponse};
+use crate::tool::{CatalogRequest, CatalogResponse, Rejection};
 use crate::turn::AttachRequest;
 use crate::{CallResult, JobEnvelope, ToolDefinition, TurnEvent, TurnRequest};
 
@@ -38,6 +38,7 @@ pub fn wire_schemas() -> Vec<(&'static str, Value)> {
         ("attach_request", of::<AttachRequest>()),
         ("catalog_request", of::<CatalogRequest>()),
         ("catalog_response", of::<CatalogResponse>()),
+        ("rejection", of::<Rejection>()),
     ]
 }
 

@@ -129,6 +129,7 @@ fn env_choice<T: Copy + Default>(name: &str, choices: &[(&str, T)]) -> Result<T,
 pub struct Telemetry {
     tracer_provider: Option<SdkTracerProvider>,
     meter_provider: SdkMeterProvider,
+    #[cfg(feature = "prometheus")]
     prometheus: prometheus::Registry,
 }
 
@@ -259,18 +260,19 @@ fn with_exporter(
     ))
 }
 
-fn meter_provider(
-    config: &TelemetryConfig,
-    registry: &prometheus::Registry,
-) -> Result<SdkMeterProvider, TelemetryError> {
-    let prometheus_reader = opentelemetry_prometheus::exporter()
-        .with_registry(registry.clone())
-        .without_target_info()
-        .build()
-        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-    let builder = SdkMeterProvider::builder()
-        .with_resource(resource(config))
-        .with_reader(prometheus_reader);
+fn meter_provider(config: &TelemetryConfig) -> Result<SdkMeterProvider, TelemetryError> {
+    let builder = SdkMeterProvider::builder().with_resource(resource(config));
+    #[cfg(feature = "prometheus")]
+    let builder = {
+        let registry = prometheus::Registry::new();
+        let reader = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_target_info()
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        let _ = PROMETHEUS.set(registry);
+        builder.with_reader(reader)
+    };
     #[cfg(feature = "otlp")]
     let builder = if config.export && config.protocol == OtlpProtocol::HttpProtobuf {
         let exporter = opentelemetry_otlp::MetricExporter::builder()
@@ -298,9 +300,7 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             .with_tracked_inactivity(false)
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
     });
-    let registry = prometheus::Registry::new();
-    let meter_provider = meter_provider(config, &registry)?;
-    let _ = PROMETHEUS.set(registry.clone());
+    let meter_provider = meter_provider(config)?;
     opentelemetry::global::set_meter_provider(meter_provider.clone());
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     if let Some(p) = &tracer_provider {
@@ -330,7 +330,8 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     Ok(Telemetry {
         tracer_provider,
         meter_provider,
-        prometheus: registry,
+        #[cfg(feature = "prometheus")]
+        prometheus: PROMETHEUS.get().cloned().unwrap_or_default(),
     })
 }
 
@@ -338,11 +339,13 @@ use tracing_subscriber::Layer as _;
 
 impl Telemetry {
     /// The metrics in Prometheus text exposition format.
+    #[cfg(feature = "prometheus")]
     pub fn prometheus_text(&self) -> String {
         render_prometheus(&self.prometheus)
     }
 
     /// A cheap handle for rendering metrics from an HTTP handler.
+    #[cfg(feature = "prometheus")]
     pub fn prometheus_registry(&self) -> prometheus::Registry {
         self.prometheus.clone()
     }
@@ -359,14 +362,20 @@ impl Telemetry {
     }
 }
 
+#[cfg(feature = "prometheus")]
 static PROMETHEUS: std::sync::OnceLock<prometheus::Registry> = std::sync::OnceLock::new();
 
-/// This process's metrics in Prometheus text format (empty before [`init`]).
+/// This process's metrics in Prometheus text format (empty before [`init`], and always
+/// without the `prometheus` feature).
 pub fn prometheus_text() -> String {
-    PROMETHEUS.get().map(render_prometheus).unwrap_or_default()
+    #[cfg(feature = "prometheus")]
+    return PROMETHEUS.get().map(render_prometheus).unwrap_or_default();
+    #[cfg(not(feature = "prometheus"))]
+    String::new()
 }
 
 /// Renders a Prometheus registry as text.
+#[cfg(feature = "prometheus")]
 pub fn render_prometheus(registry: &prometheus::Registry) -> String {
     use prometheus::Encoder;
     let mut out = Vec::new();

@@ -41,6 +41,23 @@ pub struct ToolDefinition {
     pub tenant_scoped: bool,
 }
 
+/// A coordinator's refusal of what a worker sent (a definition it cannot read, a result
+/// it cannot record), written back to the registry (`Names::rejected_definitions_key`,
+/// `Names::rejected_results_key`, field = the tool) so the tool's workers see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Rejection {
+    /// Why, in words (the decoder's complaint).
+    pub reason: String,
+    /// When, in Unix milliseconds.
+    pub at_unix_ms: u64,
+    /// The turn of a refused result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// The call of a refused result, when its body named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
 fn default_timeout() -> u64 {
     DEFAULT_TOOL_TIMEOUT_MS
 }

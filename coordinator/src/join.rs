@@ -16,6 +16,7 @@ use redis::aio::ConnectionManager;
 use redis::{FromRedisValue, Script, Value as RedisValue};
 use serde::{Deserialize, Serialize};
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::tool::Rejection;
 use toolfleet_common::{CallResult, Names};
 
 /// Creates a turn unless it exists. KEYS: meta, calls, results, events.
@@ -681,6 +682,20 @@ impl JoinStore {
             values.first().copied().flatten().unwrap_or(0),
             values.get(1).copied().flatten().unwrap_or(0),
         ))
+    }
+
+    /// Writes back the last result of `tool` refused by this coordinator
+    /// (`<p>:{registry}:rejected:results`), for the tool's workers to see.
+    pub async fn reject_result(&self, tool: &str, rejection: &Rejection) -> Result<(), JoinError> {
+        let mut redis = self.redis.clone();
+        let body = encode(rejection)?;
+        let _: () = redis::cmd("HSET")
+            .arg(self.names.rejected_results_key())
+            .arg(tool)
+            .arg(body)
+            .query_async(&mut redis)
+            .await?;
+        Ok(())
     }
 }
 

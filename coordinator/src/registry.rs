@@ -3,13 +3,17 @@
 //! change.
 //!
 //! Owns the snapshot every turn plans against (one `Arc` swap per refresh, never a lock
-//! held across a turn). Never writes the registry: workers announce themselves.
+//! held across a turn). Never writes a definition or a liveness entry (workers announce
+//! themselves); it writes back only its verdict on a definition it cannot read
+//! (`<p>:{registry}:rejected:definitions`, PROTOCOL §2.6), once per change, so the
+//! tool's workers see why their tool is not offered.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use redis::aio::ConnectionManager;
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::tool::Rejection;
 use toolfleet_common::{Names, ToolDefinition};
 use tracing::warn;
 
@@ -31,6 +35,8 @@ pub struct KnownTool {
 #[derive(Default)]
 pub struct Snapshot {
     tools: HashMap<String, Arc<KnownTool>>,
+    /// Definitions that did not decode: tool name → the refused source.
+    rejected: HashMap<String, String>,
 }
 
 impl Snapshot {
@@ -97,6 +103,9 @@ impl Registry {
         };
         let previous = self.snapshot();
         let mut tools = HashMap::with_capacity(raw.len());
+        let mut rejected = HashMap::new();
+        let mut verdicts = redis::pipe();
+        let mut verdict_count = 0usize;
         for (name, live) in tool_names.into_iter().zip(counts) {
             let Some(source) = raw.get(name) else {
                 continue;
@@ -109,8 +118,16 @@ impl Registry {
                     live_workers: live,
                     source: source.clone(),
                 }),
+                _ if previous.rejected.get(name.as_str()) == Some(source) => {
+                    rejected.insert(name.clone(), source.clone());
+                    continue;
+                }
                 _ => match serde_json::from_str::<ToolDefinition>(source) {
                     Ok(definition) => {
+                        verdicts
+                            .hdel(names.rejected_definitions_key(), name.as_str())
+                            .ignore();
+                        verdict_count += 1;
                         let (validator, schema_error) =
                             match jsonschema::validator_for(&definition.input_schema) {
                                 Ok(v) => (Some(Arc::new(v)), None),
@@ -126,13 +143,28 @@ impl Registry {
                     }
                     Err(error) => {
                         warn!(tool = %name, %error, "undecodable tool definition ignored");
+                        let rejection = Rejection {
+                            reason: format!("the definition does not decode: {error}"),
+                            at_unix_ms: now,
+                            turn_id: None,
+                            tool_call_id: None,
+                        };
+                        let body = serde_json::to_string(&rejection).unwrap_or_default();
+                        verdicts
+                            .hset(names.rejected_definitions_key(), name.as_str(), body)
+                            .ignore();
+                        verdict_count += 1;
+                        rejected.insert(name.clone(), source.clone());
                         continue;
                     }
                 },
             };
             tools.insert(name.clone(), known);
         }
-        let snapshot = Arc::new(Snapshot { tools });
+        if verdict_count > 0 {
+            let _: () = verdicts.query_async(redis).await?;
+        }
+        let snapshot = Arc::new(Snapshot { tools, rejected });
         match self.current.write() {
             Ok(mut guard) => *guard = snapshot,
             Err(poisoned) => *poisoned.into_inner() = snapshot,

@@ -23,6 +23,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::names::HEADER_TENANT_ID;
+use toolfleet_common::tool::Rejection;
 use toolfleet_common::{telemetry, CallResult};
 use tracing::{debug, warn, Instrument};
 
@@ -142,6 +143,10 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
         Err(error) => {
             warn!(%turn_id, %error, "undecodable result dropped");
             let _ = message.ack_with(AckKind::Term).await;
+            if let Some(tool) = subject_tool {
+                let reason = format!("the result does not decode: {error}");
+                reject(replica, tool, &turn_id, &message.payload, reason).await;
+            }
             return;
         }
     };
@@ -186,6 +191,21 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
                 .ack_with(AckKind::Nak(Some(redelivery_delay(delivered))))
                 .await;
         }
+    }
+}
+
+/// Tells `tool`'s workers that a result they published on `turn_id` was refused
+/// (PROTOCOL §2.6); best effort.
+async fn reject(replica: &Replica, tool: &str, turn_id: &str, body: &[u8], reason: String) {
+    let call = serde_json::from_slice::<serde_json::Value>(body).ok();
+    let rejection = Rejection {
+        reason,
+        at_unix_ms: toolfleet_common::call::unix_ms(),
+        turn_id: Some(turn_id.to_string()),
+        tool_call_id: call.and_then(|c| c["tool_call_id"].as_str().map(str::to_string)),
+    };
+    if let Err(error) = replica.join.reject_result(tool, &rejection).await {
+        warn!(%tool, %error, "could not write back a refused result");
     }
 }
 

@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | `demo` (alias `crm`) | CRM tools on the sample data shipped in the binary | nothing |
 //! | `test` | tools that sleep, fail or panic on request | nothing |
+//! | `conformance` | `conformance.probe`, the tool `toolfleet conformance` drives | nothing |
 //! | `receptionist` | `get_latest_booking`, `get_policies`, ... on PostgreSQL | `TOOLFLEET_DATABASE_URL` |
 //! | `crm-db` | the CRM tools (same names and arguments as `demo`) on PostgreSQL | `TOOLFLEET_DATABASE_URL` |
 //! | `http` | tools declared in a file that call HTTP endpoints | `TOOLFLEET_HTTP_TOOLS_FILE` |
@@ -31,7 +32,7 @@
 //! | [`crm`] | the `demo` pack on the sample data, and the spoken forms the other packs share |
 //! | [`crm_db`] | the `crm-db` pack: the `demo` tools on PostgreSQL |
 //! | [`receptionist`] | the `receptionist` pack |
-//! | [`testing`] | the `test` pack |
+//! | [`testing`] | the `test` and `conformance` packs |
 //! | [`db`] | PostgreSQL for the database packs: pool, scoped read-only queries, migrations |
 //! | [`keda`] | the worker's KEDA `ScaledObject`, one trigger per tool consumer |
 //! | [`http_tool`] | the `http` pack: tools declared in a file that POST to an HTTP endpoint |
@@ -59,13 +60,21 @@ use crate::http_tool::HttpToolError;
 use crate::mcp::{McpConfigError, McpPack};
 
 /// Pack names the binary knows.
-pub const PACKS: &[&str] = &["demo", "test", "receptionist", "crm-db", "http", "mcp"];
+pub const PACKS: &[&str] = &[
+    "demo",
+    "test",
+    "conformance",
+    "receptionist",
+    "crm-db",
+    "http",
+    "mcp",
+];
 
 /// Packs whose tools change while the worker runs ([`start_packs`] only).
 const RUN_TIME_PACKS: &[&str] = &["mcp"];
 
 /// Packs that need no settings.
-const STATIC_PACKS: &[&str] = &["demo", "crm", "test", ""];
+const STATIC_PACKS: &[&str] = &["demo", "crm", "test", "conformance", ""];
 
 /// Settings of the packs that need more than their name.
 #[derive(Debug, Clone, Default)]
@@ -161,6 +170,7 @@ pub fn tools_with(packs: &[&str], settings: &PackSettings) -> Result<Vec<Tool>, 
         match pack.trim() {
             "demo" | "crm" => tools.extend(crm::tools()),
             "test" => tools.extend(testing::tools()),
+            "conformance" => tools.push(testing::conformance_tool(testing::CONFORMANCE_TOOL)),
             "receptionist" => tools.extend(receptionist::tools(
                 &database("receptionist")?,
                 cache.as_ref(),

@@ -326,6 +326,15 @@ impl Fleet {
         Ok(())
     }
 
+    /// The `max_deliver` the server has for `tool`'s consumer.
+    pub async fn consumer_max_deliver(&self, tool: &str) -> Result<i64> {
+        let nats = async_nats::connect(self.nats.url()).await?;
+        let js = async_nats::jetstream::new(nats);
+        let stream = js.get_stream(self.names.jobs_stream()).await?;
+        let info = stream.consumer_info(self.names.tool_consumer(tool)).await?;
+        Ok(info.config.max_deliver)
+    }
+
     /// Waits until the catalog (native format) lists every tool in `names`.
     pub async fn wait_for_tools(&self, names: &[&str]) -> Result<()> {
         wait_for_tools_on(&self.client, names).await

@@ -1,10 +1,10 @@
 //! Python for the tests that drive the fleet with real Python clients (the example
 //! worker on nats-py today; the `openai` and `mcp` packages tomorrow).
 //!
-//! Owns provisioning: [`venv`] creates a virtual environment per requirements file,
+//! Owns provisioning and starting: [`venv`] creates a virtual environment per requirements file,
 //! keyed by the file's hash, installs the requirements into it once, and reuses it while
 //! the file is unchanged, so `cargo test --workspace` needs nothing but `python3` on the
-//! machine. Never installs into the machine's own Python, and never skips a test because
+//! machine; [`worker`] starts a Python SDK worker against a test fleet. Never installs into the machine's own Python, and never skips a test because
 //! a package is missing: a machine without `python3` or its `venv` module gets one line
 //! naming the Debian packages to install.
 
@@ -87,6 +87,49 @@ pub async fn venv(root: impl AsRef<Path>, requirements: &str) -> Result<PathBuf>
         bail!("no interpreter at {} after provisioning", python.display());
     }
     Ok(python)
+}
+
+/// Starts `python <args>` (a worker on the SDK of `sdk/python`, imported from the
+/// repository) against `fleet` with heartbeat 500 ms, ack wait 1 s and `extra`
+/// environment; killed when dropped.
+pub fn worker(
+    python: &Path,
+    fleet: &crate::fleet::Fleet,
+    args: &[&str],
+    extra: &[(&str, &str)],
+) -> Result<tokio::process::Child> {
+    let mut command = Command::new(python);
+    command
+        .args(args)
+        .current_dir(crate::repo_path(""))
+        .env("PYTHONPATH", crate::repo_path("sdk/python"))
+        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
+        .env("TOOLFLEET_REDIS_URL", fleet.redis.url())
+        .env("TOOLFLEET_PREFIX", fleet.names.prefix())
+        .env("TOOLFLEET_HEARTBEAT_MS", "500")
+        .env("TOOLFLEET_ACK_WAIT_MS", "1000")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    for (key, value) in extra {
+        command.env(key, value);
+    }
+    command.spawn().context("starting the Python worker")
+}
+
+/// Sends SIGTERM to a worker started by [`worker`] and waits (at most 15 s) for it to
+/// exit; its exit status.
+pub async fn terminate(child: &mut tokio::process::Child) -> Result<std::process::ExitStatus> {
+    let pid = child.id().context("the Python worker has no pid")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+        nix::sys::signal::Signal::SIGTERM,
+    )?;
+    tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .context("the Python worker did not stop")?
+        .context("waiting for the Python worker")
 }
 
 /// Runs `command` to completion (at most two minutes), quietly; an error unless it

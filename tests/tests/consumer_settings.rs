@@ -25,17 +25,6 @@ fn always_flaky(max_attempts: u32, runs: Arc<AtomicU32>) -> Tool {
         })
 }
 
-/// The `max_deliver` the server has for the tool's consumer.
-async fn consumer_max_deliver(fleet: &Fleet) -> anyhow::Result<i64> {
-    let nats = async_nats::connect(fleet.nats.url()).await?;
-    let js = async_nats::jetstream::new(nats);
-    let stream = js.get_stream(fleet.names.jobs_stream()).await?;
-    let info = stream
-        .consumer_info(fleet.names.tool_consumer(TOOL))
-        .await?;
-    Ok(info.config.max_deliver)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_retry_policy_is_in_force_on_the_next_start() -> anyhow::Result<()> {
     let fleet = Fleet::start().await?;
@@ -44,7 +33,7 @@ async fn a_changed_retry_policy_is_in_force_on_the_next_start() -> anyhow::Resul
     let first_runs = Arc::new(AtomicU32::new(0));
     let first = fleet.worker(fleet.worker_config(), vec![always_flaky(2, first_runs)]);
     fleet.wait_for_tools(&[TOOL]).await?;
-    assert_eq!(consumer_max_deliver(&fleet).await?, 2);
+    assert_eq!(fleet.consumer_max_deliver(TOOL).await?, 2);
     first.stop().await;
     fleet.wait_for_tool_gone(TOOL).await?;
 
@@ -54,7 +43,7 @@ async fn a_changed_retry_policy_is_in_force_on_the_next_start() -> anyhow::Resul
         vec![always_flaky(3, Arc::clone(&runs))],
     );
     fleet.wait_for_tools(&[TOOL]).await?;
-    assert_eq!(consumer_max_deliver(&fleet).await?, 3);
+    assert_eq!(fleet.consumer_max_deliver(TOOL).await?, 3);
 
     let outcome = fleet
         .run_calls("acme", vec![call("c1", TOOL, json!({}))], EVENT_WAIT)

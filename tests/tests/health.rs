@@ -1,6 +1,7 @@
 //! Health that means something: the HTTP endpoint answers from the first moment and
-//! names the step start-up waits on, readiness fails while a process drains, and
-//! liveness fails when a supervised background task died.
+//! names the step start-up waits on, readiness fails while a process drains or while
+//! the coordinators refuse one of a worker's definitions, and liveness fails when a
+//! supervised background task died.
 
 use std::time::{Duration, Instant};
 
@@ -86,6 +87,44 @@ async fn readiness_fails_while_draining_and_liveness_holds() -> Result<()> {
     let fin = read_final(&mut stream, WAIT).await?;
     assert_eq!(result_of(&fin, "slow")?.state, CallState::Done, "{fin:?}");
     coordinator.stop().await;
+    worker.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_is_not_ready_while_coordinators_refuse_its_definition() -> Result<()> {
+    let fleet = Fleet::start().await?;
+    let port = free_port()?;
+    let mut config = fleet.worker_config();
+    config.http_addr = loopback(port);
+    config.heartbeat = Duration::from_millis(200);
+    let tools = packs::tools_for(&["conformance"]).map_err(anyhow::Error::msg)?;
+    let worker = Running::worker(config, tools);
+    wait_http_status(port, "/readyz", 200, WAIT).await?;
+
+    // What a coordinator writes when the definition does not decode (PROTOCOL §2.6).
+    let tool = packs::testing::CONFORMANCE_TOOL;
+    let key = fleet.names.rejected_definitions_key();
+    let mut redis = fleet
+        .redis
+        .client()?
+        .get_multiplexed_async_connection()
+        .await?;
+    let refusal = json!({"reason": "the definition does not decode", "at_unix_ms": 1});
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg(tool)
+        .arg(refusal.to_string())
+        .query_async(&mut redis)
+        .await?;
+    let body = wait_http_status(port, "/readyz", 503, WAIT).await?;
+    assert!(body.contains(tool), "{body}");
+    let _: () = redis::cmd("HDEL")
+        .arg(&key)
+        .arg(tool)
+        .query_async(&mut redis)
+        .await?;
+    wait_http_status(port, "/readyz", 200, WAIT).await?;
     worker.stop().await;
     Ok(())
 }

@@ -1,18 +1,19 @@
 //! A turn whose calls are served by a Rust worker and by the Python worker of
-//! `examples/python-worker/` (written with the Python SDK of `sdk/python/`) together.
+//! `examples/python-worker/` (written with the Python SDK of `sdk/python/`) together;
+//! and a Python SDK worker whose tool's retry policy changed between two starts serves
+//! from a consumer updated to it.
 //! The SDK's packages (nats-py, redis-py) are installed by the test into a virtual
 //! environment of its own (`python::venv`) and the SDK is imported from the repository
 //! (`PYTHONPATH`), so the test always runs its current source; the machine needs only
 //! `python3`.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use futures::StreamExt;
 use serde_json::json;
-use tokio::process::Command;
-use toolfleet_tests::fleet::{call, result_of, Fleet};
+use toolfleet_common::CallState;
+use toolfleet_tests::fleet::{call, code_of, result_of, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 
@@ -22,21 +23,8 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
         toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
             .await?;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
-    let script = toolfleet_tests::repo_path("examples/python-worker/worker.py");
-    let mut child = Command::new(&python)
-        .arg(&script)
-        .env("PYTHONPATH", toolfleet_tests::repo_path("sdk/python"))
-        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
-        .env("TOOLFLEET_REDIS_URL", fleet.redis.url())
-        .env("TOOLFLEET_PREFIX", fleet.names.prefix())
-        .env("TOOLFLEET_HEARTBEAT_MS", "500")
-        .env("TOOLFLEET_ACK_WAIT_MS", "1000")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting the Python worker")?;
+    let script = "examples/python-worker/worker.py";
+    let mut child = toolfleet_tests::python::worker(&python, &fleet, &[script], &[])?;
     fleet.wait_for_tools(&["text.stats"]).await?;
     // Progress notices are what the Python worker must send; whether the owner's
     // `running` relay beats the `done` of an instant tool is a race, so the notice
@@ -88,15 +76,43 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
         .is_some_and(|w| w.starts_with("py-")));
 
     // On SIGTERM it withdraws from the registry.
-    let pid = child.id().context("the Python worker has no pid")?;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(pid)?),
-        nix::sys::signal::Signal::SIGTERM,
-    )?;
-    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
-        .await
-        .context("the Python worker did not stop")??;
+    let status = toolfleet_tests::python::terminate(&mut child).await?;
     assert!(status.success(), "{status}");
     fleet.wait_for_tool_gone("text.stats").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_retry_policy_of_a_python_tool_is_in_force_on_the_next_start() -> Result<()> {
+    const TOOL: &str = "test.py_flaky";
+    let python =
+        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
+            .await?;
+    let fleet = Fleet::start().await?;
+    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let script = ["tests/python/flaky_worker.py"];
+    let start = |attempts: &str| {
+        toolfleet_tests::python::worker(&python, &fleet, &script, &[("FLAKY_ATTEMPTS", attempts)])
+    };
+
+    let mut first = start("2")?;
+    fleet.wait_for_tools(&[TOOL]).await?;
+    assert_eq!(fleet.consumer_max_deliver(TOOL).await?, 2);
+    toolfleet_tests::python::terminate(&mut first).await?;
+    fleet.wait_for_tool_gone(TOOL).await?;
+
+    let mut second = start("3")?;
+    fleet.wait_for_tools(&[TOOL]).await?;
+    assert_eq!(fleet.consumer_max_deliver(TOOL).await?, 3);
+    let outcome = fleet
+        .run_calls("acme", vec![call("c1", TOOL, json!({}))], EVENT_WAIT)
+        .await?;
+    let result = result_of(&outcome.final_event, "c1")?;
+    assert_eq!(result.state, CallState::Error, "{result:?}");
+    assert_eq!(code_of(result), Some("flaky"), "{result:?}");
+    assert_eq!(result.attempts, 3, "{result:?}");
+
+    toolfleet_tests::python::terminate(&mut second).await?;
+    coordinator.stop().await;
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! A worker serving one tool, written against the SDK alone (the README's "Writing a
 //! tool"): `cargo run -p toolfleet-worker --example writing_a_tool`. It must never need
-//! more than `toolfleet-worker`, serde, schemars and tokio: no pack, no database.
+//! more than `toolfleet-worker`, serde and schemars: no pack, no database.
 
 use std::fmt;
 
@@ -32,10 +32,10 @@ impl fmt::Display for Invoices {
     idempotent = 3,
     timeout_ms = 2000
 )]
-async fn open_invoices(args: CustomerArgs, ctx: &ToolContext) -> Result<Invoices, ToolError> {
+async fn open_invoices(args: CustomerArgs, ctx: &ToolContext) -> Result<Invoices, BillingError> {
     // ctx.tenant_id comes from the turn, never from the model's arguments.
     if ctx.tenant_id.is_empty() {
-        return Err(ToolError::fatal("no_tenant", "the turn names no tenant"));
+        return Err(BillingError::NoTenant);
     }
     Ok(Invoices {
         customer: args.customer_id,
@@ -43,8 +43,17 @@ async fn open_invoices(args: CustomerArgs, ctx: &ToolContext) -> Result<Invoices
     })
 }
 
-#[tokio::main]
-async fn main() -> Result<(), toolfleet_worker::ServeError> {
-    // Settings and telemetry from the environment; SIGTERM or Ctrl-C drains and withdraws.
-    toolfleet_worker::serve(vec![open_invoices_tool()]).await
+// Each variant is a stable error code (`no_tenant`); the doc comment is the message.
+#[derive(Debug, ToolError)]
+enum BillingError {
+    /// the turn names no tenant
+    NoTenant,
+    /// the billing system did not answer
+    #[tool_error(code = "billing_unavailable", retryable)]
+    #[allow(dead_code)]
+    Unavailable,
 }
+
+// Settings and telemetry from the environment; SIGTERM or Ctrl-C drains and withdraws.
+#[toolfleet_worker::main(tools = [open_invoices])]
+async fn main() {}

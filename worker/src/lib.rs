@@ -40,14 +40,20 @@
 //! | `consumers` | each tool's durable consumer: created, checked, its delivery settings kept in line with the definition |
 //! | [`registry`] | announcing tools and liveness in Redis |
 //! | `runner` | pulling jobs, running calls, publishing results, acking |
-//! | [`cache`] | Redis result cache for idempotent read-only tools (`ResultCache::wrap`) |
+//! | `output` | results checked against the output schema (feature `output-schema`) |
+//! | `cache` | Redis result cache for idempotent read-only tools (`ResultCache::wrap`; feature `cache`) |
+//!
+//! Features: `prometheus` (`/metrics`), `output-schema` (the JSON Schema validator) and
+//! `cache` are on by default, as the packs use them; `otlp` and `otlp-grpc` are off.
 //!
 //! The example in the README's "Writing a tool" section is
 //! `examples/writing_a_tool.rs` (`cargo run -p toolfleet-worker --example writing_a_tool`).
 
+#[cfg(feature = "cache")]
 pub mod cache;
 pub mod config;
 mod consumers;
+mod output;
 pub mod prelude;
 pub mod registry;
 mod runner;
@@ -58,7 +64,13 @@ pub mod tool;
 pub mod toolset;
 
 pub use serve::{serve, ServeError};
-pub use toolfleet_worker_macros::tool;
+pub use toolfleet_worker_macros::{main, tool, ToolError};
+
+/// What the macros' generated code names; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use tokio;
+}
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -254,19 +266,14 @@ pub async fn run_set(
 fn checked(tool: Tool, config: &WorkerConfig) -> Result<ServedTool, WorkerError> {
     let def = tool.definition();
     validate_tool_name(&def.name)?;
-    let output_validator = match &def.output_schema {
-        Some(schema) => {
-            Some(
-                jsonschema::validator_for(schema).map_err(|e| WorkerError::OutputSchema {
-                    tool: def.name.clone(),
-                    message: e.to_string(),
-                })?,
-            )
+    let output = output::OutputCheck::compile(def.output_schema.as_ref()).map_err(|message| {
+        WorkerError::OutputSchema {
+            tool: def.name.clone(),
+            message,
         }
-        None => None,
-    };
+    })?;
     Ok(ServedTool {
-        output_validator,
+        output,
         bound: consumers::Bound::wanted(&Names::new(config.prefix.clone()), &tool, config.ack_wait),
         tool,
     })

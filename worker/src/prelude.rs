@@ -1,5 +1,5 @@
 //! `use toolfleet_worker::prelude::*;` brings what a tool file needs: the `#[tool]`
-//! attribute, [`serve`](crate::serve), the tool types, the serde and schemars derives and
+//! attribute, the `ToolError` derive (the same name as the type: one import brings both), [`serve`](crate::serve), the tool types, the serde and schemars derives and
 //! `json!`. The derives still need `serde` and `schemars` among the crate's own
 //! dependencies (their generated code names those crates). Re-exports only.
 

@@ -1,12 +1,82 @@
 //! Announcing this worker's tools in Redis: definitions for the coordinators' catalog
 //! and validation, and a liveness entry per tool refreshed by a heartbeat.
 //!
+//! Reads back what coordinators refused of this worker's tools (a definition they
+//! cannot read, a result they cannot record; PROTOCOL §2.6): logged at ERROR once per
+//! refusal, and a refused definition fails `/readyz` ([`Refusals`]).
+//!
 //! Owns this worker's registry keys only; it must never write another worker's entries
 //! or any key of a turn.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use redis::aio::ConnectionManager;
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::http::Readiness;
+use toolfleet_common::tool::Rejection;
 use toolfleet_common::{Names, ToolDefinition};
+use tracing::error;
+
+/// What coordinators refused of this worker's tools, as last read from the registry.
+#[derive(Debug, Clone, Default)]
+pub struct Refusals {
+    /// Tool → the refusal of its definition, while it stands.
+    definitions: Arc<Mutex<HashMap<String, Rejection>>>,
+    /// Tool → the last refused result seen (logged once).
+    results: Arc<Mutex<HashMap<String, Rejection>>>,
+}
+
+impl Refusals {
+    /// Why the worker is not ready: a tool whose definition coordinators refuse (its
+    /// calls get `unknown_tool`). `None` when none is refused.
+    pub fn not_ready(&self) -> Option<String> {
+        let definitions = self.definitions.lock().ok()?;
+        let (tool, rejection) = definitions.iter().next()?;
+        Some(format!(
+            "coordinators refuse the definition of {tool}: {}",
+            rejection.reason
+        ))
+    }
+
+    /// `check` that also fails while a definition is refused.
+    pub fn guard(&self, check: Readiness) -> Readiness {
+        let refusals = self.clone();
+        Arc::new(move || {
+            let (check, refusals) = (Arc::clone(&check), refusals.clone());
+            Box::pin(async move {
+                match refusals.not_ready() {
+                    Some(why) => Err(why),
+                    None => check().await,
+                }
+            })
+        })
+    }
+
+    /// Takes in the refusals read for `tool`, logging each new one at ERROR.
+    fn update(&self, tool: &str, definition: Option<Rejection>, result: Option<Rejection>) {
+        if let Ok(mut definitions) = self.definitions.lock() {
+            match definition {
+                Some(rejection) => {
+                    if definitions.get(tool) != Some(&rejection) {
+                        error!(%tool, reason = %rejection.reason, "coordinators refuse this tool's definition; its calls get unknown_tool");
+                    }
+                    definitions.insert(tool.to_string(), rejection);
+                }
+                None => {
+                    definitions.remove(tool);
+                }
+            }
+        }
+        let (Some(rejection), Ok(mut results)) = (result, self.results.lock()) else {
+            return;
+        };
+        if results.get(tool) != Some(&rejection) {
+            error!(%tool, reason = %rejection.reason, turn = ?rejection.turn_id, call = ?rejection.tool_call_id, "a coordinator refused a result of this tool");
+            results.insert(tool.to_string(), rejection);
+        }
+    }
+}
 
 /// This worker's entry in the tool registry.
 pub struct Registration {
@@ -72,6 +142,27 @@ impl Registration {
                 .ignore();
         }
         pipe.query_async(&mut self.redis).await
+    }
+
+    /// Reads what coordinators refused of these tools into `refusals`.
+    pub async fn read_refusals(&mut self, refusals: &Refusals) -> redis::RedisResult<()> {
+        if self.definitions.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (name, _) in &self.definitions {
+            pipe.hget(self.names.rejected_definitions_key(), name);
+            pipe.hget(self.names.rejected_results_key(), name);
+        }
+        let read: Vec<Option<String>> = pipe.query_async(&mut self.redis).await?;
+        let decode = |raw: Option<&Option<String>>| {
+            raw.and_then(Option::as_deref)
+                .and_then(|json| serde_json::from_str::<Rejection>(json).ok())
+        };
+        for (i, (name, _)) in self.definitions.iter().enumerate() {
+            refusals.update(name, decode(read.get(2 * i)), decode(read.get(2 * i + 1)));
+        }
+        Ok(())
     }
 
     /// Removes this worker's liveness entries (definitions stay for the catalog).

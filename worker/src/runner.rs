@@ -57,7 +57,7 @@ pub(crate) struct Shared {
 /// from (retries and keep-alives follow those, not the definition).
 pub(crate) struct ServedTool {
     pub tool: Tool,
-    pub output_validator: Option<jsonschema::Validator>,
+    pub output: crate::output::OutputCheck,
     pub bound: Bound,
 }
 
@@ -388,14 +388,10 @@ fn budget(
 /// The `invalid_result` failure replacing a successful `result` that fails the tool's
 /// output schema.
 fn invalid_output(tool: &ServedTool, result: &CallResult, job: &JobEnvelope) -> Option<CallResult> {
-    let (true, Some(validator), Some(value)) = (
-        result.ok,
-        tool.output_validator.as_ref(),
-        result.result.as_ref(),
-    ) else {
+    let (true, Some(value)) = (result.ok, result.result.as_ref()) else {
         return None;
     };
-    let error = validator.validate(value).err()?;
+    let error = tool.output.violation(value)?;
     let message = format!("result fails the output schema: {error}");
     let error = CallError::fatal(codes::INVALID_RESULT, message);
     Some(CallResult::failure(&job.call, CallState::Error, error))

@@ -4,8 +4,9 @@
 //! the tool's own stop token (a child of the worker's shutdown); a replaced tool is
 //! handed to the running loop (no job reaches the old one afterwards); and the registration
 //! that follows them: liveness beats every heartbeat, the withdrawal of tools no longer
-//! served, `registry.changed` after every change, and the readiness check over the
-//! served tools' consumers. A tool is announced only once its loop runs, and withdrawn
+//! served, `registry.changed` after every change, the coordinators' refusals read back
+//! after every beat, and the readiness check over the served tools' consumers (failing
+//! while a definition is refused). A tool is announced only once its loop runs, and withdrawn
 //! as its loop is told to stop. It never runs a call (the runner does) and never
 //! changes the set (its owner does).
 
@@ -20,7 +21,7 @@ use toolfleet_common::health::Health;
 use toolfleet_common::topology::{self, Needed};
 use tracing::{error, info, warn};
 
-use crate::registry::Registration;
+use crate::registry::{Refusals, Registration};
 use crate::runner::{serve_tool, ServedTool, Shared};
 use crate::tool::Tool;
 use crate::{consumers, WorkerConfig, WorkerError};
@@ -46,6 +47,8 @@ pub(crate) struct Serving {
     /// For the readiness check.
     redis: redis::aio::ConnectionManager,
     registration: Registration,
+    /// The coordinators' refusals of the served tools, read after every beat.
+    refusals: Refusals,
     /// The pull loops and topology watches; closed and awaited at shutdown.
     pub loops: TaskTracker,
     /// Every call of every tool; drained at shutdown.
@@ -76,6 +79,7 @@ impl Serving {
             jobs_stream,
             redis,
             registration,
+            refusals: Refusals::default(),
             loops: TaskTracker::new(),
             calls: TaskTracker::new(),
             shutdown,
@@ -208,7 +212,7 @@ impl Serving {
         };
         let check =
             toolfleet_common::ready::readiness(self.shared.nats.clone(), self.redis.clone(), needs);
-        self.health.set_readiness(check);
+        self.health.set_readiness(self.refusals.guard(check));
         info!(
             tools = definitions.len(),
             withdrawn = dropped.len(),
@@ -294,6 +298,8 @@ impl Serving {
                     if let Err(error) = self.registration.beat().await {
                         self.shared.metrics.redis_error("heartbeat");
                         warn!(%error, "heartbeat failed");
+                    } else if let Err(error) = self.registration.read_refusals(&self.refusals).await {
+                        warn!(%error, "reading the coordinators' refusals failed");
                     }
                 }
             }

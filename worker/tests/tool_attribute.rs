@@ -1,7 +1,8 @@
 //! `#[tool]` on a plain async fn: the definition comes from the attributes and the doc
 //! comment, the schemas from the argument and output types, the summary from the
-//! output's `Display`, and the fn's own error converts into a `ToolError`. Calls the
-//! tools directly; never starts a worker.
+//! output's `Display`, and the fn's own error converts into a `ToolError` through
+//! `#[derive(ToolError)]` (codes, retryability and user messages per variant). Calls
+//! the tools directly; never starts a worker.
 
 use std::fmt;
 
@@ -24,15 +25,27 @@ impl fmt::Display for Sum {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, ToolError)]
 enum MathError {
+    /// the sum is not finite
     Overflow,
 }
 
-impl From<MathError> for ToolError {
-    fn from(error: MathError) -> Self {
-        match error {
-            MathError::Overflow => ToolError::fatal("overflow", "the sum is not finite"),
+/// An upstream failure, spoken through `Display`.
+#[derive(Debug, ToolError)]
+#[tool_error(display)]
+enum UpstreamError {
+    #[tool_error(code = "upstream_down", retryable)]
+    Down { after_ms: u64 },
+    #[tool_error(user_message = "That account is closed.")]
+    AccountClosed(#[allow(dead_code)] String),
+}
+
+impl fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Down { after_ms } => write!(f, "no answer after {after_ms} ms"),
+            Self::AccountClosed(id) => write!(f, "account {id} is closed"),
         }
     }
 }
@@ -116,4 +129,30 @@ async fn output_display_is_the_summary_and_errors_convert() {
         .expect_err("overflow");
     assert_eq!(error.code, "overflow");
     assert!(!error.retryable);
+}
+
+#[test]
+fn derived_tool_errors_carry_code_retryability_message_and_user_message() {
+    let overflow = ToolError::from(MathError::Overflow);
+    assert_eq!(
+        (
+            overflow.code.as_str(),
+            overflow.message.as_str(),
+            overflow.retryable
+        ),
+        ("overflow", "the sum is not finite", false)
+    );
+    let down = ToolError::from(UpstreamError::Down { after_ms: 300 });
+    assert_eq!(
+        (down.code.as_str(), down.message.as_str(), down.retryable),
+        ("upstream_down", "no answer after 300 ms", true)
+    );
+    assert_eq!(down.user_message, None);
+    let closed = ToolError::from(UpstreamError::AccountClosed("a-1".into()));
+    assert_eq!(closed.code, "account_closed");
+    assert_eq!(closed.message, "account a-1 is closed");
+    assert_eq!(
+        closed.user_message.as_deref(),
+        Some("That account is closed.")
+    );
 }

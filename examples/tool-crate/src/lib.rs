@@ -1,6 +1,6 @@
 //! Three tools as a tool author writes them, outside the fleet's packs: each is one
-//! annotated async fn with typed arguments, output and error; `main.rs` serves them with
-//! `toolfleet_worker::serve`. This crate holds tools only, never serving code.
+//! annotated async fn with typed arguments, output and error (the error derives its
+//! codes); `main.rs` serves them with `#[toolfleet_worker::main]`. This crate holds tools only, never serving code.
 
 use std::fmt;
 
@@ -28,20 +28,15 @@ impl fmt::Display for Fahrenheit {
     }
 }
 
-/// Why a conversion fails.
-#[derive(Debug)]
+/// Why a conversion fails: each variant is a stable code (`ToolError` derive).
+#[derive(Debug, ToolError)]
 pub enum ConvertError {
-    /// Below absolute zero.
+    /// below -273.15 °C
+    #[tool_error(
+        code = "below_absolute_zero",
+        user_message = "That is colder than anything can be."
+    )]
     TooCold,
-}
-
-impl From<ConvertError> for ToolError {
-    fn from(error: ConvertError) -> Self {
-        match error {
-            ConvertError::TooCold => ToolError::fatal("below_absolute_zero", "below -273.15 °C")
-                .with_user_message("That is colder than anything can be."),
-        }
-    }
 }
 
 /// Converts a temperature from Celsius to Fahrenheit.

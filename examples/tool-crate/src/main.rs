@@ -1,6 +1,4 @@
 //! Serves the crate's three tools until SIGTERM or Ctrl-C; settings from the environment.
 
-#[tokio::main]
-async fn main() -> Result<(), toolfleet_worker::ServeError> {
-    toolfleet_worker::serve(toolfleet_example_tools::tools()).await
-}
+#[toolfleet_worker::main(tools = toolfleet_example_tools::tools())]
+async fn main() {}

@@ -2,7 +2,9 @@
 in line with the definitions (7.1), registry and heartbeat, pulls bounded by free slots
 (7.2), deadline skips, call_interrupted, started notices, keep-alives at the bound
 consumer's ack wait, time budgets, retry NAKs below the bound consumer's max_deliver,
-+TERM for undecodable jobs, publishing results before acking, draining on shutdown.
++TERM for undecodable jobs, publishing results before acking, draining on shutdown,
+and the coordinators' refusals of a definition or a result read back from the registry
+(2.6) and logged at ERROR once each.
 It never contains tools nor reads the environment."""
 
 import asyncio
@@ -48,6 +50,10 @@ class Worker:
         self.served = [_Served(t, settings.prefix) for t in tools]
         self.jobs_stream = f"{settings.prefix.upper()}_JOBS"
         self.tools_key = f"{settings.prefix}:{{registry}}:tools"
+        self.rejected_keys = {what: f"{settings.prefix}:{{registry}}:rejected:{what}s"
+                              for what in ("definition", "result")}
+        # (what, tool) -> the coordinators' refusal as last read (2.6).
+        self.refusals = {}
 
     def log(self, message):
         print(f"[{self.s.worker_id}] {message}", file=sys.stderr, flush=True)
@@ -95,6 +101,23 @@ class Worker:
                 p.zadd(served.workers_key, {self.s.worker_id: t + int(3 * self.s.heartbeat * 1000)})
                 p.zremrangebyscore(served.workers_key, "-inf", t)
             await p.execute()
+
+    async def _read_refusals(self):
+        """2.6: what coordinators refused of these tools; each new refusal logged once."""
+        async with self.redis.pipeline(transaction=False) as p:
+            for served in self.served:
+                for key in self.rejected_keys.values():
+                    p.hget(key, served.definition["name"])
+            read = iter(await p.execute())
+        for served in self.served:
+            name = served.definition["name"]
+            for what in self.rejected_keys:
+                raw = next(read)
+                refusal = json.loads(raw) if raw else None
+                if refusal and self.refusals.get((what, name)) != refusal:
+                    self.log(f"ERROR coordinators refused a {what} of {name}: {refusal.get('reason')}")
+                if refusal or what == "definition":
+                    self.refusals[(what, name)] = refusal
 
     async def _publish(self, msg, job, result):
         """7.8: publish through JetStream, wait for its ack, then ack the job."""
@@ -253,6 +276,7 @@ class Worker:
                 await asyncio.sleep(self.s.heartbeat)
                 try:
                     await self._beat()
+                    await self._read_refusals()
                 except Exception as e:  # noqa: BLE001
                     self.log(f"heartbeat failed: {e}")
 
