@@ -234,6 +234,7 @@ impl FleetClient {
             next_seq: 1,
             early: BTreeMap::new(),
             probe: PROBE_START,
+            refusal: None,
         })
     }
 
@@ -356,6 +357,9 @@ pub struct TurnStream {
     early: BTreeMap<u64, TurnEvent>,
     /// The current silence before the next probe.
     probe: Duration,
+    /// The last retryable refusal of the submission (`unavailable`): the request is
+    /// submitted again, and this is handed out only if the wait ends without acceptance.
+    refusal: Option<TurnEvent>,
 }
 
 impl TurnStream {
@@ -395,6 +399,9 @@ impl TurnStream {
             }
             let now = tokio::time::Instant::now();
             if now >= until {
+                if let Some(refusal) = self.refusal.take() {
+                    return Ok(self.hand_out(refusal).await);
+                }
                 return Err(ClientError::new(
                     ClientErrorKind::Timeout,
                     format!("no event for turn {} within {timeout:?}", self.turn_id),
@@ -427,6 +434,7 @@ impl TurnStream {
             let event: TurnEvent = serde_json::from_slice(&message.payload)
                 .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;
             match seq_of(&message.payload) {
+                None if self.is_retryable_refusal(&event) => self.refusal = Some(event),
                 None => return Ok(self.unstored(event).await),
                 Some(seq) if seq < self.next_seq => continue,
                 Some(seq) if seq == self.next_seq => {
@@ -479,6 +487,13 @@ impl TurnStream {
             .flush()
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))
+    }
+
+    /// Whether `event` refuses a submission not yet accepted for a passing reason (the
+    /// turn store unavailable): the request is then submitted again at the next probe.
+    fn is_retryable_refusal(&self, event: &TurnEvent) -> bool {
+        matches!(event, TurnEvent::Error { error, .. }
+            if self.submission.is_some() && error.retryable && error.code == turn_codes::UNAVAILABLE)
     }
 
     /// An event with no `seq`: the `error` of a request whose turn was never stored, or
