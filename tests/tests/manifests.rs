@@ -329,7 +329,7 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
         .any(|s| s.starts_with("$JS.API.STREAM.CREATE")));
     assert!(coordinator.contains(&names.turn_submit_any()));
     // Each frontend submits only as itself and reads only its own inbox.
-    for user in ["frontend", "frontend2"] {
+    for user in ["frontend", "frontend2", "gateway"] {
         let frontend = quoted_subjects(&nats_user_block(user)?);
         let inbox = format!("_INBOX_{user}.>");
         let expected: BTreeSet<String> =
