@@ -128,15 +128,14 @@ async fn refusals_answer_with_their_status_and_the_json_error_shape() -> Result<
     assert_eq!(error_code(limited).await?, (429, "rate_limited".into()));
 
     // A revoked key stops working (the test gateway caches keys for 0 ms).
-    let id = toolfleet_gateway::keys::list(&db.admin().await?, Some(TENANT)).await?;
-    let third = create_key(&db, TENANT).await?;
-    assert_eq!(post(Some(&third), &turn).await?.status(), 200);
     let admin = db.admin().await?;
+    let third = toolfleet_gateway::keys::create(&admin, TENANT, "revoked").await?;
+    assert_eq!(post(Some(&third.key), &turn).await?.status(), 200);
     let listed = toolfleet_gateway::keys::list(&admin, Some(TENANT)).await?;
-    let newest = listed.first().context("no keys")?;
-    assert_eq!(listed.len(), id.len() + 1);
-    toolfleet_gateway::keys::revoke(&admin, &newest.id).await?;
-    let revoked = error_code(post(Some(&third), &turn).await?).await?;
+    assert!(listed.iter().any(|k| k.id == third.id && k.revoked_at.is_none()));
+    let revoked_key = toolfleet_gateway::keys::revoke(&admin, &third.id).await?;
+    assert!(revoked_key.revoked_at.is_some());
+    let revoked = error_code(post(Some(&third.key), &turn).await?).await?;
     assert_eq!(revoked, (401, "unauthorized".into()));
 
     // NATS gone: 503 with Retry-After, never a hang or another 5xx.
