@@ -187,3 +187,33 @@ async fn the_catalog_lists_the_tenants_tools_in_each_format() -> Result<()> {
     assert!(spec["paths"]["/v1/tools"]["get"].is_object());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_runs_as_its_own_nats_user_for_any_tenant_of_its_keys() -> Result<()> {
+    use toolfleet_tests::secured::{SecuredServers, GATEWAY_PASSWORD};
+    let servers = SecuredServers::start().await?;
+    let port = toolfleet_tests::free_port()?;
+    // The coordinator binds `frontend` to acme alone and the gateway to every tenant.
+    let bindings = [("TOOLFLEET_FRONTEND_TENANTS", "frontend=acme;gateway=*")];
+    let _coordinator = servers.coordinator_node(port, &bindings)?;
+    let frontend = servers.frontend().await?;
+    toolfleet_tests::fleet::wait_for_catalog(&frontend, "a coordinator answers", |_| true)
+        .await?;
+    let db = TestDatabase::create().await?;
+    let credentials = [
+        ("TOOLFLEET_NATS_USER", "gateway"),
+        ("TOOLFLEET_NATS_PASSWORD", GATEWAY_PASSWORD),
+    ];
+    let gateway =
+        GatewayNode::start_on(&servers.nats.url(), servers.names.prefix(), &db, &credentials)
+            .await?;
+    for tenant in ["acme", "globex"] {
+        let key = create_key(&db, tenant).await?;
+        let body = json!({"decision": {"type": "final", "text": format!("hello {tenant}")}});
+        let response = gateway.json_turn(&key, &body).await?;
+        assert_eq!(response.status(), 200, "{tenant}");
+        let answer: Value = response.json().await?;
+        assert_eq!(answer["final"]["text"], format!("hello {tenant}"));
+    }
+    Ok(())
+}
