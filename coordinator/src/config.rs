@@ -377,10 +377,12 @@ impl FrontendBindings {
         if !self.enforced() {
             return true;
         }
-        frontend.and_then(|f| self.tenants.get(f)).is_some_and(|ids| {
-            ids.iter()
-                .any(|t| t == ANY_TENANT || *t == normalize_tenant(tenant))
-        })
+        frontend
+            .and_then(|f| self.tenants.get(f))
+            .is_some_and(|ids| {
+                ids.iter()
+                    .any(|t| t == ANY_TENANT || *t == normalize_tenant(tenant))
+            })
     }
 }
 

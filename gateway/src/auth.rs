@@ -66,7 +66,9 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
             Ok(None) => return Err(ApiError::unauthorized("unknown or revoked API key")),
             Err(KeyError::Unavailable(message)) | Err(KeyError::Invalid(message)) => {
                 tracing::warn!(%message, "API key lookup failed");
-                return Err(ApiError::unavailable("API keys cannot be checked right now"));
+                return Err(ApiError::unavailable(
+                    "API keys cannot be checked right now",
+                ));
             }
         };
         gateway.limiter.take(&record.id).map_err(|wait| {
@@ -86,8 +88,9 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
 
 impl aide::OperationInput for Caller {
     fn operation_input(_: &mut GenContext, operation: &mut Operation) {
-        let requirement: SecurityRequirement =
-            [(SECURITY_SCHEME.to_string(), Vec::new())].into_iter().collect();
+        let requirement: SecurityRequirement = [(SECURITY_SCHEME.to_string(), Vec::new())]
+            .into_iter()
+            .collect();
         if !operation.security.contains(&requirement) {
             operation.security.push(requirement);
         }
@@ -98,12 +101,26 @@ impl aide::OperationInput for Caller {
         _: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
         [
-            (401, "No API key, or an unknown or revoked one (`unauthorized`)."),
-            (429, "The key's rate is exhausted (`rate_limited`); see `Retry-After`."),
-            (503, "The fleet or the key database cannot take the request now; see `Retry-After`."),
+            (
+                401,
+                "No API key, or an unknown or revoked one (`unauthorized`).",
+            ),
+            (
+                429,
+                "The key's rate is exhausted (`rate_limited`); see `Retry-After`.",
+            ),
+            (
+                503,
+                "The fleet or the key database cannot take the request now; see `Retry-After`.",
+            ),
         ]
         .into_iter()
-        .map(|(status, what)| (Some(DocStatus::Code(status)), error_response(ctx, status, what)))
+        .map(|(status, what)| {
+            (
+                Some(DocStatus::Code(status)),
+                error_response(ctx, status, what),
+            )
+        })
         .collect()
     }
 }
@@ -122,8 +139,14 @@ mod tests {
 
     #[test]
     fn keys_come_from_bearer_or_x_api_key() {
-        assert_eq!(presented_key(&parts("authorization", "Bearer tfk_1")), Some("tfk_1"));
-        assert_eq!(presented_key(&parts("authorization", "bearer  tfk_2 ")), Some("tfk_2"));
+        assert_eq!(
+            presented_key(&parts("authorization", "Bearer tfk_1")),
+            Some("tfk_1")
+        );
+        assert_eq!(
+            presented_key(&parts("authorization", "bearer  tfk_2 ")),
+            Some("tfk_2")
+        );
         assert_eq!(presented_key(&parts("x-api-key", "tfk_3")), Some("tfk_3"));
         assert_eq!(presented_key(&parts("authorization", "Basic abc")), None);
         assert_eq!(presented_key(&parts("x-api-key", " ")), None);

@@ -120,7 +120,11 @@ impl GatewayConfig {
                 d.default_deadline,
                 1..=3_600_000,
             )?,
-            final_grace: env_ms_in("TOOLFLEET_GATEWAY_FINAL_GRACE_MS", d.final_grace, 1..=600_000)?,
+            final_grace: env_ms_in(
+                "TOOLFLEET_GATEWAY_FINAL_GRACE_MS",
+                d.final_grace,
+                1..=600_000,
+            )?,
             cors_origins: env_string("TOOLFLEET_GATEWAY_CORS_ORIGINS", "")
                 .split(',')
                 .map(str::trim)

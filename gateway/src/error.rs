@@ -8,7 +8,10 @@
 //! the handlers and limits do.
 
 use aide::generate::GenContext;
-use aide::openapi::{Header, MediaType, Operation, ParameterSchemaOrContent, ReferenceOr, Response, SchemaObject, StatusCode as DocStatus};
+use aide::openapi::{
+    Header, MediaType, Operation, ParameterSchemaOrContent, ReferenceOr, Response, SchemaObject,
+    StatusCode as DocStatus,
+};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use schemars::JsonSchema;
@@ -93,7 +96,11 @@ impl ApiError {
 
     /// 400 `invalid_request`.
     pub fn invalid_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, turn_codes::INVALID_REQUEST, message)
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            turn_codes::INVALID_REQUEST,
+            message,
+        )
     }
 
     /// 413 `payload_too_large`.
@@ -107,7 +114,12 @@ impl ApiError {
 
     /// 503 `unavailable` with `Retry-After: 1`.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, turn_codes::UNAVAILABLE, message).retry_after(1)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            turn_codes::UNAVAILABLE,
+            message,
+        )
+        .retry_after(1)
     }
 
     /// 404 `not_found`.
@@ -228,12 +240,20 @@ pub fn error_response(ctx: &mut GenContext, status: u16, description: &str) -> R
 
 /// A documented integer response header.
 pub fn integer_header(description: &str, required: bool) -> Header {
-    header_of(description, required, schemars::json_schema!({"type": "integer", "minimum": 0}))
+    header_of(
+        description,
+        required,
+        schemars::json_schema!({"type": "integer", "minimum": 0}),
+    )
 }
 
 /// A documented string response header.
 pub fn string_header(description: &str, required: bool) -> Header {
-    header_of(description, required, schemars::json_schema!({"type": "string"}))
+    header_of(
+        description,
+        required,
+        schemars::json_schema!({"type": "string"}),
+    )
 }
 
 fn header_of(description: &str, required: bool, json_schema: schemars::Schema) -> Header {

@@ -146,7 +146,9 @@ impl KeyStore {
             }
             Err(_) => {
                 self.forget(&client).await;
-                Err(KeyError::Unavailable(format!("no answer within {DB_WAIT:?}")))
+                Err(KeyError::Unavailable(format!(
+                    "no answer within {DB_WAIT:?}"
+                )))
             }
         }
     }
@@ -215,7 +217,8 @@ pub struct ListedKey {
     pub revoked_at: Option<String>,
 }
 
-const TIMES: &str = "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS created_at,
+const TIMES: &str =
+    "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS created_at,
      to_char(revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS revoked_at";
 
 /// Makes a key for `tenant` named `name` and stores its hash.

@@ -102,7 +102,9 @@ impl Gateway {
     pub fn nats_connected(&self) -> Result<(), ApiError> {
         match self.client.nats().connection_state() {
             async_nats::connection::State::Connected => Ok(()),
-            _ => Err(ApiError::unavailable("the gateway is not connected to NATS")),
+            _ => Err(ApiError::unavailable(
+                "the gateway is not connected to NATS",
+            )),
         }
     }
 }

@@ -100,8 +100,13 @@ mod tests {
         }
         assert_eq!(limiter.take_at("k", start), Err(1));
         assert_eq!(limiter.take_at("other", start), Ok(()));
-        assert_eq!(limiter.take_at("k", start + Duration::from_millis(500)), Ok(()));
-        assert!(limiter.take_at("k", start + Duration::from_millis(500)).is_err());
+        assert_eq!(
+            limiter.take_at("k", start + Duration::from_millis(500)),
+            Ok(())
+        );
+        assert!(limiter
+            .take_at("k", start + Duration::from_millis(500))
+            .is_err());
     }
 
     #[test]

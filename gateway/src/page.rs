@@ -52,7 +52,12 @@ pub fn routes() -> Router<Arc<Gateway>> {
         .route("/", get(|| async { Html(INDEX) }))
         .route(
             "/page/app.js",
-            get(|| async { ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], SCRIPT) }),
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+                    SCRIPT,
+                )
+            }),
         )
         .route(
             "/page/style.css",

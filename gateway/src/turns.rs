@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aide::generate::GenContext;
-use aide::openapi::{MediaType, Operation, ReferenceOr, Response, SchemaObject, StatusCode as DocStatus};
+use aide::openapi::{
+    MediaType, Operation, ReferenceOr, Response, SchemaObject, StatusCode as DocStatus,
+};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -304,9 +306,14 @@ impl aide::OperationOutput for TurnReply {
             .into_iter()
             .collect();
         for (status, what) in TURN_ERRORS {
-            out.push((Some(DocStatus::Code(status)), error_response(ctx, status, what)));
+            out.push((
+                Some(DocStatus::Code(status)),
+                error_response(ctx, status, what),
+            ));
         }
-        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(ctx, operation));
+        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
+            ctx, operation,
+        ));
         out
     }
 }
@@ -345,7 +352,10 @@ mod tests {
         let other = body(json!({"decision": {}, "tenant_id": "globex"})).into_request(&caller());
         assert_eq!(other.err().map(|e| e.status), Some(StatusCode::FORBIDDEN));
         let bad_id = body(json!({"decision": {}, "turn_id": "a.b"})).into_request(&caller());
-        assert_eq!(bad_id.err().map(|e| e.status), Some(StatusCode::BAD_REQUEST));
+        assert_eq!(
+            bad_id.err().map(|e| e.status),
+            Some(StatusCode::BAD_REQUEST)
+        );
     }
 
     #[test]

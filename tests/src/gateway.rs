@@ -220,7 +220,13 @@ pub fn comparable_final(fin: &Value) -> Value {
     let mut value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     if let Some(results) = value["results"].as_array_mut() {
         for result in results {
-            for field in ["started_at", "ended_at", "duration_ms", "attempts", "worker_id"] {
+            for field in [
+                "started_at",
+                "ended_at",
+                "duration_ms",
+                "attempts",
+                "worker_id",
+            ] {
                 if let Some(object) = result.as_object_mut() {
                     object.remove(field);
                 }
@@ -262,10 +268,22 @@ fn mask_volatile(text: &str) -> String {
 
 /// The length of the RFC 3339 UTC time at the start of `b`, if one is there.
 fn time_at(b: &[u8]) -> Option<usize> {
-    let digits = |range: std::ops::Range<usize>| range.clone().all(|k| b.get(k).is_some_and(u8::is_ascii_digit));
-    let shape = digits(0..4) && b.get(4) == Some(&b'-') && digits(5..7) && b.get(7) == Some(&b'-')
-        && digits(8..10) && b.get(10) == Some(&b'T') && digits(11..13) && b.get(13) == Some(&b':')
-        && digits(14..16) && b.get(16) == Some(&b':') && digits(17..19);
+    let digits = |range: std::ops::Range<usize>| {
+        range
+            .clone()
+            .all(|k| b.get(k).is_some_and(u8::is_ascii_digit))
+    };
+    let shape = digits(0..4)
+        && b.get(4) == Some(&b'-')
+        && digits(5..7)
+        && b.get(7) == Some(&b'-')
+        && digits(8..10)
+        && b.get(10) == Some(&b'T')
+        && digits(11..13)
+        && b.get(13) == Some(&b':')
+        && digits(14..16)
+        && b.get(16) == Some(&b':')
+        && digits(17..19);
     if !shape {
         return None;
     }

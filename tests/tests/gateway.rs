@@ -17,7 +17,12 @@ const TENANT: &str = "demo";
 fn examples() -> Result<Vec<(String, Value)>> {
     toolfleet_gateway::page::EXAMPLES
         .iter()
-        .map(|(name, _)| Ok((name.to_string(), read_repo_json(&format!("examples/decisions/{name}"))?)))
+        .map(|(name, _)| {
+            Ok((
+                name.to_string(),
+                read_repo_json(&format!("examples/decisions/{name}"))?,
+            ))
+        })
         .collect()
 }
 
@@ -41,7 +46,10 @@ async fn every_decision_shape_gives_the_same_final_over_sse_and_json() -> Result
             .await?;
         assert_eq!(response.status(), 200, "{name}");
         let traceparent = response.headers()["traceparent"].to_str()?.to_string();
-        assert!(traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"), "{name}: {traceparent}");
+        assert!(
+            traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"),
+            "{name}: {traceparent}"
+        );
         let events = read_events(response).await?;
         let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
         assert_eq!(kinds.first(), Some(&"ack"), "{name}: {kinds:?}");
@@ -58,8 +66,16 @@ async fn every_decision_shape_gives_the_same_final_over_sse_and_json() -> Result
         let json_final = &answer["final"];
         assert_eq!(answer["turn_id"], json_final["turn_id"], "{name}");
         let listed = answer["events"].as_array().context("no events")?;
-        assert_eq!(listed.first().map(|e| &e["type"]), Some(&json!("ack")), "{name}");
-        assert_eq!(listed.last(), Some(json_final), "{name}: events end with the final");
+        assert_eq!(
+            listed.first().map(|e| &e["type"]),
+            Some(&json!("ack")),
+            "{name}"
+        );
+        assert_eq!(
+            listed.last(),
+            Some(json_final),
+            "{name}: events end with the final"
+        );
         assert_eq!(
             comparable_final(sse_final),
             comparable_final(json_final),
@@ -80,7 +96,10 @@ async fn error_code(response: reqwest::Response) -> Result<(u16, String)> {
         .with_context(|| format!("{status}: no error object in {body}"))?;
     assert!(error["message"].is_string(), "{body}");
     assert!(error["retryable"].is_boolean(), "{body}");
-    Ok((status, error["code"].as_str().unwrap_or_default().to_string()))
+    Ok((
+        status,
+        error["code"].as_str().unwrap_or_default().to_string(),
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,7 +151,9 @@ async fn refusals_answer_with_their_status_and_the_json_error_shape() -> Result<
     let third = toolfleet_gateway::keys::create(&admin, TENANT, "revoked").await?;
     assert_eq!(post(Some(&third.key), &turn).await?.status(), 200);
     let listed = toolfleet_gateway::keys::list(&admin, Some(TENANT)).await?;
-    assert!(listed.iter().any(|k| k.id == third.id && k.revoked_at.is_none()));
+    assert!(listed
+        .iter()
+        .any(|k| k.id == third.id && k.revoked_at.is_none()));
     let revoked_key = toolfleet_gateway::keys::revoke(&admin, &third.id).await?;
     assert!(revoked_key.revoked_at.is_some());
     let revoked = error_code(post(Some(&third.key), &turn).await?).await?;
@@ -141,10 +162,14 @@ async fn refusals_answer_with_their_status_and_the_json_error_shape() -> Result<
     // NATS gone: 503 with Retry-After, never a hang or another 5xx.
     fleet.nats.stop().await;
     let readyz = gateway.url("/readyz");
-    eventually_named("the gateway to see NATS gone", Duration::from_secs(10), || async {
-        let response = gateway.http.get(&readyz).send().await.ok()?;
-        (response.status() == 503).then_some(())
-    })
+    eventually_named(
+        "the gateway to see NATS gone",
+        Duration::from_secs(10),
+        || async {
+            let response = gateway.http.get(&readyz).send().await.ok()?;
+            (response.status() == 503).then_some(())
+        },
+    )
     .await?;
     let fresh = create_key(&db, TENANT).await?;
     let down = tokio::time::timeout(Duration::from_secs(10), post(Some(&fresh), &turn))
@@ -182,7 +207,13 @@ async fn the_catalog_lists_the_tenants_tools_in_each_format() -> Result<()> {
         .send()
         .await?;
     assert_eq!(error_code(bad).await?, (400, "invalid_request".into()));
-    let spec: Value = gateway.http.get(gateway.url("/openapi.json")).send().await?.json().await?;
+    let spec: Value = gateway
+        .http
+        .get(gateway.url("/openapi.json"))
+        .send()
+        .await?
+        .json()
+        .await?;
     assert!(spec["paths"]["/v1/turns"]["post"].is_object());
     assert!(spec["paths"]["/v1/tools"]["get"].is_object());
     Ok(())
@@ -197,16 +228,19 @@ async fn the_gateway_runs_as_its_own_nats_user_for_any_tenant_of_its_keys() -> R
     let bindings = [("TOOLFLEET_FRONTEND_TENANTS", "frontend=acme;gateway=*")];
     let _coordinator = servers.coordinator_node(port, &bindings)?;
     let frontend = servers.frontend().await?;
-    toolfleet_tests::fleet::wait_for_catalog(&frontend, "a coordinator answers", |_| true)
-        .await?;
+    toolfleet_tests::fleet::wait_for_catalog(&frontend, "a coordinator answers", |_| true).await?;
     let db = TestDatabase::create().await?;
     let credentials = [
         ("TOOLFLEET_NATS_USER", "gateway"),
         ("TOOLFLEET_NATS_PASSWORD", GATEWAY_PASSWORD),
     ];
-    let gateway =
-        GatewayNode::start_on(&servers.nats.url(), servers.names.prefix(), &db, &credentials)
-            .await?;
+    let gateway = GatewayNode::start_on(
+        &servers.nats.url(),
+        servers.names.prefix(),
+        &db,
+        &credentials,
+    )
+    .await?;
     for tenant in ["acme", "globex"] {
         let key = create_key(&db, tenant).await?;
         let body = json!({"decision": {"type": "final", "text": format!("hello {tenant}")}});

@@ -34,10 +34,7 @@ const SCREENSHOT: &str = "docs/gateway-live-page.png";
 async fn output(command: &mut Command, limit: Duration) -> Result<String> {
     let out = tokio::time::timeout(
         limit,
-        command
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .output(),
+        command.stdin(Stdio::null()).kill_on_drop(true).output(),
     )
     .await
     .context("timed out")??;
@@ -66,7 +63,12 @@ async fn served() -> Result<(Fleet, TestDatabase, GatewayNode, String, impl Drop
 }
 
 /// Keeps the in-process coordinator and worker alive until dropped.
-struct Nodes(Option<(toolfleet_tests::fleet::Running, toolfleet_tests::fleet::Running)>);
+struct Nodes(
+    Option<(
+        toolfleet_tests::fleet::Running,
+        toolfleet_tests::fleet::Running,
+    )>,
+);
 
 impl Drop for Nodes {
     fn drop(&mut self) {
@@ -145,10 +147,21 @@ async fn the_live_page_shows_every_call_of_a_turn_in_chromium() -> Result<()> {
     assert!(slow >= 300, "{report}");
     let summary = report["summary"].as_str().unwrap_or_default();
     assert!(summary.contains("total 3, ok 2, errors 1"), "{report}");
-    assert!(report["narration"].as_str().is_some_and(|n| n.contains("appointment")), "{report}");
-    assert!(report["ack"].as_str().is_some_and(|a| !a.is_empty()), "{report}");
+    assert!(
+        report["narration"]
+            .as_str()
+            .is_some_and(|n| n.contains("appointment")),
+        "{report}"
+    );
+    assert!(
+        report["ack"].as_str().is_some_and(|a| !a.is_empty()),
+        "{report}"
+    );
     let trace = report["trace"].as_str().unwrap_or_default();
-    assert!(trace.starts_with("http://localhost:16686/trace/") && trace.len() == 61, "{report}");
+    assert!(
+        trace.starts_with("http://localhost:16686/trace/") && trace.len() == 61,
+        "{report}"
+    );
     assert_eq!(report["problem"], "", "{report}");
     assert!(std::fs::metadata(&screenshot)?.len() > 10_000);
     if std::env::var_os("TOOLFLEET_UPDATE_SCREENSHOT").is_some() {

@@ -79,7 +79,15 @@ fn compose_env<'a>(service: &'a Value, name: &str) -> Option<&'a str> {
 #[test]
 fn compose_runs_every_service_with_a_health_check() -> Result<()> {
     let compose = yaml("docker-compose.yml")?;
-    for name in ["nats", "redis", "jaeger", "coordinator", "worker", "gateway", "postgres"] {
+    for name in [
+        "nats",
+        "redis",
+        "jaeger",
+        "coordinator",
+        "worker",
+        "gateway",
+        "postgres",
+    ] {
         let service = compose_service(&compose, name)?;
         let test = strings(at(service, &["healthcheck", "test"]));
         assert!(

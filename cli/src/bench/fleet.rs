@@ -335,7 +335,9 @@ impl Env {
         let mut admin = toolfleet_packs::db::connect_admin(&database_url).await?;
         toolfleet_packs::db::migrate(&mut admin).await?;
         let key = toolfleet_gateway::keys::create(&admin, "bench", "toolfleet bench").await?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
         let mut cmd = Command::new(&self.exe);
         cmd.arg("--nats")
             .arg(&self.nats_url)
@@ -348,7 +350,10 @@ impl Env {
                 ("TOOLFLEET_GATEWAY_RATE_PER_S", "1000000".into()),
                 ("TOOLFLEET_GATEWAY_BURST", "1000000".into()),
                 ("TOOLFLEET_GATEWAY_MAX_TURNS", GATEWAY_MAX_TURNS.into()),
-                ("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())),
+                (
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+                ),
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -391,7 +396,10 @@ impl BenchGateway {
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                bail!("the gateway at {} was not ready within {START_TIMEOUT:?}", self.base);
+                bail!(
+                    "the gateway at {} was not ready within {START_TIMEOUT:?}",
+                    self.base
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

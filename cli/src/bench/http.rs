@@ -183,7 +183,11 @@ pub async fn run(
 ) -> Result<Http> {
     let noop = decision("test.noop", &json!({}), 3);
     let mut failed = 0;
-    let mut lat = [Latencies::default(), Latencies::default(), Latencies::default()];
+    let mut lat = [
+        Latencies::default(),
+        Latencies::default(),
+        Latencies::default(),
+    ];
     let ways = [Via::Nats, Via::Json, Via::Sse];
     let started = Instant::now();
     for i in 0..turns + turns / 10 {

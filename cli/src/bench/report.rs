@@ -383,13 +383,25 @@ fn http_rows(t: &mut Table, reports: &[ModeReport]) {
         "7 http: 3 × test.noop through the gateway",
         |r| r.http.as_ref(),
         &[
-            ("p50 / p99 ms NATS client · JSON · SSE (concurrency 1)", |m| {
-                let f = &m.figures;
-                format!("{} · {} · {}", p50_p99(&f.nats), p50_p99(&f.json), p50_p99(&f.sse))
-            }),
+            (
+                "p50 / p99 ms NATS client · JSON · SSE (concurrency 1)",
+                |m| {
+                    let f = &m.figures;
+                    format!(
+                        "{} · {} · {}",
+                        p50_p99(&f.nats),
+                        p50_p99(&f.json),
+                        p50_p99(&f.sse)
+                    )
+                },
+            ),
             ("p50 over the NATS client, ms JSON / SSE", |m| {
                 let f = &m.figures;
-                format!("+{} / +{}", ms(f.json_overhead_p50_ms), ms(f.sse_overhead_p50_ms))
+                format!(
+                    "+{} / +{}",
+                    ms(f.json_overhead_p50_ms),
+                    ms(f.sse_overhead_p50_ms)
+                )
             }),
             ("turns/s NATS client · JSON · SSE (64 in flight)", |m| {
                 let f = &m.figures;
@@ -405,8 +417,11 @@ fn http_rows(t: &mut Table, reports: &[ModeReport]) {
             }),
             ("burst 2,000 × 100 connections: statuses (s)", |m| {
                 let b = &m.figures.burst;
-                let statuses: Vec<String> =
-                    b.statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+                let statuses: Vec<String> = b
+                    .statuses
+                    .iter()
+                    .map(|(s, n)| format!("{s}: {n}"))
+                    .collect();
                 format!("{} ({:.1} s)", statuses.join(", "), b.seconds)
             }),
             ("burst: finals of 200s, 503 with Retry-After, bad", |m| {
