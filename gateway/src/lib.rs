@@ -129,7 +129,15 @@ pub async fn serve(
     gateway: Gateway,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
+    use axum::serve::ListenerExt;
     let app = api::router(Arc::new(gateway));
+    // Event-stream frames are small writes: without TCP_NODELAY each waits for the
+    // client's delayed ACK (40 ms).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::warn!(%error, "could not set TCP_NODELAY");
+        }
+    });
     axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
