@@ -1,5 +1,5 @@
 //! `toolfleet admin`: set up the database of the receptionist and CRM packs and manage
-//! each business's policies and FAQs; print the worker's KEDA `ScaledObject` (`keda`, no
+//! each business's policies and FAQs and the HTTP gateway's API keys; print the worker's KEDA `ScaledObject` (`keda`, no
 //! database). Connects with `--database-url` /
 //! `TOOLFLEET_DATABASE_URL` as a user that may write (not the tools' read-only role).
 //!
@@ -39,6 +39,11 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: FaqCommand,
     },
+    /// The HTTP gateway's API keys (each maps to exactly one tenant).
+    Keys {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
     /// Print the worker's KEDA ScaledObject: one trigger per tool of `--packs`.
     Keda {
         /// The packs the worker serves, comma-separated (its `TOOLFLEET_PACKS`).
@@ -74,6 +79,47 @@ pub enum PolicyCommand {
         #[arg(long)]
         topic: Option<String>,
     },
+}
+
+/// `toolfleet admin keys ...`
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// Make a key for a tenant; the key is printed once, only its hash is stored.
+    Create {
+        /// The tenant every request with this key runs for.
+        #[arg(long)]
+        tenant: String,
+        /// A name to tell keys apart.
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// List keys (prefix, tenant, name, created, revoked), optionally one tenant's.
+    List {
+        /// Only this tenant's keys.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke a key by id; the gateway refuses it within its key cache period.
+    Revoke {
+        /// The key's id (from `create` or `list`).
+        id: String,
+    },
+}
+
+impl KeyCommand {
+    /// Runs this command on `client`; its JSON answer.
+    async fn run(self, client: &Client) -> Result<Value> {
+        use toolfleet_gateway::keys;
+        Ok(match self {
+            Self::Create { tenant, name } => {
+                json!({"status": "ok", "key": keys::create(client, &tenant, &name).await?})
+            }
+            Self::List { tenant } => {
+                json!({"status": "ok", "keys": keys::list(client, tenant.as_deref()).await?})
+            }
+            Self::Revoke { id } => json!({"status": "ok", "key": keys::revoke(client, &id).await?}),
+        })
+    }
 }
 
 /// `toolfleet admin faqs ...`
@@ -126,6 +172,7 @@ pub async fn run(database_url: &str, command: AdminCommand) -> Result<()> {
         AdminCommand::Migrate { seed } => migrate(database_url, seed).await?,
         AdminCommand::Policies { command } => command.run(&connect(database_url).await?).await?,
         AdminCommand::Faqs { command } => command.run(&connect(database_url).await?).await?,
+        AdminCommand::Keys { command } => command.run(&connect(database_url).await?).await?,
     };
     println!("{}", serde_json::to_string_pretty(&answer)?);
     Ok(())

@@ -1,6 +1,6 @@
 //! A local fleet: NATS and Redis at the given URLs, or `nats-server` / `redis-server`
 //! started on free loopback ports when nothing answers; a coordinator and a worker
-//! in-process.
+//! in-process; optionally the HTTP gateway in-process ([`LocalGateway`]).
 //!
 //! Owns the server processes it starts and their temporary data folders. It must never
 //! stop or alter a server it did not start, and never leave one it started running:
@@ -370,5 +370,57 @@ pub(crate) async fn wait_for_tools(
             bail!("the fleet did not list {wanted:?} within {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A turn body for the curl line `toolfleet up --gateway` prints.
+const DEMO_TURN: &str = r#"{"decision": {"type": "tool_calls", "calls": [{"toolName": "crm.listUpcomingAppointments", "arguments": {"customerId": "cust_001"}}, {"toolName": "crm.getOpenInvoices", "arguments": {"customerId": "cust_001"}}]}}"#;
+
+/// The HTTP gateway serving a local fleet, with a fresh API key for tenant `demo`.
+pub struct LocalGateway {
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl LocalGateway {
+    /// Migrates the key database (`TOOLFLEET_DATABASE_URL`), makes a key for tenant
+    /// `demo`, and serves the gateway on `addr` over `fleet`'s client; prints the page's
+    /// URL and the key.
+    pub async fn start(fleet: &LocalFleet, addr: SocketAddr) -> Result<Self> {
+        let config = toolfleet_gateway::GatewayConfig {
+            addr,
+            ..toolfleet_gateway::GatewayConfig::from_env()?
+        };
+        let url = &config.database_url;
+        toolfleet_packs::db::create_database_if_missing(url).await?;
+        let mut admin = toolfleet_packs::db::connect_admin(url)
+            .await
+            .with_context(|| format!("the gateway keeps API keys in PostgreSQL at {url} (set TOOLFLEET_DATABASE_URL)"))?;
+        toolfleet_packs::db::migrate(&mut admin).await?;
+        let key = toolfleet_gateway::keys::create(&admin, "demo", "toolfleet up").await?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the gateway to {addr}"))?;
+        let gateway = toolfleet_gateway::Gateway::new(config, fleet.client.clone());
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move {
+            if let Err(error) = toolfleet_gateway::serve(listener, gateway, token).await {
+                eprintln!("gateway failed: {error}");
+            }
+        });
+        println!("gateway: http://{addr}/ (live turn page), http://{addr}/docs (API)");
+        println!("API key for tenant demo: {}", key.key);
+        println!(
+            "try: curl -N http://{addr}/v1/turns -H 'Authorization: Bearer {}' -H 'Accept: text/event-stream' -H 'Content-Type: application/json' -d '{}'",
+            key.key, DEMO_TURN
+        );
+        Ok(Self { shutdown, task })
+    }
+
+    /// Stops serving; open event streams end.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
     }
 }

@@ -83,6 +83,13 @@ enum Command {
         /// Tool packs the worker serves.
         #[arg(long, value_delimiter = ',', default_value = "demo,test")]
         packs: Vec<String>,
+        /// Also serve the HTTP gateway and its live turn page, with a fresh API key for
+        /// tenant `demo` (needs PostgreSQL at TOOLFLEET_DATABASE_URL).
+        #[arg(long)]
+        gateway: bool,
+        /// Where the gateway listens.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        gateway_addr: std::net::SocketAddr,
     },
     /// Submit a model decision (any supported shape) from a JSON file and stream the turn.
     Submit {
@@ -168,6 +175,9 @@ enum Command {
     /// Run a coordinator configured by the environment until SIGTERM.
     #[command(hide = true)]
     Coordinator,
+    /// Run the HTTP gateway configured by the environment until SIGTERM.
+    #[command(hide = true)]
+    Gateway,
     /// Run a worker configured by the environment until SIGTERM.
     #[command(hide = true)]
     Worker {
@@ -189,6 +199,7 @@ async fn main() -> Result<()> {
     let (service, fleet_node) = match cli.command {
         Command::Coordinator => ("toolfleet-coordinator", true),
         Command::Worker { .. } => ("toolfleet-worker", true),
+        Command::Gateway => ("toolfleet-gateway", false),
         _ => ("toolfleet-cli", false),
     };
     let mut telemetry_config = TelemetryConfig::from_env(service)?;
@@ -230,7 +241,11 @@ async fn run(cli: Cli) -> Result<()> {
     };
     match cli.command {
         Command::Demo { customer, json } => demo(&servers, &customer, json).await,
-        Command::Up { packs } => up(&servers, &packs).await,
+        Command::Up {
+            packs,
+            gateway,
+            gateway_addr,
+        } => up(&servers, &packs, gateway.then_some(gateway_addr)).await,
         Command::Submit {
             file,
             tenant,
@@ -286,6 +301,7 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(&cli.nats, &cli.redis, &cli.prefix, args).await,
         Command::Chaos(args) => chaos::run(args).await,
         Command::Coordinator => node::coordinator(&cli.nats, &cli.redis, &cli.prefix).await,
+        Command::Gateway => node::gateway(&cli.nats, &cli.prefix).await,
         Command::Worker { packs } => node::worker(&cli.nats, &cli.redis, &cli.prefix, &packs).await,
     }
 }
@@ -313,15 +329,27 @@ async fn demo(servers: &Servers<'_>, customer: &str, json: bool) -> Result<()> {
     outcome
 }
 
-/// `toolfleet up`: a local fleet serving `packs` until Ctrl-C or SIGTERM.
-async fn up(servers: &Servers<'_>, packs: &[String]) -> Result<()> {
+/// `toolfleet up`: a local fleet serving `packs` until Ctrl-C or SIGTERM, with the HTTP
+/// gateway on `gateway` when given.
+async fn up(
+    servers: &Servers<'_>,
+    packs: &[String],
+    gateway: Option<std::net::SocketAddr>,
+) -> Result<()> {
     let names: Vec<&str> = packs.iter().map(String::as_str).collect();
     let fleet = servers.local(&names).await?;
     println!(
         "fleet up: nats {} redis {} prefix {} (Ctrl-C to stop)",
         fleet.nats_url, fleet.redis_url, servers.prefix
     );
+    let served = match gateway {
+        Some(addr) => Some(local::LocalGateway::start(&fleet, addr).await?),
+        None => None,
+    };
     toolfleet_common::shutdown::signalled().await;
+    if let Some(gateway) = served {
+        gateway.stop().await;
+    }
     fleet.stop().await;
     Ok(())
 }

@@ -66,3 +66,15 @@ pub(crate) fn stop_on_signal() -> CancellationToken {
     });
     token
 }
+
+/// `toolfleet gateway`: the HTTP gateway configured by the environment, on `nats_url`
+/// under `prefix`, until SIGTERM.
+pub async fn gateway(nats_url: &str, prefix: &str) -> Result<()> {
+    let config = toolfleet_gateway::GatewayConfig {
+        nats_url: nats_url.to_string(),
+        prefix: prefix.to_string(),
+        ..toolfleet_gateway::GatewayConfig::from_env()?
+    };
+    toolfleet_gateway::run(config, toolfleet_common::shutdown::on_signal()).await?;
+    Ok(())
+}

@@ -332,13 +332,18 @@ impl TenantPolicies {
 }
 
 /// Which tenants each frontend (NATS user) may submit turns for
-/// (`TOOLFLEET_FRONTEND_TENANTS`, `frontend=acme,globex;frontend2=initech`). Empty: no
-/// binding, any identified or unidentified frontend names its tenant.
+/// (`TOOLFLEET_FRONTEND_TENANTS`, `frontend=acme,globex;frontend2=initech;gateway=*`).
+/// Empty: no binding, any identified or unidentified frontend names its tenant. `*`
+/// binds a frontend to every tenant: for a frontend that authenticates its own callers
+/// and fixes their tenant itself (the HTTP gateway, from its API keys).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FrontendBindings {
     /// Normalized tenant ids by frontend user.
     pub tenants: BTreeMap<String, Vec<String>>,
 }
+
+/// The binding of a frontend to every tenant (`gateway=*`).
+pub const ANY_TENANT: &str = "*";
 
 impl FrontendBindings {
     /// Parses `frontend=t1,t2;other=t3`.
@@ -374,7 +379,10 @@ impl FrontendBindings {
         }
         frontend
             .and_then(|f| self.tenants.get(f))
-            .is_some_and(|ids| ids.iter().any(|t| *t == normalize_tenant(tenant)))
+            .is_some_and(|ids| {
+                ids.iter()
+                    .any(|t| t == ANY_TENANT || *t == normalize_tenant(tenant))
+            })
     }
 }
 
@@ -427,5 +435,14 @@ mod tests {
         assert!(FrontendBindings::default().allows(None, "anyone"));
         assert!(FrontendBindings::parse("web").is_err());
         assert!(FrontendBindings::parse("a.b=t1").is_err());
+    }
+
+    #[test]
+    fn a_frontend_bound_to_any_tenant() {
+        let b = FrontendBindings::parse("web=acme;gateway=*").unwrap_or_default();
+        assert!(b.allows(Some("gateway"), "acme"));
+        assert!(b.allows(Some("gateway"), "globex"));
+        assert!(!b.allows(Some("web"), "globex"));
+        assert!(!b.allows(None, "globex"));
     }
 }

@@ -45,6 +45,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0003_reader_role",
         include_str!("../../migrations/0003_reader_role.sql"),
     ),
+    (
+        "0004_api_keys",
+        include_str!("../../migrations/0004_api_keys.sql"),
+    ),
 ];
 
 /// Demo rows for two businesses (idempotent; see `migrations/seed/demo_businesses.sql`).

@@ -17,6 +17,8 @@
 //!   asserting on state that converges asynchronously.
 //! - [`secured::SecuredServers`]: servers configured from `deploy/` (per-role NATS
 //!   users, Redis ACL users) and a per-role connection that sees permission errors.
+//! - [`gateway::GatewayNode`]: the HTTP gateway as a child process (`gateway-node`) on
+//!   a free port, with API keys made in a [`pg::TestDatabase`], and the SSE reader.
 //! - [`pg::TestDatabase`]: a private PostgreSQL database, migrated and seeded,
 //!   dropped on `Drop`.
 //! - [`python::venv`]: a virtual environment with a requirements file installed,
@@ -34,6 +36,7 @@
 
 pub mod dashboard;
 pub mod fleet;
+pub mod gateway;
 pub mod ops;
 pub mod otlp;
 pub mod pg;

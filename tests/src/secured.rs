@@ -21,6 +21,7 @@ pub const COORDINATOR_PASSWORD: &str = "coordinator-test-password";
 pub const WORKER_PASSWORD: &str = "worker-test-password";
 pub const FRONTEND_PASSWORD: &str = "frontend-test-password";
 pub const FRONTEND2_PASSWORD: &str = "frontend2-test-password";
+pub const GATEWAY_PASSWORD: &str = "gateway-test-password";
 
 /// How long a test waits for a server's permissions error.
 pub const ERROR_WAIT: Duration = Duration::from_secs(5);
@@ -40,7 +41,8 @@ pub fn nats_auth_config() -> Result<String> {
         "TOOLFLEET_NATS_COORDINATOR_PASSWORD: \"{COORDINATOR_PASSWORD}\"\n\
          TOOLFLEET_NATS_WORKER_PASSWORD: \"{WORKER_PASSWORD}\"\n\
          TOOLFLEET_NATS_FRONTEND_PASSWORD: \"{FRONTEND_PASSWORD}\"\n\
-         TOOLFLEET_NATS_FRONTEND2_PASSWORD: \"{FRONTEND2_PASSWORD}\"\n\n{}",
+         TOOLFLEET_NATS_FRONTEND2_PASSWORD: \"{FRONTEND2_PASSWORD}\"\n\
+         TOOLFLEET_NATS_GATEWAY_PASSWORD: \"{GATEWAY_PASSWORD}\"\n\n{}",
         deploy_file("nats/auth.conf")?
     ))
 }
@@ -55,6 +57,11 @@ pub fn worker_credentials() -> NatsCredentials {
 
 pub fn frontend_credentials() -> NatsCredentials {
     NatsCredentials::user_and_password("frontend", FRONTEND_PASSWORD)
+}
+
+/// The HTTP gateway's user of `deploy/nats/auth.conf`.
+pub fn gateway_credentials() -> NatsCredentials {
+    NatsCredentials::user_and_password("gateway", GATEWAY_PASSWORD)
 }
 
 /// The second frontend user of `deploy/nats/auth.conf`.

@@ -79,7 +79,15 @@ fn compose_env<'a>(service: &'a Value, name: &str) -> Option<&'a str> {
 #[test]
 fn compose_runs_every_service_with_a_health_check() -> Result<()> {
     let compose = yaml("docker-compose.yml")?;
-    for name in ["nats", "redis", "jaeger", "coordinator", "worker"] {
+    for name in [
+        "nats",
+        "redis",
+        "jaeger",
+        "coordinator",
+        "worker",
+        "gateway",
+        "postgres",
+    ] {
         let service = compose_service(&compose, name)?;
         let test = strings(at(service, &["healthcheck", "test"]));
         assert!(
@@ -96,6 +104,7 @@ fn compose_runs_every_service_with_a_health_check() -> Result<()> {
         ("coordinator", "nats"),
         ("coordinator", "redis"),
         ("worker", "coordinator"),
+        ("gateway", "coordinator"),
     ] {
         assert_eq!(
             str_at(
@@ -188,6 +197,7 @@ fn compose_roles_use_their_own_users() -> Result<()> {
         ("coordinator", "coordinator"),
         ("worker", "worker"),
         ("cli", "frontend"),
+        ("gateway", "gateway"),
     ] {
         let s = compose_service(&compose, service)?;
         assert_eq!(
@@ -206,7 +216,10 @@ fn compose_roles_use_their_own_users() -> Result<()> {
             compose_env(compose_service(&compose, "nats")?, &variable).is_some(),
             "NATS gets no {variable}"
         );
-        if service != "cli" {
+        if service == "gateway" {
+            // A frontend: no Redis at all, only NATS and its key database.
+            assert_eq!(compose_env(s, "TOOLFLEET_REDIS_URL"), None);
+        } else if service != "cli" {
             let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
             assert!(
                 redis_url.starts_with(&format!("redis://toolfleet:{acl_password}@")),
@@ -331,7 +344,7 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
     assert!(coordinator.contains(&names.turn_attach_any()));
     assert!(coordinator.contains(&names.turn_attach()));
     // Each frontend submits only as itself and reads only its own inbox.
-    for user in ["frontend", "frontend2"] {
+    for user in ["frontend", "frontend2", "gateway"] {
         let frontend = quoted_subjects(&nats_user_block(user)?);
         let inbox = format!("_INBOX_{user}.>");
         let expected: BTreeSet<String> = [

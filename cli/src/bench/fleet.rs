@@ -320,6 +320,113 @@ pub(crate) async fn live_workers(
         .ok()
 }
 
+/// The HTTP gateway of one phase, with the API key made for it.
+pub struct BenchGateway {
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// The key (tenant `bench`).
+    pub key: String,
+    key_id: String,
+    database_url: String,
+    node: Node,
+}
+
+/// Turns the gateway follows at once in the bench: above the throughput phase's 64, below
+/// the burst's 100 connections, so the burst meets `overloaded`.
+const GATEWAY_MAX_TURNS: &str = "80";
+
+impl Env {
+    /// Starts `toolfleet gateway` for the fleet under `prefix` on a free port (exporting
+    /// to `otlp` when given), with a fresh key of tenant `bench` in the database of
+    /// `TOOLFLEET_DATABASE_URL` (migrated first), and waits for `/readyz`.
+    pub async fn start_gateway(&self, prefix: &str, otlp: Option<&str>) -> Result<BenchGateway> {
+        let database_url = std::env::var("TOOLFLEET_DATABASE_URL")
+            .unwrap_or_else(|_| toolfleet_gateway::config::DEFAULT_DATABASE_URL.into());
+        toolfleet_packs::db::create_database_if_missing(&database_url)
+            .await
+            .with_context(|| format!("the http phase keeps its API key in PostgreSQL at {database_url} (TOOLFLEET_DATABASE_URL)"))?;
+        let mut admin = toolfleet_packs::db::connect_admin(&database_url).await?;
+        toolfleet_packs::db::migrate(&mut admin).await?;
+        let key = toolfleet_gateway::keys::create(&admin, "bench", "toolfleet bench").await?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("--nats")
+            .arg(&self.nats_url)
+            .arg("--prefix")
+            .arg(prefix)
+            .arg("gateway")
+            .envs([
+                ("TOOLFLEET_GATEWAY_ADDR", format!("127.0.0.1:{port}")),
+                ("TOOLFLEET_DATABASE_URL", database_url.clone()),
+                ("TOOLFLEET_GATEWAY_RATE_PER_S", "1000000".into()),
+                ("TOOLFLEET_GATEWAY_BURST", "1000000".into()),
+                ("TOOLFLEET_GATEWAY_MAX_TURNS", GATEWAY_MAX_TURNS.into()),
+                (
+                    "RUST_LOG",
+                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+                ),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        for name in OTEL_VARIABLES {
+            cmd.env_remove(name);
+        }
+        if let Some(endpoint) = otlp {
+            cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+                .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+        }
+        let child = cmd.spawn().context("starting the gateway")?;
+        let pid = child.id().context("the gateway has no pid")?;
+        let gateway = BenchGateway {
+            base: format!("http://127.0.0.1:{port}"),
+            key: key.key,
+            key_id: key.id,
+            database_url,
+            node: Node {
+                role: "gateway",
+                pid,
+                child,
+            },
+        };
+        gateway.wait_ready().await?;
+        Ok(gateway)
+    }
+}
+
+impl BenchGateway {
+    async fn wait_ready(&self) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        let url = format!("{}/readyz", self.base);
+        let http = reqwest::Client::new();
+        loop {
+            if let Ok(r) = http.get(&url).send().await {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                bail!(
+                    "the gateway at {} was not ready within {START_TIMEOUT:?}",
+                    self.base
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops the gateway and revokes its key.
+    pub async fn stop(self, progress: &Progress) {
+        self.node.stop(progress).await;
+        if let Ok(admin) = toolfleet_packs::db::connect_admin(&self.database_url).await {
+            let _ = toolfleet_gateway::keys::revoke(&admin, &self.key_id).await;
+        }
+    }
+}
+
 /// The stream the floor measurement publishes to.
 pub fn floor_stream(names: &Names) -> String {
     format!("{}_FLOOR", names.prefix().to_uppercase())
@@ -344,7 +451,8 @@ impl Fleet {
 }
 
 impl Node {
-    async fn stop(mut self, progress: &Progress) {
+    /// SIGTERM, then SIGKILL after a bound (noted on `progress`).
+    pub async fn stop(mut self, progress: &Progress) {
         if let Ok(pid) = i32::try_from(self.pid) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),

@@ -11,7 +11,8 @@
 //!
 //! | module | what lives there |
 //! |---|---|
-//! | `fleet` | coordinator and worker child processes per phase, readiness, cleanup |
+//! | `fleet` | coordinator, worker and gateway child processes per phase, readiness, cleanup |
+//! | `http` | the `http` phase: turns through the gateway (JSON, SSE) beside the NATS client |
 //! | `phases` | the measurements: floor, overhead, throughput, parallel, scaling, memory |
 //! | `progress` | the progress bar on a terminal and the stderr lines written beside it |
 //! | `report` | the Markdown tables, the targets, the JSON file |
@@ -19,6 +20,7 @@
 //! | `stats` | percentiles, load average, `/proc` memory and machine facts |
 
 mod fleet;
+mod http;
 mod phases;
 mod progress;
 mod report;
@@ -70,15 +72,19 @@ pub enum Phase {
     Scaling,
     /// Coordinator memory with many turns in flight.
     Memory,
+    /// Turns through the HTTP gateway (JSON and SSE) beside the NATS client; needs
+    /// PostgreSQL at `TOOLFLEET_DATABASE_URL` for the gateway's API key.
+    Http,
 }
 
-const ALL_PHASES: [Phase; 6] = [
+const ALL_PHASES: [Phase; 7] = [
     Phase::Floor,
     Phase::Overhead,
     Phase::Throughput,
     Phase::Parallel,
     Phase::Scaling,
     Phase::Memory,
+    Phase::Http,
 ];
 
 /// Arguments of `toolfleet bench`.
@@ -217,6 +223,7 @@ struct ModeReport {
     parallel: Option<Measured<Parallel>>,
     scaling: Vec<Measured<ScalingPoint>>,
     memory: Option<Measured<Memory>>,
+    http: Option<Measured<http::Http>>,
 }
 
 /// Whether one configuration exports traces.
@@ -534,7 +541,11 @@ impl Stage<'_> {
                 report.memory = Some(self.memory().await?);
                 progress.done();
             }
-            Phase::Scaling | Phase::Memory => {
+            Phase::Http if !attach => {
+                report.http = Some(self.http().await?);
+                progress.done();
+            }
+            Phase::Scaling | Phase::Memory | Phase::Http => {
                 progress.note("  skipped: needs a fleet the bench starts");
             }
         }
@@ -635,6 +646,42 @@ impl Stage<'_> {
         let work = phases::memory(&fleet, self.plan.memory_turns, self.plan.memory_sleep_ms);
         let m = measured(self.sink, self.mode, work).await;
         self.retire(&prefix, fleet, m).await
+    }
+
+    /// The http phase: a gateway child process in front of a fresh fleet, with an API
+    /// key made for the phase and revoked after it.
+    async fn http(&self) -> Result<Measured<http::Http>> {
+        let plan = self.plan;
+        let slots = (plan.throughput_turns * 3).max(8);
+        let (prefix, fleet) = self.fresh("http", 1, slots).await?;
+        let otlp = (self.mode == Mode::On).then(|| self.sink.endpoint());
+        let started = self.env.start_gateway(&prefix, otlp.as_deref()).await;
+        let outcome = match started {
+            Ok(gateway) => {
+                let work = async {
+                    let target = http::Target::new(
+                        fleet.client.clone(),
+                        gateway.base.clone(),
+                        gateway.key.clone(),
+                        128,
+                    )?;
+                    http::run(
+                        &target,
+                        plan.overhead_turns / 2,
+                        secs(plan.overhead_cap_s),
+                        plan.throughput_turns,
+                        secs(plan.throughput_seconds),
+                        &self.env.progress,
+                    )
+                    .await
+                };
+                let m = measured(self.sink, self.mode, work).await;
+                gateway.stop(&self.env.progress).await;
+                m
+            }
+            Err(error) => Err(error),
+        };
+        self.retire(&prefix, fleet, outcome).await
     }
 
     /// A fresh prefix for `name` in this configuration, remembered for cleanup.

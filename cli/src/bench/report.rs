@@ -55,7 +55,7 @@ struct Goal {
 }
 
 /// The targets, in the order they are reported.
-const GOALS: [Goal; 5] = [
+const GOALS: [Goal; 8] = [
     Goal {
         target: "overhead p50 at concurrency 1 (3 no-op calls), ms",
         goal: "≤ 1 ms with tracing on",
@@ -89,6 +89,30 @@ const GOALS: [Goal; 5] = [
                 .map(|m| (m.figures.in_flight_rss_mib * MIB_IN_MB * 10.0).round() / 10.0)
         },
         bound: Bound::AtMost(64.0),
+    },
+    Goal {
+        target: "gateway overhead over the NATS client, p50 at concurrency 1 (JSON), ms",
+        goal: "≤ +0.3 ms",
+        figure: |r| r.http.as_ref().map(|m| m.figures.json_overhead_p50_ms),
+        bound: Bound::AtMost(0.3),
+    },
+    Goal {
+        target: "gateway throughput (JSON) as a share of the NATS client's, %",
+        goal: "≥ 80 %",
+        figure: |r| r.http.as_ref().map(|m| m.figures.json_throughput_pct),
+        bound: Bound::AtLeast(80.0),
+    },
+    Goal {
+        target: "burst of 2,000 on 100 connections: 5xx other than 503 + Retry-After, plus 200s without final",
+        goal: "0",
+        figure: |r| {
+            r.http.as_ref().map(|m| {
+                let b = &m.figures.burst;
+                let ok = b.statuses.get(&200).copied().unwrap_or(0);
+                (b.bad + ok.saturating_sub(b.finals)) as f64
+            })
+        },
+        bound: Bound::AtMost(0.0),
     },
 ];
 
@@ -275,6 +299,7 @@ fn figures_table(plan: &Plan, reports: &[ModeReport]) -> Table {
     parallel_rows(&mut t, reports);
     scaling_rows(&mut t, plan, reports);
     memory_rows(&mut t, plan, reports);
+    http_rows(&mut t, reports);
     row(
         &mut t,
         reports,
@@ -346,6 +371,64 @@ fn overhead_rows(t: &mut Table, reports: &[ModeReport]) {
                 counted(&m.figures.turn, m.figures.failed)
             }),
             ("1-min load before → after", load),
+        ],
+    );
+}
+
+/// Adds the http phase's rows: the gateway beside the NATS client.
+fn http_rows(t: &mut Table, reports: &[ModeReport]) {
+    phase_rows::<super::http::Http>(
+        t,
+        reports,
+        "7 http: 3 × test.noop through the gateway",
+        |r| r.http.as_ref(),
+        &[
+            (
+                "p50 / p99 ms NATS client · JSON · SSE (concurrency 1)",
+                |m| {
+                    let f = &m.figures;
+                    format!(
+                        "{} · {} · {}",
+                        p50_p99(&f.nats),
+                        p50_p99(&f.json),
+                        p50_p99(&f.sse)
+                    )
+                },
+            ),
+            ("p50 over the NATS client, ms JSON / SSE", |m| {
+                let f = &m.figures;
+                format!(
+                    "+{} / +{}",
+                    ms(f.json_overhead_p50_ms),
+                    ms(f.sse_overhead_p50_ms)
+                )
+            }),
+            ("turns/s NATS client · JSON · SSE (64 in flight)", |m| {
+                let f = &m.figures;
+                format!(
+                    "{} · {} · {}",
+                    f1(f.nats_turns_per_s),
+                    f1(f.json_turns_per_s),
+                    f1(f.sse_turns_per_s)
+                )
+            }),
+            ("JSON turns/s as % of the NATS client's", |m| {
+                format!("{:.0} %", m.figures.json_throughput_pct)
+            }),
+            ("burst 2,000 × 100 connections: statuses (s)", |m| {
+                let b = &m.figures.burst;
+                let statuses: Vec<String> = b
+                    .statuses
+                    .iter()
+                    .map(|(s, n)| format!("{s}: {n}"))
+                    .collect();
+                format!("{} ({:.1} s)", statuses.join(", "), b.seconds)
+            }),
+            ("burst: finals of 200s, 503 with Retry-After, bad", |m| {
+                let b = &m.figures.burst;
+                format!("{} / {} / {}", b.finals, b.refused_with_retry_after, b.bad)
+            }),
+            ("turns failed", |m| m.figures.failed.to_string()),
         ],
     );
 }
@@ -537,7 +620,7 @@ mod tests {
             },
         ];
         let targets = targets(&reports);
-        assert_eq!(targets.len(), 5);
+        assert_eq!(targets.len(), GOALS.len());
         assert!(targets.iter().all(|t| t.met.is_none()));
     }
 }

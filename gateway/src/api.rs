@@ -1,0 +1,176 @@
+//! The gateway's router: the API routes with their OpenAPI documentation, `/openapi.json`
+//! and `/docs`, `/healthz` and `/readyz`, the live page, and the layers every request
+//! passes (CORS by origin list, tracing, the body limit).
+//!
+//! Owns which path goes to which handler and the order of the layers. The OpenAPI
+//! document is generated from the handlers' extractor and response types (aide over the
+//! schemars schemas the wire types already derive); nothing in it is written by hand but
+//! the summaries. Never handles a request itself beyond health and the 404.
+
+use std::sync::Arc;
+
+use aide::axum::routing::{get_with, post_with};
+use aide::axum::ApiRouter;
+use aide::openapi::{OpenApi, SecurityScheme, Tag};
+use aide::transform::TransformOpenApi;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::auth::{API_KEY_HEADER, SECURITY_SCHEME};
+use crate::error::ApiError;
+use crate::trace::{add_traceparent, RecordFailure, RecordStatus, ServerSpan};
+use crate::{catalog, page, turns, Gateway};
+
+/// The router of `gateway`, with every layer.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    let mut api = OpenApi::default();
+    let routes = api_routes().finish_api_with(&mut api, describe);
+    let document = serde_json::to_string(&api).unwrap_or_else(|_| "{}".into());
+    let redoc = aide::redoc::Redoc::new("/openapi.json")
+        .with_title("toolfleet gateway API")
+        .html();
+    let limit = gateway.config.max_body_bytes;
+    let cors = cors(&gateway.config.cors_origins);
+    let app = routes
+        .route(
+            "/openapi.json",
+            get(move || async move { ([(header::CONTENT_TYPE, "application/json")], document) }),
+        )
+        .route("/docs", get(move || async move { Html(redoc) }))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .merge(page::routes())
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(limit))
+        .layer(axum::middleware::map_response(move |r: Response| {
+            json_too_large(r, limit)
+        }))
+        .layer(axum::middleware::map_response(add_traceparent))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(ServerSpan)
+                .on_response(RecordStatus)
+                .on_failure(RecordFailure),
+        );
+    let app = match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app.with_state(gateway)
+}
+
+/// The documented API.
+fn api_routes() -> ApiRouter<Arc<Gateway>> {
+    ApiRouter::new()
+        .api_route(
+            "/v1/turns",
+            post_with(turns::submit, |op| {
+                op.id("submitTurn")
+                    .tag("turns")
+                    .summary("Run the calls of one model decision")
+                    .description(
+                        "Submits a turn for the API key's tenant. With `Accept: text/event-stream` \
+                         every event is streamed (`ack`, `tool_state`, `narration`, then `final` or \
+                         `error`); otherwise the answer is one JSON body with the `final` event \
+                         (and every event with `events=true`). The `final` object is the same in \
+                         both modes.",
+                    )
+            }),
+        )
+        .api_route(
+            "/v1/tools",
+            get_with(catalog::list, |op| {
+                op.id("listTools")
+                    .tag("tools")
+                    .summary("The tools the key's tenant may call")
+            }),
+        )
+}
+
+/// The document's title, security scheme and tags.
+fn describe(api: TransformOpenApi<'_>) -> TransformOpenApi<'_> {
+    api.title("toolfleet gateway")
+        .version(env!("CARGO_PKG_VERSION"))
+        .description(
+            "Turns over HTTP: every tool call of a model decision run in parallel on a \
+             toolfleet worker fleet. Every request carries an API key \
+             (`Authorization: Bearer <key>` or `X-Api-Key`); the key decides the tenant. \
+             Errors are `{\"error\": {\"code\", \"message\", \"retryable\"}}`.",
+        )
+        .security_scheme(
+            SECURITY_SCHEME,
+            SecurityScheme::Http {
+                scheme: "bearer".into(),
+                bearer_format: Some("tfk_<64 hex digits>".into()),
+                description: Some(format!(
+                    "An API key from `toolfleet admin keys create`, as a bearer token or in `{API_KEY_HEADER}`."
+                )),
+                extensions: Default::default(),
+            },
+        )
+        .tag(Tag {
+            name: "turns".into(),
+            description: Some("Turns: submit and follow.".into()),
+            ..Default::default()
+        })
+        .tag(Tag {
+            name: "tools".into(),
+            description: Some("The tool catalog.".into()),
+            ..Default::default()
+        })
+}
+
+/// CORS for `origins` (none: no CORS headers at all, same origin only).
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    let allowed: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    if allowed.is_empty() {
+        return None;
+    }
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(allowed))
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::AUTHORIZATION,
+                header::CONTENT_TYPE,
+                header::ACCEPT,
+                HeaderName::from_static("last-event-id"),
+                HeaderName::from_static("traceparent"),
+                HeaderName::from_static(API_KEY_HEADER),
+            ])
+            .expose_headers([header::RETRY_AFTER, HeaderName::from_static("traceparent")]),
+    )
+}
+
+/// The body limit layer's own 413 answered in the error shape.
+async fn json_too_large(response: Response, limit: usize) -> Response {
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && !is_json {
+        return ApiError::too_large(limit).into_response();
+    }
+    response
+}
+
+/// `GET /readyz`: NATS connected and the key database answering.
+async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
+    if gateway.nats_connected().is_err() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not connected to NATS").into_response();
+    }
+    match gateway.keys.ready().await {
+        Ok(()) => "ready".into_response(),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
+    }
+}

@@ -1,0 +1,154 @@
+//! Who is calling: the API key of a request (`Authorization: Bearer <key>` or
+//! `X-Api-Key: <key>`), the tenant it maps to, and its rate.
+//!
+//! Owns the [`Caller`] extractor: a handler that takes a `Caller` runs only for a known,
+//! unrevoked key whose bucket had a token. The tenant comes from the key alone; a
+//! request body may repeat it but never choose it (`turns.rs` checks). Never logs a key.
+
+use std::sync::Arc;
+
+use aide::generate::GenContext;
+use aide::openapi::{Operation, Response, SecurityRequirement, StatusCode as DocStatus};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{header, StatusCode};
+
+use crate::error::{codes, error_response, ApiError};
+use crate::keys::KeyError;
+use crate::Gateway;
+
+/// Name of the API-key security scheme in the OpenAPI document.
+pub const SECURITY_SCHEME: &str = "api_key";
+/// The header that may carry the key instead of `Authorization`.
+pub const API_KEY_HEADER: &str = "x-api-key";
+
+/// The caller of a request: its key's id and tenant.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// The key's id.
+    pub key_id: String,
+    /// The tenant every turn of this caller runs for.
+    pub tenant: String,
+}
+
+/// The key a request carries, if any.
+fn presented_key(parts: &Parts) -> Option<&str> {
+    let bearer = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.trim().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(rest.trim())
+        });
+    let plain = || {
+        parts
+            .headers
+            .get(API_KEY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+    };
+    bearer.or_else(plain).filter(|k| !k.is_empty())
+}
+
+impl FromRequestParts<Arc<Gateway>> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gateway: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        let key = presented_key(parts).ok_or_else(|| {
+            ApiError::unauthorized("an API key is required (Authorization: Bearer <key>)")
+        })?;
+        let record = match gateway.keys.lookup(key).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return Err(ApiError::unauthorized("unknown or revoked API key")),
+            Err(KeyError::Unavailable(message)) | Err(KeyError::Invalid(message)) => {
+                tracing::warn!(%message, "API key lookup failed");
+                return Err(ApiError::unavailable(
+                    "API keys cannot be checked right now",
+                ));
+            }
+        };
+        gateway.limiter.take(&record.id).map_err(|wait| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                codes::RATE_LIMITED,
+                format!("this key's request rate is exhausted; retry in {wait} s"),
+            )
+            .retry_after(wait)
+        })?;
+        Ok(Self {
+            key_id: record.id,
+            tenant: record.tenant,
+        })
+    }
+}
+
+impl aide::OperationInput for Caller {
+    fn operation_input(_: &mut GenContext, operation: &mut Operation) {
+        let requirement: SecurityRequirement = [(SECURITY_SCHEME.to_string(), Vec::new())]
+            .into_iter()
+            .collect();
+        if !operation.security.contains(&requirement) {
+            operation.security.push(requirement);
+        }
+    }
+
+    fn inferred_early_responses(
+        ctx: &mut GenContext,
+        _: &mut Operation,
+    ) -> Vec<(Option<DocStatus>, Response)> {
+        [
+            (
+                401,
+                "No API key, or an unknown or revoked one (`unauthorized`).",
+            ),
+            (
+                429,
+                "The key's rate is exhausted (`rate_limited`); see `Retry-After`.",
+            ),
+            (
+                503,
+                "The fleet or the key database cannot take the request now; see `Retry-After`.",
+            ),
+        ]
+        .into_iter()
+        .map(|(status, what)| {
+            (
+                Some(DocStatus::Code(status)),
+                error_response(ctx, status, what),
+            )
+        })
+        .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(name: &str, value: &str) -> Parts {
+        let request = axum::http::Request::builder()
+            .header(name, value)
+            .body(())
+            .unwrap_or_default();
+        request.into_parts().0
+    }
+
+    #[test]
+    fn keys_come_from_bearer_or_x_api_key() {
+        assert_eq!(
+            presented_key(&parts("authorization", "Bearer tfk_1")),
+            Some("tfk_1")
+        );
+        assert_eq!(
+            presented_key(&parts("authorization", "bearer  tfk_2 ")),
+            Some("tfk_2")
+        );
+        assert_eq!(presented_key(&parts("x-api-key", "tfk_3")), Some("tfk_3"));
+        assert_eq!(presented_key(&parts("authorization", "Basic abc")), None);
+        assert_eq!(presented_key(&parts("x-api-key", " ")), None);
+    }
+}

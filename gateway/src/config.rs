@@ -1,0 +1,137 @@
+//! The gateway's settings: where it listens, which NATS and PostgreSQL it uses, and the
+//! limits it applies per request and per API key.
+//!
+//! Owns reading `TOOLFLEET_GATEWAY_*` (and the shared NATS variables) into
+//! [`GatewayConfig`]; malformed or out-of-range values are errors naming the variable.
+//! Never opens a connection: `lib.rs` does that with these settings.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
+use toolfleet_common::credentials::NatsCredentials;
+
+/// Where the gateway listens when `TOOLFLEET_GATEWAY_ADDR` is unset.
+pub const DEFAULT_ADDR: &str = "0.0.0.0:8080";
+/// The database of API keys when `TOOLFLEET_DATABASE_URL` is unset.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/toolfleet";
+/// The Jaeger UI the live page links traces to when `TOOLFLEET_GATEWAY_JAEGER_URL` is unset.
+pub const DEFAULT_JAEGER_URL: &str = "http://localhost:16686";
+
+/// Gateway settings from the environment.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Listen address (`TOOLFLEET_GATEWAY_ADDR`, default `0.0.0.0:8080`).
+    pub addr: SocketAddr,
+    /// NATS URL (`TOOLFLEET_NATS_URL`).
+    pub nats_url: String,
+    /// The gateway's own NATS user (`TOOLFLEET_NATS_USER`, `TOOLFLEET_NATS_PASSWORD`).
+    pub nats_credentials: NatsCredentials,
+    /// Subject prefix (`TOOLFLEET_PREFIX`).
+    pub prefix: String,
+    /// PostgreSQL holding the API keys (`TOOLFLEET_DATABASE_URL`).
+    pub database_url: String,
+    /// How long a key looked up in PostgreSQL is trusted (`TOOLFLEET_GATEWAY_KEY_CACHE_MS`,
+    /// default 5 s): a revoked key stops working at most this long after revocation.
+    pub key_cache: Duration,
+    /// Largest request body in bytes (`TOOLFLEET_GATEWAY_MAX_BODY_BYTES`, default 1 MiB).
+    pub max_body_bytes: usize,
+    /// Requests per second each API key may make on average
+    /// (`TOOLFLEET_GATEWAY_RATE_PER_S`, default 20).
+    pub rate_per_s: f64,
+    /// Requests one API key may make at once above its rate (`TOOLFLEET_GATEWAY_BURST`,
+    /// default 40).
+    pub burst: f64,
+    /// Turns this gateway follows at once; more are refused with 503 `overloaded`
+    /// (`TOOLFLEET_GATEWAY_MAX_TURNS`, default 1024).
+    pub max_turns: usize,
+    /// Deadline of a turn that names none, as the gateway waits for it
+    /// (`TOOLFLEET_DEFAULT_DEADLINE_MS`, default 15 s).
+    pub default_deadline: Duration,
+    /// How long after a turn's deadline the gateway still waits for its `final`
+    /// (`TOOLFLEET_GATEWAY_FINAL_GRACE_MS`, default 5 s).
+    pub final_grace: Duration,
+    /// Origins allowed by CORS (`TOOLFLEET_GATEWAY_CORS_ORIGINS`, comma-separated; empty:
+    /// no CORS headers, same origin only).
+    pub cors_origins: Vec<String>,
+    /// Base URL of the Jaeger UI the live page links to (`TOOLFLEET_GATEWAY_JAEGER_URL`).
+    pub jaeger_url: String,
+}
+
+impl GatewayConfig {
+    /// Defaults against local servers.
+    pub fn local() -> Self {
+        let Endpoints {
+            nats_url,
+            nats_credentials,
+            prefix,
+            ..
+        } = Endpoints::local();
+        Self {
+            addr: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            nats_url,
+            nats_credentials,
+            prefix,
+            database_url: DEFAULT_DATABASE_URL.to_string(),
+            key_cache: Duration::from_secs(5),
+            max_body_bytes: 1024 * 1024,
+            rate_per_s: 20.0,
+            burst: 40.0,
+            max_turns: 1024,
+            default_deadline: Duration::from_secs(15),
+            final_grace: Duration::from_secs(5),
+            cors_origins: Vec::new(),
+            jaeger_url: DEFAULT_JAEGER_URL.to_string(),
+        }
+    }
+
+    /// Reads the configuration from the environment.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::local();
+        let Endpoints {
+            nats_url,
+            nats_credentials,
+            prefix,
+            ..
+        } = Endpoints::from_env()?;
+        let addr_text = env_string("TOOLFLEET_GATEWAY_ADDR", DEFAULT_ADDR);
+        let addr = addr_text.parse().map_err(|e| ConfigError {
+            name: "TOOLFLEET_GATEWAY_ADDR".into(),
+            value: addr_text.clone(),
+            reason: format!("{e}"),
+        })?;
+        Ok(Self {
+            addr,
+            nats_url,
+            nats_credentials,
+            prefix,
+            database_url: env_string("TOOLFLEET_DATABASE_URL", DEFAULT_DATABASE_URL),
+            key_cache: env_ms_in("TOOLFLEET_GATEWAY_KEY_CACHE_MS", d.key_cache, 0..=300_000)?,
+            max_body_bytes: env_in(
+                "TOOLFLEET_GATEWAY_MAX_BODY_BYTES",
+                d.max_body_bytes,
+                1024..=64 * 1024 * 1024,
+            )?,
+            rate_per_s: env_in("TOOLFLEET_GATEWAY_RATE_PER_S", d.rate_per_s, 0.01..=1e6)?,
+            burst: env_in("TOOLFLEET_GATEWAY_BURST", d.burst, 1.0..=1e6)?,
+            max_turns: env_in("TOOLFLEET_GATEWAY_MAX_TURNS", d.max_turns, 1..=1_000_000)?,
+            default_deadline: env_ms_in(
+                "TOOLFLEET_DEFAULT_DEADLINE_MS",
+                d.default_deadline,
+                1..=3_600_000,
+            )?,
+            final_grace: env_ms_in(
+                "TOOLFLEET_GATEWAY_FINAL_GRACE_MS",
+                d.final_grace,
+                1..=600_000,
+            )?,
+            cors_origins: env_string("TOOLFLEET_GATEWAY_CORS_ORIGINS", "")
+                .split(',')
+                .map(str::trim)
+                .filter(|o| !o.is_empty())
+                .map(String::from)
+                .collect(),
+            jaeger_url: env_string("TOOLFLEET_GATEWAY_JAEGER_URL", DEFAULT_JAEGER_URL),
+        })
+    }
+}

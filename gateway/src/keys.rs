@@ -1,0 +1,307 @@
+//! API keys: made, hashed, stored in PostgreSQL (`api_keys`, `migrations/0004_api_keys.sql`),
+//! looked up with a short cache.
+//!
+//! Owns the key format (`tfk_` and 64 hex digits of randomness), the SHA-256 the table
+//! stores instead of the key, the gateway's cached lookup ([`KeyStore`]), and the admin
+//! operations `toolfleet admin keys create|list|revoke` runs ([`create`], [`list`],
+//! [`revoke`]). A key maps to exactly one tenant. Never stores or logs a key itself, and
+//! never writes from the gateway: the gateway only reads.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio_postgres::{Client, NoTls, Row};
+use toolfleet_common::turn::normalize_tenant;
+
+/// Every key starts with this.
+pub const KEY_PREFIX: &str = "tfk_";
+/// Characters of a key shown in listings (`tfk_` and 8 hex digits).
+const SHOWN: usize = 12;
+/// Most keys (known or not) remembered by the cache; it is emptied when full.
+const CACHE_ENTRIES: usize = 10_000;
+/// Longest wait for PostgreSQL to accept a connection or answer a lookup.
+const DB_WAIT: Duration = Duration::from_secs(3);
+
+/// Why the key store could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// PostgreSQL refused, broke or stayed silent.
+    #[error("the key database is unavailable: {0}")]
+    Unavailable(String),
+    /// The command's input is unusable (an empty tenant, an unknown key id).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A key as the gateway knows it: which tenant it speaks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyRecord {
+    /// The key's id (`api_keys.id`).
+    pub id: String,
+    /// The tenant every request with this key runs for (normalized).
+    pub tenant: String,
+    /// The name given at creation.
+    pub name: String,
+}
+
+/// SHA-256 of `key`, as 64 hex digits (what `api_keys.key_hash` holds).
+pub fn hash_key(key: &str) -> String {
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A fresh key: `tfk_` and 64 hex digits from two random UUIDs (244 random bits).
+pub fn generate_key() -> String {
+    format!(
+        "{KEY_PREFIX}{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// Connects to PostgreSQL at `url`, the connection driven by a task of its own.
+pub async fn connect(url: &str) -> Result<Client, KeyError> {
+    let connecting = tokio_postgres::connect(url, NoTls);
+    let (client, connection) = tokio::time::timeout(DB_WAIT, connecting)
+        .await
+        .map_err(|_| KeyError::Unavailable(format!("no connection within {DB_WAIT:?}")))?
+        .map_err(|e| KeyError::Unavailable(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::warn!(%error, "key database connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// The gateway's view of `api_keys`: lookups by hash, remembered for the cache period
+/// (unknown keys too, so a flood of bad keys does not reach PostgreSQL each time).
+pub struct KeyStore {
+    url: String,
+    ttl: Duration,
+    client: tokio::sync::Mutex<Option<Arc<Client>>>,
+    cache: Mutex<HashMap<String, (Option<KeyRecord>, Instant)>>,
+}
+
+impl std::fmt::Debug for KeyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyStore").field("ttl", &self.ttl).finish()
+    }
+}
+
+impl KeyStore {
+    /// A store reading PostgreSQL at `url`, trusting an answer for `ttl`.
+    pub fn new(url: impl Into<String>, ttl: Duration) -> Self {
+        Self {
+            url: url.into(),
+            ttl,
+            client: tokio::sync::Mutex::new(None),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The key's record, `None` for an unknown or revoked key.
+    pub async fn lookup(&self, key: &str) -> Result<Option<KeyRecord>, KeyError> {
+        let hash = hash_key(key);
+        if let Some(found) = self.cached(&hash) {
+            return Ok(found);
+        }
+        let found = self.query(&hash).await?;
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(hash, (found.clone(), Instant::now()));
+        Ok(found)
+    }
+
+    /// Whether PostgreSQL answers and the table is there.
+    pub async fn ready(&self) -> Result<(), KeyError> {
+        self.query(&hash_key("")).await.map(|_| ())
+    }
+
+    fn cached(&self, hash: &str) -> Option<Option<KeyRecord>> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache
+            .get(hash)
+            .filter(|(_, at)| at.elapsed() < self.ttl)
+            .map(|(found, _)| found.clone())
+    }
+
+    async fn query(&self, hash: &str) -> Result<Option<KeyRecord>, KeyError> {
+        let client = self.client().await?;
+        let sql = "SELECT id::text AS id, tenant_id, name FROM api_keys
+                   WHERE key_hash = $1 AND revoked_at IS NULL";
+        let answer = tokio::time::timeout(DB_WAIT, client.query_opt(sql, &[&hash])).await;
+        match answer {
+            Ok(Ok(row)) => row.map(|r| record(&r)).transpose(),
+            Ok(Err(e)) => {
+                self.forget(&client).await;
+                Err(KeyError::Unavailable(e.to_string()))
+            }
+            Err(_) => {
+                self.forget(&client).await;
+                Err(KeyError::Unavailable(format!(
+                    "no answer within {DB_WAIT:?}"
+                )))
+            }
+        }
+    }
+
+    /// The open connection, or a new one.
+    async fn client(&self) -> Result<Arc<Client>, KeyError> {
+        let mut slot = self.client.lock().await;
+        match slot.as_ref() {
+            Some(client) if !client.is_closed() => Ok(client.clone()),
+            _ => {
+                let client = Arc::new(connect(&self.url).await?);
+                *slot = Some(client.clone());
+                Ok(client)
+            }
+        }
+    }
+
+    /// Drops `client` so the next lookup connects again.
+    async fn forget(&self, client: &Arc<Client>) {
+        let mut slot = self.client.lock().await;
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            *slot = None;
+        }
+    }
+}
+
+fn record(row: &Row) -> Result<KeyRecord, KeyError> {
+    let text = |name: &str| -> Result<String, KeyError> {
+        row.try_get(name)
+            .map_err(|e| KeyError::Unavailable(format!("column {name}: {e}")))
+    };
+    Ok(KeyRecord {
+        id: text("id")?,
+        tenant: text("tenant_id")?,
+        name: text("name")?,
+    })
+}
+
+/// A key as `toolfleet admin keys create` prints it: the only time the key is shown.
+#[derive(Debug, Clone, Serialize)]
+pub struct CreatedKey {
+    /// The key's id.
+    pub id: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The name.
+    pub name: String,
+    /// The key itself; only its hash is stored.
+    pub key: String,
+}
+
+/// A key as `toolfleet admin keys list` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListedKey {
+    /// The key's id.
+    pub id: String,
+    /// The tenant.
+    pub tenant: String,
+    /// The name.
+    pub name: String,
+    /// The key's first characters.
+    pub prefix: String,
+    /// When it was made (RFC 3339).
+    pub created_at: String,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<String>,
+}
+
+const TIMES: &str =
+    "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS created_at,
+     to_char(revoked_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"') AS revoked_at";
+
+/// Makes a key for `tenant` named `name` and stores its hash.
+pub async fn create(client: &Client, tenant: &str, name: &str) -> Result<CreatedKey, KeyError> {
+    let tenant = normalize_tenant(tenant);
+    if tenant.is_empty() {
+        return Err(KeyError::Invalid("a key needs a tenant".into()));
+    }
+    let key = generate_key();
+    let row = client
+        .query_one(
+            "INSERT INTO api_keys (tenant_id, name, key_hash, key_prefix) VALUES ($1, $2, $3, $4)
+             RETURNING id::text AS id",
+            &[&tenant, &name.trim(), &hash_key(&key), &&key[..SHOWN]],
+        )
+        .await
+        .map_err(|e| KeyError::Unavailable(e.to_string()))?;
+    Ok(CreatedKey {
+        id: row
+            .try_get("id")
+            .map_err(|e| KeyError::Unavailable(e.to_string()))?,
+        tenant,
+        name: name.trim().to_string(),
+        key,
+    })
+}
+
+/// Every key, or only `tenant`'s, newest first.
+pub async fn list(client: &Client, tenant: Option<&str>) -> Result<Vec<ListedKey>, KeyError> {
+    let tenant = tenant.map(normalize_tenant).unwrap_or_default();
+    let sql = format!(
+        "SELECT id::text AS id, tenant_id, name, key_prefix, {TIMES} FROM api_keys
+         WHERE $1 = '' OR tenant_id = $1 ORDER BY created_at DESC, id"
+    );
+    let rows = client
+        .query(&sql, &[&tenant])
+        .await
+        .map_err(|e| KeyError::Unavailable(e.to_string()))?;
+    rows.iter().map(listed).collect()
+}
+
+/// Revokes key `id`; its hash stays, so it can never work again.
+pub async fn revoke(client: &Client, id: &str) -> Result<ListedKey, KeyError> {
+    let id = uuid::Uuid::parse_str(id.trim())
+        .map_err(|_| KeyError::Invalid(format!("{id:?} is not a key id")))?;
+    let sql = format!(
+        "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1::text::uuid
+         RETURNING id::text AS id, tenant_id, name, key_prefix, {TIMES}"
+    );
+    let row = client
+        .query_opt(&sql, &[&id.to_string()])
+        .await
+        .map_err(|e| KeyError::Unavailable(e.to_string()))?
+        .ok_or_else(|| KeyError::Invalid(format!("no key {id}")))?;
+    listed(&row)
+}
+
+fn listed(row: &Row) -> Result<ListedKey, KeyError> {
+    let get = |name: &str| -> Result<Option<String>, KeyError> {
+        row.try_get(name)
+            .map_err(|e| KeyError::Unavailable(format!("column {name}: {e}")))
+    };
+    Ok(ListedKey {
+        id: get("id")?.unwrap_or_default(),
+        tenant: get("tenant_id")?.unwrap_or_default(),
+        name: get("name")?.unwrap_or_default(),
+        prefix: get("key_prefix")?.unwrap_or_default(),
+        created_at: get("created_at")?.unwrap_or_default(),
+        revoked_at: get("revoked_at")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_random_and_hashed() {
+        let (a, b) = (generate_key(), generate_key());
+        assert_ne!(a, b);
+        assert!(a.starts_with(KEY_PREFIX) && a.len() == KEY_PREFIX.len() + 64);
+        assert_eq!(hash_key(&a).len(), 64);
+        assert_eq!(hash_key(&a), hash_key(&a));
+        assert_ne!(hash_key(&a), hash_key(&b));
+    }
+}

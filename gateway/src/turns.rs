@@ -1,0 +1,372 @@
+//! `POST /v1/turns`: a turn submitted over HTTP, answered as Server-Sent Events
+//! (`Accept: text/event-stream`) or as one JSON body holding the `final` event (and,
+//! with `?events=true`, every event).
+//!
+//! Owns turning an HTTP body into a [`TurnRequest`] for the key's tenant, following the
+//! turn through [`toolfleet_common::FleetClient`], and writing its events in either mode.
+//! Both modes serialize the same [`TurnEvent`] value, so the `final` object is the same
+//! bytes in an SSE `data:` line and in the JSON body. Never talks to Redis or the join:
+//! the coordinator does; never chooses the tenant from the body.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aide::generate::GenContext;
+use aide::openapi::{
+    MediaType, Operation, ReferenceOr, Response, SchemaObject, StatusCode as DocStatus,
+};
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::IntoResponse;
+use futures::StreamExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use tokio::sync::OwnedSemaphorePermit;
+use toolfleet_common::client::TurnStream;
+use toolfleet_common::turn::{normalize_tenant, valid_turn_id, TurnOptions};
+use toolfleet_common::{CallError, TurnEvent, TurnRequest};
+
+use crate::auth::Caller;
+use crate::error::{codes, error_response, string_header, ApiError};
+use crate::extract::{ApiJson, ApiQuery};
+use crate::Gateway;
+
+/// The longest deadline the gateway waits for, whatever a turn asks.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// The content type of an event stream.
+pub const EVENT_STREAM: &str = "text/event-stream";
+
+/// A turn as an HTTP client submits it. The tenant is the API key's.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TurnBody {
+    /// Turn id (`[A-Za-z0-9_-]{1,64}`); generated when absent.
+    #[serde(default)]
+    pub turn_id: Option<String>,
+    /// The tenant; when given it must be the API key's tenant (the key decides).
+    #[serde(default)]
+    pub tenant_id: Option<String>,
+    /// The frontend's session id.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// What the user said.
+    #[serde(default)]
+    pub user_message: Option<String>,
+    /// The model's decision in any supported shape (OpenAI Chat Completions or Responses,
+    /// Anthropic Messages, the simple form, `parallel`).
+    pub decision: Value,
+    /// Budget for the whole turn in milliseconds.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+    /// Limits for this turn.
+    #[serde(default)]
+    pub options: TurnOptions,
+    /// Context handed to every tool (customer id, caller phone, ...).
+    #[serde(default)]
+    pub context: Map<String, Value>,
+}
+
+/// Query of `POST /v1/turns`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct TurnQuery {
+    /// In JSON mode, also return every event of the turn.
+    #[serde(default)]
+    pub events: bool,
+}
+
+/// The JSON answer to a turn.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct TurnAnswer {
+    /// The turn id.
+    pub turn_id: String,
+    /// The `final` event, the same object an event stream sends as its last `data:`.
+    #[serde(rename = "final")]
+    pub final_event: TurnEvent,
+    /// Every event in order, `final` last (with `?events=true`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<TurnEvent>>,
+}
+
+impl TurnBody {
+    /// The turn request for `caller`'s tenant; a body naming another tenant, or a bad
+    /// turn id, is refused.
+    pub fn into_request(self, caller: &Caller) -> Result<TurnRequest, ApiError> {
+        if let Some(named) = &self.tenant_id {
+            if normalize_tenant(named) != caller.tenant {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    toolfleet_common::turn::turn_codes::TENANT_NOT_ALLOWED,
+                    "the body names another tenant than the API key's",
+                ));
+            }
+        }
+        if let Some(id) = self.turn_id.as_deref().filter(|id| !valid_turn_id(id)) {
+            return Err(ApiError::invalid_request(format!(
+                "turn id {id:?} must be 1-64 characters of [A-Za-z0-9_-]"
+            )));
+        }
+        Ok(TurnRequest {
+            turn_id: self.turn_id,
+            tenant_id: caller.tenant.clone(),
+            session_id: self.session_id,
+            user_message: self.user_message,
+            decision: self.decision,
+            deadline_ms: self.deadline_ms,
+            options: self.options,
+            context: self.context,
+        })
+    }
+}
+
+/// How the client asked to be answered.
+fn wants_events(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains(EVENT_STREAM))
+}
+
+/// `POST /v1/turns`.
+pub async fn submit(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<TurnQuery>,
+    ApiJson(body): ApiJson<TurnBody>,
+) -> Result<TurnReply, ApiError> {
+    let request = body.into_request(&caller)?;
+    let wait = gateway.event_wait(request.deadline_ms);
+    let slot = gateway.slots.try_take().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::OVERLOADED,
+            "the gateway follows as many turns as it may",
+        )
+        .retry_after(1)
+    })?;
+    gateway.nats_connected()?;
+    let mut stream = gateway.client.submit(request).await?;
+    let first = stream.next_event(wait).await?;
+    if let TurnEvent::Error { error, .. } = &first {
+        return Err(ApiError::from_turn_error(error));
+    }
+    if wants_events(&headers) {
+        return Ok(TurnReply::Events(event_stream(first, stream, wait, slot)));
+    }
+    let answer = read_to_final(first, &mut stream, wait, query.events).await?;
+    Ok(TurnReply::Json(answer))
+}
+
+impl Gateway {
+    /// How long the gateway waits for any one event of a turn with `deadline_ms`.
+    pub fn event_wait(&self, deadline_ms: Option<u64>) -> Duration {
+        let deadline = deadline_ms.map_or(self.config.default_deadline, Duration::from_millis);
+        deadline.min(MAX_WAIT) + self.config.final_grace
+    }
+}
+
+/// Reads the turn to its `final`, keeping every event when `keep` is set.
+async fn read_to_final(
+    first: TurnEvent,
+    stream: &mut TurnStream,
+    wait: Duration,
+    keep: bool,
+) -> Result<TurnAnswer, ApiError> {
+    let turn_id = stream.turn_id().to_string();
+    let mut events = vec![first];
+    loop {
+        let last = events.last().cloned();
+        match last {
+            Some(TurnEvent::Error { error, .. }) => return Err(ApiError::from_turn_error(&error)),
+            Some(event @ TurnEvent::Final(_)) => {
+                return Ok(TurnAnswer {
+                    turn_id,
+                    final_event: event,
+                    events: keep.then_some(events),
+                })
+            }
+            _ => events.push(stream.next_event(wait).await?),
+        }
+    }
+}
+
+/// One event as Server-Sent Events text: `event:` its type, `data:` its JSON.
+pub fn sse_frame(event: &TurnEvent) -> String {
+    let data = serde_json::to_string(event).unwrap_or_else(|_| "{}".into());
+    format!("event: {}\ndata: {data}\n\n", event.kind())
+}
+
+/// The event stream of a turn whose first event is `first`; the turn slot is held until
+/// the stream ends or the client goes away.
+fn event_stream(
+    first: TurnEvent,
+    stream: TurnStream,
+    wait: Duration,
+    slot: OwnedSemaphorePermit,
+) -> axum::response::Response {
+    let state = (Some(first), Some(stream), slot);
+    let frames = futures::stream::unfold(state, move |(pending, stream, slot)| async move {
+        let mut stream = stream?;
+        let event = match pending {
+            Some(event) => event,
+            None => stream.next_event(wait).await.unwrap_or_else(|error| {
+                let code = match error.kind() {
+                    toolfleet_common::client::ClientErrorKind::Timeout => codes::TIMEOUT,
+                    _ => toolfleet_common::turn::turn_codes::UNAVAILABLE,
+                };
+                TurnEvent::Error {
+                    turn_id: Some(stream.turn_id().to_string()),
+                    error: CallError::retryable(code, error.to_string()),
+                }
+            }),
+        };
+        let next = (!event.is_last()).then_some(stream);
+        let frame = Ok::<_, std::convert::Infallible>(sse_frame(&event));
+        Some((frame, (None, next, slot)))
+    });
+    let mut response = Body::from_stream(frames.boxed()).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(EVENT_STREAM));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
+}
+
+/// What `POST /v1/turns` answers: an event stream or the JSON answer.
+pub enum TurnReply {
+    /// `text/event-stream`.
+    Events(axum::response::Response),
+    /// `application/json`.
+    Json(TurnAnswer),
+}
+
+impl IntoResponse for TurnReply {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            Self::Events(response) => response,
+            Self::Json(answer) => axum::Json(answer).into_response(),
+        }
+    }
+}
+
+/// The turn's errors beyond those of every authenticated operation.
+const TURN_ERRORS: [(u16, &str); 4] = [
+    (403, "The body names another tenant than the key's (`tenant_not_allowed`)."),
+    (409, "A turn with this id exists already (`duplicate_turn`)."),
+    (422, "The decision is in no supported shape (`invalid_decision`) or too large (`decision_too_large`)."),
+    (502, "The fleet answered something unreadable (`bad_gateway`)."),
+];
+
+impl aide::OperationOutput for TurnReply {
+    type Inner = TurnAnswer;
+
+    fn operation_response(ctx: &mut GenContext, _: &mut Operation) -> Option<Response> {
+        let json_schema = ctx.schema.subschema_for::<TurnAnswer>();
+        let media = |json_schema| MediaType {
+            schema: Some(SchemaObject {
+                json_schema,
+                example: None,
+                external_docs: None,
+            }),
+            ..Default::default()
+        };
+        let mut response = Response {
+            description: "The turn's `final` event (JSON), or every event as Server-Sent Events \
+                (`Accept: text/event-stream`: `event:` the type, `data:` the event's JSON, \
+                ending after `final` or `error`)."
+                .into(),
+            ..Default::default()
+        };
+        response
+            .content
+            .insert("application/json".into(), media(json_schema));
+        response.content.insert(
+            EVENT_STREAM.into(),
+            media(schemars::json_schema!({"type": "string"})),
+        );
+        response.headers.insert(
+            "traceparent".into(),
+            ReferenceOr::Item(string_header(
+                "W3C trace context of the gateway's server span (the turn's parent).",
+                false,
+            )),
+        );
+        Some(response)
+    }
+
+    fn inferred_responses(
+        ctx: &mut GenContext,
+        operation: &mut Operation,
+    ) -> Vec<(Option<DocStatus>, Response)> {
+        let mut out: Vec<(Option<DocStatus>, Response)> = Self::operation_response(ctx, operation)
+            .map(|ok| (Some(DocStatus::Code(200)), ok))
+            .into_iter()
+            .collect();
+        for (status, what) in TURN_ERRORS {
+            out.push((
+                Some(DocStatus::Code(status)),
+                error_response(ctx, status, what),
+            ));
+        }
+        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
+            ctx, operation,
+        ));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn caller() -> Caller {
+        Caller {
+            key_id: "k".into(),
+            tenant: "acme".into(),
+        }
+    }
+
+    fn body(value: Value) -> TurnBody {
+        serde_json::from_value(value).unwrap_or_else(|_| TurnBody {
+            turn_id: None,
+            tenant_id: Some("unparsed".into()),
+            session_id: None,
+            user_message: None,
+            decision: Value::Null,
+            deadline_ms: None,
+            options: TurnOptions::default(),
+            context: Map::new(),
+        })
+    }
+
+    #[test]
+    fn the_key_decides_the_tenant() {
+        let request = body(json!({"decision": {}})).into_request(&caller());
+        assert_eq!(request.map(|r| r.tenant_id).ok().as_deref(), Some("acme"));
+        let same = body(json!({"decision": {}, "tenant_id": " ACME"})).into_request(&caller());
+        assert!(same.is_ok());
+        let other = body(json!({"decision": {}, "tenant_id": "globex"})).into_request(&caller());
+        assert_eq!(other.err().map(|e| e.status), Some(StatusCode::FORBIDDEN));
+        let bad_id = body(json!({"decision": {}, "turn_id": "a.b"})).into_request(&caller());
+        assert_eq!(
+            bad_id.err().map(|e| e.status),
+            Some(StatusCode::BAD_REQUEST)
+        );
+    }
+
+    #[test]
+    fn frames_name_the_event_type() {
+        let event = TurnEvent::Narration {
+            turn_id: "t".into(),
+            text: "hi".into(),
+        };
+        assert_eq!(
+            sse_frame(&event),
+            "event: narration\ndata: {\"type\":\"narration\",\"turn_id\":\"t\",\"text\":\"hi\"}\n\n"
+        );
+    }
+}

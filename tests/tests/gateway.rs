@@ -1,0 +1,253 @@
+//! The HTTP gateway as a frontend sees it: a real `gateway-node` process in front of a
+//! real fleet (NATS, Redis, coordinator, worker), API keys in a real PostgreSQL
+//! database, requests over real HTTP.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use toolfleet_tests::fleet::Fleet;
+use toolfleet_tests::gateway::{comparable_final, create_key, read_events, GatewayNode};
+use toolfleet_tests::pg::TestDatabase;
+use toolfleet_tests::{eventually_named, read_repo_json};
+
+const TENANT: &str = "demo";
+
+/// Every example decision, by file name.
+fn examples() -> Result<Vec<(String, Value)>> {
+    toolfleet_gateway::page::EXAMPLES
+        .iter()
+        .map(|(name, _)| {
+            Ok((
+                name.to_string(),
+                read_repo_json(&format!("examples/decisions/{name}"))?,
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_decision_shape_gives_the_same_final_over_sse_and_json() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let key = create_key(&db, TENANT).await?;
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    for (name, decision) in examples()? {
+        let body = json!({"decision": decision, "context": {"customerId": "cust_001"}});
+        let response = gateway
+            .http
+            .post(gateway.url("/v1/turns"))
+            .bearer_auth(&key)
+            .header("accept", "text/event-stream")
+            .header("traceparent", parent)
+            .json(&body)
+            .send()
+            .await?;
+        assert_eq!(response.status(), 200, "{name}");
+        let traceparent = response.headers()["traceparent"].to_str()?.to_string();
+        assert!(
+            traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"),
+            "{name}: {traceparent}"
+        );
+        let events = read_events(response).await?;
+        let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+        assert_eq!(kinds.first(), Some(&"ack"), "{name}: {kinds:?}");
+        assert_eq!(kinds.last(), Some(&"final"), "{name}: {kinds:?}");
+        assert_eq!(kinds.iter().filter(|k| **k == "final").count(), 1, "{name}");
+        for event in &events {
+            assert_eq!(event.data["type"], event.event.as_str(), "{name}");
+        }
+        let sse_final = &events.last().context("no events")?.data;
+
+        let response = gateway.json_turn(&key, &body).await?;
+        assert_eq!(response.status(), 200, "{name}");
+        let answer: Value = response.json().await?;
+        let json_final = &answer["final"];
+        assert_eq!(answer["turn_id"], json_final["turn_id"], "{name}");
+        let listed = answer["events"].as_array().context("no events")?;
+        assert_eq!(
+            listed.first().map(|e| &e["type"]),
+            Some(&json!("ack")),
+            "{name}"
+        );
+        assert_eq!(
+            listed.last(),
+            Some(json_final),
+            "{name}: events end with the final"
+        );
+        assert_eq!(
+            comparable_final(sse_final),
+            comparable_final(json_final),
+            "{name}: SSE and JSON finals differ"
+        );
+        let results = json_final["results"].as_array().context("no results")?;
+        assert_eq!(json_final["summary"]["total"], results.len(), "{name}");
+    }
+    Ok(())
+}
+
+/// The error body's code, checking the shape on the way.
+async fn error_code(response: reqwest::Response) -> Result<(u16, String)> {
+    let status = response.status().as_u16();
+    let body: Value = response.json().await?;
+    let error = body["error"]
+        .as_object()
+        .with_context(|| format!("{status}: no error object in {body}"))?;
+    assert!(error["message"].is_string(), "{body}");
+    assert!(error["retryable"].is_boolean(), "{body}");
+    Ok((
+        status,
+        error["code"].as_str().unwrap_or_default().to_string(),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_answer_with_their_status_and_the_json_error_shape() -> Result<()> {
+    let (mut fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let limits = [
+        ("TOOLFLEET_GATEWAY_MAX_BODY_BYTES", "4096"),
+        ("TOOLFLEET_GATEWAY_RATE_PER_S", "0.01"),
+        ("TOOLFLEET_GATEWAY_BURST", "3"),
+    ];
+    let gateway = GatewayNode::start(&fleet, &db, &limits).await?;
+    let key = create_key(&db, TENANT).await?;
+    let turn = json!({"decision": {"type": "final", "text": "hello"}});
+    let post = |key: Option<&str>, body: &Value| {
+        let request = gateway.http.post(gateway.url("/v1/turns")).json(body);
+        match key {
+            Some(k) => request.bearer_auth(k),
+            None => request,
+        }
+        .send()
+    };
+
+    let no_key = error_code(post(None, &turn).await?).await?;
+    assert_eq!(no_key, (401, "unauthorized".into()));
+    let bad_key = error_code(post(Some("tfk_0000"), &turn).await?).await?;
+    assert_eq!(bad_key, (401, "unauthorized".into()));
+
+    let other_tenant = json!({"tenant_id": "globex", "decision": {"type": "final", "text": "x"}});
+    let forbidden = error_code(post(Some(&key), &other_tenant).await?).await?;
+    assert_eq!(forbidden, (403, "tenant_not_allowed".into()));
+
+    let other_key = create_key(&db, TENANT).await?;
+    let big = json!({"decision": {"type": "final", "text": "x".repeat(10_000)}});
+    let too_large = error_code(post(Some(&other_key), &big).await?).await?;
+    assert_eq!(too_large, (413, "payload_too_large".into()));
+
+    // The key's burst of 3 is spent by the 403 above and two more requests.
+    for _ in 0..2 {
+        assert_eq!(post(Some(&key), &turn).await?.status(), 200);
+    }
+    let limited = post(Some(&key), &turn).await?;
+    let retry_after: u64 = limited.headers()["retry-after"].to_str()?.parse()?;
+    assert!(retry_after >= 1);
+    assert_eq!(error_code(limited).await?, (429, "rate_limited".into()));
+
+    // A revoked key stops working (the test gateway caches keys for 0 ms).
+    let admin = db.admin().await?;
+    let third = toolfleet_gateway::keys::create(&admin, TENANT, "revoked").await?;
+    assert_eq!(post(Some(&third.key), &turn).await?.status(), 200);
+    let listed = toolfleet_gateway::keys::list(&admin, Some(TENANT)).await?;
+    assert!(listed
+        .iter()
+        .any(|k| k.id == third.id && k.revoked_at.is_none()));
+    let revoked_key = toolfleet_gateway::keys::revoke(&admin, &third.id).await?;
+    assert!(revoked_key.revoked_at.is_some());
+    let revoked = error_code(post(Some(&third.key), &turn).await?).await?;
+    assert_eq!(revoked, (401, "unauthorized".into()));
+
+    // NATS gone: 503 with Retry-After, never a hang or another 5xx.
+    fleet.nats.stop().await;
+    let readyz = gateway.url("/readyz");
+    eventually_named(
+        "the gateway to see NATS gone",
+        Duration::from_secs(10),
+        || async {
+            let response = gateway.http.get(&readyz).send().await.ok()?;
+            (response.status() == 503).then_some(())
+        },
+    )
+    .await?;
+    let fresh = create_key(&db, TENANT).await?;
+    let down = tokio::time::timeout(Duration::from_secs(10), post(Some(&fresh), &turn))
+        .await
+        .context("no answer while NATS is down")??;
+    assert!(down.headers().contains_key("retry-after"));
+    assert_eq!(error_code(down).await?, (503, "unavailable".into()));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalog_lists_the_tenants_tools_in_each_format() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let key = create_key(&db, TENANT).await?;
+    for format in ["openai", "anthropic", "mcp", "native"] {
+        let response = gateway
+            .http
+            .get(gateway.url("/v1/tools"))
+            .query(&[("format", format)])
+            .header("x-api-key", &key)
+            .send()
+            .await?;
+        assert_eq!(response.status(), 200, "{format}");
+        let answer: Value = response.json().await?;
+        assert_eq!(answer["format"], format);
+        let tools = answer["tools"].as_array().context("no tools")?;
+        assert!(tools.len() >= 3, "{format}: {answer}");
+    }
+    let bad = gateway
+        .http
+        .get(gateway.url("/v1/tools?format=yaml"))
+        .bearer_auth(&key)
+        .send()
+        .await?;
+    assert_eq!(error_code(bad).await?, (400, "invalid_request".into()));
+    let spec: Value = gateway
+        .http
+        .get(gateway.url("/openapi.json"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert!(spec["paths"]["/v1/turns"]["post"].is_object());
+    assert!(spec["paths"]["/v1/tools"]["get"].is_object());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_runs_as_its_own_nats_user_for_any_tenant_of_its_keys() -> Result<()> {
+    use toolfleet_tests::secured::{SecuredServers, GATEWAY_PASSWORD};
+    let servers = SecuredServers::start().await?;
+    let port = toolfleet_tests::free_port()?;
+    // The coordinator binds `frontend` to acme alone and the gateway to every tenant.
+    let bindings = [("TOOLFLEET_FRONTEND_TENANTS", "frontend=acme;gateway=*")];
+    let _coordinator = servers.coordinator_node(port, &bindings)?;
+    let frontend = servers.frontend().await?;
+    toolfleet_tests::fleet::wait_for_catalog(&frontend, "a coordinator answers", |_| true).await?;
+    let db = TestDatabase::create().await?;
+    let credentials = [
+        ("TOOLFLEET_NATS_USER", "gateway"),
+        ("TOOLFLEET_NATS_PASSWORD", GATEWAY_PASSWORD),
+    ];
+    let gateway = GatewayNode::start_on(
+        &servers.nats.url(),
+        servers.names.prefix(),
+        &db,
+        &credentials,
+    )
+    .await?;
+    for tenant in ["acme", "globex"] {
+        let key = create_key(&db, tenant).await?;
+        let body = json!({"decision": {"type": "final", "text": format!("hello {tenant}")}});
+        let response = gateway.json_turn(&key, &body).await?;
+        assert_eq!(response.status(), 200, "{tenant}");
+        let answer: Value = response.json().await?;
+        assert_eq!(answer["final"]["text"], format!("hello {tenant}"));
+    }
+    Ok(())
+}

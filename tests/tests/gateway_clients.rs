@@ -1,0 +1,171 @@
+//! The gateway driven by real HTTP clients of other ecosystems: schemathesis (PyPI) runs
+//! the gateway's own OpenAPI document against it, and Playwright (PyPI) drives Debian's
+//! headless Chromium through the live turn page. Both come from a virtual environment
+//! the test provisions (`tests/python/requirements-gateway.txt`).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use tokio::process::Command;
+use toolfleet_tests::fleet::Fleet;
+use toolfleet_tests::gateway::{create_key, GatewayNode};
+use toolfleet_tests::pg::TestDatabase;
+use toolfleet_tests::python::venv;
+use toolfleet_tests::repo_path;
+
+const REQUIREMENTS: &str = "tests/python/requirements-gateway.txt";
+/// Where Debian's chromium package puts the browser.
+const CHROMIUM: &str = "/usr/bin/chromium";
+/// The page's turn: three calls of different lengths, one of which fails, pasted as
+/// the decision.
+const THREE_CALLS: &str = r#"{"type": "tool_calls", "calls": [
+  {"id": "call_appointments", "toolName": "crm.listUpcomingAppointments", "arguments": {"customerId": "cust_002"}},
+  {"id": "call_slow", "toolName": "test.behave", "arguments": {"sleep_ms": 300}},
+  {"id": "call_failing", "toolName": "test.behave", "arguments": {"sleep_ms": 150, "fail": "upstream_down"}}
+]}"#;
+
+/// The committed screenshot of a finished three-call turn.
+const SCREENSHOT: &str = "docs/gateway-live-page.png";
+
+/// Runs `command` (bounded by `limit`); its stdout, or an error with both outputs.
+async fn output(command: &mut Command, limit: Duration) -> Result<String> {
+    let out = tokio::time::timeout(
+        limit,
+        command.stdin(Stdio::null()).kill_on_drop(true).output(),
+    )
+    .await
+    .context("timed out")??;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "{}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+/// A fleet, a database and a gateway with a generous rate, and a key for tenant `demo`.
+async fn served() -> Result<(Fleet, TestDatabase, GatewayNode, String, impl Drop)> {
+    let (fleet, coordinator, worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let rate = [
+        ("TOOLFLEET_GATEWAY_RATE_PER_S", "10000"),
+        ("TOOLFLEET_GATEWAY_BURST", "10000"),
+    ];
+    let gateway = GatewayNode::start(&fleet, &db, &rate).await?;
+    let key = create_key(&db, "demo").await?;
+    Ok((fleet, db, gateway, key, Nodes(Some((coordinator, worker)))))
+}
+
+/// Keeps the in-process coordinator and worker alive until dropped.
+struct Nodes(
+    Option<(
+        toolfleet_tests::fleet::Running,
+        toolfleet_tests::fleet::Running,
+    )>,
+);
+
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        if let Some((c, w)) = self.0.take() {
+            c.shutdown.cancel();
+            w.shutdown.cancel();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> Result<()> {
+    let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
+    let (_fleet, _db, gateway, key, _nodes) = served().await?;
+    // `python -m`: the environment's entry-point scripts name the folder it was built in.
+    let report = output(
+        Command::new(&python)
+            .args(["-m", "schemathesis.cli", "run"])
+            .arg(gateway.url("/openapi.json"))
+            .args(["--url", &gateway.base])
+            .args(["-H", &format!("Authorization: Bearer {key}")])
+            .args([
+                "--checks",
+                "not_a_server_error,status_code_conformance,content_type_conformance,\
+                 response_schema_conformance,response_headers_conformance",
+            ])
+            .args(["--max-examples", "25", "--seed", "1", "--no-color"])
+            .args(["--request-timeout", "20"])
+            .env("SCHEMATHESIS_HOOKS", "")
+            .current_dir(env!("CARGO_TARGET_TMPDIR")),
+        Duration::from_secs(240),
+    )
+    .await
+    .context("schemathesis reported failures")?;
+    // Both operations ran (a non-zero exit above is any failed check).
+    assert!(report.contains("Tested: 2"), "{report}");
+    assert!(!report.contains(" failed"), "{report}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_live_page_shows_every_call_of_a_turn_in_chromium() -> Result<()> {
+    anyhow::ensure!(
+        Path::new(CHROMIUM).is_file(),
+        "{CHROMIUM} not found: apt-get install chromium"
+    );
+    let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
+    let (_fleet, _db, gateway, key, _nodes) = served().await?;
+    let screenshot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-live-page.png");
+    let stdout = output(
+        Command::new(&python)
+            .arg(repo_path("tests/python/live_page.py"))
+            .arg(&gateway.base)
+            .arg(&key)
+            .arg(THREE_CALLS)
+            .arg(&screenshot),
+        Duration::from_secs(90),
+    )
+    .await?;
+    let report: Value = serde_json::from_str(stdout.trim())?;
+    let rows = report["rows"].as_array().context("no rows")?;
+    let seen: Vec<(&str, &str)> = rows
+        .iter()
+        .filter_map(|r| Some((r["id"].as_str()?, r["state"].as_str()?)))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("call_appointments", "done"),
+            ("call_slow", "done"),
+            ("call_failing", "error")
+        ],
+        "{report}"
+    );
+    let slow: u64 = rows[1]["ms"].as_str().unwrap_or_default().parse()?;
+    assert!(slow >= 300, "{report}");
+    let summary = report["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("total 3, ok 2, errors 1"), "{report}");
+    assert!(
+        report["narration"]
+            .as_str()
+            .is_some_and(|n| n.contains("appointment")),
+        "{report}"
+    );
+    assert!(
+        report["ack"].as_str().is_some_and(|a| !a.is_empty()),
+        "{report}"
+    );
+    let trace = report["trace"].as_str().unwrap_or_default();
+    assert!(
+        trace.starts_with("http://localhost:16686/trace/") && trace.len() == 61,
+        "{report}"
+    );
+    assert_eq!(report["problem"], "", "{report}");
+    assert!(std::fs::metadata(&screenshot)?.len() > 10_000);
+    if std::env::var_os("TOOLFLEET_UPDATE_SCREENSHOT").is_some() {
+        std::fs::copy(&screenshot, repo_path(SCREENSHOT))?;
+    }
+    Ok(())
+}
