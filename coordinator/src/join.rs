@@ -27,10 +27,12 @@ use toolfleet_common::{CallResult, Names};
 /// may attach. The events (the `ack` and the first call states, or a no-tool turn's
 /// narration and `final`) are stored before anything is sent: seq 1, 2, …. A turn
 /// created `final` (no tools) has its `final` stored with it. Returns {1} when created,
-/// {0, same caller (1/0)} when the id exists.
+/// {0, same caller and tenant (1/0)} when the id exists: a frontend serving several
+/// tenants (the HTTP gateway) never attaches one tenant to another's turn.
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local same = (redis.call('HGET', KEYS[1], 'caller') or '') == ARGV[10]
+  local owner = redis.call('HMGET', KEYS[1], 'caller', 'tenant')
+  local same = (owner[1] or '') == ARGV[10] and owner[2] == ARGV[4]
   return {0, same and 1 or 0}
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[11], 'total', ARGV[2], 'reply', ARGV[3],

@@ -194,9 +194,10 @@ async fn read_to_final(
 }
 
 /// One event as Server-Sent Events text: `event:` its type, `data:` its JSON.
-pub fn sse_frame(event: &TurnEvent) -> String {
+pub fn sse_frame(event: &TurnEvent, seq: Option<u64>) -> String {
     let data = serde_json::to_string(event).unwrap_or_else(|_| "{}".into());
-    format!("event: {}\ndata: {data}\n\n", event.kind())
+    let id = seq.map(|seq| format!("id: {seq}\n")).unwrap_or_default();
+    format!("{id}event: {}\ndata: {data}\n\n", event.kind())
 }
 
 /// The event stream of a turn whose first event is `first`; the turn slot is held until
@@ -207,26 +208,32 @@ fn event_stream(
     wait: Duration,
     slot: OwnedSemaphorePermit,
 ) -> axum::response::Response {
-    let state = (Some(first), Some(stream), slot);
-    let frames = futures::stream::unfold(state, move |(pending, stream, slot)| async move {
-        let mut stream = stream?;
-        let event = match pending {
-            Some(event) => event,
-            None => stream.next_event(wait).await.unwrap_or_else(|error| {
-                let code = match error.kind() {
-                    toolfleet_common::client::ClientErrorKind::Timeout => codes::TIMEOUT,
-                    _ => toolfleet_common::turn::turn_codes::UNAVAILABLE,
-                };
-                TurnEvent::Error {
-                    turn_id: Some(stream.turn_id().to_string()),
-                    error: CallError::retryable(code, error.to_string()),
-                }
-            }),
-        };
-        let next = (!event.is_last()).then_some(stream);
-        let frame = Ok::<_, std::convert::Infallible>(sse_frame(&event));
-        Some((frame, (None, next, slot)))
-    });
+    // The seq handed out before the first event: the first's own when it was stored.
+    let before = stream.last_seq().saturating_sub(1);
+    let state = (Some(first), Some(stream), slot, before);
+    let frames =
+        futures::stream::unfold(state, move |(pending, stream, slot, before)| async move {
+            let mut stream = stream?;
+            let event = match pending {
+                Some(event) => event,
+                None => stream.next_event(wait).await.unwrap_or_else(|error| {
+                    let code = match error.kind() {
+                        toolfleet_common::client::ClientErrorKind::Timeout => codes::TIMEOUT,
+                        _ => toolfleet_common::turn::turn_codes::UNAVAILABLE,
+                    };
+                    TurnEvent::Error {
+                        turn_id: Some(stream.turn_id().to_string()),
+                        error: CallError::retryable(code, error.to_string()),
+                    }
+                }),
+            };
+            // An event with a seq (stored with its turn) moved the stream's last seq on.
+            let seq = (stream.last_seq() > before).then_some(stream.last_seq());
+            let after = stream.last_seq();
+            let next = (!event.is_last()).then_some(stream);
+            let frame = Ok::<_, std::convert::Infallible>(sse_frame(&event, seq));
+            Some((frame, (None, next, slot, after)))
+        });
     let mut response = Body::from_stream(frames.boxed()).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(EVENT_STREAM));
@@ -365,8 +372,9 @@ mod tests {
             text: "hi".into(),
         };
         assert_eq!(
-            sse_frame(&event),
+            sse_frame(&event, None),
             "event: narration\ndata: {\"type\":\"narration\",\"turn_id\":\"t\",\"text\":\"hi\"}\n\n"
         );
+        assert!(sse_frame(&event, Some(4)).starts_with("id: 4\nevent: narration\n"));
     }
 }
