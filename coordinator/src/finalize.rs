@@ -19,18 +19,16 @@ use toolfleet_common::call::{codes, unix_ms};
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::names::spans;
 use toolfleet_common::telemetry;
-use toolfleet_common::turn::turn_codes;
 use toolfleet_common::{
     CallError, CallResult, CallState, FinalEvent, Summary, ToolCall, TurnEvent,
 };
 use toolfleet_decision::history::render_history;
 use tracing::{debug, info_span, warn, Instrument};
 
-use crate::attach;
 use crate::events;
 use crate::fault;
-use crate::intake::{self, Taken};
-use crate::join::{CallEntry, Closing, Created, Finalized, NewTurn, StoredFinal};
+use crate::intake::{self, Admission, Taken};
+use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal};
 use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::startup::Replica;
@@ -314,25 +312,10 @@ async fn answer_without_tools(
         events: stored.clone(),
         ended: true,
     };
-    match intake::create(replica, turn).await {
-        Ok(Created::New) => {}
-        Ok(Created::Exists { same_caller: true }) => {
-            return attach::replay(replica, &turn_id, &caller, &reply, 0).await;
-        }
-        Ok(Created::Exists { same_caller: false }) => {
-            let error = CallError::fatal(
-                turn_codes::DUPLICATE_TURN,
-                format!("turn {turn_id} already exists"),
-            );
-            let end = TurnEnd::Rejected {
-                turn_id: Some(turn_id),
-                reply,
-                error,
-                trace,
-            };
-            return Box::pin(finish(replica, end)).await;
-        }
-        Err(error) => {
+    match intake::admit(replica, turn).await {
+        Admission::New => {}
+        Admission::Replayed => return,
+        Admission::Refused(error) => {
             let end = TurnEnd::Rejected {
                 turn_id: Some(turn_id),
                 reply,

@@ -214,21 +214,12 @@ async fn take_turn(
     };
     let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
     let refused = new_turn.results.clone();
-    match create(&replica, new_turn).instrument(script).await {
-        Ok(Created::New) => {}
-        Ok(Created::Exists { same_caller: true }) => {
-            // The same frontend submitted this turn again (its acceptance was lost or
-            // late): it follows the existing turn; nothing runs twice.
-            return attach::replay(&replica, &turn_id, &caller, &reply, 0).await;
+    match admit(&replica, new_turn).instrument(script).await {
+        Admission::New => {}
+        Admission::Replayed => return,
+        Admission::Refused(error) => {
+            return reject(&replica, Some(turn_id), reply, error, trace).await
         }
-        Ok(Created::Exists { same_caller: false }) => {
-            let error = CallError::fatal(
-                turn_codes::DUPLICATE_TURN,
-                format!("turn {turn_id} already exists"),
-            );
-            return reject(&replica, Some(turn_id), reply, error, trace).await;
-        }
-        Err(error) => return reject(&replica, Some(turn_id), reply, error, trace).await,
     }
     count_refused(&replica, planned.len(), &refused, &registry);
     events::publish_stored(&replica, &reply, 1, &first).await;
@@ -321,8 +312,41 @@ fn count_refused(
     }
 }
 
+/// What storing a new turn came to.
+pub(crate) enum Admission {
+    /// Stored: the turn runs.
+    New,
+    /// The same frontend and tenant submitted this id before (its acceptance was lost
+    /// or late): its stored events were sent again; nothing runs twice.
+    Replayed,
+    /// Refused: the id is another frontend's or tenant's, or the store is unreachable.
+    Refused(CallError),
+}
+
+/// Stores the turn in the join, or replays the existing turn of the same id to this
+/// caller, or says why neither.
+pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>) -> Admission {
+    let (turn_id, caller, reply) = (
+        turn.turn_id.to_string(),
+        turn.caller.to_string(),
+        turn.reply.to_string(),
+    );
+    match create(replica, turn).await {
+        Ok(Created::New) => Admission::New,
+        Ok(Created::Exists { same_caller: true }) => {
+            attach::replay(replica, &turn_id, &caller, &reply, 0).await;
+            Admission::Replayed
+        }
+        Ok(Created::Exists { same_caller: false }) => Admission::Refused(CallError::fatal(
+            turn_codes::DUPLICATE_TURN,
+            format!("turn {turn_id} already exists"),
+        )),
+        Err(error) => Admission::Refused(error),
+    }
+}
+
 /// Creates the turn in the join; an unreachable store refuses the turn.
-pub(crate) async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<Created, CallError> {
+async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<Created, CallError> {
     match replica.join.create(turn).await {
         Ok(created) => Ok(created),
         Err(error) => {
