@@ -61,11 +61,6 @@ pub enum ProgressNotice {
         /// The worker's id.
         worker_id: String,
     },
-    /// A coordinator recorded the call's result (frees a concurrency slot).
-    Recorded {
-        /// The call id.
-        tool_call_id: String,
-    },
     /// A coordinator published the turn's `final`; the owner forgets the turn.
     Ended,
 }

@@ -242,6 +242,24 @@ impl Names {
         format!("{}:turn:{{{turn_id}}}:events", self.prefix)
     }
 
+    /// List of the keys of a paced turn's calls held back by its concurrency bound, in
+    /// the model's order; a recorded result pops the next one.
+    pub fn turn_queue_key(&self, turn_id: &str) -> String {
+        format!("{}:turn:{{{turn_id}}}:queue", self.prefix)
+    }
+
+    /// Hash of a paced turn's held-back jobs, field = call key, value = `JobEnvelope`
+    /// JSON.
+    pub fn turn_jobs_key(&self, turn_id: &str) -> String {
+        format!("{}:turn:{{{turn_id}}}:jobs", self.prefix)
+    }
+
+    /// Set of the keys of a paced turn's released calls whose job publish is not yet
+    /// confirmed.
+    pub fn turn_dispatching_key(&self, turn_id: &str) -> String {
+        format!("{}:turn:{{{turn_id}}}:dispatching", self.prefix)
+    }
+
     /// Sorted set of open turns scored by deadline (unix ms); any replica sweeps it.
     pub fn deadlines_key(&self) -> String {
         format!("{}:deadlines", self.prefix)

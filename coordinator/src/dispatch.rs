@@ -12,7 +12,6 @@
 //! frontend (`events.rs` does). Next: workers run the jobs, and their results come back
 //! through `results.rs`.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use async_nats::jetstream::context::PublishAckFuture;
@@ -24,11 +23,11 @@ use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
 use tracing::{info_span, warn, Instrument};
 
-use crate::join::CallEntry;
+use crate::fault;
+use crate::join::{CallEntry, Released};
 use crate::results::record_result;
 use crate::startup::Replica;
 use crate::trace::TurnTrace;
-use crate::turns::QueuedJob;
 use crate::validate::{PlannedCall, Verdict};
 
 /// Where each call of a planned turn stands before anything is published.
@@ -82,8 +81,9 @@ impl Layout {
 pub(crate) struct Jobs {
     /// Published at once, by call key.
     pub now: Vec<(String, JobEnvelope)>,
-    /// Published one by one as slots free.
-    pub queued: VecDeque<QueuedJob>,
+    /// Stored with the turn and published one by one as slots free, by call key, in the
+    /// model's order.
+    pub queued: Vec<(String, JobEnvelope)>,
 }
 
 /// Builds the job of every dispatched call of `planned` (laid out in `calls`).
@@ -96,7 +96,7 @@ pub(crate) fn build_jobs(
 ) -> Jobs {
     let mut jobs = Jobs {
         now: Vec::new(),
-        queued: VecDeque::new(),
+        queued: Vec::new(),
     };
     for (p, (_, entry)) in planned.into_iter().zip(calls) {
         let Verdict::Dispatch { timeout_ms, .. } = p.verdict else {
@@ -113,11 +113,7 @@ pub(crate) fn build_jobs(
             context: request.context.clone(),
         };
         if entry.queued {
-            jobs.queued.push_back(QueuedJob {
-                key: p.key,
-                job,
-                entry: entry.clone(),
-            });
+            jobs.queued.push((p.key, job));
         } else {
             jobs.now.push((p.key, job));
         }
@@ -126,13 +122,15 @@ pub(crate) fn build_jobs(
 }
 
 /// Publishes `jobs` (all at once, then waits for every stream ack). A job that cannot
-/// be published gets a `dispatch_failed` result.
+/// be published gets a `dispatch_failed` result. Returns the keys of the jobs the
+/// stream acknowledged.
 pub(crate) async fn dispatch(
     replica: &Arc<Replica>,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
-) {
+) -> Vec<String> {
+    let mut published = Vec::with_capacity(jobs.len());
     let mut pending = Vec::with_capacity(jobs.len());
     let (address, port) = telemetry::server_of(&replica.config.nats_url);
     for (key, mut job) in jobs {
@@ -150,7 +148,10 @@ pub(crate) async fn dispatch(
                 .instrument(span.clone())
                 .await
             {
-                Ok(_) => continue,
+                Ok(_) => {
+                    published.push(key);
+                    continue;
+                }
                 Err(e) => e.to_string(),
             },
             Err(e) => e,
@@ -165,6 +166,7 @@ pub(crate) async fn dispatch(
         let tenant = job.tenant_id.clone();
         Box::pin(record_result(replica, turn_id, &tenant, &key, result)).await;
     }
+    published
 }
 
 /// The producer span of one job publish, a child of the turn span (of the current span
@@ -221,20 +223,28 @@ async fn publish_job(
         .map_err(|e| e.to_string())
 }
 
-/// Dispatches the next queued job of an owned, paced turn after one of its calls ended.
-pub(crate) async fn release_slot(replica: &Arc<Replica>, turn_id: &str) {
-    let Some(next) = replica.turns.next_queued(turn_id) else {
+/// Publishes the jobs of queued calls that freed slots released (by any replica's
+/// recording: the queue is stored with the turn), under the turn span, and confirms
+/// each published one so a duplicate result no longer hands it out again.
+pub(crate) async fn dispatch_released(
+    replica: &Arc<Replica>,
+    turn_id: &str,
+    released: Vec<Released>,
+) {
+    let Some(stored) = released.first().map(|r| r.trace.clone()) else {
         return;
     };
-    let mut entry = next.entry.clone();
-    entry.queued = false;
-    if let Err(error) = replica
-        .join
-        .mark_dispatched(turn_id, &next.key, &entry)
-        .await
-    {
-        warn!(%turn_id, %error, "could not mark a queued call dispatched");
+    fault::point(fault::EXIT_AFTER_CALL_RELEASED);
+    let trace = replica
+        .turns
+        .trace(turn_id)
+        .or_else(|| TurnTrace::decode(&stored));
+    let jobs = released.into_iter().map(|r| (r.key, r.job)).collect();
+    for key in dispatch(replica, turn_id, jobs, trace.as_ref()).await {
+        if let Err(error) = replica.join.confirm_dispatched(turn_id, &key).await {
+            // Harmless: a duplicate result may publish it again, which the stream
+            // de-duplicates by message id.
+            warn!(%turn_id, call = %key, %error, "could not confirm a released call's publish");
+        }
     }
-    let trace = replica.turns.trace(turn_id);
-    dispatch(replica, turn_id, vec![(next.key, next.job)], trace.as_ref()).await;
 }

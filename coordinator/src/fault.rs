@@ -9,6 +9,10 @@ use std::sync::OnceLock;
 /// After a turn's `final` is stored in Redis, before it is sent.
 pub(crate) const EXIT_AFTER_FINAL_STORED: &str = "exit_after_final_stored";
 
+/// After a freed slot released a paced turn's next call in Redis, before its job is
+/// published.
+pub(crate) const EXIT_AFTER_CALL_RELEASED: &str = "exit_after_call_released";
+
 /// Exits the process when `TOOLFLEET_FAULT` names `point`.
 pub(crate) fn point(point: &str) {
     static FAULT: OnceLock<Option<String>> = OnceLock::new();

@@ -311,6 +311,7 @@ async fn answer_without_tools(
         caller: &caller,
         events: stored.clone(),
         ended: true,
+        queued: Vec::new(),
     };
     match intake::admit(replica, turn).await {
         Admission::New => {}

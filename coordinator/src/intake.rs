@@ -196,6 +196,8 @@ async fn take_turn(
     trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
     let first = first_events(&turn_id, &planned, decision.acknowledgement);
+    let planned_calls = planned.len();
+    let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
     let new_turn = NewTurn {
         turn_id: &turn_id,
         reply: &reply,
@@ -211,6 +213,7 @@ async fn take_turn(
         caller: &caller,
         events: first.clone(),
         ended: false,
+        queued: jobs.queued,
     };
     let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
     let refused = new_turn.results.clone();
@@ -221,18 +224,16 @@ async fn take_turn(
             return reject(&replica, Some(turn_id), reply, error, trace).await
         }
     }
-    count_refused(&replica, planned.len(), &refused, &registry);
+    count_refused(&replica, planned_calls, &refused, &registry);
     events::publish_stored(&replica, &reply, 1, &first).await;
     if layout.dispatched == 0 {
         return Box::pin(end_open_turn(&replica, &turn_id, false)).await;
     }
 
-    let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
     let timer = CancellationToken::new();
     let owned = OwnedTurn {
         reply,
         trace: trace.clone(),
-        queue: jobs.queued,
         timer: timer.clone(),
         ended_calls: Default::default(),
     };

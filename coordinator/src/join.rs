@@ -17,11 +17,14 @@ use redis::{FromRedisValue, Script, Value as RedisValue};
 use serde::{Deserialize, Serialize};
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::tool::Rejection;
-use toolfleet_common::{CallResult, Names};
+use toolfleet_common::{CallResult, JobEnvelope, Names};
 
-/// Creates a turn unless it exists. KEYS: meta, calls, results, events.
+/// Creates a turn unless it exists. KEYS: meta, calls, results, events, queue, jobs.
 /// ARGV: ttl_ms, total, reply, tenant, deadline, paced, created, traceparent, trace,
-/// caller, state, n_calls, (key, call)*, n_results, (key, result)*, n_events, event*.
+/// caller, state, n_calls, (key, call)*, n_results, (key, result)*, n_events, event*,
+/// n_queued, (key, job)*. The queued calls (held back by the concurrency bound) are
+/// kept with the turn, in the model's order, so whichever replica records a result
+/// releases the next one.
 /// `trace` is the turn span's identity (`trace.rs`), handed back to whoever ends the
 /// turn; `caller` is the submitting frontend ('' when unidentified), the only one that
 /// may attach. The events (the `ack` and the first call states, or a no-tool turn's
@@ -48,16 +51,27 @@ for _ = 1, n do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
 if ARGV[11] == 'final' then
   redis.call('HSET', KEYS[1], 'ended', 'no_tools', 'final_seq', n, 'published', 0)
 end
-for k = 1, 4 do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('RPUSH', KEYS[5], ARGV[i]); redis.call('HSET', KEYS[6], ARGV[i], ARGV[i + 1]); i = i + 2
+end
+for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
 return {1}
 "#;
 
 /// Records one result, write-once per call key, and stores its call's terminal state
 /// event. A result recorded at or after the turn's deadline is late even while the turn
 /// is still open, so the deadline alone decides the turn's end. KEYS: meta, calls,
-/// results, events. ARGV: call key, result JSON, now (Unix ms), the result's tool, the
-/// state event. A result whose tool is not the call's is refused (`wrong_tool`) and
-/// changes nothing.
+/// results, events, queue, jobs, dispatching. ARGV: call key, result JSON, now (Unix
+/// ms), the result's tool, the state event. A result whose tool is not the call's is
+/// refused (`wrong_tool`) and changes nothing.
+///
+/// A result of a paced turn frees a slot: the next queued call is released in the same
+/// step (its entry no longer `queued`, its key in `dispatching` until its job's publish
+/// is confirmed) and handed back with the stored turn trace. A duplicate of a recorded
+/// result hands back the released calls still unconfirmed, so a replica that died
+/// between releasing and publishing is covered by the redelivery of the result that
+/// released them (publishing again is safe: the job's message id de-duplicates it).
 const RECORD: &str = r#"
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'unknown'} end
@@ -67,7 +81,17 @@ local ok, call = pcall(cjson.decode, entry)
 if not ok or type(call) ~= 'table' or call.name ~= ARGV[4] then return {'wrong_tool'} end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
-  return {'duplicate'}
+  local again = {}
+  if state == 'open' then
+    for _, k in ipairs(redis.call('SMEMBERS', KEYS[7])) do
+      if redis.call('HEXISTS', KEYS[3], k) == 0 then
+        again[#again + 1] = k
+        again[#again + 1] = redis.call('HGET', KEYS[6], k) or ''
+      end
+    end
+  end
+  local trace = #again > 0 and redis.call('HGET', KEYS[1], 'trace') or ''
+  return {'duplicate', trace or '', again}
 end
 local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline'))
 if state ~= 'open' or (deadline and tonumber(ARGV[3]) >= deadline) then
@@ -85,7 +109,20 @@ if redis.call('HLEN', KEYS[3]) >= tonumber(meta[3]) then
   return {'complete', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
     meta[4] or '0', meta[5] or '', meta[6] or '', seq}
 end
-return {'recorded', meta[1], meta[2], seq}
+local released = {}
+if meta[2] == '1' then
+  local k = redis.call('LPOP', KEYS[5])
+  if k then
+    local queued = redis.call('HGET', KEYS[2], k)
+    if queued then
+      redis.call('HSET', KEYS[2], k, (string.gsub(queued, '"queued":true}$', '"queued":false}')))
+    end
+    redis.call('SADD', KEYS[7], k)
+    redis.call('PEXPIRE', KEYS[7], math.max(redis.call('PTTL', KEYS[1]), 1000))
+    released = {k, redis.call('HGET', KEYS[6], k) or ''}
+  end
+end
+return {'recorded', meta[1], meta[2], seq, #released > 0 and (meta[6] or '') or '', released}
 "#;
 
 /// Ends a turn unless it already ended. KEYS: meta, calls, results. ARGV: reason.
@@ -182,8 +219,13 @@ pub enum Recorded {
     UnknownCall,
     /// The call is of another tool than the result names: a forgery, never recorded.
     WrongTool,
-    /// The call already had a result; this one is ignored.
-    Duplicate,
+    /// The call already had a result; this one is ignored. `again`: the released
+    /// calls whose publish is still unconfirmed (their releaser may have died), to
+    /// publish again.
+    Duplicate {
+        /// Released calls still unconfirmed.
+        again: Vec<Released>,
+    },
     /// The turn had already ended, or its deadline had passed; counted as late.
     Late,
     /// Recorded; the turn is still waiting for others.
@@ -194,6 +236,8 @@ pub enum Recorded {
         paced: bool,
         /// The seq of the call's stored state event.
         seq: u64,
+        /// The queued call this result's slot released, to publish now.
+        released: Option<Released>,
     },
     /// Recorded, and it was the last one: this caller finalizes the turn.
     Complete {
@@ -213,12 +257,24 @@ impl Recorded {
             Self::UnknownTurn => "unknown_turn",
             Self::UnknownCall => "unknown_call",
             Self::WrongTool => "wrong_tool",
-            Self::Duplicate => "duplicate",
+            Self::Duplicate { .. } => "duplicate",
             Self::Late => "late",
             Self::Recorded { .. } => "recorded",
             Self::Complete { .. } => "complete",
         }
     }
+}
+
+/// A queued call of a paced turn released by a freed slot: publish its job, then
+/// [`JoinStore::confirm_dispatched`].
+#[derive(Debug, Clone)]
+pub struct Released {
+    /// The call's key.
+    pub key: String,
+    /// Its job, as stored when the turn was created.
+    pub job: JobEnvelope,
+    /// The turn span's stored identity (`trace.rs`; empty when not traced).
+    pub trace: String,
 }
 
 /// What finalizing did.
@@ -310,6 +366,8 @@ pub struct NewTurn<'a> {
     pub events: Vec<String>,
     /// Whether the turn is created ended (no tools): its events end with its `final`.
     pub ended: bool,
+    /// The jobs held back by the concurrency bound, by call key, in the model's order.
+    pub queued: Vec<(String, JobEnvelope)>,
 }
 
 /// Failure to talk to Redis or to decode what it returned.
@@ -360,6 +418,15 @@ impl JoinStore {
         ]
     }
 
+    /// The keys of a turn's queued calls: queue, jobs, dispatching.
+    fn queue_keys(&self, turn_id: &str) -> [String; 3] {
+        [
+            self.names.turn_queue_key(turn_id),
+            self.names.turn_jobs_key(turn_id),
+            self.names.turn_dispatching_key(turn_id),
+        ]
+    }
+
     /// The meta and events keys of a turn.
     fn log_keys(&self, turn_id: &str) -> [String; 2] {
         [
@@ -375,8 +442,9 @@ impl JoinStore {
     pub async fn create(&self, turn: NewTurn<'_>) -> Result<Created, JoinError> {
         let mut redis = self.redis.clone();
         let mut invocation = redis::cmd("EVALSHA");
-        invocation.arg(self.create.get_hash()).arg(4);
-        for key in self.keys(turn.turn_id) {
+        invocation.arg(self.create.get_hash()).arg(6);
+        let [queue, jobs, _] = self.queue_keys(turn.turn_id);
+        for key in self.keys(turn.turn_id).into_iter().chain([queue, jobs]) {
             invocation.arg(key);
         }
         invocation
@@ -402,6 +470,10 @@ impl JoinStore {
         invocation.arg(turn.events.len());
         for event in &turn.events {
             invocation.arg(event);
+        }
+        invocation.arg(turn.queued.len());
+        for (key, job) in &turn.queued {
+            invocation.arg(key).arg(encode(job)?);
         }
         let mut pipe = redis::pipe();
         pipe.cmd("ZADD")
@@ -437,7 +509,11 @@ impl JoinStore {
         state_event: &str,
     ) -> Result<Recorded, JoinError> {
         let mut invocation = self.record.prepare_invoke();
-        for key in self.keys(turn_id) {
+        for key in self
+            .keys(turn_id)
+            .into_iter()
+            .chain(self.queue_keys(turn_id))
+        {
             invocation.key(key);
         }
         invocation
@@ -453,12 +529,17 @@ impl JoinStore {
             "unknown" => Recorded::UnknownTurn,
             "unknown_call" => Recorded::UnknownCall,
             "wrong_tool" => Recorded::WrongTool,
-            "duplicate" => Recorded::Duplicate,
+            "duplicate" => Recorded::Duplicate {
+                again: released_from(&string_at(&reply, 1)?, reply.get(2))?,
+            },
             "late" => Recorded::Late,
             "recorded" => Recorded::Recorded {
                 reply: string_at(&reply, 1)?,
                 paced: string_at(&reply, 2)? == "1",
                 seq: number_at(&reply, 3)?,
+                released: released_from(&string_at(&reply, 4)?, reply.get(5))?
+                    .into_iter()
+                    .next(),
             },
             "complete" => Recorded::Complete {
                 paced: string_at(&reply, 2)? == "1",
@@ -618,19 +699,20 @@ impl JoinStore {
         Ok(())
     }
 
-    /// Marks a queued call dispatched, so the deadline reports it as `timeout`, not
-    /// `skipped`.
-    pub async fn mark_dispatched(
-        &self,
-        turn_id: &str,
-        key: &str,
-        entry: &CallEntry,
-    ) -> Result<(), JoinError> {
+    /// Notes that the job of a released call was published (the stream acknowledged
+    /// it): it is no longer handed out again with a duplicate result.
+    pub async fn confirm_dispatched(&self, turn_id: &str, key: &str) -> Result<(), JoinError> {
+        let [_, jobs, dispatching] = self.queue_keys(turn_id);
         let mut redis = self.redis.clone();
-        let _: () = redis::cmd("HSET")
-            .arg(self.names.turn_calls_key(turn_id))
+        let _: () = redis::pipe()
+            .cmd("SREM")
+            .arg(dispatching)
             .arg(key)
-            .arg(encode(entry)?)
+            .ignore()
+            .cmd("HDEL")
+            .arg(jobs)
+            .arg(key)
+            .ignore()
             .query_async(&mut redis)
             .await?;
         Ok(())
@@ -734,6 +816,26 @@ fn pairs<T: serde::de::DeserializeOwned>(
         map.insert(k, parsed);
     }
     Ok(map)
+}
+
+/// The released calls in a flat (key, job)* reply, with the turn's stored trace.
+fn released_from(trace: &str, value: Option<&RedisValue>) -> Result<Vec<Released>, JoinError> {
+    let flat: Vec<String> = match value {
+        Some(v) => Vec::<String>::from_redis_value(v.clone())
+            .map_err(|e| JoinError::Decode(e.to_string()))?,
+        None => Vec::new(),
+    };
+    flat.chunks_exact(2)
+        .map(|pair| {
+            let job = serde_json::from_str(&pair[1])
+                .map_err(|e| JoinError::Decode(format!("queued job {}: {e}", pair[0])))?;
+            Ok(Released {
+                key: pair[0].clone(),
+                job,
+                trace: trace.to_string(),
+            })
+        })
+        .collect()
 }
 
 fn closing_from(reply: &[RedisValue]) -> Result<Closing, JoinError> {

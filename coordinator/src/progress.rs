@@ -1,11 +1,10 @@
-//! Progress notices: workers announce that a call started; coordinators announce that a
-//! paced turn's call ended, or that they ended a turn another replica owns.
+//! Progress notices: workers announce that a call started; coordinators announce that
+//! they ended a turn another replica owns.
 //!
 //! Owns acting on notices for the turns this replica owns: relaying `running` to the
-//! frontend, dispatching the next queued call of a paced turn (`dispatch.rs`), and
-//! forgetting a turn another replica ended. Notices are best effort: a lost one delays
-//! nothing but a `running` event, a paced call (the deadline still ends the turn), or
-//! forgetting a turn (its timer finds the turn ended).
+//! frontend and forgetting a turn another replica ended. Notices are best effort: a
+//! lost one delays nothing but a `running` event or forgetting a turn (its timer finds
+//! the turn ended).
 //!
 //! Never records a result and never ends a turn.
 
@@ -16,7 +15,6 @@ use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::CallState;
 use tracing::debug;
 
-use crate::dispatch::release_slot;
 use crate::events;
 use crate::startup::{next_message, Replica};
 
@@ -41,14 +39,6 @@ pub(crate) async fn relay(
                     let replica = Arc::clone(&replica);
                     replica.tasks.clone().spawn(async move {
                         relay_running(&replica, &turn_id, &tool_call_id, &name).await;
-                    });
-                }
-            }
-            ProgressNotice::Recorded { .. } => {
-                if replica.turns.owns(&turn_id) {
-                    let replica = Arc::clone(&replica);
-                    replica.tasks.clone().spawn(async move {
-                        release_slot(&replica, &turn_id).await;
                     });
                 }
             }

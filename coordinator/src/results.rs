@@ -10,9 +10,13 @@
 //! is counted and ignored. A result whose tool differs from its subject's tool or from
 //! its call's tool (a worker forging another tool's result) is counted and refused.
 //!
-//! Never builds the `final` (`finalize.rs` does) and never frees a paced slot itself: it
-//! notifies the turn's owner, whose `progress.rs` dispatches the next call. Next:
-//! `finalize.rs`, for the result that completes the turn.
+//! A result of a paced turn frees a slot: the `RECORD` script releases the next queued
+//! call in the same step and this replica publishes its job (`dispatch.rs`), whichever
+//! replica owns the turn; a duplicate result publishes again the released calls whose
+//! publish was never confirmed (their releaser died).
+//!
+//! Never builds the `final` (`finalize.rs` does). Next: `finalize.rs`, for the result
+//! that completes the turn.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,12 +25,12 @@ use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::names::HEADER_TENANT_ID;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{telemetry, CallResult};
 use tracing::{debug, warn, Instrument};
 
+use crate::dispatch::dispatch_released;
 use crate::events;
 use crate::finalize::{finish, TurnEnd};
 use crate::join::{JoinError, Recorded};
@@ -34,9 +38,11 @@ use crate::startup::Replica;
 use crate::trace;
 use crate::turns::TurnGate;
 
-/// Ack wait of the results consumer: a result whose coordinator died is redelivered to
-/// another replica after this long.
-pub const RESULTS_ACK_WAIT: Duration = Duration::from_secs(10);
+/// Ack wait of the results consumer: a result whose coordinator died while recording
+/// it (and any call that recording released) is redelivered to another replica after
+/// this long. Recording takes milliseconds; one that takes longer is recorded again
+/// elsewhere, which the join turns into a harmless duplicate.
+pub const RESULTS_ACK_WAIT: Duration = Duration::from_secs(3);
 
 /// Idle heartbeat of the results pull: a pull request lost with the consumer (NATS
 /// restarted empty) is noticed after two missed heartbeats and renewed.
@@ -57,13 +63,14 @@ fn redelivery_delay(delivered: i64) -> Duration {
     (Duration::from_millis(200) * 2u32.pow(doublings)).min(MAX_REDELIVERY_DELAY)
 }
 
-/// Creates (or opens) the results consumer shared by every replica.
+/// Creates the results consumer shared by every replica, or brings an existing one's
+/// editable settings (ack wait, redelivery) to this version's.
 pub(crate) async fn results_consumer(
     stream: &jetstream::stream::Stream,
     durable: &str,
 ) -> Result<PullConsumer, String> {
     stream
-        .get_or_create_consumer(durable, results_consumer_config(durable))
+        .create_consumer(results_consumer_config(durable))
         .await
         .map_err(|e| e.to_string())
 }
@@ -282,15 +289,24 @@ async fn record_and_report(
             replica.metrics.forged_result();
             warn!(%turn_id, call = %key, tool = %result.name, "result naming another tool than its call refused");
         }
-        Recorded::Duplicate => {
+        Recorded::Duplicate { again } => {
             replica.metrics.duplicate_result();
             debug!(%turn_id, call = %key, "duplicate result ignored");
+            drop(recording);
+            if !again.is_empty() {
+                dispatch_released(replica, turn_id, again).await;
+            }
         }
         Recorded::Late => {
             replica.metrics.late_result();
             debug!(%turn_id, call = %key, "late result counted");
         }
-        Recorded::Recorded { reply, paced, seq } => {
+        Recorded::Recorded {
+            reply,
+            seq,
+            released,
+            ..
+        } => {
             let label = replica.registry.snapshot().label(&result.name);
             replica.metrics.call_result(&label, &result);
             {
@@ -301,11 +317,8 @@ async fn record_and_report(
                     .await;
             }
             drop(recording);
-            if paced {
-                let notice = ProgressNotice::Recorded {
-                    tool_call_id: key.to_string(),
-                };
-                events::notify(replica, turn_id, &notice).await;
+            if let Some(released) = released {
+                dispatch_released(replica, turn_id, vec![released]).await;
             }
         }
         Recorded::Complete { closing, seq, .. } => {

@@ -1,42 +1,29 @@
 //! The turns this replica owns, and the gate that orders what it publishes per turn.
 //!
 //! Owns [`OwnedTurns`]: the in-memory table of turns this replica took and has not seen
-//! end (reply subject, turn span identity, calls held back by pacing, deadline timer, calls whose
-//! terminal state went out), and the per-turn [`TurnGate`]. Only the owner relays
-//! `running` and paces dispatch; any replica may end a turn.
+//! end (reply subject, turn span identity, deadline timer, calls whose terminal state
+//! went out), and the per-turn [`TurnGate`]. Only the owner relays `running`; any
+//! replica may release a paced turn's next call (the queue is in Redis) or end a turn.
 //!
 //! Never the source of truth about a turn's state: the join in Redis is (`join.rs`). A
 //! turn missing here may still be open there, ended by another replica or the sweeper.
 //! Never publishes anything itself.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio_util::sync::CancellationToken;
-use toolfleet_common::JobEnvelope;
 
-use crate::join::CallEntry;
 use crate::trace::TurnTrace;
-
-/// A call held back by a turn's concurrency bound until a slot frees.
-pub(crate) struct QueuedJob {
-    /// The call's key in the join.
-    pub key: String,
-    /// The job, ready to publish.
-    pub job: JobEnvelope,
-    /// The call as stored in the join (`queued` is set).
-    pub entry: CallEntry,
-}
 
 /// A turn this replica took.
 pub(crate) struct OwnedTurn {
     /// The frontend's reply subject.
     pub reply: String,
-    /// The turn span's identity: it parents the job publishes of queued calls.
+    /// The turn span's identity: it parents the job publishes of queued calls released
+    /// here.
     pub trace: Option<TurnTrace>,
-    /// Calls waiting for a free slot.
-    pub queue: VecDeque<QueuedJob>,
     /// Cancels the deadline timer when the turn ends early.
     pub timer: CancellationToken,
     /// Calls whose terminal state this replica published; their `running` is not
@@ -89,11 +76,6 @@ impl OwnedTurns {
     /// The turn span's identity of an owned turn.
     pub(crate) fn trace(&self, turn_id: &str) -> Option<TurnTrace> {
         lock(&self.owned).get(turn_id).and_then(|t| t.trace.clone())
-    }
-
-    /// Takes the next call held back by pacing.
-    pub(crate) fn next_queued(&self, turn_id: &str) -> Option<QueuedJob> {
-        lock(&self.owned).get_mut(turn_id)?.queue.pop_front()
     }
 
     /// Forgets an ended turn and stops its deadline timer.

@@ -1,7 +1,7 @@
 //! Every accepted turn ends with one `final` the frontend receives: a resubmitted turn id
 //! re-attaches (its calls never run twice), attaching by id replays a finished or running
 //! turn, a coordinator that dies between storing and sending a `final` is covered by
-//! another's sweeper, a NATS restart loses no `final`, a `final` too large for NATS
+//! another's sweeper, a paced turn's queued calls outlive the coordinator that took it, a NATS restart loses no `final`, a `final` too large for NATS
 //! arrives in a form that fits, and a turn whose Redis state is lost ends with
 //! `turn_state_lost` instead of silence. Real nats-server, redis-server and coordinator
 //! processes; every wait bounded.
@@ -162,6 +162,112 @@ async fn a_final_stored_by_a_coordinator_that_died_is_sent_by_another() -> Resul
         .filter(|e| matches!(e, TurnEvent::Final(_)))
         .count();
     assert_eq!(finals, 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paced_calls_of_a_coordinator_that_died_are_dispatched_by_another() -> Result<()> {
+    let mut fleet = Fleet::start().await?;
+    let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
+    let _worker = fleet.worker(fleet.worker_config(), tools);
+    let owner = fleet.spawn_node("coordinator", &[])?;
+    fleet.wait_for_tools(&["test.behave"]).await?;
+    let mut progress = fleet.subscribe_progress().await?;
+
+    // Five calls, one at a time: four of them wait in the turn's queue.
+    let calls = (1..=5)
+        .map(|i| {
+            call(
+                &format!("c{i}"),
+                "test.behave",
+                json!({"sleep_ms": 300, "value": i}),
+            )
+        })
+        .collect();
+    let mut request = timed_turn("acme", 8_000, calls);
+    request.turn_id = Some("paced-owner-dies".into());
+    request.options.concurrency = Some(1);
+    let mut stream = fleet.client.submit(request).await?;
+    let ack = stream.next_event(EVENT_WAIT).await?;
+    assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
+
+    // The only coordinator dies while the first call runs; a new one takes over from
+    // what Redis holds (the results consumer redelivers, its recording releases the
+    // next call).
+    let first = tokio::time::timeout(EVENT_WAIT, progress.next())
+        .await
+        .context("no call started")?;
+    assert!(first.is_some());
+    fleet.kill_node(owner).await?;
+    let _replacement = fleet.coordinator(fleet.coordinator_config());
+
+    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+    let fin = final_in(&events)?;
+    let states: Vec<_> = fin.results.iter().map(|r| r.state).collect();
+    assert_eq!(states, vec![CallState::Done; 5], "{fin:?}");
+    let finals = events
+        .iter()
+        .filter(|e| matches!(e, TurnEvent::Final(_)))
+        .count();
+    assert_eq!(finals, 1);
+
+    // Each call ran once (the first one's start was read above).
+    let starts = count_starts(&mut progress, Duration::from_millis(500)).await;
+    for i in 2..=5 {
+        assert_eq!(
+            starts.get(&format!("paced-owner-dies/c{i}")),
+            Some(&1),
+            "{starts:?}"
+        );
+    }
+    assert_eq!(starts.get("paced-owner-dies/c1"), None, "{starts:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_released_by_a_coordinator_that_died_before_publishing_it_still_runs() -> Result<()>
+{
+    let mut fleet = Fleet::start().await?;
+    let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
+    let _worker = fleet.worker(fleet.worker_config(), tools);
+    // The only coordinator exits right after the first result released the next call.
+    fleet.spawn_node(
+        "coordinator",
+        &[("TOOLFLEET_FAULT", "exit_after_call_released")],
+    )?;
+    fleet.wait_for_tools(&["test.behave"]).await?;
+    let mut progress = fleet.subscribe_progress().await?;
+    let calls = (1..=3)
+        .map(|i| {
+            call(
+                &format!("c{i}"),
+                "test.behave",
+                json!({"sleep_ms": 100, "value": i}),
+            )
+        })
+        .collect();
+    let mut request = timed_turn("acme", 8_000, calls);
+    request.turn_id = Some("released-not-published".into());
+    request.options.concurrency = Some(1);
+    let mut stream = fleet.client.submit(request).await?;
+    let ack = stream.next_event(EVENT_WAIT).await?;
+    assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
+    // A replacement: the first result comes back to it (never acknowledged), is a
+    // duplicate now, and hands back the released call no one published.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let _replacement = fleet.coordinator(fleet.coordinator_config());
+
+    let fin = final_in(&read_to_end(&mut stream, EVENT_WAIT).await?)?;
+    let states: Vec<_> = fin.results.iter().map(|r| r.state).collect();
+    assert_eq!(states, vec![CallState::Done; 3], "{fin:?}");
+    let starts = count_starts(&mut progress, Duration::from_millis(500)).await;
+    for i in 1..=3 {
+        assert_eq!(
+            starts.get(&format!("released-not-published/c{i}")),
+            Some(&1),
+            "{starts:?}"
+        );
+    }
     Ok(())
 }
 

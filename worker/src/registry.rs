@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use toolfleet_common::call::unix_ms;
@@ -78,6 +79,13 @@ impl Refusals {
     }
 }
 
+/// Waits before sending a beat again after it failed for a lost connection.
+const BEAT_RETRY_DELAYS: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+];
+
 /// This worker's entry in the tool registry.
 pub struct Registration {
     redis: ConnectionManager,
@@ -124,7 +132,28 @@ impl Registration {
 
     /// Writes the definitions and marks this worker alive for each tool; prunes workers
     /// whose entries expired.
+    ///
+    /// A Redis connection is found dead only by a command that fails on it, and the
+    /// reconnect starts then: a beat that fails for a lost connection is sent again
+    /// after [`BEAT_RETRY_DELAYS`], so a Redis restart since the last beat never costs a
+    /// beat (restarts closer together than a heartbeat would otherwise let every entry
+    /// expire).
     pub async fn beat(&mut self) -> redis::RedisResult<()> {
+        let mut delays = BEAT_RETRY_DELAYS.iter();
+        loop {
+            match self.beat_once().await {
+                Err(error) if error.is_io_error() || error.is_unrecoverable_error() => {
+                    match delays.next() {
+                        Some(delay) => tokio::time::sleep(*delay).await,
+                        None => return Err(error),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn beat_once(&mut self) -> redis::RedisResult<()> {
         if self.definitions.is_empty() {
             return Ok(());
         }
