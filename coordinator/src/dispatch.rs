@@ -13,6 +13,7 @@
 //! through `results.rs`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::jetstream::context::PublishAckFuture;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
@@ -21,7 +22,7 @@ use toolfleet_common::names::HEADER_TURN_TRACEPARENT;
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
-use tracing::{info_span, warn, Instrument};
+use tracing::{debug, info_span, warn, Instrument};
 
 use crate::fault;
 use crate::join::{CallEntry, Released};
@@ -143,18 +144,28 @@ pub(crate) async fn dispatch(
         pending.push((key, job, outcome, span));
     }
     for (key, job, outcome, span) in pending {
-        let error = match outcome {
-            Ok(ack) => match std::future::IntoFuture::into_future(ack)
+        let first = match outcome {
+            Ok(ack) => std::future::IntoFuture::into_future(ack)
                 .instrument(span.clone())
                 .await
-            {
-                Ok(_) => {
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        let error = match first {
+            Ok(()) => {
+                published.push(key);
+                continue;
+            }
+            // Whether the job reached the stream is unknown: ask again with the same
+            // message id, which the stream de-duplicates.
+            Err(error) => match Box::pin(publish_again(replica, &job, &span, trace, error)).await {
+                Ok(()) => {
                     published.push(key);
                     continue;
                 }
-                Err(e) => e.to_string(),
+                Err(error) => error,
             },
-            Err(e) => e,
         };
         let message = format!("job publish failed: {error}");
         telemetry::set_error(&span, codes::DISPATCH_FAILED, &message);
@@ -167,6 +178,51 @@ pub(crate) async fn dispatch(
         Box::pin(record_result(replica, turn_id, &tenant, &key, result)).await;
     }
     published
+}
+
+/// Waits before publishing a job again after its publish or stream ack failed.
+const REPUBLISH_DELAYS: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(250),
+    Duration::from_millis(500),
+    Duration::from_secs(1),
+];
+
+/// Publishes `job` again after `error`, with the same `Nats-Msg-Id`, until the stream
+/// acknowledges it (a copy that did arrive the first time is acknowledged as a
+/// duplicate and stored once), the delays run out, or the turn's deadline would pass.
+/// This rides through a stream leader change or a short NATS restart.
+async fn publish_again(
+    replica: &Replica,
+    job: &JobEnvelope,
+    span: &tracing::Span,
+    trace: Option<&TurnTrace>,
+    mut error: String,
+) -> Result<(), String> {
+    for delay in REPUBLISH_DELAYS {
+        let due = unix_ms() + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        if due >= job.deadline_unix_ms {
+            break;
+        }
+        debug!(turn_id = %job.turn_id, call = %job.call.id, %error, "job publish unconfirmed; publishing again");
+        tokio::time::sleep(delay).await;
+        let subject = replica.names.job_subject(&job.call.name);
+        let ack = match publish_job(replica, job, subject, span, trace).await {
+            Ok(ack) => ack,
+            Err(e) => {
+                error = e;
+                continue;
+            }
+        };
+        match std::future::IntoFuture::into_future(ack)
+            .instrument(span.clone())
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) => error = e.to_string(),
+        }
+    }
+    Err(error)
 }
 
 /// The producer span of one job publish, a child of the turn span (of the current span

@@ -718,16 +718,6 @@ impl JoinStore {
         Ok(())
     }
 
-    /// Whether the call `call_key` of `turn_id` has a recorded result.
-    pub async fn has_result(&self, turn_id: &str, call_key: &str) -> Result<bool, JoinError> {
-        let mut redis = self.redis.clone();
-        Ok(redis::cmd("HEXISTS")
-            .arg(self.names.turn_results_key(turn_id))
-            .arg(call_key)
-            .query_async(&mut redis)
-            .await?)
-    }
-
     /// Removes the turn from the deadline index.
     pub async fn forget_deadline(&self, turn_id: &str) -> Result<(), JoinError> {
         let mut redis = self.redis.clone();

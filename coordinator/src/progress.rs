@@ -13,7 +13,6 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::CallState;
-use tracing::debug;
 
 use crate::events;
 use crate::startup::{next_message, Replica};
@@ -49,16 +48,11 @@ pub(crate) async fn relay(
 }
 
 /// Publishes `running` for a call of an owned turn unless the call's result is already
-/// recorded (its terminal state was then published first) or the turn has ended. The
-/// last check and the publish run under the turn's publishing lock, which this replica
-/// also holds while publishing terminal states and the turn's end, so `running` never
-/// follows `done`.
+/// recorded (its terminal state was then published first) or the turn has ended: the
+/// `EMIT` script stores it only then, in one step with the check. The store and the
+/// publish run under the turn's publishing lock, which this replica also holds while
+/// publishing terminal states and the turn's end, so `running` never follows `done`.
 async fn relay_running(replica: &Replica, turn_id: &str, tool_call_id: &str, name: &str) {
-    match replica.join.has_result(turn_id, tool_call_id).await {
-        Ok(true) => return,
-        Ok(false) => {}
-        Err(error) => debug!(%turn_id, %error, "could not check for a result; relaying running"),
-    }
     replica
         .turns
         .gated(turn_id, |gate| async move {
