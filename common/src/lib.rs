@@ -18,6 +18,7 @@
 //! | [`http`] | the operational HTTP endpoint server (`/healthz`, `/readyz`, `/metrics`) |
 //! | [`job`] | `JobEnvelope` (what a worker receives) and progress notices |
 //! | `ready` | the `/readyz` check of the coordinator and worker (feature `redis`) |
+//! | `redis_client` | the Redis connection of every process: one server or a Redis Cluster (feature `redis`) |
 //! | [`schemas`] | JSON Schemas of the wire messages (published in `docs/schemas/`) |
 //! | [`shutdown`] | SIGTERM / Ctrl-C as a cancellation token |
 //! | [`streams`] | creating the jobs and results JetStream streams |
@@ -41,6 +42,8 @@ pub mod metrics;
 pub mod names;
 #[cfg(feature = "redis")]
 pub mod ready;
+#[cfg(feature = "redis")]
+pub mod redis_client;
 pub mod schemas;
 pub mod shutdown;
 pub mod streams;

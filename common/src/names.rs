@@ -260,9 +260,29 @@ impl Names {
         format!("{}:turn:{{{turn_id}}}:dispatching", self.prefix)
     }
 
-    /// Sorted set of open turns scored by deadline (unix ms); any replica sweeps it.
-    pub fn deadlines_key(&self) -> String {
+    /// One bucket of the deadline index: a sorted set of open turns scored by deadline
+    /// (Unix ms); every replica sweeps every bucket. Each bucket has its own hash tag, so
+    /// on Redis Cluster the buckets spread over the masters and no slot sees every turn.
+    /// A turn goes to bucket [`deadline_bucket`](Self::deadline_bucket).
+    pub fn deadline_bucket_key(&self, bucket: u32) -> String {
+        format!("{}:deadlines:{{deadlines:{bucket}}}", self.prefix)
+    }
+
+    /// The deadline index of releases before it was split into buckets; swept until it
+    /// is empty, its entries moved to their buckets.
+    pub fn legacy_deadlines_key(&self) -> String {
         format!("{}:deadlines", self.prefix)
+    }
+
+    /// The bucket of the deadline index `turn_id` goes to, of `buckets`: FNV-1a of the
+    /// id, so every process finds the same one.
+    pub fn deadline_bucket(turn_id: &str, buckets: u32) -> u32 {
+        let mut hash: u32 = 0x811c_9dc5;
+        for byte in turn_id.bytes() {
+            hash ^= u32::from(byte);
+            hash = hash.wrapping_mul(0x0100_0193);
+        }
+        hash % buckets.max(1)
     }
 
     /// Hash of tool definitions, field = tool name, value = `ToolDefinition` JSON.
@@ -333,6 +353,24 @@ mod tests {
         ] {
             assert!(key.contains("{t1}"), "{key}");
         }
+    }
+
+    #[test]
+    fn deadline_buckets_are_stable_and_spread() {
+        let n = Names::default();
+        assert_eq!(Names::deadline_bucket("turn-1", 16), Names::deadline_bucket("turn-1", 16));
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..1000 {
+            let bucket = Names::deadline_bucket(&format!("turn-{i}"), 16);
+            assert!(bucket < 16);
+            seen.insert(bucket);
+        }
+        assert_eq!(seen.len(), 16, "1000 ids reach every bucket");
+        assert_eq!(Names::deadline_bucket("x", 0), 0);
+        let tags: std::collections::HashSet<String> =
+            (0..16).map(|b| n.deadline_bucket_key(b)).collect();
+        assert_eq!(tags.len(), 16);
+        assert!(n.deadline_bucket_key(3).ends_with("{deadlines:3}"));
     }
 
     #[test]

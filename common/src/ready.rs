@@ -22,7 +22,7 @@ pub struct Needs {
 /// `needs` exists.
 pub fn readiness(
     nats: async_nats::Client,
-    redis: redis::aio::ConnectionManager,
+    redis: crate::redis_client::RedisConnection,
     needs: Needs,
 ) -> Readiness {
     let needs = Arc::new(needs);

@@ -46,6 +46,10 @@ pub struct CoordinatorConfig {
     /// How long after a deadline another replica steps in for a turn's owner
     /// (`TOOLFLEET_SWEEP_GRACE_MS`).
     pub sweep_grace: Duration,
+    /// Buckets of the deadline index, each its own Redis key and hash tag, so on Redis
+    /// Cluster no slot sees every turn (`TOOLFLEET_DEADLINE_BUCKETS`, default 16). Raise
+    /// it freely; a lower value strands the entries of the buckets dropped.
+    pub deadline_buckets: u32,
     /// How often the tool registry is re-read (`TOOLFLEET_REGISTRY_REFRESH_MS`).
     pub registry_refresh: Duration,
     /// How long a turn's keys stay in Redis after its deadline, for late results
@@ -93,6 +97,7 @@ impl CoordinatorConfig {
                 .to_vec(),
             sweep_interval: Duration::from_millis(500),
             sweep_grace: Duration::from_millis(1000),
+            deadline_buckets: 16,
             registry_refresh: Duration::from_secs(1),
             retention: Duration::from_secs(600),
             result_concurrency: 256,
@@ -207,6 +212,11 @@ impl CoordinatorConfig {
                 r::SWEEP_INTERVAL_MS,
             )?,
             sweep_grace: env_ms_in("TOOLFLEET_SWEEP_GRACE_MS", d.sweep_grace, r::SWEEP_GRACE_MS)?,
+            deadline_buckets: env_in(
+                "TOOLFLEET_DEADLINE_BUCKETS",
+                d.deadline_buckets,
+                r::DEADLINE_BUCKETS,
+            )?,
             registry_refresh: env_ms_in(
                 "TOOLFLEET_REGISTRY_REFRESH_MS",
                 d.registry_refresh,
@@ -249,6 +259,8 @@ pub mod ranges {
     pub const ARGUMENT_BYTES: RangeInclusive<usize> = 1024..=8 * 1024 * 1024;
     /// Deadline sweeps, in ms.
     pub const SWEEP_INTERVAL_MS: RangeInclusive<u64> = 50..=10_000;
+    /// Buckets of the deadline index.
+    pub const DEADLINE_BUCKETS: RangeInclusive<u32> = 1..=1024;
     /// Wait before another replica ends an owner's turn, in ms.
     pub const SWEEP_GRACE_MS: RangeInclusive<u64> = 100..=60_000;
     /// Registry refreshes and topology checks, in ms.

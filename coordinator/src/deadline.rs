@@ -2,7 +2,7 @@
 //! every replica runs for turns whose owner is gone.
 //!
 //! Owns [`arm`] (one timer per owned turn, cancelled when the turn ends early) and
-//! [`sweep`] (periodically reads the deadline index in Redis and ends every turn past its
+//! [`sweep`] (periodically reads every bucket of the deadline index in Redis and ends every turn past its
 //! deadline plus the grace). Both end the turn through `finalize::end_open_turn`; the
 //! join's script makes sure only one replica ends each turn, however many try.
 //!
@@ -40,28 +40,39 @@ pub(crate) fn arm(
     });
 }
 
-/// Ends turns past their deadline plus the sweep grace, until `shutdown`.
+/// Ends turns past their deadline plus the sweep grace, until `shutdown`: every bucket
+/// of the deadline index, one after the other, starting each sweep at another bucket.
 pub(crate) async fn sweep(replica: Arc<Replica>, shutdown: CancellationToken) {
     let grace = millis(replica.config.sweep_grace);
+    let buckets = replica.config.deadline_buckets.max(1);
+    // Replicas start at different buckets, so through a backlog they end different
+    // turns first instead of all racing for the same ones.
+    let mut first = u32::try_from(unix_ms() % u64::from(buckets)).unwrap_or(0);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(replica.config.sweep_interval) => {}
         }
-        let due = match replica
-            .join
-            .due(unix_ms().saturating_sub(grace), SWEEP_BATCH)
-            .await
-        {
-            Ok(due) => due,
-            Err(error) => {
-                warn!(%error, "deadline sweep failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
+        first = (first + 1) % buckets;
+        for key in replica.join.deadline_keys(first) {
+            if shutdown.is_cancelled() {
+                return;
             }
-        };
-        for turn_id in due {
-            end_open_turn(&replica, &turn_id, true).await;
+            let due = match replica
+                .join
+                .due(&key, unix_ms().saturating_sub(grace), SWEEP_BATCH)
+                .await
+            {
+                Ok(due) => due,
+                Err(error) => {
+                    warn!(%error, %key, "deadline sweep failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            for turn_id in due {
+                end_open_turn(&replica, &turn_id, true).await;
+            }
         }
     }
 }

@@ -3,8 +3,10 @@
 //! runs them.
 //!
 //! Keys of one turn share the `{turn_id}` hash tag (see `Names`), so each script touches a
-//! single slot and runs unchanged on Redis Cluster. The deadline index is a separate key,
-//! updated with separate commands.
+//! single slot and runs unchanged on Redis Cluster. The deadline index is split into
+//! buckets, each its own key with its own hash tag, never touched by a script: it is
+//! updated with separate commands (`RedisConnection::in_order`), a turn's entry in the
+//! bucket of its id (`Names::deadline_bucket`).
 //!
 //! Owns every read and write of a turn's Redis keys. Never publishes: callers act on
 //! what the scripts return (`Recorded`, `Finalized`), and only the caller that got a
@@ -12,12 +14,15 @@
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
+use toolfleet_common::redis_client::RedisConnection;
 use redis::{FromRedisValue, Script, Value as RedisValue};
 use serde::{Deserialize, Serialize};
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{CallResult, JobEnvelope, Names};
+
+/// Buckets of the deadline index unless configured (`TOOLFLEET_DEADLINE_BUCKETS`).
+pub const DEFAULT_DEADLINE_BUCKETS: u32 = 16;
 
 /// Creates a turn unless it exists. KEYS: meta, calls, results, events, queue, jobs.
 /// ARGV: ttl_ms, total, reply, tenant, deadline, paced, created, traceparent, trace,
@@ -384,8 +389,10 @@ pub enum JoinError {
 /// The turn store.
 #[derive(Clone)]
 pub struct JoinStore {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     names: Names,
+    /// Buckets of the deadline index.
+    buckets: u32,
     create: Script,
     record: Script,
     finalize: Script,
@@ -396,10 +403,11 @@ pub struct JoinStore {
 
 impl JoinStore {
     /// A store over `redis`.
-    pub fn new(redis: ConnectionManager, names: Names) -> Self {
+    pub fn new(redis: RedisConnection, names: Names) -> Self {
         Self {
             redis,
             names,
+            buckets: DEFAULT_DEADLINE_BUCKETS,
             create: Script::new(CREATE),
             record: Script::new(RECORD),
             finalize: Script::new(FINALIZE),
@@ -407,6 +415,18 @@ impl JoinStore {
             emit: Script::new(EMIT),
             attach: Script::new(ATTACH),
         }
+    }
+
+    /// The same store with its deadline index split into `buckets` keys.
+    pub fn with_deadline_buckets(mut self, buckets: u32) -> Self {
+        self.buckets = buckets.max(1);
+        self
+    }
+
+    /// The deadline index bucket of `turn_id`.
+    fn deadline_key(&self, turn_id: &str) -> String {
+        self.names
+            .deadline_bucket_key(Names::deadline_bucket(turn_id, self.buckets))
     }
 
     fn keys(&self, turn_id: &str) -> [String; 4] {
@@ -475,22 +495,23 @@ impl JoinStore {
         for (key, job) in &turn.queued {
             invocation.arg(key).arg(encode(job)?);
         }
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(self.names.deadlines_key())
+        let mut index = redis::cmd("ZADD");
+        index
+            .arg(self.deadline_key(turn.turn_id))
             .arg("NX")
             .arg(turn.deadline_unix_ms)
-            .arg(turn.turn_id)
-            .ignore()
-            .add_command(invocation);
-        let (created,): (Vec<i64>,) = match pipe.query_async(&mut redis).await {
+            .arg(turn.turn_id);
+        // The index entry is sent first and is `NX`, so sending both again changes
+        // nothing; on a cluster the index bucket lives in another slot than the turn.
+        let reply = match redis.in_order(index.clone(), invocation.clone()).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                // The index entry is `NX`, so sending it again changes nothing.
                 self.create.load_async(&mut redis).await?;
-                pipe.query_async(&mut redis).await?
+                redis.in_order(index, invocation).await?
             }
             other => other?,
         };
+        let created =
+            Vec::<i64>::from_redis_value(reply).map_err(|e| JoinError::Decode(e.to_string()))?;
         Ok(match created.as_slice() {
             [1] => Created::New,
             [0, same] => Created::Exists {
@@ -684,18 +705,13 @@ impl JoinStore {
     /// so no sweeper sends it again.
     pub async fn mark_published(&self, turn_id: &str) -> Result<(), JoinError> {
         let mut redis = self.redis.clone();
-        let _: () = redis::pipe()
-            .cmd("HSET")
-            .arg(self.names.turn_meta_key(turn_id))
+        let mut mark = redis::cmd("HSET");
+        mark.arg(self.names.turn_meta_key(turn_id))
             .arg("published")
-            .arg(1)
-            .ignore()
-            .cmd("ZREM")
-            .arg(self.names.deadlines_key())
-            .arg(turn_id)
-            .ignore()
-            .query_async(&mut redis)
-            .await?;
+            .arg(1);
+        let mut unindex = redis::cmd("ZREM");
+        unindex.arg(self.deadline_key(turn_id)).arg(turn_id);
+        redis.in_order(mark, unindex).await?;
         Ok(())
     }
 
@@ -722,25 +738,55 @@ impl JoinStore {
     pub async fn forget_deadline(&self, turn_id: &str) -> Result<(), JoinError> {
         let mut redis = self.redis.clone();
         let _: () = redis::cmd("ZREM")
-            .arg(self.names.deadlines_key())
+            .arg(self.deadline_key(turn_id))
             .arg(turn_id)
             .query_async(&mut redis)
             .await?;
         Ok(())
     }
 
-    /// Turns whose deadline is at or before `unix_ms`, at most `limit`.
-    pub async fn due(&self, unix_ms: u64, limit: usize) -> Result<Vec<String>, JoinError> {
+    /// The keys the sweeper reads: every bucket of the deadline index, starting at
+    /// `first` (each replica starts elsewhere, so replicas working through a backlog
+    /// take different buckets first), then the index of releases before buckets.
+    pub fn deadline_keys(&self, first: u32) -> Vec<String> {
+        (0..self.buckets)
+            .map(|i| self.names.deadline_bucket_key((first + i) % self.buckets))
+            .chain([self.names.legacy_deadlines_key()])
+            .collect()
+    }
+
+    /// Turns in the deadline index key `key` whose deadline is at or before `unix_ms`,
+    /// at most `limit`. An entry found outside its turn's bucket (the index of an
+    /// earlier release, or one written with another bucket count) is moved to its
+    /// bucket first, deadline kept, so `mark_published` finds it there.
+    pub async fn due(
+        &self,
+        key: &str,
+        unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, JoinError> {
         let mut redis = self.redis.clone();
-        Ok(redis::cmd("ZRANGEBYSCORE")
-            .arg(self.names.deadlines_key())
+        let due: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
             .arg("-inf")
             .arg(unix_ms)
+            .arg("WITHSCORES")
             .arg("LIMIT")
             .arg(0)
             .arg(limit)
             .query_async(&mut redis)
-            .await?)
+            .await?;
+        for (turn_id, deadline) in &due {
+            let home = self.deadline_key(turn_id);
+            if home != key {
+                let mut add = redis::cmd("ZADD");
+                add.arg(&home).arg("NX").arg(*deadline).arg(turn_id);
+                let mut remove = redis::cmd("ZREM");
+                remove.arg(key).arg(turn_id);
+                redis.in_order(add, remove).await?;
+            }
+        }
+        Ok(due.into_iter().map(|(turn_id, _)| turn_id).collect())
     }
 
     /// The turn's late-result and duplicate counters: `(late, duplicates)`.

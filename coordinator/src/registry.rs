@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use redis::aio::ConnectionManager;
+use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{Names, ToolDefinition};
@@ -80,7 +80,7 @@ impl Registry {
     /// Re-reads definitions and liveness from Redis.
     pub async fn refresh(
         &self,
-        redis: &mut ConnectionManager,
+        redis: &mut RedisConnection,
         names: &Names,
     ) -> redis::RedisResult<()> {
         let raw: HashMap<String, String> = redis::cmd("HGETALL")

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use toolfleet_common::health::{connect_nats, start_process, Health, Started};
 use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::names::COORDINATOR_QUEUE_GROUP;
+use toolfleet_common::redis_client::{RedisConnection, RedisOptions};
 use toolfleet_common::streams::ensure_streams;
 use toolfleet_common::Names;
 use tracing::{info, warn};
@@ -106,7 +107,8 @@ pub async fn run_with_narrator(
     registry.refresh(&mut redis, &names).await?;
 
     let replica = Arc::new(Replica {
-        join: JoinStore::new(redis.clone(), names.clone()),
+        join: JoinStore::new(redis.clone(), names.clone())
+            .with_deadline_buckets(config.deadline_buckets),
         config: config.clone(),
         names: names.clone(),
         nats: nats.clone(),
@@ -148,22 +150,14 @@ pub async fn run_with_narrator(
     Ok(())
 }
 
-/// A Redis connection for the join: TCP_NODELAY, a generous response timeout.
-async fn connect_redis(url: &str) -> Result<redis::aio::ConnectionManager, redis::RedisError> {
-    // Without TCP_NODELAY, a script sent while another's reply is outstanding waits for
-    // that reply (Nagle), which serializes concurrent recordings.
-    let client = redis::Client::open(
-        redis::IntoConnectionInfo::into_connection_info(url)?
-            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true)),
-    )?;
+/// A Redis connection for the join (one server or a cluster, `redis_client.rs`).
+async fn connect_redis(url: &str) -> Result<RedisConnection, redis::RedisError> {
     // A script that ran but whose reply was slow must not be reported as failed, so the
     // response timeout is generous.
-    redis::aio::ConnectionManager::new_with_config(
-        client,
-        redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(REDIS_RESPONSE_TIMEOUT)),
-    )
-    .await
+    let options = RedisOptions {
+        response_timeout: Some(REDIS_RESPONSE_TIMEOUT),
+    };
+    Ok(toolfleet_common::redis_client::connect(url, options).await?)
 }
 
 /// Starts the supervised tasks that run beside the turns until `stop`: registry
@@ -174,7 +168,7 @@ async fn spawn_background(
     background: &TaskTracker,
     stop: &CancellationToken,
     results: jetstream::consumer::PullConsumer,
-    redis: redis::aio::ConnectionManager,
+    redis: RedisConnection,
 ) -> Result<(), CoordinatorError> {
     let (nats, names, health) = (&replica.nats, &replica.names, &replica.health);
     let changes = nats.subscribe(names.registry_changed()).await?;
@@ -219,7 +213,7 @@ async fn spawn_background(
 async fn refresh_registry(
     replica: Arc<Replica>,
     mut changes: async_nats::Subscriber,
-    mut redis: redis::aio::ConnectionManager,
+    mut redis: RedisConnection,
     stop: CancellationToken,
 ) {
     let period = replica.config.registry_refresh;

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use toolfleet_common::redis_client::{self, RedisConnection, RedisOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -96,8 +96,7 @@ impl std::fmt::Debug for ResultCache {
 
 struct Inner {
     config: CacheConfig,
-    client: redis::Client,
-    conn: OnceCell<ConnectionManager>,
+    conn: OnceCell<RedisConnection>,
     hits: AtomicU64,
     misses: AtomicU64,
     stores: AtomicU64,
@@ -115,11 +114,11 @@ struct Entry {
 impl ResultCache {
     /// A cache for `config`; nothing is connected until the first call.
     pub fn new(config: CacheConfig) -> Result<Self, CacheError> {
-        let client = redis::Client::open(config.redis_url.as_str())?;
+        toolfleet_common::redis_client::RedisTarget::parse(&config.redis_url)
+            .map_err(|e| CacheError::Url(toolfleet_common::redis_client::ConnectError::Url(e).into()))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
-                client,
                 conn: OnceCell::new(),
                 hits: AtomicU64::new(0),
                 misses: AtomicU64::new(0),
@@ -206,10 +205,10 @@ impl ResultCache {
         )
     }
 
-    async fn connection(&self) -> Option<ConnectionManager> {
+    async fn connection(&self) -> Option<RedisConnection> {
         let init = self.inner.conn.get_or_try_init(|| {
-            let client = self.inner.client.clone();
-            async move { ConnectionManager::new(client).await }
+            let url = self.inner.config.redis_url.clone();
+            async move { redis_client::connect(&url, RedisOptions::default()).await }
         });
         match tokio::time::timeout(self.inner.config.op_timeout, init).await {
             Ok(Ok(conn)) => Some(conn.clone()),

@@ -202,8 +202,12 @@ pub async fn run_set(
     let js = jetstream::new(nats.clone());
     let (jobs_stream, _) = ensure_streams(&js, &names).await?;
     health.set_phase("connecting to Redis");
-    let redis_client = redis::Client::open(config.redis_url.as_str())?;
-    let redis = redis::aio::ConnectionManager::new(redis_client).await?;
+    let redis = toolfleet_common::redis_client::connect(
+        &config.redis_url,
+        toolfleet_common::redis_client::RedisOptions::default(),
+    )
+    .await
+    .map_err(redis::RedisError::from)?;
     let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
     let registration = Registration::new(
         redis.clone(),

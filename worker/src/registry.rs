@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::http::Readiness;
 use toolfleet_common::tool::Rejection;
@@ -88,7 +88,7 @@ const BEAT_RETRY_DELAYS: [Duration; 3] = [
 
 /// This worker's entry in the tool registry.
 pub struct Registration {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     names: Names,
     worker_id: String,
     definitions: Vec<(String, String)>,
@@ -98,7 +98,7 @@ pub struct Registration {
 impl Registration {
     /// Prepares the registration of `tools`; an entry lives `ttl_ms` past each beat.
     pub fn new(
-        redis: ConnectionManager,
+        redis: RedisConnection,
         names: Names,
         worker_id: String,
         tools: &[ToolDefinition],

@@ -45,7 +45,7 @@ pub(crate) struct Serving {
     health: Health,
     jobs_stream: jetstream::stream::Stream,
     /// For the readiness check.
-    redis: redis::aio::ConnectionManager,
+    redis: toolfleet_common::redis_client::RedisConnection,
     registration: Registration,
     /// The coordinators' refusals of the served tools, read after every beat.
     refusals: Refusals,
@@ -68,7 +68,7 @@ impl Serving {
         shared: Arc<Shared>,
         health: Health,
         jobs_stream: jetstream::stream::Stream,
-        redis: redis::aio::ConnectionManager,
+        redis: toolfleet_common::redis_client::RedisConnection,
         registration: Registration,
         shutdown: CancellationToken,
     ) -> Self {

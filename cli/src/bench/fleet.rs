@@ -46,7 +46,7 @@ pub struct Env {
     /// The bench's own NATS connection (clients, floor, cleanup).
     pub nats: async_nats::Client,
     /// The bench's own Redis connection (floor, readiness, cleanup).
-    pub redis: redis::aio::MultiplexedConnection,
+    pub redis: toolfleet_common::redis_client::RedisConnection,
     /// Tag shared by this run's prefixes.
     pub run_id: String,
     /// Print the children's pids and prefixes.
@@ -104,8 +104,7 @@ impl Env {
             .connect(nats_url)
             .await
             .with_context(|| format!("connecting to NATS at {nats_url}"))?;
-        let redis = redis::Client::open(redis_url)?
-            .get_multiplexed_async_connection()
+        let redis = toolfleet_common::redis_client::connect(redis_url, Default::default())
             .await
             .with_context(|| format!("connecting to Redis at {redis_url}"))?;
         let run_id = uuid::Uuid::new_v4().simple().to_string()[..6].to_string();
@@ -307,7 +306,7 @@ impl Env {
 /// How many workers serving `tool` under `names` have a live heartbeat; `None` when
 /// Redis does not answer.
 pub(crate) async fn live_workers(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut toolfleet_common::redis_client::RedisConnection,
     names: &Names,
     tool: &str,
 ) -> Option<usize> {

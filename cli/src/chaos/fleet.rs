@@ -244,9 +244,7 @@ impl ChaosFleet {
 
     async fn wait_ready(&self, redis_url: &str, names: &Names, workers: usize) -> Result<()> {
         local::wait_for_tools(&self.client, &[TOOL.to_string()], START_TIMEOUT).await?;
-        let mut redis = redis::Client::open(redis_url)?
-            .get_multiplexed_async_connection()
-            .await?;
+        let mut redis = toolfleet_common::redis_client::connect(redis_url, Default::default()).await?;
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         while live_workers(&mut redis, names, TOOL)
             .await

@@ -188,9 +188,10 @@ pub async fn run(settings: &Settings) -> Result<Report, ConformanceError> {
         .connect(&settings.nats_url)
         .await
         .map_err(|e| ConformanceError::Nats(e.to_string()))?;
-    let redis = redis::Client::open(settings.redis_url.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
+    let redis =
+        toolfleet_common::redis_client::connect(&settings.redis_url, Default::default())
+            .await
+            .map_err(redis::RedisError::from)?;
     let (definition, probe) = probe::check(&nats, redis.clone(), &names, settings).await;
     let mut cases = vec![definition];
     match probe {

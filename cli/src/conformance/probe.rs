@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use redis::aio::MultiplexedConnection;
+use toolfleet_common::redis_client::RedisConnection;
 use serde_json::Value;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::{Names, ToolDefinition};
@@ -21,7 +21,7 @@ pub struct Probe {
     /// JetStream, for publishing jobs.
     pub js: jetstream::Context,
     /// Redis, for the registry (the shutdown case's withdrawal).
-    pub redis: MultiplexedConnection,
+    pub redis: RedisConnection,
     /// The fleet's names.
     pub names: Names,
     /// The tool.
@@ -37,7 +37,7 @@ pub struct Probe {
 /// The definition case, and the probe when the job cases can run.
 pub async fn check(
     nats: &async_nats::Client,
-    mut redis: MultiplexedConnection,
+    mut redis: RedisConnection,
     names: &Names,
     settings: &Settings,
 ) -> (Case, Option<Probe>) {
@@ -142,7 +142,7 @@ fn check_types(definition: &Value, case: &mut Case) {
 }
 
 /// A coordinator's rejection of the definition, as written back to the registry.
-async fn rejection(redis: &mut MultiplexedConnection, names: &Names, tool: &str, case: &mut Case) {
+async fn rejection(redis: &mut RedisConnection, names: &Names, tool: &str, case: &mut Case) {
     let rejected: Option<String> = redis::cmd("HGET")
         .arg(names.rejected_definitions_key())
         .arg(tool)

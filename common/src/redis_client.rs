@@ -1,0 +1,288 @@
+//! The one place a Redis connection is made, for every process: one server or a Redis
+//! Cluster, chosen by `TOOLFLEET_REDIS_URL`.
+//!
+//! - `redis://host:6379` (or `rediss://`, `unix://`): one server, through a
+//!   `ConnectionManager` that reconnects by itself.
+//! - `redis+cluster://host-a:6379,host-b:6379,...` or a comma-separated list of
+//!   `redis://` URLs: a Redis Cluster, through the `redis` crate's cluster client, which
+//!   follows the slot map (`MOVED`, `ASK`, a failover) by itself. The nodes listed are
+//!   only where the slot map is first read; one is enough.
+//!
+//! Owns [`RedisConnection`], which implements `redis::aio::ConnectionLike`, so commands,
+//! pipelines and scripts are written once for both. A pipeline or script must touch
+//! keys of one slot only (share a `{hash tag}`); [`RedisConnection::in_order`] sends two
+//! commands of different slots in order, in one round trip where the server allows it.
+//! Never decides which keys a process uses (`names.rs` does).
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::io::tcp::TcpSettings;
+use redis::{Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+
+/// The scheme that selects the cluster client for a single address.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+/// The same over TLS.
+pub const CLUSTER_TLS_SCHEME: &str = "rediss+cluster://";
+
+/// What `TOOLFLEET_REDIS_URL` names: one server, or the seed nodes of a cluster.
+#[derive(Debug, Clone)]
+pub enum RedisTarget {
+    /// One Redis server.
+    Single(ConnectionInfo),
+    /// A Redis Cluster, by some of its nodes.
+    Cluster(Vec<ConnectionInfo>),
+}
+
+/// A setting that does not name Redis.
+#[derive(Debug, thiserror::Error)]
+#[error("TOOLFLEET_REDIS_URL {url:?}: {reason}")]
+pub struct BadRedisUrl {
+    /// The setting as given (its password replaced).
+    pub url: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl RedisTarget {
+    /// Parses the setting: one URL, a `redis+cluster://a,b` URL, or a comma-separated
+    /// list of URLs (a cluster).
+    pub fn parse(setting: &str) -> Result<Self, BadRedisUrl> {
+        let bad = |reason: String| BadRedisUrl {
+            url: redact(setting),
+            reason,
+        };
+        let setting = setting.trim();
+        if setting.is_empty() {
+            return Err(bad("empty".into()));
+        }
+        let (cluster_scheme, rest) = if let Some(rest) = setting.strip_prefix(CLUSTER_SCHEME) {
+            (Some("redis://"), rest)
+        } else if let Some(rest) = setting.strip_prefix(CLUSTER_TLS_SCHEME) {
+            (Some("rediss://"), rest)
+        } else {
+            (None, setting)
+        };
+        let parts: Vec<&str> = rest.split(',').map(str::trim).collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(bad("an empty entry in the list".into()));
+        }
+        let infos = match cluster_scheme {
+            Some(scheme) => {
+                // `redis+cluster://user:pass@a:1,b:2/0`: the credentials of the first
+                // entry apply to every node.
+                let credentials = parts[0]
+                    .rsplit_once('@')
+                    .map(|(c, _)| format!("{c}@"))
+                    .unwrap_or_default();
+                parts
+                    .iter()
+                    .map(|part| {
+                        let address = part.rsplit_once('@').map(|(_, a)| a).unwrap_or(part);
+                        format!("{scheme}{credentials}{address}")
+                            .into_connection_info()
+                            .map_err(|e| bad(e.to_string()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            None => parts
+                .iter()
+                .map(|part| part.into_connection_info().map_err(|e| bad(e.to_string())))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        match (cluster_scheme, infos.len()) {
+            (None, 1) => Ok(Self::Single(infos.into_iter().next().ok_or_else(|| {
+                bad("no address".into())
+            })?)),
+            _ => Ok(Self::Cluster(infos)),
+        }
+    }
+
+    /// Whether this names a cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+}
+
+/// The setting with any password replaced by `***`, for errors and logs.
+pub fn redact(setting: &str) -> String {
+    setting
+        .split(',')
+        .map(|part| match part.rsplit_once('@') {
+            Some((before, after)) => match before.rsplit_once(':') {
+                Some((user, _)) if !user.ends_with('/') => format!("{user}:***@{after}"),
+                _ => part.to_string(),
+            },
+            None => part.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// How a connection behaves.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RedisOptions {
+    /// How long a reply may take before the command counts as failed; `None` keeps the
+    /// client's default.
+    pub response_timeout: Option<Duration>,
+}
+
+/// A connection to one Redis server or to a Redis Cluster. Cheap to clone: clones share
+/// the connections.
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// One server; reconnects by itself.
+    Single(ConnectionManager),
+    /// A Redis Cluster; follows its slot map by itself.
+    Cluster(ClusterConnection),
+}
+
+/// Failure to connect.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The setting does not name Redis.
+    #[error(transparent)]
+    Url(#[from] BadRedisUrl),
+    /// Redis did not answer.
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+}
+
+impl From<ConnectError> for RedisError {
+    fn from(error: ConnectError) -> Self {
+        match error {
+            ConnectError::Redis(e) => e,
+            ConnectError::Url(e) => RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "invalid TOOLFLEET_REDIS_URL",
+                e.to_string(),
+            )),
+        }
+    }
+}
+
+/// Connects to what `setting` names (see the module docs), with TCP_NODELAY: without
+/// it, a command sent while another's reply is outstanding waits for that reply
+/// (Nagle), which serializes concurrent scripts.
+pub async fn connect(setting: &str, options: RedisOptions) -> Result<RedisConnection, ConnectError> {
+    let nodelay = TcpSettings::default().set_nodelay(true);
+    match RedisTarget::parse(setting)? {
+        RedisTarget::Single(info) => {
+            let client = redis::Client::open(info.set_tcp_settings(nodelay))?;
+            let mut config = ConnectionManagerConfig::new();
+            if let Some(timeout) = options.response_timeout {
+                config = config.set_response_timeout(Some(timeout));
+            }
+            Ok(RedisConnection::Single(
+                ConnectionManager::new_with_config(client, config).await?,
+            ))
+        }
+        RedisTarget::Cluster(nodes) => {
+            let mut builder = ClusterClientBuilder::new(nodes).tcp_settings(nodelay);
+            if let Some(timeout) = options.response_timeout {
+                builder = builder.response_timeout(timeout);
+            }
+            let client = builder.build()?;
+            Ok(RedisConnection::Cluster(
+                client.get_async_connection().await?,
+            ))
+        }
+    }
+}
+
+impl RedisConnection {
+    /// Whether this is a cluster connection.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
+    /// Runs `first`, then `second`, and returns `second`'s reply. On one server both go
+    /// in one pipeline (one round trip, run in that order); on a cluster, where they may
+    /// live in different slots, `second` is sent once `first` succeeded.
+    pub async fn in_order(&mut self, first: Cmd, second: Cmd) -> Result<Value, RedisError> {
+        match self {
+            Self::Single(_) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(first).ignore().add_command(second);
+                let (reply,): (Value,) = pipe.query_async(self).await?;
+                Ok(reply)
+            }
+            Self::Cluster(_) => {
+                let _: Value = first.query_async(self).await?;
+                second.query_async(self).await
+            }
+        }
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_url_is_one_server() {
+        let target = RedisTarget::parse("redis://127.0.0.1:6379").expect("parses");
+        assert!(!target.is_cluster());
+    }
+
+    #[test]
+    fn a_list_or_the_cluster_scheme_is_a_cluster() {
+        let list = RedisTarget::parse("redis://127.0.0.1:7000, redis://127.0.0.1:7001")
+            .expect("parses");
+        let RedisTarget::Cluster(nodes) = list else {
+            panic!("a list is a cluster");
+        };
+        assert_eq!(nodes.len(), 2);
+        let scheme =
+            RedisTarget::parse("redis+cluster://u:p@127.0.0.1:7000,127.0.0.1:7001").expect("parses");
+        let RedisTarget::Cluster(nodes) = scheme else {
+            panic!("redis+cluster:// is a cluster");
+        };
+        assert_eq!(nodes.len(), 2);
+        for node in &nodes {
+            assert_eq!(node.redis_settings().password(), Some("p"));
+            assert_eq!(node.redis_settings().username(), Some("u"));
+        }
+        let one = RedisTarget::parse("redis+cluster://127.0.0.1:7000").expect("parses");
+        assert!(one.is_cluster());
+    }
+
+    #[test]
+    fn bad_settings_are_refused_without_their_password() {
+        for bad in ["", "redis://a:1,,redis://b:2", "http://x:1", "redis+cluster://"] {
+            assert!(RedisTarget::parse(bad).is_err(), "{bad:?} is refused");
+        }
+        let error = RedisTarget::parse("redis://u:secret@a:1,http://b").expect_err("refused");
+        assert!(!error.to_string().contains("secret"));
+    }
+}
