@@ -129,7 +129,7 @@ impl FleetClient {
     ) -> Result<Self, ClientError> {
         let nats = credentials
             .apply(async_nats::ConnectOptions::new().name("toolfleet-client"))
-            .connect(url)
+            .connect(crate::config::NatsUrls(url))
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Connect, e.to_string()))?;
         let names = Names::new(prefix);

@@ -42,12 +42,46 @@ impl Endpoints {
     /// Reads the endpoints from the environment, [`Endpoints::local`] where unset.
     pub fn from_env() -> Result<Self, ConfigError> {
         let d = Self::local();
+        // Read where the streams are made; refused here so a bad value stops the start.
+        env_in(
+            crate::streams::STREAM_REPLICAS_ENV,
+            1,
+            crate::streams::STREAM_REPLICAS_RANGE,
+        )?;
         Ok(Self {
             nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
             nats_credentials: crate::credentials::NatsCredentials::from_env()?,
             redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
             prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
         })
+    }
+}
+
+/// The NATS servers of `TOOLFLEET_NATS_URL`: one URL or a comma-separated list
+/// (`nats://a:4222,nats://b:4222,...`), any of which may be connected to; the client
+/// also learns the cluster's other servers from the one it reaches and fails over to
+/// them. Pass it wherever `async_nats` takes server addresses.
+#[derive(Debug, Clone, Copy)]
+pub struct NatsUrls<'a>(pub &'a str);
+
+impl async_nats::ToServerAddrs for NatsUrls<'_> {
+    type Iter = std::vec::IntoIter<async_nats::ServerAddr>;
+
+    fn to_server_addrs(&self) -> std::io::Result<Self::Iter> {
+        let servers = self
+            .0
+            .split(',')
+            .map(str::trim)
+            .filter(|part| !part.is_empty())
+            .map(str::parse::<async_nats::ServerAddr>)
+            .collect::<std::io::Result<Vec<_>>>()?;
+        if servers.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "TOOLFLEET_NATS_URL names no server",
+            ));
+        }
+        Ok(servers.into_iter())
     }
 }
 
@@ -144,6 +178,19 @@ pub fn env_string(name: &str, default: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nats_urls_take_one_server_or_a_list() {
+        use async_nats::ToServerAddrs;
+        let one = NatsUrls("nats://127.0.0.1:4222").to_server_addrs().expect("parses");
+        assert_eq!(one.count(), 1);
+        let three = NatsUrls("nats://127.0.0.1:4222, nats://127.0.0.1:4223,nats://127.0.0.1:4224")
+            .to_server_addrs()
+            .expect("parses");
+        assert_eq!(three.count(), 3);
+        assert!(NatsUrls("").to_server_addrs().is_err());
+        assert!(NatsUrls("nats://a:1,http://[::").to_server_addrs().is_err());
+    }
 
     #[test]
     fn malformed_values_are_errors() {

@@ -209,7 +209,9 @@ pub async fn connect_nats(
         .apply(async_nats::ConnectOptions::new())
         .name(name)
         .retry_on_initial_connect();
-    let nats = observe_nats(options, metrics).connect(url).await?;
+    let nats = observe_nats(options, metrics)
+        .connect(crate::config::NatsUrls(url))
+        .await?;
     Ok(connected(&nats, stop).await.then_some(nats))
 }
 

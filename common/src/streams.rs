@@ -52,8 +52,28 @@ pub fn results_config(names: &Names) -> stream::Config {
     config(names.results_stream(), names.results_wildcard())
 }
 
+/// Replicas of each stream (`TOOLFLEET_STREAM_REPLICAS`, 1 to 5, default 1; 3 on a
+/// 3-node JetStream cluster). A malformed value is refused when the process reads its
+/// endpoints (`config::Endpoints::from_env`), so here it is already valid. Consumers
+/// take their stream's replicas. A stream that exists keeps its replicas: change them
+/// with `nats stream edit <stream> --replicas 3`.
+pub fn stream_replicas() -> usize {
+    crate::config::env_in(
+        STREAM_REPLICAS_ENV,
+        1,
+        STREAM_REPLICAS_RANGE,
+    )
+    .unwrap_or(1)
+}
+
+/// The setting of [`stream_replicas`].
+pub const STREAM_REPLICAS_ENV: &str = "TOOLFLEET_STREAM_REPLICAS";
+/// Its allowed values (JetStream's own limit is 5).
+pub const STREAM_REPLICAS_RANGE: std::ops::RangeInclusive<usize> = 1..=5;
+
 fn config(name: String, subject: String) -> stream::Config {
     stream::Config {
+        num_replicas: stream_replicas(),
         name,
         subjects: vec![subject],
         retention: stream::RetentionPolicy::WorkQueue,

@@ -101,7 +101,7 @@ impl Env {
     ) -> Result<Self> {
         let nats = async_nats::ConnectOptions::new()
             .name("toolfleet-bench")
-            .connect(nats_url)
+            .connect(toolfleet_common::config::NatsUrls(nats_url))
             .await
             .with_context(|| format!("connecting to NATS at {nats_url}"))?;
         let redis = toolfleet_common::redis_client::connect(redis_url, Default::default())

@@ -168,7 +168,7 @@ pub async fn floor(env: &Env, prefix: &str, samples: usize) -> Result<Floor> {
 
     let responder = async_nats::ConnectOptions::new()
         .name("toolfleet-bench-echo")
-        .connect(&env.nats_url)
+        .connect(toolfleet_common::config::NatsUrls(&env.nats_url))
         .await?;
     let subject = format!("{prefix}.floor.echo");
     let mut echo = responder.subscribe(subject.clone()).await?;

@@ -225,7 +225,7 @@ impl ChaosFleet {
         let nats_client = async_nats::ConnectOptions::new()
             .name("toolfleet-chaos")
             .max_reconnects(None)
-            .connect(&nats_url)
+            .connect(toolfleet_common::config::NatsUrls(&nats_url))
             .await
             .with_context(|| format!("connecting to {nats_url}"))?;
         let names = Names::new(prefix);

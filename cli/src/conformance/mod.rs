@@ -185,7 +185,7 @@ pub async fn run(settings: &Settings) -> Result<Report, ConformanceError> {
         .map_err(|e| ConformanceError::Nats(e.to_string()))?;
     let nats = credentials
         .apply(async_nats::ConnectOptions::new().name("toolfleet-conformance"))
-        .connect(&settings.nats_url)
+        .connect(toolfleet_common::config::NatsUrls(&settings.nats_url))
         .await
         .map_err(|e| ConformanceError::Nats(e.to_string()))?;
     let redis =
