@@ -1,0 +1,461 @@
+//! The fleet on clusters: a 3-node JetStream cluster (streams with 3 replicas) and a
+//! Redis Cluster of 3 masters with a replica each, started by the harness on loopback.
+//! Every join script runs on the Redis Cluster (each touches one slot); turns run
+//! through the fleet while the stream leader's node is killed, while a Redis master is
+//! killed (its replica takes over), and while one NATS node is cut off from the other
+//! two for 5 s. In each: every turn ends with exactly one `final`, no call counted
+//! twice, and a turn submitted during the fault is accepted or refused with a typed
+//! error, never silence. Real servers and processes; every wait bounded.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use tokio::sync::Mutex;
+use toolfleet_cli::cluster::{NatsCluster, RedisCluster};
+use toolfleet_common::call::unix_ms;
+use toolfleet_common::client::TurnStream;
+use toolfleet_common::redis_client::{self, RedisConnection};
+use toolfleet_common::{CallResult, CallState, FleetClient, JobEnvelope, Names, ToolCall, TurnEvent};
+use toolfleet_coordinator::join::{
+    CallEntry, Created, Emitted, Finalized, JoinStore, NewTurn, Recorded, StoredFinal,
+};
+use toolfleet_tests::fleet::{call, coordinator_settings, tool_calls, turn, worker_settings, Running};
+
+/// The cluster tests start many servers each: one at a time on a small machine.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+/// How long a turn of these tests may take to end, from submission.
+const TURN_WAIT: Duration = Duration::from_secs(25);
+
+/// The streams get three replicas on the 3-node cluster.
+fn three_replicas() {
+    std::env::set_var("TOOLFLEET_STREAM_REPLICAS", "3");
+}
+
+async fn cluster_redis(cluster: &RedisCluster) -> Result<RedisConnection> {
+    Ok(redis_client::connect(&cluster.url(), Default::default()).await?)
+}
+
+fn entry(index: usize, id: &str, queued: bool) -> CallEntry {
+    CallEntry {
+        index,
+        id: id.to_string(),
+        name: "test.behave".to_string(),
+        parent_id: None,
+        queued,
+    }
+}
+
+fn result(id: &str) -> CallResult {
+    let call = ToolCall {
+        id: id.to_string(),
+        name: "test.behave".to_string(),
+        arguments: json!({}),
+        parent_id: None,
+    };
+    CallResult::success(&call, json!({"ok": id}))
+}
+
+fn job(turn_id: &str, id: &str) -> JobEnvelope {
+    JobEnvelope {
+        turn_id: turn_id.to_string(),
+        tenant_id: "acme".to_string(),
+        session_id: None,
+        call: ToolCall {
+            id: id.to_string(),
+            name: "test.behave".to_string(),
+            arguments: json!({}),
+            parent_id: None,
+        },
+        deadline_unix_ms: unix_ms() + 60_000,
+        timeout_ms: 1000,
+        dispatched_unix_ms: 0,
+        context: Default::default(),
+    }
+}
+
+/// One paced turn of two calls (the second queued) through every script and command
+/// of the join, on whatever slot its id hashes to.
+async fn every_script_once(store: &JoinStore, turn_id: &str) -> Result<()> {
+    let deadline = unix_ms() + 60_000;
+    let new = || NewTurn {
+        turn_id,
+        reply: "reply.subject",
+        tenant: "acme",
+        deadline_unix_ms: deadline,
+        paced: true,
+        calls: vec![
+            ("k0".to_string(), entry(0, "c0", false)),
+            ("k1".to_string(), entry(1, "c1", true)),
+        ],
+        results: Vec::new(),
+        ttl_ms: 120_000,
+        created_unix_ms: unix_ms(),
+        traceparent: "",
+        trace: "",
+        caller: "frontend",
+        events: vec!["{\"type\":\"ack\"}".to_string()],
+        ended: false,
+        queued: vec![("k1".to_string(), job(turn_id, "c1"))],
+    };
+    assert_eq!(store.create(new()).await?, Created::New, "CREATE");
+    assert_eq!(
+        store.create(new()).await?,
+        Created::Exists { same_caller: true },
+        "CREATE again"
+    );
+    match store.emit(turn_id, Some("k0"), &["{\"type\":\"tool_state\"}".to_string()]).await? {
+        Emitted::Stored { first_seq, .. } => assert_eq!(first_seq, 2, "EMIT"),
+        other => bail!("EMIT: {other:?}"),
+    }
+    let attached = store.attach(turn_id, "frontend", "reply.two", 0).await?;
+    assert_eq!(attached.map(|e| e.len()), Some(2), "ATTACH");
+    match store.record(turn_id, "k0", &result("c0"), "{\"s\":0}").await? {
+        Recorded::Recorded { released: Some(released), .. } => {
+            assert_eq!(released.key, "k1", "RECORD releases the queued call");
+        }
+        other => bail!("RECORD: {other:?}"),
+    }
+    match store.record(turn_id, "k0", &result("c0"), "{\"s\":0}").await? {
+        Recorded::Duplicate { again } => assert_eq!(again.len(), 1, "RECORD duplicate"),
+        other => bail!("RECORD duplicate: {other:?}"),
+    }
+    store.confirm_dispatched(turn_id, "k1").await?;
+    match store.record(turn_id, "k1", &result("c1"), "{\"s\":1}").await? {
+        Recorded::Complete { closing, .. } => assert_eq!(closing.results.len(), 2),
+        other => bail!("RECORD last: {other:?}"),
+    }
+    assert!(
+        matches!(
+            store.finalize(turn_id, "deadline").await?,
+            Finalized::Unstored(_)
+        ),
+        "FINALIZE of a turn ended without its final stored"
+    );
+    match store.store_final(turn_id, &["{\"type\":\"final\"}".to_string()]).await? {
+        StoredFinal::Stored { .. } => {}
+        other => bail!("STORE_FINAL: {other:?}"),
+    }
+    assert_eq!(
+        store.store_final(turn_id, &["{\"type\":\"final\"}".to_string()]).await?,
+        StoredFinal::StoredBefore
+    );
+    let (reply, events) = store.stored_events(turn_id).await?;
+    assert_eq!(reply, "reply.two");
+    assert_eq!(events.len(), 5, "ack, tool_state, two states, final");
+    store.mark_published(turn_id).await?;
+    assert!(matches!(
+        store.finalize(turn_id, "deadline").await?,
+        Finalized::AlreadyEnded { published: true }
+    ));
+    assert_eq!(store.counters(turn_id).await?, (0, 1));
+    store.forget_deadline(turn_id).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_join_script_runs_on_a_redis_cluster() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3, 1).await?;
+    let redis = cluster_redis(&cluster).await?;
+    let names = Names::new("fleet");
+    let store = JoinStore::new(redis.clone(), names.clone()).with_deadline_buckets(16);
+    // Turn ids on every master.
+    let mut masters = BTreeMap::new();
+    for i in 0..24 {
+        let turn_id = format!("cluster-turn-{i}");
+        every_script_once(&store, &turn_id).await?;
+        *masters
+            .entry(cluster.master_of(&names.turn_meta_key(&turn_id)).await?)
+            .or_insert(0) += 1;
+    }
+    assert_eq!(masters.len(), 3, "turns on every master: {masters:?}");
+
+    // The deadline index: a turn past its deadline is found in its own bucket, whatever
+    // bucket the sweeper starts at; the buckets live on several masters.
+    let past = NewTurn {
+        turn_id: "due-turn",
+        reply: "r",
+        tenant: "acme",
+        deadline_unix_ms: unix_ms() - 1,
+        paced: false,
+        calls: vec![("k0".to_string(), entry(0, "c0", false))],
+        results: Vec::new(),
+        ttl_ms: 60_000,
+        created_unix_ms: unix_ms(),
+        traceparent: "",
+        trace: "",
+        caller: "",
+        events: vec!["{}".to_string()],
+        ended: false,
+        queued: Vec::new(),
+    };
+    assert_eq!(store.create(past).await?, Created::New);
+    let mut found = Vec::new();
+    for key in store.deadline_keys(5) {
+        found.extend(store.due(&key, unix_ms(), 100).await?);
+    }
+    assert_eq!(found, vec!["due-turn".to_string()]);
+    let mut bucket_masters = std::collections::BTreeSet::new();
+    for bucket in 0..16 {
+        bucket_masters.insert(cluster.master_of(&names.deadline_bucket_key(bucket)).await?);
+    }
+    assert!(bucket_masters.len() >= 2, "buckets spread: {bucket_masters:?}");
+
+    // An entry of the single index of earlier releases is moved to its bucket.
+    let mut conn = redis.clone();
+    let _: () = redis::cmd("ZADD")
+        .arg(names.legacy_deadlines_key())
+        .arg(1)
+        .arg("old-turn")
+        .query_async(&mut conn)
+        .await?;
+    let legacy = store.due(&names.legacy_deadlines_key(), unix_ms(), 10).await?;
+    assert_eq!(legacy, vec!["old-turn".to_string()]);
+    let home = names.deadline_bucket_key(Names::deadline_bucket("old-turn", 16));
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&home)
+        .arg("old-turn")
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(score, Some(1.0));
+    store.forget_deadline("old-turn").await?;
+    let left: u64 = redis::cmd("ZCARD").arg(&home).query_async(&mut conn).await?;
+    assert_eq!(left, 0);
+
+    // A Redis node killed and brought back: scripts run on again once its replica took
+    // over (the script cache of the new master is filled on demand).
+    let victim = cluster.master_of(&names.turn_meta_key("after-failover")).await?;
+    let mut cluster = cluster;
+    cluster.kill(victim).await;
+    let failover = tokio::time::Instant::now() + Duration::from_secs(20);
+    while cluster
+        .master_of(&names.turn_meta_key("after-failover"))
+        .await
+        .map_or(true, |master| master == victim)
+    {
+        assert!(
+            tokio::time::Instant::now() < failover,
+            "no replica took over within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cluster.wait_ok(Duration::from_secs(20)).await?;
+    every_script_once(&store, "after-failover").await?;
+    cluster.restart(victim).await?;
+    Ok(())
+}
+
+/// A fleet on the clusters: two coordinators and a worker in-process, and a client.
+struct ClusterFleet {
+    nats: NatsCluster,
+    redis: RedisCluster,
+    names: Names,
+    client: FleetClient,
+    nodes: Vec<Running>,
+}
+
+impl ClusterFleet {
+    async fn start() -> Result<Self> {
+        toolfleet_tests::init_test_tracing();
+        three_replicas();
+        let (nats, redis) = tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
+        let names = Names::new(format!("c{}", &uuid::Uuid::new_v4().simple().to_string()[..6]));
+        let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
+        let mut nodes = Vec::new();
+        for _ in 0..2 {
+            nodes.push(Running::coordinator(coordinator_settings(
+                nats.urls(),
+                redis.url(),
+                &names,
+            )));
+        }
+        nodes.push(Running::worker(
+            worker_settings(nats.urls(), redis.url(), &names),
+            tools,
+        ));
+        let client = FleetClient::connect(&nats.urls(), names.prefix()).await?;
+        toolfleet_tests::fleet::wait_for_tools_on(&client, &["test.behave"]).await?;
+        Ok(Self {
+            nats,
+            redis,
+            names,
+            client,
+            nodes,
+        })
+    }
+
+    async fn stop(self) {
+        for node in self.nodes {
+            node.stop().await;
+        }
+    }
+}
+
+/// A turn of `calls` calls of the sleeping test tool.
+fn sleeping_turn(id: &str, calls: usize, sleep_ms: u64) -> toolfleet_common::TurnRequest {
+    let calls = (0..calls)
+        .map(|i| call(&format!("c{i}"), "test.behave", json!({"sleep_ms": sleep_ms, "value": i})))
+        .collect();
+    let mut request = turn("acme", tool_calls(calls));
+    request.turn_id = Some(id.to_string());
+    request.deadline_ms = Some(12_000);
+    request
+}
+
+/// How a turn ended for the frontend.
+#[derive(Debug)]
+enum End {
+    /// One `final` holding every call once; its calls' states.
+    Final(Vec<CallState>),
+    /// A typed refusal or error (its code).
+    Refused(String),
+}
+
+/// Follows `stream` to its `final` or `error`, then reads on for a moment: a second
+/// `final` with other content fails the test, as does a final that counts a call twice
+/// or misses one, or silence.
+async fn follow(mut stream: TurnStream, calls: usize) -> Result<End> {
+    let give_up = tokio::time::Instant::now() + TURN_WAIT;
+    loop {
+        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        match stream.next_event(left).await {
+            Ok(TurnEvent::Final(fin)) => {
+                let mut ids: Vec<&str> = fin.results.iter().map(|r| r.tool_call_id.as_str()).collect();
+                ids.sort_unstable();
+                let expected: Vec<String> = (0..calls).map(|i| format!("c{i}")).collect();
+                assert_eq!(ids, expected, "every call once in {}", fin.turn_id);
+                assert_eq!(fin.summary.total, calls);
+                let s = &fin.summary;
+                assert_eq!(s.ok + s.errors + s.timeouts + s.skipped, calls);
+                // Anything after the final: the same final again at most.
+                while let Ok(event) = stream.next_event(Duration::from_millis(500)).await {
+                    if let TurnEvent::Final(again) = event {
+                        assert_eq!(again, fin, "a second, different final");
+                    }
+                }
+                return Ok(End::Final(fin.results.iter().map(|r| r.state).collect()));
+            }
+            Ok(TurnEvent::Error { error, .. }) => return Ok(End::Refused(error.code)),
+            Ok(_) => {}
+            Err(error) => bail!("turn {} ended in silence: {error}", stream.turn_id()),
+        }
+    }
+}
+
+/// Submits `count` turns of `calls` calls at once and returns their follow tasks.
+async fn submit_all(
+    client: &FleetClient,
+    tag: &str,
+    count: usize,
+    calls: usize,
+    sleep_ms: u64,
+) -> Vec<tokio::task::JoinHandle<Result<End>>> {
+    let mut followers = Vec::new();
+    for i in 0..count {
+        let request = sleeping_turn(&format!("{tag}-{i}"), calls, sleep_ms);
+        let client = client.clone();
+        followers.push(tokio::spawn(async move {
+            match tokio::time::timeout(Duration::from_secs(15), client.submit(request)).await {
+                Ok(Ok(stream)) => follow(stream, calls).await,
+                Ok(Err(error)) => Ok(End::Refused(format!("{:?}", error.kind()))),
+                Err(_) => bail!("a submission neither accepted nor refused in 15 s"),
+            }
+        }));
+    }
+    followers
+}
+
+/// Every turn's end; fails on silence or a wrong final. Returns (finals, refusals).
+async fn ends(followers: Vec<tokio::task::JoinHandle<Result<End>>>) -> Result<(usize, Vec<String>)> {
+    let (mut finals, mut refused) = (0, Vec::new());
+    for follower in followers {
+        match follower.await.context("a follower panicked")?? {
+            End::Final(_) => finals += 1,
+            End::Refused(code) => refused.push(code),
+        }
+    }
+    Ok((finals, refused))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_survive_the_stream_leader_node_killed_with_20_in_flight() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut fleet = ClusterFleet::start().await?;
+    // Before the fault: turns run on the clusters.
+    let (finals, refused) = ends(submit_all(&fleet.client, "before", 5, 3, 50).await).await?;
+    assert_eq!((finals, refused.len()), (5, 0), "{refused:?}");
+
+    let followers = submit_all(&fleet.client, "leader", 20, 3, 800).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leader = fleet
+        .nats
+        .stream_leader(&fleet.names.jobs_stream())
+        .await?
+        .context("the jobs stream has a leader")?;
+    fleet.nats.kill(leader).await;
+    let during = submit_all(&fleet.client, "during", 5, 2, 50).await;
+    let (finals, refused) = ends(followers).await?;
+    assert_eq!(finals + refused.len(), 20);
+    assert!(finals >= 15, "most turns in flight end with their final: {refused:?}");
+    let (during_finals, during_refused) = ends(during).await?;
+    assert_eq!(during_finals + during_refused.len(), 5);
+    fleet.nats.restart(leader).await?;
+    let (finals, refused) = ends(submit_all(&fleet.client, "after", 5, 3, 50).await).await?;
+    assert_eq!((finals, refused.len()), (5, 0), "{refused:?}");
+    fleet.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_survive_a_redis_master_killed_mid_turn() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut fleet = ClusterFleet::start().await?;
+    let followers = submit_all(&fleet.client, "master", 20, 3, 800).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let victim = fleet
+        .redis
+        .master_of(&fleet.names.turn_meta_key("master-0"))
+        .await?;
+    fleet.redis.kill(victim).await;
+    let during = submit_all(&fleet.client, "during", 5, 2, 50).await;
+    let (finals, refused) = ends(followers).await?;
+    assert_eq!(finals + refused.len(), 20);
+    assert!(finals >= 15, "most turns in flight end with their final: {refused:?}");
+    let (during_finals, during_refused) = ends(during).await?;
+    assert_eq!(during_finals + during_refused.len(), 5);
+    fleet.redis.restart(victim).await?;
+    fleet.redis.wait_ok(Duration::from_secs(20)).await?;
+    let (finals, refused) = ends(submit_all(&fleet.client, "after", 5, 3, 50).await).await?;
+    assert_eq!((finals, refused.len()), (5, 0), "{refused:?}");
+    fleet.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut fleet = ClusterFleet::start().await?;
+    let followers = submit_all(&fleet.client, "partition", 20, 3, 800).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let leader = fleet
+        .nats
+        .stream_leader(&fleet.names.results_stream())
+        .await?
+        .context("the results stream has a leader")?;
+    fleet.nats.partition(leader)?;
+    let during = submit_all(&fleet.client, "during", 5, 2, 50).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    fleet.nats.heal(leader);
+    let (finals, refused) = ends(followers).await?;
+    assert_eq!(finals + refused.len(), 20);
+    assert!(finals >= 15, "most turns in flight end with their final: {refused:?}");
+    let (during_finals, during_refused) = ends(during).await?;
+    assert_eq!(during_finals + during_refused.len(), 5);
+    let (finals, refused) = ends(submit_all(&fleet.client, "after", 5, 3, 50).await).await?;
+    assert_eq!((finals, refused.len()), (5, 0), "{refused:?}");
+    fleet.stop().await;
+    Ok(())
+}
