@@ -373,19 +373,30 @@ impl NatsCluster {
             .context("connecting to the NATS cluster")
     }
 
-    /// Waits until JetStream answers account queries, for at most `timeout`.
+    /// Waits until JetStream answers account queries (`$JS.API.INFO` without an
+    /// error: a meta leader is elected), for at most `timeout`.
     pub async fn wait_jetstream(&self, timeout: Duration) -> Result<()> {
         let client = self.connect().await?;
-        let js = async_nats::jetstream::new(client);
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            match tokio::time::timeout(Duration::from_secs(2), js.query_account()).await {
-                Ok(Ok(_)) => return Ok(()),
-                other if tokio::time::Instant::now() >= deadline => {
-                    bail!("JetStream did not answer within {timeout:?}: {other:?}")
+            let answer = tokio::time::timeout(
+                Duration::from_secs(2),
+                client.request("$JS.API.INFO", bytes::Bytes::new()),
+            )
+            .await;
+            let last = match answer {
+                Ok(Ok(message)) => {
+                    match serde_json::from_slice::<serde_json::Value>(&message.payload) {
+                        Ok(info) if info.get("error").is_none() => return Ok(()),
+                        other => format!("{other:?}"),
+                    }
                 }
-                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                other => format!("{other:?}"),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                bail!("JetStream did not answer within {timeout:?}: {last}");
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 

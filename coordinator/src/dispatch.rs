@@ -190,8 +190,9 @@ const REPUBLISH_DELAYS: [Duration; 4] = [
 
 /// Publishes `job` again after `error`, with the same `Nats-Msg-Id`, until the stream
 /// acknowledges it (a copy that did arrive the first time is acknowledged as a
-/// duplicate and stored once), the delays run out, or the turn's deadline would pass.
-/// This rides through a stream leader change or a short NATS restart.
+/// duplicate and stored once) or the turn's deadline would pass: after the delays,
+/// once a second. This rides through a stream leader change (a new leader is elected
+/// within seconds on a cluster) or a short NATS restart.
 async fn publish_again(
     replica: &Replica,
     job: &JobEnvelope,
@@ -199,7 +200,8 @@ async fn publish_again(
     trace: Option<&TurnTrace>,
     mut error: String,
 ) -> Result<(), String> {
-    for delay in REPUBLISH_DELAYS {
+    let last = REPUBLISH_DELAYS[REPUBLISH_DELAYS.len() - 1];
+    for delay in REPUBLISH_DELAYS.into_iter().chain(std::iter::repeat(last)) {
         let due = unix_ms() + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         if due >= job.deadline_unix_ms {
             break;

@@ -368,16 +368,54 @@ async fn submit_all(
     followers
 }
 
-/// Every turn's end; fails on silence or a wrong final. Returns (finals, refusals).
-async fn ends(followers: Vec<tokio::task::JoinHandle<Result<End>>>) -> Result<(usize, Vec<String>)> {
-    let (mut finals, mut refused) = (0, Vec::new());
+/// How a batch of turns ended.
+#[derive(Debug, Default)]
+struct Ends {
+    /// Turns that ended with their `final`.
+    finals: usize,
+    /// Their calls that ended `done`.
+    done: usize,
+    /// Their calls that ended otherwise (`timeout`, `error`).
+    not_done: usize,
+    /// The codes of the turns refused with a typed error.
+    refused: Vec<String>,
+}
+
+/// Every turn's end; fails on silence or a wrong final.
+async fn ends(followers: Vec<tokio::task::JoinHandle<Result<End>>>) -> Result<Ends> {
+    let mut ends = Ends::default();
     for follower in followers {
         match follower.await.context("a follower panicked")?? {
-            End::Final(_) => finals += 1,
-            End::Refused(code) => refused.push(code),
+            End::Final(states) => {
+                ends.finals += 1;
+                let done = states.iter().filter(|s| **s == CallState::Done).count();
+                ends.done += done;
+                ends.not_done += states.len() - done;
+            }
+            End::Refused(code) => ends.refused.push(code),
         }
     }
-    Ok((finals, refused))
+    eprintln!("{ends:?}");
+    Ok(ends)
+}
+
+/// Turns before and after a fault: every one ends with every call done.
+async fn all_done(client: &FleetClient, tag: &str) -> Result<()> {
+    let ends = ends(submit_all(client, tag, 5, 3, 50).await).await?;
+    assert_eq!((ends.finals, ends.done), (5, 15), "{tag}: {ends:?}");
+    Ok(())
+}
+
+/// Turns in flight through a fault: every one was accepted before it and ends with
+/// its one `final`.
+fn in_flight_ended(ends: &Ends, turns: usize) {
+    assert_eq!(ends.finals, turns, "every turn in flight ends with its final: {ends:?}");
+}
+
+/// Turns submitted during a fault: each accepted and ended, or refused with a code.
+fn during_answered(ends: &Ends, turns: usize) {
+    assert_eq!(ends.finals + ends.refused.len(), turns, "{ends:?}");
+    assert!(ends.refused.iter().all(|code| !code.is_empty()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,8 +423,7 @@ async fn turns_survive_the_stream_leader_node_killed_with_20_in_flight() -> Resu
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
     // Before the fault: turns run on the clusters.
-    let (finals, refused) = ends(submit_all(&fleet.client, "before", 5, 3, 50).await).await?;
-    assert_eq!((finals, refused.len()), (5, 0), "{refused:?}");
+    all_done(&fleet.client, "before").await?;
 
     let followers = submit_all(&fleet.client, "leader", 20, 3, 800).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -397,14 +434,10 @@ async fn turns_survive_the_stream_leader_node_killed_with_20_in_flight() -> Resu
         .context("the jobs stream has a leader")?;
     fleet.nats.kill(leader).await;
     let during = submit_all(&fleet.client, "during", 5, 2, 50).await;
-    let (finals, refused) = ends(followers).await?;
-    assert_eq!(finals + refused.len(), 20);
-    assert!(finals >= 15, "most turns in flight end with their final: {refused:?}");
-    let (during_finals, during_refused) = ends(during).await?;
-    assert_eq!(during_finals + during_refused.len(), 5);
+    in_flight_ended(&ends(followers).await?, 20);
+    during_answered(&ends(during).await?, 5);
     fleet.nats.restart(leader).await?;
-    let (finals, refused) = ends(submit_all(&fleet.client, "after", 5, 3, 50).await).await?;
-    assert_eq!((finals, refused.len()), (5, 0), "{refused:?}");
+    all_done(&fleet.client, "after").await?;
     fleet.stop().await;
     Ok(())
 }
@@ -421,15 +454,11 @@ async fn turns_survive_a_redis_master_killed_mid_turn() -> Result<()> {
         .await?;
     fleet.redis.kill(victim).await;
     let during = submit_all(&fleet.client, "during", 5, 2, 50).await;
-    let (finals, refused) = ends(followers).await?;
-    assert_eq!(finals + refused.len(), 20);
-    assert!(finals >= 15, "most turns in flight end with their final: {refused:?}");
-    let (during_finals, during_refused) = ends(during).await?;
-    assert_eq!(during_finals + during_refused.len(), 5);
+    in_flight_ended(&ends(followers).await?, 20);
+    during_answered(&ends(during).await?, 5);
     fleet.redis.restart(victim).await?;
     fleet.redis.wait_ok(Duration::from_secs(20)).await?;
-    let (finals, refused) = ends(submit_all(&fleet.client, "after", 5, 3, 50).await).await?;
-    assert_eq!((finals, refused.len()), (5, 0), "{refused:?}");
+    all_done(&fleet.client, "after").await?;
     fleet.stop().await;
     Ok(())
 }
@@ -449,13 +478,9 @@ async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
     let during = submit_all(&fleet.client, "during", 5, 2, 50).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     fleet.nats.heal(leader);
-    let (finals, refused) = ends(followers).await?;
-    assert_eq!(finals + refused.len(), 20);
-    assert!(finals >= 15, "most turns in flight end with their final: {refused:?}");
-    let (during_finals, during_refused) = ends(during).await?;
-    assert_eq!(during_finals + during_refused.len(), 5);
-    let (finals, refused) = ends(submit_all(&fleet.client, "after", 5, 3, 50).await).await?;
-    assert_eq!((finals, refused.len()), (5, 0), "{refused:?}");
+    in_flight_ended(&ends(followers).await?, 20);
+    during_answered(&ends(during).await?, 5);
+    all_done(&fleet.client, "after").await?;
     fleet.stop().await;
     Ok(())
 }
