@@ -1,7 +1,8 @@
 //! The fleet under fault: its own `nats-server -js` and `redis-server` (append-only
-//! file, synced every second) on free loopback ports, coordinator and worker processes,
-//! each of which can be killed with SIGKILL and started again on the same port and
-//! data folder.
+//! file, synced every second) on free loopback ports — or, with `--cluster`, a 3-node
+//! JetStream cluster and a Redis Cluster of 3 masters with a replica each
+//! (`toolfleet_cli::cluster`) — and coordinator and worker processes, each of which can be
+//! killed with SIGKILL and started again on the same port and data folder.
 //!
 //! Owns every process it spawns and the run folder holding their data. It must never
 //! signal a process it did not spawn, never listen beyond 127.0.0.1, and never leave a
@@ -17,6 +18,7 @@ use tokio::process::{Child, Command};
 use toolfleet_common::{FleetClient, Names};
 
 use super::Fault;
+use toolfleet_cli::cluster::{NatsCluster, RedisCluster};
 use crate::bench::{live_workers, OTEL_VARIABLES};
 use crate::local::{self, tempdir, Server, NATS, REDIS_AOF};
 
@@ -37,7 +39,13 @@ pub struct FleetSpec {
     /// Folder the nodes' standard error is appended to (`<label>.log`); `None`
     /// discards it.
     pub logs: Option<PathBuf>,
+    /// Clusters instead of one server of each.
+    pub cluster: bool,
 }
+
+/// How long a Redis master's replica may take to take over, and the cluster to be
+/// whole again after the old master's restart.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The executables of the coordinator and worker processes.
 #[derive(Debug, Clone)]
@@ -176,16 +184,26 @@ fn spawn_node(
 
 /// A fleet of its own: servers, coordinators and workers under one prefix.
 pub struct ChaosFleet {
-    /// NATS URL of the fleet's server.
+    /// NATS URL of the fleet's server (comma-separated nodes on a cluster).
     pub nats_url: String,
     /// A frontend client that reconnects for as long as the fleet runs.
     pub client: FleetClient,
-    nats: Proc,
-    redis: Proc,
+    servers: Servers,
     coordinators: Vec<Proc>,
     workers: Vec<Proc>,
     /// Removed on drop, after the processes are gone.
     _run_dir: tempdir::Dir,
+}
+
+/// The fleet's NATS and Redis.
+enum Servers {
+    /// One server of each.
+    Single { nats: Proc, redis: Proc },
+    /// A NATS cluster and a Redis Cluster.
+    Cluster {
+        nats: Box<NatsCluster>,
+        redis: Box<RedisCluster>,
+    },
 }
 
 impl ChaosFleet {
@@ -193,11 +211,26 @@ impl ChaosFleet {
     /// [`TOOL`] with every worker alive.
     pub async fn start(spec: &FleetSpec, binaries: &NodeBinaries) -> Result<Self> {
         let run_dir = tempdir::Dir::new("chaos")?;
-        let nats = start_server(&NATS, "nats", run_dir.path()).await?;
-        let redis = start_server(&REDIS_AOF, "redis", run_dir.path()).await?;
-        let (nats_url, redis_url) = (server_url(&nats), server_url(&redis));
+        let (servers, nats_url, redis_url) = if spec.cluster {
+            let (nats, redis) =
+                tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
+            let (nats_url, redis_url) = (nats.urls(), redis.url());
+            let servers = Servers::Cluster {
+                nats: Box::new(nats),
+                redis: Box::new(redis),
+            };
+            (servers, nats_url, redis_url)
+        } else {
+            let nats = start_server(&NATS, "nats", run_dir.path()).await?;
+            let redis = start_server(&REDIS_AOF, "redis", run_dir.path()).await?;
+            let (nats_url, redis_url) = (server_url(&nats), server_url(&redis));
+            (Servers::Single { nats, redis }, nats_url, redis_url)
+        };
         let prefix = "chaos";
-        let env = node_env(&nats_url, &redis_url, prefix);
+        let mut env = node_env(&nats_url, &redis_url, prefix);
+        if spec.cluster {
+            env.push(("TOOLFLEET_STREAM_REPLICAS", "3".to_string()));
+        }
         let node =
             |label: String, (program, args): &(PathBuf, Vec<&'static str>)| -> Result<Proc> {
                 let mut env = env.clone();
@@ -232,8 +265,7 @@ impl ChaosFleet {
         let fleet = Self {
             nats_url,
             client: FleetClient::new(nats_client, names.clone()),
-            nats,
-            redis,
+            servers,
             coordinators,
             workers,
             _run_dir: run_dir,
@@ -258,37 +290,87 @@ impl ChaosFleet {
         Ok(())
     }
 
-    /// The processes a fault of `fault` kind picks from.
+    /// The processes a fault of `fault` kind picks from (cluster nodes are not
+    /// processes of this list).
     fn of_kind(&mut self, fault: Fault) -> &mut [Proc] {
-        match fault {
-            Fault::None => &mut [],
-            Fault::Worker => &mut self.workers,
-            Fault::Coordinator => &mut self.coordinators,
-            Fault::Redis => std::slice::from_mut(&mut self.redis),
-            Fault::Nats => std::slice::from_mut(&mut self.nats),
+        match (fault, &mut self.servers) {
+            (Fault::Worker, _) => &mut self.workers,
+            (Fault::Coordinator, _) => &mut self.coordinators,
+            (Fault::Redis, Servers::Single { redis, .. }) => std::slice::from_mut(redis),
+            (Fault::Nats, Servers::Single { nats, .. }) => std::slice::from_mut(nats),
+            _ => &mut [],
         }
     }
 
-    /// Kills the `pick`-th process of `fault` kind (modulo their number) with SIGKILL;
-    /// its index, or `None` when there is none of that kind.
-    pub async fn kill(&mut self, fault: Fault, pick: usize) -> Option<usize> {
-        let procs = self.of_kind(fault);
-        if procs.is_empty() {
-            return None;
+    /// Brings the `pick`-th target of `fault` kind (modulo their number) down: kills a
+    /// process, a NATS node or a Redis master with SIGKILL, or cuts a NATS node off its
+    /// peers; its index, or `None` when there is none of that kind.
+    pub async fn kill(&mut self, fault: Fault, pick: usize) -> Result<Option<usize>> {
+        match (fault, &mut self.servers) {
+            (Fault::NatsNode, Servers::Cluster { nats, .. }) => {
+                let index = pick % nats.size();
+                nats.kill(index).await;
+                Ok(Some(index))
+            }
+            (Fault::Partition, Servers::Cluster { nats, .. }) => {
+                let index = pick % nats.size();
+                nats.partition(index)?;
+                Ok(Some(index))
+            }
+            (Fault::RedisMaster, Servers::Cluster { redis, .. }) => {
+                let masters = redis.masters().await;
+                if masters.is_empty() {
+                    return Ok(None);
+                }
+                let index = masters[pick % masters.len()];
+                redis.kill(index).await;
+                Ok(Some(index))
+            }
+            _ => {
+                let procs = self.of_kind(fault);
+                if procs.is_empty() {
+                    return Ok(None);
+                }
+                let index = pick % procs.len();
+                procs[index].kill().await;
+                Ok(Some(index))
+            }
         }
-        let index = pick % procs.len();
-        procs[index].kill().await;
-        Some(index)
     }
 
-    /// Starts the `index`-th process of `fault` kind again, same port and data folder,
-    /// and waits until a server listens.
+    /// Brings the `index`-th target of `fault` kind back: starts a process or NATS node
+    /// again (same port and data folder) and waits until it listens; ends a partition;
+    /// restarts a Redis master once its replica took over, then waits until the
+    /// cluster is whole (so one master is down at a time).
     pub async fn restart(&mut self, fault: Fault, index: usize) -> Result<()> {
-        let Some(proc) = self.of_kind(fault).get_mut(index) else {
-            return Ok(());
-        };
-        proc.start()?;
-        proc.wait_listening().await
+        match (fault, &mut self.servers) {
+            (Fault::NatsNode, Servers::Cluster { nats, .. }) => {
+                nats.restart(index).await?;
+                nats.wait_jetstream(FAILOVER_TIMEOUT).await
+            }
+            (Fault::Partition, Servers::Cluster { nats, .. }) => {
+                nats.heal(index);
+                Ok(())
+            }
+            (Fault::RedisMaster, Servers::Cluster { redis, .. }) => {
+                let until = tokio::time::Instant::now() + FAILOVER_TIMEOUT;
+                while redis.masters().await.len() < 3 {
+                    if tokio::time::Instant::now() >= until {
+                        bail!("no replica took over from Redis node {index}");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                redis.restart(index).await?;
+                redis.wait_ok(FAILOVER_TIMEOUT).await
+            }
+            _ => {
+                let Some(proc) = self.of_kind(fault).get_mut(index) else {
+                    return Ok(());
+                };
+                proc.start()?;
+                proc.wait_listening().await
+            }
+        }
     }
 
     /// Kills every process (nodes first), then removes the run folder.
@@ -296,8 +378,11 @@ impl ChaosFleet {
         for proc in self.coordinators.iter_mut().chain(self.workers.iter_mut()) {
             proc.kill().await;
         }
-        self.nats.kill().await;
-        self.redis.kill().await;
+        if let Servers::Single { nats, redis } = &mut self.servers {
+            nats.kill().await;
+            redis.kill().await;
+        }
+        // Clusters stop (nodes killed, rules removed, folders deleted) when dropped.
     }
 }
 

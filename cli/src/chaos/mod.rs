@@ -55,6 +55,13 @@ pub enum Fault {
     Redis,
     /// The nats-server (restarted on its JetStream store).
     Nats,
+    /// `--cluster`: one node of the NATS cluster (restarted on its store).
+    NatsNode,
+    /// `--cluster`: a Redis master; restarted once its replica took over, it comes back
+    /// as that replica's replica.
+    RedisMaster,
+    /// `--cluster`: one NATS node cut off from the other two for 5 s.
+    Partition,
 }
 
 impl Fault {
@@ -66,9 +73,20 @@ impl Fault {
             Self::Coordinator => "coordinator",
             Self::Redis => "redis",
             Self::Nats => "nats",
+            Self::NatsNode => "nats-node",
+            Self::RedisMaster => "redis-master",
+            Self::Partition => "partition",
         }
     }
+
+    /// Whether the fault needs the clusters (`--cluster`).
+    pub fn clustered(self) -> bool {
+        matches!(self, Self::NatsNode | Self::RedisMaster | Self::Partition)
+    }
 }
+
+/// How long a `partition` fault cuts a NATS node off.
+pub const PARTITION: Duration = Duration::from_secs(5);
 
 /// A range of milliseconds, `low..=high`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,13 +157,14 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
     /// Kinds of process to kill, one fault after another (a `none` baseline runs first).
-    #[arg(
-        long,
-        value_enum,
-        value_delimiter = ',',
-        default_value = "worker,coordinator,redis,nats"
-    )]
-    faults: Vec<Fault>,
+    /// Default: `worker,coordinator,redis,nats`; with `--cluster`,
+    /// `nats-node,redis-master,partition`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Option<Vec<Fault>>,
+    /// Run on a local 3-node NATS JetStream cluster (streams with 3 replicas) and a
+    /// Redis Cluster of 3 masters with a replica each, instead of one server of each.
+    #[arg(long)]
+    cluster: bool,
     /// How long turns are submitted under each fault (`40s`, `2m`).
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     each: Duration,
@@ -191,7 +210,12 @@ impl ChaosArgs {
     /// The faults in run order: `none` first, each kind once.
     fn plan(&self) -> Vec<Fault> {
         let mut plan = vec![Fault::None];
-        for fault in &self.faults {
+        let default = if self.cluster {
+            vec![Fault::NatsNode, Fault::RedisMaster, Fault::Partition]
+        } else {
+            vec![Fault::Worker, Fault::Coordinator, Fault::Redis, Fault::Nats]
+        };
+        for fault in self.faults.as_ref().unwrap_or(&default) {
             if !plan.contains(fault) {
                 plan.push(*fault);
             }
@@ -215,6 +239,7 @@ impl ChaosArgs {
             coordinators: self.coordinators.into(),
             workers: self.workers.into(),
             logs: self.logs.clone(),
+            cluster: self.cluster,
         }
     }
 }
@@ -223,6 +248,18 @@ impl ChaosArgs {
 /// was lost or counted twice, or on Ctrl-C / SIGTERM (after cleaning up).
 pub async fn run(args: ChaosArgs) -> Result<()> {
     ensure!(args.each <= MAX_EACH, "--each is at most {MAX_EACH:?}");
+    for fault in args.plan() {
+        ensure!(
+            !fault.clustered() || args.cluster,
+            "the fault {} needs --cluster",
+            fault.name()
+        );
+        ensure!(
+            !args.cluster || !matches!(fault, Fault::Redis | Fault::Nats),
+            "with --cluster, kill servers with nats-node and redis-master, not {}",
+            fault.name()
+        );
+    }
     if let Some(dir) = &args.logs {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -331,11 +368,16 @@ async fn inject(
         if !pause(wait, interrupt).await {
             return Ok(kills);
         }
-        let Some(index) = fleet.kill(fault, rng.usize(..)).await else {
+        let Some(index) = fleet.kill(fault, rng.usize(..)).await? else {
             break;
         };
         kills += 1;
-        pause(args.down.pick(rng), interrupt).await;
+        let down = if fault == Fault::Partition {
+            PARTITION
+        } else {
+            args.down.pick(rng)
+        };
+        pause(down, interrupt).await;
         fleet.restart(fault, index).await?;
     }
     pause(until.saturating_duration_since(Instant::now()), interrupt).await;
@@ -370,6 +412,7 @@ fn write_json(
             "deadline_ms": args.deadline_ms,
             "late_after_ms": args.late_after.as_millis() as u64,
             "lost_after_ms": (Duration::from_millis(args.deadline_ms) + PATIENCE).as_millis() as u64,
+            "cluster": args.cluster,
             "coordinators": args.coordinators,
             "workers": args.workers,
             "kill_every_ms": [args.kill_every.low, args.kill_every.high],
@@ -427,6 +470,16 @@ mod tests {
         assert_eq!(
             cli.args.plan(),
             vec![Fault::None, Fault::Nats, Fault::Worker]
+        );
+        let cli = Cli::parse_from(["x", "--cluster"]);
+        assert_eq!(
+            cli.args.plan(),
+            vec![Fault::None, Fault::NatsNode, Fault::RedisMaster, Fault::Partition]
+        );
+        let cli = Cli::parse_from(["x", "--cluster", "--faults", "partition,worker"]);
+        assert_eq!(
+            cli.args.plan(),
+            vec![Fault::None, Fault::Partition, Fault::Worker]
         );
     }
 }
