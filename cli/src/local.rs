@@ -137,6 +137,18 @@ impl Servers {
         Self::start_with(nats_url, redis_url, true).await
     }
 
+    /// Servers started elsewhere (a local cluster), named by their URLs; `started`
+    /// lists their processes for the CPU figures. Nothing is stopped on drop.
+    pub fn external(nats_url: String, redis_url: String, started: Vec<(&'static str, u32)>) -> Self {
+        Self {
+            nats_url,
+            redis_url,
+            started,
+            _children: Vec::new(),
+            _dirs: Vec::new(),
+        }
+    }
+
     /// Starts private servers on free loopback ports, whatever answers elsewhere.
     pub async fn private() -> Result<Self> {
         Self::start_with("", "", false).await

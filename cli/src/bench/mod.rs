@@ -131,6 +131,10 @@ pub struct BenchArgs {
     /// `redis-server` on free loopback ports.
     #[arg(long)]
     given_servers: bool,
+    /// Run on a local 3-node NATS JetStream cluster (streams with 3 replicas) and a
+    /// Redis Cluster of 3 masters with a replica each instead of one server of each.
+    #[arg(long, conflicts_with_all = ["given_servers", "attach"])]
+    cluster: bool,
     /// Print each fleet's prefix and process ids.
     #[arg(long)]
     verbose: bool,
@@ -260,7 +264,23 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
     let phases = selected_phases(&args.phases);
     let modes = selected_modes(&args);
 
-    let servers = if args.given_servers || args.attach {
+    // Kept until the end: dropping them stops the clusters.
+    let mut _clusters = None;
+    let servers = if args.cluster {
+        let (nats, redis) = tokio::try_join!(
+            toolfleet_cli::cluster::NatsCluster::start(3),
+            toolfleet_cli::cluster::RedisCluster::start(3, 1)
+        )?;
+        // The fleets' processes inherit it: their streams get three replicas.
+        std::env::set_var(toolfleet_common::streams::STREAM_REPLICAS_ENV, "3");
+        let started = (0..nats.size())
+            .filter_map(|i| nats.pid(i).map(|pid| ("nats-server", pid)))
+            .chain((0..redis.size()).filter_map(|i| redis.pid(i).map(|pid| ("redis-server", pid))))
+            .collect();
+        let servers = Servers::external(nats.urls(), redis.url(), started);
+        _clusters = Some((nats, redis));
+        servers
+    } else if args.given_servers || args.attach {
         Servers::start(nats_url, redis_url).await?
     } else {
         Servers::private().await?
