@@ -862,3 +862,89 @@ fn network_policies_confine_the_servers_ports() -> Result<()> {
     assert!(!ports.iter().any(|p| p == "8222:8222"), "{ports:?}");
     Ok(())
 }
+
+// ----- Clustered engines ---------------------------------------------------------------
+
+#[test]
+fn compose_cluster_profile_runs_three_nats_nodes_and_a_redis_cluster() -> Result<()> {
+    let compose = yaml("docker-compose.yml")?;
+    let acl_password = fleet_acl_password(&repo_file("deploy/redis/users-cluster.acl")?)?;
+    let nats_conf = repo_file("deploy/nats/nats-cluster.conf")?;
+    for i in 1..=3 {
+        let node = compose_service(&compose, &format!("nats-{i}"))?;
+        assert_eq!(strings(node.get("profiles")), vec!["cluster".to_string()]);
+        assert_eq!(
+            compose_env(node, "TOOLFLEET_NATS_SERVER_NAME"),
+            Some(format!("nats-{i}").as_str())
+        );
+        assert!(nats_conf.contains(&format!("nats-route://nats-{i}:6222")));
+    }
+    for i in 1..=6 {
+        let node = compose_service(&compose, &format!("redis-node-{i}"))?;
+        assert_eq!(strings(node.get("profiles")), vec!["cluster".to_string()]);
+    }
+    let redis_conf = repo_file("deploy/redis/redis-cluster.conf")?;
+    assert!(redis_conf.lines().any(|l| l.trim() == "cluster-enabled yes"));
+    for service in ["coordinator-clustered", "worker-clustered"] {
+        let s = compose_service(&compose, service)?;
+        let nats_url = compose_env(s, "TOOLFLEET_NATS_URL").unwrap_or_default();
+        assert_eq!(nats_url.split(',').count(), 3, "{service}: {nats_url}");
+        assert_eq!(compose_env(s, "TOOLFLEET_STREAM_REPLICAS"), Some("3"));
+        let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
+        assert!(
+            redis_url.starts_with(&format!("redis+cluster://toolfleet:{acl_password}@")),
+            "{service}: {redis_url}"
+        );
+        let target = toolfleet_common::redis_client::RedisTarget::parse(redis_url)?;
+        assert!(target.is_cluster());
+    }
+    // The cluster's fleet user has the single server's rights.
+    assert_eq!(
+        fleet_acl_rules(&repo_file("deploy/redis/users-cluster.acl")?),
+        fleet_acl_rules(&repo_file("deploy/redis/users.acl")?)
+    );
+    Ok(())
+}
+
+#[test]
+fn kubernetes_cluster_variant_runs_three_nats_pods_with_replicated_streams() -> Result<()> {
+    let overlay = yaml("deploy/k8s-cluster/kustomization.yaml")?;
+    assert!(strings(overlay.get("resources")).contains(&"../k8s".to_string()));
+    let statefulset = yaml("deploy/k8s-cluster/nats-statefulset.yaml")?;
+    assert_eq!(
+        at(&statefulset, &["spec", "replicas"]).and_then(Value::as_u64),
+        Some(3)
+    );
+    let conf = repo_file("deploy/k8s-cluster/nats-server.conf")?;
+    for i in 0..3 {
+        assert!(conf.contains(&format!("nats-route://nats-{i}.nats-headless:6222")));
+    }
+    let literals = strings(
+        overlay
+            .get("configMapGenerator")
+            .and_then(|g| g.as_sequence())
+            .and_then(|g| g.iter().find(|m| str_at(m, &["name"]) == Some("toolfleet-config")))
+            .and_then(|m| m.get("literals")),
+    );
+    assert!(literals.contains(&"TOOLFLEET_STREAM_REPLICAS=3".to_string()));
+    let urls = literals
+        .iter()
+        .find_map(|l| l.strip_prefix("TOOLFLEET_NATS_URL="))
+        .context("TOOLFLEET_NATS_URL")?;
+    assert_eq!(urls.split(',').count(), 3);
+    let secret = yaml("deploy/k8s-cluster/redis-url.yaml")?;
+    let redis_url = str_at(&secret, &["stringData", "TOOLFLEET_REDIS_URL"]).context("redis url")?;
+    assert!(toolfleet_common::redis_client::RedisTarget::parse(redis_url)?.is_cluster());
+    if let Ok(output) = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(toolfleet_tests::repo_path("deploy/k8s-cluster"))
+        .output()
+    {
+        assert!(
+            output.status.success(),
+            "kubectl kustomize deploy/k8s-cluster: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
+}
