@@ -31,6 +31,7 @@
 
 mod attach;
 mod callers;
+mod cancel;
 mod catalog;
 pub mod config;
 mod deadline;
