@@ -3,7 +3,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const TERMINAL = ["done", "error", "timeout", "skipped"];
+const TERMINAL = ["done", "error", "timeout", "skipped", "cancelled"];
 let config = { jaeger_url: "", examples: [] };
 let turn = null;
 
