@@ -36,6 +36,7 @@ use toolfleet_common::config::{DEFAULT_NATS_URL, DEFAULT_REDIS_URL};
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::names::DEFAULT_PREFIX;
 use toolfleet_common::telemetry::{self, TelemetryConfig};
+use toolfleet_common::turn::CancelOutcome;
 use toolfleet_common::{CatalogFormat, FleetClient, TurnEvent, TurnRequest};
 use tracing::Instrument;
 
@@ -128,6 +129,15 @@ enum Command {
         /// Print raw events as JSON lines.
         #[arg(long)]
         json: bool,
+    },
+    /// Cancel a turn this frontend submitted, by id: it ends at once with a `final` in
+    /// which every call without a result is `cancelled`. Prints the answer as JSON.
+    Cancel {
+        /// The turn id.
+        id: String,
+        /// The turn's tenant (for a frontend that serves several).
+        #[arg(long)]
+        tenant: Option<String>,
     },
     /// Set up the database of the receptionist and CRM packs; manage policies and FAQs.
     Admin {
@@ -282,6 +292,7 @@ async fn run(cli: Cli) -> Result<()> {
             local,
         } => catalog(&servers, format, tenant, local).await,
         Command::Turn { id, watch, json } => show_turn(&servers, &id, watch, json).await,
+        Command::Cancel { id, tenant } => cancel_turn(&servers, &id, tenant.as_deref()).await,
         Command::Conformance {
             tool,
             timeout_ms,
@@ -392,6 +403,18 @@ async fn show_turn(servers: &Servers<'_>, id: &str, watch: bool, json: bool) -> 
     print_until_end(&mut stream, json, Instant::now(), &span, idle).await
 }
 
+/// `toolfleet cancel ID`: cancels the turn and prints what the cancel did; an error
+/// when no turn `id` of this frontend is stored.
+async fn cancel_turn(servers: &Servers<'_>, id: &str, tenant: Option<&str>) -> Result<()> {
+    let client = servers.client().await?;
+    let reply = client.cancel(id, tenant, CANCEL_WAIT).await?;
+    println!("{}", serde_json::to_string(&reply)?);
+    match reply.outcome {
+        CancelOutcome::Cancelled | CancelOutcome::AlreadyEnded => Ok(()),
+        other => anyhow::bail!("turn {id} was not cancelled: {other:?}"),
+    }
+}
+
 /// `toolfleet catalog`: the tools with a live worker, in `format`.
 async fn catalog(
     servers: &Servers<'_>,
@@ -494,8 +517,22 @@ async fn stream_turn_in(
             println!("trace {trace_id}");
         }
     }
+    // Ctrl-C cancels the turn; its `final` (the cancelled calls) is still printed.
+    tokio::select! {
+        outcome = print_until_end(&mut stream, json, started, span, None) => return outcome,
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    let turn_id = stream.turn_id().to_string();
+    let reply = client.cancel(&turn_id, None, CANCEL_WAIT).await?;
+    if !json {
+        println!("cancel   {:?}", reply.outcome);
+    }
     print_until_end(&mut stream, json, started, span, None).await
 }
+
+/// How long `toolfleet cancel` and Ctrl-C on `toolfleet submit` wait for a coordinator
+/// to answer a cancel.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
 
 /// Prints the turn's events until `final` or `error`; with `idle`, also stops (with
 /// success) after that long without an event.

@@ -40,6 +40,8 @@ pub enum CallState {
     Timeout,
     /// Never dispatched (the turn ended first).
     Skipped,
+    /// The caller cancelled the turn before the call's result was recorded.
+    Cancelled,
 }
 
 impl CallState {
@@ -47,7 +49,7 @@ impl CallState {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            Self::Done | Self::Error | Self::Timeout | Self::Skipped
+            Self::Done | Self::Error | Self::Timeout | Self::Skipped | Self::Cancelled
         )
     }
 
@@ -60,6 +62,7 @@ impl CallState {
             Self::Error => "error",
             Self::Timeout => "timeout",
             Self::Skipped => "skipped",
+            Self::Cancelled => "cancelled",
         }
     }
 }
@@ -98,6 +101,8 @@ pub mod codes {
     pub const DEADLINE_EXCEEDED: &str = "deadline_exceeded";
     /// A non-idempotent call was interrupted (its worker died) and is not re-run.
     pub const CALL_INTERRUPTED: &str = "call_interrupted";
+    /// The caller cancelled the turn before the call's result was recorded.
+    pub const CANCELLED: &str = "cancelled";
     /// The tool's result failed its output schema.
     pub const INVALID_RESULT: &str = "invalid_result";
     /// The tool's result is larger than the worker may publish.
@@ -252,6 +257,13 @@ pub struct Summary {
     pub timeouts: usize,
     /// Calls that ended `skipped`.
     pub skipped: usize,
+    /// Calls that ended `cancelled` (the caller cancelled the turn); left out when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cancelled: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Summary {
@@ -266,6 +278,7 @@ impl Summary {
                 CallState::Done => s.ok += 1,
                 CallState::Timeout => s.timeouts += 1,
                 CallState::Skipped => s.skipped += 1,
+                CallState::Cancelled => s.cancelled += 1,
                 CallState::Error | CallState::Pending | CallState::Running => s.errors += 1,
             }
         }

@@ -19,7 +19,8 @@ use crate::credentials::NatsCredentials;
 use crate::names::{self, Names};
 use crate::tool::{CatalogFormat, CatalogRequest, CatalogResponse};
 use crate::turn::{
-    seq_of, turn_codes, valid_turn_id, AttachRequest, FinalEvent, TurnEvent, TurnRequest,
+    seq_of, turn_codes, valid_turn_id, AttachRequest, CancelOutcome, CancelReply, CancelRequest,
+    FinalEvent, TurnEvent, TurnRequest,
 };
 
 /// Silence after which a stream asks again: it resubmits a turn not yet accepted, or
@@ -29,6 +30,13 @@ pub const PROBE_START: Duration = Duration::from_millis(1000);
 
 /// Longest silence between two probes of a stream.
 pub const PROBE_MAX: Duration = Duration::from_secs(4);
+
+/// How long one cancel request waits for its answer.
+const CANCEL_TRY: Duration = Duration::from_secs(2);
+
+/// Wait before a cancel request is sent again (no coordinator answered, or the turn
+/// store was unavailable).
+const CANCEL_RETRY: Duration = Duration::from_millis(200);
 
 /// What went wrong in a client operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +94,8 @@ pub struct FleetClient {
     submit_subject: String,
     /// Where this client attaches to its turns (`<p>.turns.attach[.<user>]`).
     attach_subject: String,
+    /// Where this client cancels its turns (`<p>.turns.cancel[.<user>]`).
+    cancel_subject: String,
 }
 
 impl FleetClient {
@@ -94,11 +104,13 @@ impl FleetClient {
     pub fn new(nats: async_nats::Client, names: Names) -> Self {
         let submit_subject = names.turn_submit();
         let attach_subject = names.turn_attach();
+        let cancel_subject = names.turn_cancel();
         Self {
             nats,
             names,
             submit_subject,
             attach_subject,
+            cancel_subject,
         }
     }
 
@@ -107,11 +119,13 @@ impl FleetClient {
     pub fn new_as(nats: async_nats::Client, names: Names, frontend: &str) -> Self {
         let submit_subject = names.turn_submit_as(frontend);
         let attach_subject = names.turn_attach_as(frontend);
+        let cancel_subject = names.turn_cancel_as(frontend);
         Self {
             nats,
             names,
             submit_subject,
             attach_subject,
+            cancel_subject,
         }
     }
 
@@ -209,6 +223,61 @@ impl FleetClient {
         let mut stream = self.stream(turn_id.to_string(), None).await?;
         stream.ask().await?;
         Ok(stream)
+    }
+
+    /// Cancels turn `turn_id`, submitted earlier by this frontend (for `tenant`, when
+    /// this frontend serves several): the turn ends at once with one `final` in which
+    /// every call without a result is `cancelled`, sent to whoever follows the turn.
+    /// Idempotent: a turn that already ended is left as it is
+    /// ([`CancelOutcome::AlreadyEnded`]). Asked again while no coordinator answers or
+    /// the turn store is unavailable, until `timeout`.
+    pub async fn cancel(
+        &self,
+        turn_id: &str,
+        tenant: Option<&str>,
+        timeout: Duration,
+    ) -> Result<CancelReply, ClientError> {
+        if !valid_turn_id(turn_id) {
+            return Err(ClientError::new(
+                ClientErrorKind::InvalidRequest,
+                format!("turn id {turn_id:?} must be 1-64 characters of [A-Za-z0-9_-]"),
+            ));
+        }
+        let request = CancelRequest {
+            turn_id: turn_id.to_string(),
+            tenant_id: tenant.map(str::to_string),
+        };
+        let body = serde_json::to_vec(&request)
+            .map_err(|e| ClientError::new(ClientErrorKind::InvalidRequest, e.to_string()))?;
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let asked = tokio::time::timeout(
+                left.min(CANCEL_TRY),
+                self.nats
+                    .request(self.cancel_subject.clone(), body.clone().into()),
+            )
+            .await;
+            let failure = match asked {
+                Ok(Ok(message)) => {
+                    let reply: CancelReply = serde_json::from_slice(&message.payload)
+                        .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;
+                    if reply.outcome != CancelOutcome::Unavailable {
+                        return Ok(reply);
+                    }
+                    ClientError::new(ClientErrorKind::TurnFailed, "the turn store is unavailable")
+                }
+                Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+                    ClientError::new(ClientErrorKind::NoResponders, e.to_string())
+                }
+                Ok(Err(e)) => ClientError::new(ClientErrorKind::Publish, e.to_string()),
+                Err(_) => ClientError::new(ClientErrorKind::Timeout, "no cancel answer in time"),
+            };
+            if tokio::time::Instant::now() + CANCEL_RETRY >= until {
+                return Err(failure);
+            }
+            tokio::time::sleep(CANCEL_RETRY).await;
+        }
     }
 
     /// A stream of `turn_id`'s events on a new inbox.

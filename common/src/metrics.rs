@@ -23,6 +23,11 @@ pub mod names {
     pub const TURN_CALLS: &str = "toolfleet.turn.calls";
     /// Turn latency in seconds, from intake to `final`, by how the turn ended.
     pub const TURN_DURATION: &str = "toolfleet.turn.duration";
+    /// Jobs skipped, or results dropped, because their caller cancelled the turn, by
+    /// tool.
+    pub const JOBS_CANCELLED: &str = "toolfleet.jobs.cancelled";
+    /// Seconds from a cancel request to the cancelled turn's `final` being sent.
+    pub const TURN_CANCEL_DURATION: &str = "toolfleet.turn.cancel.duration";
     /// Results that arrived after their turn ended.
     pub const LATE_RESULTS: &str = "toolfleet.results.late";
     /// Results ignored because their call already had one.
@@ -167,6 +172,7 @@ pub struct FleetMetrics {
     errors: Counter<u64>,
     turn_calls: Histogram<u64>,
     turn_duration: Histogram<f64>,
+    cancel_duration: Histogram<f64>,
     late: Counter<u64>,
     duplicates: Counter<u64>,
     in_flight: UpDownCounter<i64>,
@@ -193,7 +199,11 @@ const QUEUE_WAIT_BOUNDS: [f64; 15] = [
 ];
 
 /// Counters with one label, created in [`FleetMetrics::new`]: name, description.
-const LABELLED_COUNTERS: [(&str, &str); 11] = [
+const LABELLED_COUNTERS: [(&str, &str); 12] = [
+    (
+        names::JOBS_CANCELLED,
+        "Jobs skipped, or results dropped, because their turn was cancelled",
+    ),
     (
         names::JOB_RETRIES,
         "Jobs handed back after a retryable error",
@@ -281,6 +291,10 @@ impl FleetMetrics {
                 .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0])
                 .build(),
             turn_duration: seconds(names::TURN_DURATION, "Turn latency from intake to final"),
+            cancel_duration: seconds(
+                names::TURN_CANCEL_DURATION,
+                "Time from a cancel request to the cancelled turn's final",
+            ),
             late: counter(names::LATE_RESULTS, "Results after their turn ended"),
             duplicates: counter(names::DUPLICATE_RESULTS, "Results ignored as duplicates"),
             in_flight: meter
@@ -335,6 +349,12 @@ impl FleetMetrics {
     /// A job of `tool` was dropped unrun: its turn's deadline had passed.
     pub fn job_deadline_dropped(&self, tool: &str) {
         self.count(names::JOB_DEADLINE_DROPS, TOOL, tool);
+    }
+
+    /// A job of `tool` was skipped, or its result dropped, because its turn was
+    /// cancelled.
+    pub fn job_cancelled(&self, tool: &str) {
+        self.count(names::JOBS_CANCELLED, TOOL, tool);
     }
 
     /// An in-flight job of `tool` was handed back when the shutdown grace ran out.
@@ -481,6 +501,11 @@ impl FleetMetrics {
     pub fn turn_ended(&self, how: &'static str, seconds: f64) {
         self.turn_duration
             .record(seconds, &[KeyValue::new("outcome", how)]);
+    }
+
+    /// A cancel request ended a turn; `seconds` from the request to its `final`.
+    pub fn turn_cancelled(&self, seconds: f64) {
+        self.cancel_duration.record(seconds, &[]);
     }
 
     /// A result arrived after its turn ended.

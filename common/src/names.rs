@@ -99,14 +99,44 @@ impl Names {
         self.turn_attach_as("*")
     }
 
-    /// The frontend named by an identified submit or attach subject; `None` for the
-    /// unidentified [`Names::turn_submit`] and [`Names::turn_attach`] (and for anything
-    /// else).
+    /// Frontends without a NATS user cancel a turn here (a [`CancelRequest`] as a NATS
+    /// request).
+    ///
+    /// [`CancelRequest`]: crate::turn::CancelRequest
+    pub fn turn_cancel(&self) -> String {
+        format!("{}.turns.cancel", self.prefix)
+    }
+
+    /// A frontend with NATS user `frontend` cancels its turns here.
+    pub fn turn_cancel_as(&self, frontend: &str) -> String {
+        format!("{}.turns.cancel.{frontend}", self.prefix)
+    }
+
+    /// What coordinators subscribe to for identified cancel requests.
+    pub fn turn_cancel_any(&self) -> String {
+        self.turn_cancel_as("*")
+    }
+
+    /// Coordinators tell workers here that a turn was cancelled (core NATS, empty body):
+    /// its running calls are told to stop and its jobs not yet started are skipped.
+    pub fn turn_cancelled(&self, turn_id: &str) -> String {
+        format!("{}.cancelled.{turn_id}", self.prefix)
+    }
+
+    /// What workers subscribe to for cancelled turns.
+    pub fn turn_cancelled_any(&self) -> String {
+        format!("{}.cancelled.*", self.prefix)
+    }
+
+    /// The frontend named by an identified submit, attach or cancel subject; `None` for
+    /// the unidentified [`Names::turn_submit`], [`Names::turn_attach`] and
+    /// [`Names::turn_cancel`] (and for anything else).
     pub fn submitting_frontend<'a>(&self, subject: &'a str) -> Option<&'a str> {
         let rest = subject.strip_prefix(&self.prefix)?;
         let frontend = rest
             .strip_prefix(".turns.submit.")
-            .or_else(|| rest.strip_prefix(".turns.attach."))?;
+            .or_else(|| rest.strip_prefix(".turns.attach."))
+            .or_else(|| rest.strip_prefix(".turns.cancel."))?;
         (!frontend.is_empty() && !frontend.contains('.')).then_some(frontend)
     }
 

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::job::ProgressNotice;
 use crate::tool::{CatalogRequest, CatalogResponse, Rejection};
-use crate::turn::AttachRequest;
+use crate::turn::{AttachRequest, CancelReply, CancelRequest};
 use crate::{CallResult, JobEnvelope, ToolDefinition, TurnEvent, TurnRequest};
 
 /// A `TurnEvent` as a frontend receives it: with its `seq` when its turn is stored.
@@ -36,6 +36,8 @@ pub fn wire_schemas() -> Vec<(&'static str, Value)> {
         ("turn_request", of::<TurnRequest>()),
         ("turn_event", of::<SentTurnEvent>()),
         ("attach_request", of::<AttachRequest>()),
+        ("cancel_request", of::<CancelRequest>()),
+        ("cancel_reply", of::<CancelReply>()),
         ("catalog_request", of::<CatalogRequest>()),
         ("catalog_response", of::<CatalogResponse>()),
         ("rejection", of::<Rejection>()),

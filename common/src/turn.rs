@@ -53,6 +53,54 @@ pub struct AttachRequest {
     pub after_seq: u64,
 }
 
+/// A frontend's request to cancel a turn it submitted: the turn ends at once with one
+/// `final` in which every call without a result is `cancelled`; running calls are told
+/// to stop and queued ones never start.
+///
+/// Sent as a NATS request on `<prefix>.turns.cancel[.<user>]`; answered with a
+/// [`CancelReply`]. Only the frontend that submitted the turn (and, when `tenant_id` is
+/// given, only for that tenant) may cancel it; any other gets `unknown_turn`, as for an
+/// id never seen. Cancelling is idempotent: a turn that already ended is not changed and
+/// the answer says how it ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CancelRequest {
+    /// The turn id.
+    pub turn_id: String,
+    /// The tenant the turn must belong to (a frontend serving several tenants sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<String>,
+}
+
+/// What a cancel request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// This request ended the turn: its `final` (with the `cancelled` calls) is stored and
+    /// sent to the turn's frontend.
+    Cancelled,
+    /// The turn had already ended (`ended` says how); nothing changed.
+    AlreadyEnded,
+    /// No turn with that id is stored for this frontend (and tenant).
+    UnknownTurn,
+    /// The request was not a `CancelRequest` with a valid turn id.
+    InvalidRequest,
+    /// The turn store is unavailable; ask again.
+    Unavailable,
+}
+
+/// The answer to a [`CancelRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CancelReply {
+    /// The turn id (empty when the request could not be read).
+    pub turn_id: String,
+    /// What the request did.
+    pub outcome: CancelOutcome,
+    /// How the turn ended: `cancelled`, or for `already_ended` `complete`, `deadline`,
+    /// `cancelled` or `no_tools`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+}
+
 /// The `seq` of an event as published: its position in the turn's stored events (1, 2,
 /// 3 …; `final` is the last). Events of turns that were never stored (a request refused
 /// before its turn existed, an attach to an unknown turn) carry none.

@@ -54,6 +54,13 @@ pub(crate) enum TurnEnd {
         /// Its calls and the results recorded in time.
         closing: Closing,
     },
+    /// The caller cancelled the turn before every result was in.
+    Cancelled {
+        /// The turn.
+        turn_id: String,
+        /// Its calls and the results recorded before the cancel.
+        closing: Closing,
+    },
     /// The model answered without calling a tool: its text is the answer.
     NoTools {
         /// The turn, its caller and reply subject.
@@ -78,15 +85,44 @@ pub(crate) enum TurnEnd {
     },
 }
 
+/// Why a turn that ran calls ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndReason {
+    /// Every call has its result.
+    Complete,
+    /// The deadline passed first.
+    Deadline,
+    /// The caller cancelled it first.
+    Cancelled,
+}
+
+impl EndReason {
+    /// The metric label and span attribute value (`meta.ended` in the join).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Complete => "complete",
+            Self::Deadline => "deadline",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    fn deadline_hit(self) -> bool {
+        self == Self::Deadline
+    }
+}
+
 /// Publishes the end of a turn. For the two ends that come from the join, this runs
 /// once per turn: only the caller whose script ended the turn holds a [`Closing`].
 pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
     match end {
         TurnEnd::AllResultsIn { turn_id, closing } => {
-            close_turn(replica, &turn_id, closing, false).await;
+            close_turn(replica, &turn_id, closing, EndReason::Complete).await;
         }
         TurnEnd::Deadline { turn_id, closing } => {
-            close_turn(replica, &turn_id, closing, true).await;
+            close_turn(replica, &turn_id, closing, EndReason::Deadline).await;
+        }
+        TurnEnd::Cancelled { turn_id, closing } => {
+            close_turn(replica, &turn_id, closing, EndReason::Cancelled).await;
         }
         TurnEnd::NoTools {
             taken,
@@ -108,6 +144,7 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
             if let Some(trace) = trace {
                 trace.end(&TurnOutcome {
                     turn_id: turn_id.as_deref().unwrap_or_default(),
+                    outcome: "rejected",
                     summary: None,
                     deadline_hit: false,
                     error: Some(&outcome_error),
@@ -158,11 +195,13 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
                 })
                 .await;
         }
-        Ok(Finalized::Unstored(closing)) => {
+        Ok(Finalized::Unstored { closing, ended }) => {
             // Its replica died between ending the turn and storing the `final`.
             let turn_id = turn_id.to_string();
             let end = if closing.results.len() >= closing.calls.len() {
                 TurnEnd::AllResultsIn { turn_id, closing }
+            } else if ended == EndReason::Cancelled.label() {
+                TurnEnd::Cancelled { turn_id, closing }
             } else {
                 TurnEnd::Deadline { turn_id, closing }
             };
@@ -187,10 +226,11 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
 /// Publishes the end of `turn_id` from what the join returned, then exports the turn
 /// span (whichever replica this is). Only the replica whose `final` was stored does the
 /// rest; another that stored first does it instead.
-async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, deadline_hit: bool) {
+async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, reason: EndReason) {
+    let deadline_hit = reason.deadline_hit();
     let trace = closing.trace.as_deref().and_then(TurnTrace::decode);
     let tenant = trace.as_ref().map(|t| t.tenant.clone()).unwrap_or_default();
-    let span = join_span(turn_id, &tenant, deadline_hit);
+    let span = join_span(turn_id, &tenant, reason);
     match (&trace, &closing.traceparent) {
         (Some(trace), _) => trace.parent(&span),
         (None, Some(traceparent)) => telemetry::set_parent_from_traceparent(&span, traceparent),
@@ -198,7 +238,7 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, dea
     }
     let turn_seconds = unix_ms().saturating_sub(closing.created_unix_ms) as f64 / 1000.0;
     let (summary, error, stored) = async {
-        let (ordered, missing) = complete_results(closing);
+        let (ordered, missing) = complete_results(closing, reason);
         let summary = Summary::of(&ordered);
         let error = join_error(&ordered, deadline_hit);
         let current = tracing::Span::current();
@@ -206,6 +246,7 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, dea
         current.record("toolfleet.summary.errors", summary.errors as i64);
         current.record("toolfleet.summary.timeouts", summary.timeouts as i64);
         current.record("toolfleet.summary.skipped", summary.skipped as i64);
+        current.record("toolfleet.summary.cancelled", summary.cancelled as i64);
         if let Some(error) = &error {
             telemetry::set_error(&current, &error.code, &error.message);
         }
@@ -232,15 +273,13 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, dea
     if let Some(trace) = &trace {
         trace.end(&TurnOutcome {
             turn_id,
+            outcome: reason.label(),
             summary: Some(&summary),
             deadline_hit,
             error: error.as_ref().filter(|_| deadline_hit),
         });
     }
-    replica.metrics.turn_ended(
-        if deadline_hit { "deadline" } else { "complete" },
-        turn_seconds,
-    );
+    replica.metrics.turn_ended(reason.label(), turn_seconds);
     // Another replica that took the turn is told; this one forgets it at once.
     if !replica.turns.owns(turn_id) {
         events::notify(replica, turn_id, &ProgressNotice::Ended).await;
@@ -333,6 +372,7 @@ async fn answer_without_tools(
     if let Some(trace) = trace {
         trace.end(&TurnOutcome {
             turn_id: &turn_id,
+            outcome: "no_tools",
             summary: None,
             deadline_hit: false,
             error: None,
@@ -341,18 +381,20 @@ async fn answer_without_tools(
 }
 
 /// The `join` span: ending the turn from the join's answer, narrating, publishing.
-fn join_span(turn_id: &str, tenant: &str, deadline_hit: bool) -> tracing::Span {
+fn join_span(turn_id: &str, tenant: &str, reason: EndReason) -> tracing::Span {
     info_span!(
         parent: None,
         "join",
         otel.name = spans::JOIN,
         toolfleet.turn.id = %turn_id,
         toolfleet.tenant.id = %tenant,
-        toolfleet.turn.deadline_hit = deadline_hit,
+        toolfleet.turn.deadline_hit = reason.deadline_hit(),
+        toolfleet.turn.outcome = reason.label(),
         toolfleet.summary.ok = tracing::field::Empty,
         toolfleet.summary.errors = tracing::field::Empty,
         toolfleet.summary.timeouts = tracing::field::Empty,
         toolfleet.summary.skipped = tracing::field::Empty,
+        toolfleet.summary.cancelled = tracing::field::Empty,
         error.type = tracing::field::Empty,
     )
 }
@@ -374,10 +416,10 @@ fn join_error(results: &[CallResult], deadline_hit: bool) -> Option<CallError> {
         .find_map(|r| r.error.clone())
 }
 
-/// The turn's results in the model's order, a `timeout` or `skipped` result standing in
-/// for each call that has none; those stand-ins are also returned on their own (their
-/// states are stored and sent with the `final`).
-fn complete_results(closing: Closing) -> (Vec<CallResult>, Vec<CallResult>) {
+/// The turn's results in the model's order, a `timeout`, `skipped` or `cancelled` result
+/// standing in for each call that has none; those stand-ins are also returned on their
+/// own (their states are stored and sent with the `final`).
+fn complete_results(closing: Closing, reason: EndReason) -> (Vec<CallResult>, Vec<CallResult>) {
     let Closing {
         calls, mut results, ..
     } = closing;
@@ -389,7 +431,7 @@ fn complete_results(closing: Closing) -> (Vec<CallResult>, Vec<CallResult>) {
         let result = match results.remove(&key) {
             Some(r) => r,
             None => {
-                let stand_in = missing_result(&entry);
+                let stand_in = missing_result(&entry, reason);
                 missing.push(stand_in.clone());
                 stand_in
             }
@@ -560,16 +602,21 @@ fn fit_final(mut event: FinalEvent, limit: usize) -> FinalEvent {
     event
 }
 
-/// The result of a call that has none at the end: `skipped` when pacing never
-/// dispatched it, `timeout` otherwise.
-fn missing_result(entry: &CallEntry) -> CallResult {
+/// The result of a call that has none at the end: `cancelled` when the caller cancelled
+/// the turn, `skipped` when pacing never dispatched it, `timeout` otherwise.
+fn missing_result(entry: &CallEntry, reason: EndReason) -> CallResult {
     let call = ToolCall {
         id: entry.id.clone(),
         name: entry.name.clone(),
         arguments: serde_json::Value::Null,
         parent_id: entry.parent_id.clone(),
     };
-    let (state, error) = if entry.queued {
+    let (state, error) = if reason == EndReason::Cancelled {
+        (
+            CallState::Cancelled,
+            CallError::fatal(codes::CANCELLED, "cancelled by the caller"),
+        )
+    } else if entry.queued {
         let message = "the turn ended before the call was dispatched";
         (
             CallState::Skipped,

@@ -142,9 +142,25 @@ if state ~= 'open' then
   if stored[1] then return {'already', stored[2] or '0'} end
 end
 if state == 'open' then redis.call('HSET', KEYS[1], 'state', 'final', 'ended', ARGV[1]) end
-local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace')
+local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace', 'ended')
 return {state == 'open' and 'finalized' or 'unstored', meta[1], meta[2], redis.call('HGETALL', KEYS[2]),
-  redis.call('HGETALL', KEYS[3]), meta[3] or '0', meta[4] or '', meta[5] or ''}
+  redis.call('HGETALL', KEYS[3]), meta[3] or '0', meta[4] or '', meta[5] or '', meta[6] or ''}
+"#;
+
+/// Ends an open turn because its caller cancelled it. KEYS: meta, calls, results.
+/// ARGV: caller, tenant ('' for any). Another caller's or tenant's turn reads as
+/// unknown; a turn that already ended is left as it is and says how it ended
+/// (`ended`). Returns what FINALIZE returns for the turn it ends.
+const CANCEL: &str = r#"
+local meta = redis.call('HMGET', KEYS[1], 'caller', 'tenant', 'state', 'ended')
+if not meta[3] or (meta[1] or '') ~= ARGV[1] or (ARGV[2] ~= '' and meta[2] ~= ARGV[2]) then
+  return {'unknown'}
+end
+if meta[3] ~= 'open' then return {'ended', meta[4] or ''} end
+redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'cancelled')
+local m = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace')
+return {'cancelled', m[1], m[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
+  m[3] or '0', m[4] or '', m[5] or ''}
 "#;
 
 /// Stores a turn's closing events (the last call states, the narration, `final` last)
@@ -296,7 +312,23 @@ pub enum Finalized {
     Ended(Closing),
     /// Ended before, but its `final` was never stored (the replica ending it died):
     /// this caller finishes it.
-    Unstored(Closing),
+    Unstored {
+        /// The turn's calls and results.
+        closing: Closing,
+        /// How it ended (`complete`, `deadline`, `cancelled`).
+        ended: String,
+    },
+}
+
+/// What a cancel request did to a turn.
+#[derive(Debug, Clone)]
+pub enum Cancelled {
+    /// No such turn for this caller (and tenant).
+    UnknownTurn,
+    /// The turn had ended before; how it ended.
+    AlreadyEnded(String),
+    /// This request ended the turn: the caller publishes its end.
+    Ended(Closing),
 }
 
 /// What creating a turn did.
@@ -399,6 +431,7 @@ pub struct JoinStore {
     store_final: Script,
     emit: Script,
     attach: Script,
+    cancel: Script,
 }
 
 impl JoinStore {
@@ -414,6 +447,7 @@ impl JoinStore {
             store_final: Script::new(STORE_FINAL),
             emit: Script::new(EMIT),
             attach: Script::new(ATTACH),
+            cancel: Script::new(CANCEL),
         }
     }
 
@@ -586,8 +620,37 @@ impl JoinStore {
                 published: string_at(&reply, 1)? == "1",
             },
             "finalized" => Finalized::Ended(closing_from(&reply)?),
-            "unstored" => Finalized::Unstored(closing_from(&reply)?),
+            "unstored" => Finalized::Unstored {
+                closing: closing_from(&reply)?,
+                ended: string_at(&reply, 8).unwrap_or_default(),
+            },
             other => return Err(JoinError::Decode(format!("finalize returned {other:?}"))),
+        })
+    }
+
+    /// Ends the open turn `turn_id` of `caller` (and of `tenant`, when given) because
+    /// it was cancelled.
+    pub async fn cancel(
+        &self,
+        turn_id: &str,
+        caller: &str,
+        tenant: Option<&str>,
+    ) -> Result<Cancelled, JoinError> {
+        let mut invocation = self.cancel.prepare_invoke();
+        let [meta, calls, results, _] = self.keys(turn_id);
+        invocation
+            .key(meta)
+            .key(calls)
+            .key(results)
+            .arg(caller)
+            .arg(tenant.unwrap_or_default());
+        let mut redis = self.redis.clone();
+        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        Ok(match string_at(&reply, 0)?.as_str() {
+            "unknown" => Cancelled::UnknownTurn,
+            "ended" => Cancelled::AlreadyEnded(string_at(&reply, 1)?),
+            "cancelled" => Cancelled::Ended(closing_from(&reply)?),
+            other => return Err(JoinError::Decode(format!("cancel returned {other:?}"))),
         })
     }
 

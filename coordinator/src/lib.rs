@@ -14,7 +14,7 @@
 //! | - | `callers` | the submitting frontend: its own inbox as the only reply, its tenants |
 //! | 2 | `limits` | the turn's call cap, concurrency and deadline from config, tenant and request |
 //! | 3 | [`validate`] | per-call verdicts: dispatch or refuse, with the refusal's code |
-//! | 4 | `dispatch` | build the jobs, hold back paced calls, publish to JetStream |
+//! | 4 | `dispatch` | build the jobs, publish them (again with the same id when unconfirmed); publish paced calls as slots release them |
 //! | 5 | `deadline` | arm the turn's timer; the sweeper for turns whose owner is gone |
 //! | 6 | `results` | the shared results consumer: record each result, report its state |
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
@@ -22,7 +22,9 @@
 //! | - | `trace` | the turn span from accept to `final` on whichever replica ends the turn |
 //! | - | `upkeep` | recreating lost streams and the results consumer; queue-lag and turn gauges |
 //! | - | `turns` | the turns this replica owns and the per-turn publishing gate |
-//! | - | `progress` | relaying `running`, releasing paced calls as slots free |
+//! | - | `progress` | relaying `running`; forgetting turns another replica ended |
+//! | - | `attach` | a frontend following a turn it submitted, from a `seq` |
+//! | - | `cancel` | a frontend cancelling a turn it submitted; workers told to stop |
 //! | - | [`join`] | the join in Redis: Lua scripts, write-once results, end-once turns |
 //! | - | [`registry`] | the cached tool registry: definitions, schemas, live workers |
 //! | - | [`narrate`] | the `Narrator` trait and the template narrator |
@@ -31,6 +33,7 @@
 
 mod attach;
 mod callers;
+mod cancel;
 mod catalog;
 pub mod config;
 mod deadline;

@@ -20,6 +20,9 @@ use serde_json::Value;
 use toolfleet_common::{CallResult, CallState, ToolDefinition};
 use toolfleet_decision::ack::base_form;
 
+/// What is said when the caller cancelled the turn before any call ended.
+pub const STOPPED: &str = "Stopped, as you asked.";
+
 /// The line spoken when every call failed and not every failure has a definite reason
 /// for the user (see the module's rules), and when a narrator returns no chunks.
 pub const FALLBACK: &str =
@@ -64,6 +67,13 @@ impl TemplateNarrator {
         if input.results.is_empty() {
             return vec![FALLBACK.to_string()];
         }
+        if input
+            .results
+            .iter()
+            .all(|r| r.state == CallState::Cancelled)
+        {
+            return vec![STOPPED.to_string()];
+        }
         if input.results.iter().all(|r| !r.ok) {
             return definite_reasons(input.results).unwrap_or_else(|| vec![FALLBACK.to_string()]);
         }
@@ -83,6 +93,7 @@ impl TemplateNarrator {
         }
         let mut errored: Vec<String> = Vec::new();
         let mut timed_out: Vec<String> = Vec::new();
+        let mut stopped: Vec<String> = Vec::new();
         for (r, tool) in input.results.iter().zip(&input.tools) {
             if r.ok {
                 continue;
@@ -99,6 +110,7 @@ impl TemplateNarrator {
                 });
             let list = match r.state {
                 CallState::Timeout => &mut timed_out,
+                CallState::Cancelled => &mut stopped,
                 _ => &mut errored,
             };
             if !list.contains(&action) {
@@ -110,6 +122,12 @@ impl TemplateNarrator {
         }
         if !timed_out.is_empty() {
             chunks.push(format!("I couldn't {} in time.", join_and(&timed_out)));
+        }
+        if !stopped.is_empty() {
+            chunks.push(format!(
+                "I stopped before I could {}, as you asked.",
+                join_and(&stopped)
+            ));
         }
         chunks
     }

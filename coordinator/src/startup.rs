@@ -25,6 +25,7 @@ use toolfleet_common::Names;
 use tracing::{info, warn};
 
 use crate::attach;
+use crate::cancel;
 use crate::join::JoinStore;
 use crate::narrate::{Narrator, TemplateNarrator};
 use crate::registry::Registry;
@@ -262,6 +263,13 @@ async fn take_turns(
             .clone()
             .spawn(attach::handle_attach_message(replica, message));
     };
+    let cancel = |message| {
+        let replica = Arc::clone(replica);
+        replica
+            .tasks
+            .clone()
+            .spawn(cancel::handle_cancel_message(replica, message));
+    };
     let group = || COORDINATOR_QUEUE_GROUP.to_string();
     let names = &replica.names;
     // Identified frontends (`<p>.turns.submit.<user>`) and unidentified ones.
@@ -282,16 +290,29 @@ async fn take_turns(
         .nats
         .queue_subscribe(names.turn_attach(), group())
         .await?;
+    // Cancel requests: a frontend stopping a turn it submitted.
+    let mut cancelling = replica
+        .nats
+        .queue_subscribe(names.turn_cancel_any(), group())
+        .await?;
+    let mut cancelling_unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_cancel(), group())
+        .await?;
     info!(prefix = %names.prefix(), "coordinator taking turns");
     {
         let turns = futures::stream::select(&mut identified, &mut unidentified);
         let attaches = futures::stream::select(&mut attaching, &mut attaching_unidentified);
-        let mut all =
-            futures::stream::select(turns.map(Incoming::Turn), attaches.map(Incoming::Attach));
+        let cancels = futures::stream::select(&mut cancelling, &mut cancelling_unidentified);
+        let mut all = futures::stream::select(
+            futures::stream::select(turns.map(Incoming::Turn), attaches.map(Incoming::Attach)),
+            cancels.map(Incoming::Cancel),
+        );
         while let Some(message) = next_message(&mut all, &shutdown).await {
             match message {
                 Incoming::Turn(message) => take(message),
                 Incoming::Attach(message) => attach(message),
+                Incoming::Cancel(message) => cancel(message),
             }
         }
     }
@@ -301,6 +322,8 @@ async fn take_turns(
     let _ = unidentified.drain().await;
     let _ = attaching.unsubscribe().await;
     let _ = attaching_unidentified.unsubscribe().await;
+    let _ = cancelling.unsubscribe().await;
+    let _ = cancelling_unidentified.unsubscribe().await;
     let mut turns = futures::stream::select(identified, unidentified);
     while let Some(message) = turns.next().await {
         take(message);
@@ -312,6 +335,7 @@ async fn take_turns(
 enum Incoming {
     Turn(async_nats::Message),
     Attach(async_nats::Message),
+    Cancel(async_nats::Message),
 }
 
 /// Lets owned turns end within the grace period, then abandons the rest to the other

@@ -43,6 +43,8 @@ pub(crate) struct TurnTrace {
 pub(crate) struct TurnOutcome<'a> {
     /// The turn.
     pub turn_id: &'a str,
+    /// How it ended: `complete`, `deadline`, `cancelled`, `no_tools` or `rejected`.
+    pub outcome: &'static str,
     /// The per-state counts, when calls ran.
     pub summary: Option<&'a Summary>,
     /// The turn's deadline passed before every result was in.
@@ -93,6 +95,7 @@ impl TurnTrace {
         let mut attributes = vec![
             KeyValue::new("toolfleet.turn.calls", self.calls as i64),
             KeyValue::new("toolfleet.turn.deadline_hit", outcome.deadline_hit),
+            KeyValue::new("toolfleet.turn.outcome", outcome.outcome),
         ];
         // A request refused before its ids were read has neither.
         if !outcome.turn_id.is_empty() {
@@ -113,6 +116,7 @@ impl TurnTrace {
                 KeyValue::new("toolfleet.summary.errors", s.errors as i64),
                 KeyValue::new("toolfleet.summary.timeouts", s.timeouts as i64),
                 KeyValue::new("toolfleet.summary.skipped", s.skipped as i64),
+                KeyValue::new("toolfleet.summary.cancelled", s.cancelled as i64),
             ]);
         }
         let status = match outcome.error {

@@ -145,6 +145,7 @@ fn summary_of(children: &[&CallResult]) -> Summary {
         sum.errors += one.errors;
         sum.timeouts += one.timeouts;
         sum.skipped += one.skipped;
+        sum.cancelled += one.cancelled;
         sum
     })
 }
@@ -155,6 +156,7 @@ fn error_value(result: &CallResult) -> Value {
         let (code, message) = match result.state {
             CallState::Timeout => (codes::DEADLINE_EXCEEDED, "the call timed out"),
             CallState::Skipped => (codes::NOT_DISPATCHED, "the call was not run"),
+            CallState::Cancelled => (codes::CANCELLED, "cancelled by the caller"),
             _ => (codes::TOOL_ERROR, "the call failed"),
         };
         CallError::fatal(code, message)

@@ -3,8 +3,12 @@
 //! `toolfleet conformance` drives (PROTOCOL §7.11), which every worker SDK ships.
 //!
 //! Owns `test.behave`, `test.behave_once`, `test.noop` and `conformance.probe`. It must
-//! never touch anything outside the call: no network, no files, no shared state.
+//! never touch anything outside the call: no network, no files; its only shared state
+//! is the record of calls that saw their turn cancelled ([`saw_cancellation`]), which
+//! tests running the worker in their own process read.
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -54,9 +58,29 @@ async fn sleep_precisely(duration: Duration) {
     }
 }
 
+/// Calls (`turn/call`) whose sleep the turn's cancellation cut short.
+static CANCELLED_CALLS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// Whether call `call_id` of turn `turn_id` stopped its sleep because the turn was
+/// cancelled (in this process).
+pub fn saw_cancellation(turn_id: &str, call_id: &str) -> bool {
+    CANCELLED_CALLS
+        .lock()
+        .map(|calls| calls.contains(&format!("{turn_id}/{call_id}")))
+        .unwrap_or(false)
+}
+
 async fn behave(ctx: ToolContext, args: BehaveArgs) -> Result<ToolOutput, ToolError> {
     if args.sleep_ms > 0 {
-        sleep_precisely(Duration::from_millis(args.sleep_ms)).await;
+        tokio::select! {
+            () = sleep_precisely(Duration::from_millis(args.sleep_ms)) => {}
+            () = ctx.cancellation.cancelled() => {
+                if let Ok(mut calls) = CANCELLED_CALLS.lock() {
+                    calls.insert(format!("{}/{}", ctx.turn_id, ctx.call_id));
+                }
+                return Err(ToolError::fatal("cancelled", "the turn was cancelled"));
+            }
+        }
     }
     if args.panic {
         panic!("test.behave was asked to panic");

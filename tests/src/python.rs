@@ -44,6 +44,13 @@ pub async fn venv(root: impl AsRef<Path>, requirements: &str) -> Result<PathBuf>
     if python.is_file() {
         return Ok(python);
     }
+    // One provisioning at a time in this process: the tests of one binary wait for the
+    // first one's environment instead of building their own beside it.
+    static PROVISIONING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = PROVISIONING.lock().await;
+    if python.is_file() {
+        return Ok(python);
+    }
     std::fs::create_dir_all(root.as_ref())?;
     // Built beside its final place and renamed into it, so a half-built environment is
     // never reused and concurrent test binaries do not share one while it is built.

@@ -332,7 +332,11 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
         );
     }
     let worker = quoted_subjects(&nats_user_block("worker")?);
-    for subject in [names.progress_wildcard(), names.registry_changed()] {
+    for subject in [
+        names.progress_wildcard(),
+        names.registry_changed(),
+        names.turn_cancelled_any(),
+    ] {
         assert!(worker.contains(&subject), "worker lacks {subject}");
     }
     assert!(!worker.contains(&names.results_wildcard()));
@@ -343,6 +347,9 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
     assert!(coordinator.contains(&names.turn_submit_any()));
     assert!(coordinator.contains(&names.turn_attach_any()));
     assert!(coordinator.contains(&names.turn_attach()));
+    assert!(coordinator.contains(&names.turn_cancel_any()));
+    assert!(coordinator.contains(&names.turn_cancel()));
+    assert!(coordinator.contains(&format!("{}.cancelled.>", names.prefix())));
     // Each frontend submits only as itself and reads only its own inbox.
     for user in ["frontend", "frontend2", "gateway"] {
         let frontend = quoted_subjects(&nats_user_block(user)?);
@@ -350,6 +357,7 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
         let expected: BTreeSet<String> = [
             names.turn_submit_as(user),
             names.turn_attach_as(user),
+            names.turn_cancel_as(user),
             names.catalog(),
             inbox.clone(),
         ]

@@ -116,3 +116,57 @@ async fn a_changed_retry_policy_of_a_python_tool_is_in_force_on_the_next_start()
     coordinator.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_tool_sees_its_turn_cancelled() -> Result<()> {
+    const TOOL: &str = "test.py_wait";
+    let python =
+        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
+            .await?;
+    let fleet = Fleet::start().await?;
+    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let markers = tempfile::tempdir()?;
+    let dir = markers.path().to_string_lossy().to_string();
+    let mut worker = toolfleet_tests::python::worker(
+        &python,
+        &fleet,
+        &["tests/python/cancel_worker.py"],
+        &[("CANCEL_MARKERS", dir.as_str())],
+    )?;
+    fleet.wait_for_tools(&[TOOL]).await?;
+
+    let mut request = toolfleet_tests::fleet::timed_turn(
+        "acme",
+        20_000,
+        vec![call("c1", TOOL, json!({"wait_ms": 10_000}))],
+    );
+    request.turn_id = Some("py-cancel".into());
+    let mut progress = fleet.subscribe_progress().await?;
+    let mut stream = fleet.client.submit(request).await?;
+    // Cancel once the call runs on the Python worker.
+    tokio::time::timeout(EVENT_WAIT, progress.next())
+        .await
+        .context("the call never started")?;
+    let reply = fleet.client.cancel("py-cancel", None, EVENT_WAIT).await?;
+    assert_eq!(
+        reply.outcome,
+        toolfleet_common::turn::CancelOutcome::Cancelled
+    );
+    let events = toolfleet_tests::fleet::read_to_end(&mut stream, EVENT_WAIT).await?;
+    let Some(toolfleet_common::TurnEvent::Final(fin)) = events.last() else {
+        anyhow::bail!("no final: {events:?}");
+    };
+    assert_eq!(fin.results[0].state, CallState::Cancelled);
+    let marker = markers.path().join("py-cancel.c1");
+    let until = std::time::Instant::now() + EVENT_WAIT;
+    while !marker.exists() {
+        anyhow::ensure!(
+            std::time::Instant::now() < until,
+            "the Python tool never saw the cancellation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    toolfleet_tests::python::terminate(&mut worker).await?;
+    coordinator.stop().await;
+    Ok(())
+}

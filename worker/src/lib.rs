@@ -51,6 +51,7 @@
 
 #[cfg(feature = "cache")]
 pub mod cache;
+mod cancel;
 pub mod config;
 mod consumers;
 mod output;
@@ -116,6 +117,14 @@ pub enum WorkerError {
     /// NATS could not be reached.
     #[error("nats: {0}")]
     Nats(#[from] async_nats::ConnectError),
+    /// A NATS subscription could not be made.
+    #[error("nats subscription {subject}: {message}")]
+    Subscribe {
+        /// The subject.
+        subject: String,
+        /// The client's error.
+        message: String,
+    },
     /// The streams could not be created.
     #[error(transparent)]
     Streams(#[from] EnsureStreamsError),
@@ -201,6 +210,16 @@ pub async fn run_set(
     health.set_phase("creating streams");
     let js = jetstream::new(nats.clone());
     let (jobs_stream, _) = ensure_streams(&js, &names).await?;
+    // Cancelled turns: followed before any job is taken.
+    let cancellations = cancel::Cancellations::default();
+    let cancelled = nats
+        .subscribe(names.turn_cancelled_any())
+        .await
+        .map_err(|e| WorkerError::Subscribe {
+            subject: names.turn_cancelled_any(),
+            message: e.to_string(),
+        })?;
+    tokio::spawn(cancel::follow(cancellations.clone(), cancelled));
     health.set_phase("connecting to Redis");
     let redis = toolfleet_common::redis_client::connect(
         &config.redis_url,
@@ -225,6 +244,7 @@ pub async fn run_set(
         max_result_bytes: config.max_result_bytes,
         metrics,
         abandon: CancellationToken::new(),
+        cancellations: cancellations.clone(),
     });
     let mut serving = Serving::new(
         config.clone(),

@@ -51,6 +51,8 @@ pub(crate) struct Shared {
     /// Cancelled when the shutdown grace ran out: running calls stop and their jobs are
     /// handed back (NAK) for another worker.
     pub abandon: CancellationToken,
+    /// Turns their callers cancelled: running calls' tokens fire, later jobs are skipped.
+    pub cancellations: crate::cancel::Cancellations,
 }
 
 /// A tool with its compiled output schema and the settings of the consumer it is served
@@ -237,6 +239,12 @@ async fn run_job(
         finish(&shared, &message, &job, &result).await;
         return;
     }
+    let Some(running) = shared.cancellations.enter(&job.turn_id) else {
+        shared.metrics.job_cancelled(&def.name);
+        debug!("turn cancelled by its caller; not running the call");
+        let _ = message.ack().await;
+        return;
+    };
     notify_started(&shared, &job, attempt).await;
 
     // Keeps the job alive until its result is published; aborted when dropped, even
@@ -253,7 +261,13 @@ async fn run_job(
             }
         }))
     };
-    match execute(&shared, &tool, &mut job, attempt).await {
+    match execute(&shared, &tool, &mut job, attempt, running.token()).await {
+        // The turn ended with its final when it was cancelled: nobody waits for this.
+        Executed::Done(_) if running.token().is_cancelled() => {
+            shared.metrics.job_cancelled(&tool.tool.definition().name);
+            debug!("turn cancelled while the call ran; its result is dropped");
+            let _ = message.ack().await;
+        }
         Executed::Done(result) => finish(&shared, &message, &job, &result).await,
         Executed::Retry => {
             let _ = message.ack_with(AckKind::Nak(Some(RETRY_DELAY))).await;
@@ -281,6 +295,7 @@ async fn execute(
     tool: &ServedTool,
     job: &mut JobEnvelope,
     attempt: u32,
+    cancellation: &CancellationToken,
 ) -> Executed {
     let def = tool.tool.definition();
     let now = unix_ms();
@@ -295,6 +310,7 @@ async fn execute(
         deadline_unix_ms: job.deadline_unix_ms,
         attempt,
         context: job.context.clone(),
+        cancellation: cancellation.clone(),
     };
     let execute = execute_span(def, job);
     shared.metrics.in_flight(&def.name, 1);

@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 use futures::future::BoxFuture;
 use serde::de::DeserializeOwned;
@@ -35,6 +36,10 @@ pub struct ToolContext {
     pub attempt: u32,
     /// The turn's free-form context (customer id, caller phone, ...).
     pub context: Map<String, Value>,
+    /// Fires when the caller cancels the turn (PROTOCOL §9.6): the call's result is no
+    /// longer wanted, so a tool that can stop early should (cooperative; a result still
+    /// returned is dropped).
+    pub cancellation: CancellationToken,
 }
 
 impl ToolContext {
@@ -50,6 +55,7 @@ impl ToolContext {
             deadline_unix_ms: u64::MAX,
             attempt: 1,
             context,
+            cancellation: CancellationToken::new(),
         }
     }
 }

@@ -75,9 +75,11 @@ pub enum Phase {
     /// Turns through the HTTP gateway (JSON and SSE) beside the NATS client; needs
     /// PostgreSQL at `TOOLFLEET_DATABASE_URL` for the gateway's API key.
     Http,
+    /// Cancel → `final` of turns whose one call runs for 2 s.
+    Cancel,
 }
 
-const ALL_PHASES: [Phase; 7] = [
+const ALL_PHASES: [Phase; 8] = [
     Phase::Floor,
     Phase::Overhead,
     Phase::Throughput,
@@ -85,6 +87,7 @@ const ALL_PHASES: [Phase; 7] = [
     Phase::Scaling,
     Phase::Memory,
     Phase::Http,
+    Phase::Cancel,
 ];
 
 /// Arguments of `toolfleet bench`.
@@ -152,6 +155,7 @@ struct Plan {
     throughput_warmup_s: f64,
     throughput_seconds: f64,
     parallel_turns: usize,
+    cancel_turns: usize,
     scaling_workers: Vec<usize>,
     scaling_concurrency: usize,
     scaling_warmup_s: f64,
@@ -174,6 +178,7 @@ impl Plan {
             throughput_warmup_s: if q { 0.5 } else { 2.0 },
             throughput_seconds: args.seconds.unwrap_or(if q { 2.0 } else { 8.0 }),
             parallel_turns: if q { 10 } else { 60 },
+            cancel_turns: if q { 10 } else { 100 },
             scaling_workers: args.workers.clone(),
             scaling_concurrency: args.worker_concurrency.max(1),
             scaling_warmup_s: if q { 0.5 } else { 1.0 },
@@ -225,6 +230,7 @@ struct ModeReport {
     overhead: Option<Measured<Overhead>>,
     throughput: Option<Measured<Throughput>>,
     parallel: Option<Measured<Parallel>>,
+    cancel: Option<Measured<phases::Cancel>>,
     scaling: Vec<Measured<ScalingPoint>>,
     memory: Option<Measured<Memory>>,
     http: Option<Measured<http::Http>>,
@@ -551,6 +557,10 @@ impl Stage<'_> {
                 report.parallel = Some(self.parallel().await?);
                 progress.done();
             }
+            Phase::Cancel => {
+                report.cancel = Some(self.cancel().await?);
+                progress.done();
+            }
             Phase::Scaling if !attach => {
                 for &workers in &self.plan.scaling_workers {
                     report.scaling.push(self.scaling_point(workers).await?);
@@ -627,6 +637,16 @@ impl Stage<'_> {
         let progress = &self.env.progress;
         self.on_fleet("parallel", 1, 8, |client, _| async move {
             phases::parallel(&client, plan.parallel_turns, progress).await
+        })
+        .await
+    }
+
+    /// The cancel phase: turns of one 2 s call, cancelled once it runs.
+    async fn cancel(&self) -> Result<Measured<phases::Cancel>> {
+        let plan = self.plan;
+        let progress = &self.env.progress;
+        self.on_fleet("cancel", 1, 8, |client, _| async move {
+            phases::cancel(&client, plan.cancel_turns, progress).await
         })
         .await
     }

@@ -517,6 +517,94 @@ pub async fn parallel(client: &FleetClient, turns: usize, progress: &Progress) -
     })
 }
 
+/// Cancelling turns whose one call runs for two seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cancel {
+    /// Turns measured.
+    pub turns: usize,
+    /// Turns whose cancel did not end them with a `cancelled` call.
+    pub failed: usize,
+    /// From sending the cancel to the cancelled turn's `final` at the client.
+    pub cancel_to_final: Summary,
+    /// From sending the cancel to its answer.
+    pub cancel_answered: Summary,
+}
+
+/// The call every cancelled turn runs: long enough that only the cancel ends it.
+const CANCELLED_SLEEP_MS: u64 = 2_000;
+
+/// Runs `turns` turns of one 2 s call one after another, each cancelled as soon as its
+/// call runs (its `running` event, or 100 ms after `ack`).
+pub async fn cancel(client: &FleetClient, turns: usize, progress: &Progress) -> Result<Cancel> {
+    let decision = decision("test.behave", &json!({"sleep_ms": CANCELLED_SLEEP_MS}), 1);
+    let (mut to_final, mut answered) = (Latencies::default(), Latencies::default());
+    let mut failed = 0;
+    for _ in 0..turns {
+        match cancel_one(client, &decision).await {
+            Ok((fin, answer)) => {
+                to_final.push(fin);
+                answered.push(answer);
+            }
+            Err(error) => {
+                failed += 1;
+                progress.note(&format!("  cancel failed: {error:#}"));
+            }
+        }
+    }
+    Ok(Cancel {
+        turns,
+        failed,
+        cancel_to_final: to_final.summary(),
+        cancel_answered: answered.summary(),
+    })
+}
+
+/// One cancelled turn: (cancel → `final`, cancel → answer).
+async fn cancel_one(client: &FleetClient, decision: &Value) -> Result<(Duration, Duration)> {
+    const WAIT: Duration = Duration::from_secs(5);
+    let mut stream = client.submit(request(decision, 10_000)).await?;
+    let turn_id = stream.turn_id().to_string();
+    let ack = stream.next_event(WAIT).await?;
+    if !matches!(ack, TurnEvent::Ack { .. }) {
+        bail!("expected ack, got {}", ack.kind());
+    }
+    let until = Instant::now() + Duration::from_millis(100);
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        match stream.next_event(left).await {
+            Ok(TurnEvent::ToolState {
+                state: CallState::Running,
+                ..
+            }) => break,
+            Ok(TurnEvent::Final(_) | TurnEvent::Error { .. }) => bail!("ended before the cancel"),
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let sent = Instant::now();
+    let answering = {
+        let client = client.clone();
+        let turn_id = turn_id.clone();
+        tokio::spawn(async move {
+            let reply = client.cancel(&turn_id, None, WAIT).await;
+            (reply, sent.elapsed())
+        })
+    };
+    let fin = loop {
+        match stream.next_event(WAIT).await? {
+            TurnEvent::Final(fin) => break fin,
+            TurnEvent::Error { error, .. } => bail!("turn error {}", error.code),
+            _ => {}
+        }
+    };
+    let to_final = sent.elapsed();
+    let (reply, to_answer) = answering.await?;
+    let reply = reply?;
+    if fin.results.first().map(|r| r.state) != Some(CallState::Cancelled) {
+        bail!("the call was not cancelled ({:?})", reply.outcome);
+    }
+    Ok((to_final, to_answer))
+}
+
 /// Throughput of a sleeping tool with a given number of worker processes.
 #[derive(Debug, Clone, Serialize)]
 pub struct ScalingPoint {

@@ -187,11 +187,11 @@ mod tests {
     fn stages_count_phases_modes_and_worker_counts() {
         let plan = plan(&["--quick"]);
         let both = [Mode::Off, Mode::On];
-        // Seven phases, the scaling phase four times (1, 2, 4, 8 workers), in two modes.
-        assert_eq!(stages(&ALL_PHASES, &both, &plan, false), 20);
+        // Eight phases, the scaling phase four times (1, 2, 4, 8 workers), in two modes.
+        assert_eq!(stages(&ALL_PHASES, &both, &plan, false), 22);
         assert_eq!(stages(&[Phase::Overhead], &both, &plan, false), 2);
         // Attached: one mode, and no scaling, memory or http phase.
-        assert_eq!(stages(&ALL_PHASES, &[Mode::Attached], &plan, true), 4);
+        assert_eq!(stages(&ALL_PHASES, &[Mode::Attached], &plan, true), 5);
         let plan = self::plan(&["--workers", "2,4"]);
         assert_eq!(stages(&[Phase::Scaling], &[Mode::On], &plan, false), 2);
     }

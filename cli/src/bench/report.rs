@@ -297,6 +297,7 @@ fn figures_table(plan: &Plan, reports: &[ModeReport]) -> Table {
     overhead_rows(&mut t, reports);
     throughput_rows(&mut t, plan, reports);
     parallel_rows(&mut t, reports);
+    cancel_rows(&mut t, reports);
     scaling_rows(&mut t, plan, reports);
     memory_rows(&mut t, plan, reports);
     http_rows(&mut t, reports);
@@ -507,6 +508,27 @@ fn parallel_rows(t: &mut Table, reports: &[ModeReport]) {
             }),
             ("turns measured (failed)", |m| {
                 counted(&m.figures.turn, m.figures.failed)
+            }),
+        ],
+    );
+}
+
+/// Adds the cancel phase's rows.
+fn cancel_rows(t: &mut Table, reports: &[ModeReport]) {
+    phase_rows::<super::phases::Cancel>(
+        t,
+        reports,
+        "cancel: 1 × test.behave 2 s, cancelled once it runs",
+        |r| r.cancel.as_ref(),
+        &[
+            ("cancel → final p50 / p99 ms", |m| {
+                p50_p99(&m.figures.cancel_to_final)
+            }),
+            ("cancel → answer p50 / p99 ms", |m| {
+                p50_p99(&m.figures.cancel_answered)
+            }),
+            ("turns measured (failed)", |m| {
+                counted(&m.figures.cancel_to_final, m.figures.failed)
             }),
         ],
     );

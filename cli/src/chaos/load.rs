@@ -33,6 +33,8 @@ pub struct LoadSpec {
     pub in_flight: usize,
     /// Calls per turn.
     pub calls: usize,
+    /// Calls of a turn run at once (`None`: the coordinator's bound).
+    pub concurrency: Option<usize>,
     /// Range of each call's sleep, milliseconds.
     pub call_ms: MsRange,
     /// The turn deadline.
@@ -148,7 +150,10 @@ async fn one_turn(client: &FleetClient, spec: &LoadSpec, rng: &mut fastrand::Rng
         user_message: None,
         decision,
         deadline_ms: Some(spec.deadline.as_millis() as u64),
-        options: Default::default(),
+        options: toolfleet_common::turn::TurnOptions {
+            concurrency: spec.concurrency,
+            ..Default::default()
+        },
         context: Map::new(),
     };
     let submitted = Instant::now();

@@ -174,6 +174,11 @@ pub struct ChaosArgs {
     /// Calls per turn.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
     calls: u16,
+    /// Calls of a turn run at once; the rest wait in the turn's queue (`1` runs them one
+    /// after another, so a killed coordinator leaves paced turns behind). Default: the
+    /// coordinator's.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    concurrency: Option<u16>,
     /// Range of each call's duration, milliseconds (`20-80`).
     #[arg(long, default_value = "20-80", value_parser = MsRange::parse_ms)]
     call_ms: MsRange,
@@ -227,6 +232,7 @@ impl ChaosArgs {
         LoadSpec {
             in_flight: self.in_flight.into(),
             calls: self.calls.into(),
+            concurrency: self.concurrency.map(usize::from),
             call_ms: self.call_ms,
             deadline: Duration::from_millis(self.deadline_ms),
             patience: PATIENCE,

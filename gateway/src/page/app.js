@@ -3,7 +3,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const TERMINAL = ["done", "error", "timeout", "skipped"];
+const TERMINAL = ["done", "error", "timeout", "skipped", "cancelled"];
 let config = { jaeger_url: "", examples: [] };
 let turn = null;
 
@@ -128,7 +128,7 @@ function finish(final) {
   $("narration").textContent = final.text;
   const s = final.summary;
   $("summary").textContent = `summary: total ${s.total}, ok ${s.ok}, errors ${s.errors}, ` +
-    `timeouts ${s.timeouts}, skipped ${s.skipped}` + (final.deadline_hit ? " (deadline hit)" : "");
+    `timeouts ${s.timeouts}, skipped ${s.skipped}` + (s.cancelled ? `, cancelled ${s.cancelled}` : "") + (final.deadline_hit ? " (deadline hit)" : "");
   $("summary").hidden = false;
   $("status").textContent = "finished in " + turn.end.toFixed(0) + " ms";
   $("status").dataset.done = "true";

@@ -46,7 +46,9 @@ class Output:
 
 @dataclass
 class Context:
-    """What a tool knows about its call: tenant (from the turn), ids, deadline, attempt."""
+    """What a tool knows about its call: tenant (from the turn), ids, deadline, attempt;
+    `cancelled` is set when the caller cancels the turn (PROTOCOL.md 9.6): a tool that can
+    stop early should (`await ctx.cancelled.wait()`); a result still returned is dropped."""
 
     tenant_id: str
     turn_id: str
@@ -55,6 +57,7 @@ class Context:
     deadline_unix_ms: int
     attempt: int
     context: dict
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass

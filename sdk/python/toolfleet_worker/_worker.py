@@ -3,8 +3,9 @@ in line with the definitions (7.1), registry and heartbeat, pulls bounded by fre
 (7.2), deadline skips, call_interrupted, started notices, keep-alives at the bound
 consumer's ack wait, time budgets, retry NAKs below the bound consumer's max_deliver,
 +TERM for undecodable jobs, publishing results before acking, draining on shutdown,
-and the coordinators' refusals of a definition or a result read back from the registry
-(2.6) and logged at ERROR once each.
+the coordinators' refusals of a definition or a result read back from the registry
+(2.6) and logged at ERROR once each, and turns cancelled by their callers (9.6): the
+running calls' `ctx.cancelled` is set, their results dropped, later jobs skipped.
 It never contains tools nor reads the environment."""
 
 import asyncio
@@ -22,6 +23,8 @@ from toolfleet_worker import Context, Output, ToolError, now_ms, rfc3339
 
 PUBLISH_ATTEMPTS = 3
 RETRY_DELAY = 0.1
+# How long a cancelled turn is remembered (past the longest turn deadline), seconds.
+CANCEL_MEMORY = 600
 
 
 def _failure(base, state, code, message, retryable):
@@ -54,6 +57,9 @@ class Worker:
                               for what in ("definition", "result")}
         # (what, tool) -> the coordinators' refusal as last read (2.6).
         self.refusals = {}
+        # 9.6: turn id -> when its cancel is forgotten (monotonic s); turn id -> the
+        # `cancelled` events of its calls running here.
+        self.cancelled_turns, self.running = {}, {}
 
     def log(self, message):
         print(f"[{self.s.worker_id}] {message}", file=sys.stderr, flush=True)
@@ -144,14 +150,30 @@ class Worker:
                 await asyncio.sleep(0.1 * attempt)
         await msg.nak(delay=0.5)
 
-    async def _execute(self, t, job, attempt, base):
+    def _on_cancelled(self, msg):
+        """9.6: a coordinator ended a turn its caller cancelled."""
+        turn_id = msg.subject.rsplit(".", 1)[-1]
+        now = time.monotonic()
+        if len(self.cancelled_turns) >= 1024:
+            self.cancelled_turns = {k: v for k, v in self.cancelled_turns.items() if v > now}
+        self.cancelled_turns[turn_id] = now + CANCEL_MEMORY
+        for event in self.running.get(turn_id, ()):
+            event.set()
+
+    async def _on_cancelled_cb(self, msg):
+        self._on_cancelled(msg)
+
+    def _is_cancelled(self, turn_id):
+        return self.cancelled_turns.get(turn_id, 0) > time.monotonic()
+
+    async def _execute(self, t, job, attempt, base, cancelled):
         """7.7: the handler under its budget; a result, or None when the job is retried."""
         call, deadline = job["call"], int(job["deadline_unix_ms"])
         tool_budget = max(min(int(job["timeout_ms"]), t.definition["timeout_ms"]), 1)
         turn_budget = deadline - now_ms()
         budget = max(min(tool_budget, turn_budget), 1)
         ctx = Context(job.get("tenant_id"), job["turn_id"], call["id"], job.get("session_id"),
-                      deadline, attempt, job.get("context") or {})
+                      deadline, attempt, job.get("context") or {}, cancelled)
         try:
             out = await asyncio.wait_for(t.tool.handler(call.get("arguments") or {}, ctx),
                                          budget / 1000)
@@ -197,6 +219,22 @@ class Worker:
             result["ended_at"] = rfc3339()
             await self._publish(msg, job, result)
             return
+        turn_id = job["turn_id"]
+        if self._is_cancelled(turn_id):  # 9.6: the turn already ended
+            await msg.ack()
+            return
+        cancelled = asyncio.Event()
+        self.running.setdefault(turn_id, set()).add(cancelled)
+        try:
+            await self._run(t, msg, job, attempt, base, cancelled)
+        finally:
+            calls = self.running.get(turn_id, set())
+            calls.discard(cancelled)
+            if not calls:
+                self.running.pop(turn_id, None)
+
+    async def _run(self, t, msg, job, attempt, base, cancelled):
+        call = job["call"]
         notice = {"kind": "started", "tool_call_id": call["id"], "name": call["name"],
                   "attempt": attempt, "worker_id": self.s.worker_id}
         try:  # 7.5, best effort
@@ -213,9 +251,12 @@ class Worker:
         ka = asyncio.create_task(keepalive())
         started, start = time.time(), time.monotonic()
         try:
-            result = await self._execute(t, job, attempt, base)
+            result = await self._execute(t, job, attempt, base, cancelled)
         finally:
             ka.cancel()
+        if cancelled.is_set():  # the turn's final is out; nobody waits for this result
+            await msg.ack()
+            return
         if result is None:
             await msg.nak(delay=RETRY_DELAY)
             return
@@ -261,6 +302,7 @@ class Worker:
             options.update(user=self.s.nats_user, password=self.s.nats_password)
         self.nc = await nats.connect(**options)
         self.js = self.nc.jetstream()
+        await self.nc.subscribe(f"{self.s.prefix}.cancelled.*", cb=self._on_cancelled_cb)
         await self._ensure_stream(self.jobs_stream, f"{self.s.prefix}.jobs.>")
         await self._ensure_stream(f"{self.s.prefix.upper()}_RESULTS", f"{self.s.prefix}.results.>")
         for t in self.served:

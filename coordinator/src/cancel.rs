@@ -1,0 +1,102 @@
+//! Cancelling a turn: the frontend that submitted a turn asks to stop it (a caller who
+//! barged in, a stop button, a client that went away), and the turn ends at once with
+//! one `final` in which every call without a result is `cancelled`.
+//!
+//! Owns the cancel subject's requests and their answers ([`CancelReply`]). The `CANCEL`
+//! script (`join.rs`) decides, atomically with every result's `RECORD`, whether the
+//! turn was still open: a cancel racing the last result ends the turn once, either way.
+//! Workers are told on `<p>.cancelled.<turn_id>` before the `final` is built, so running
+//! calls see their cancellation token fire and jobs not yet started are skipped; results
+//! that still arrive count as late. Only the frontend that submitted the turn (and, when
+//! the request names one, only for that tenant) may cancel it.
+//!
+//! Never records a result; ends a turn only through `finalize.rs`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use toolfleet_common::turn::{
+    turn_codes, valid_turn_id, CancelOutcome, CancelReply, CancelRequest,
+};
+use tracing::{debug, warn};
+
+use crate::callers::Caller;
+use crate::finalize::{finish, TurnEnd};
+use crate::join::Cancelled;
+use crate::startup::Replica;
+
+/// Handles one request on the cancel subject.
+pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_nats::Message) {
+    let received = Instant::now();
+    let Some(reply) = message.reply.as_ref().map(|r| r.to_string()) else {
+        return;
+    };
+    let caller = Caller::of(&replica.names, &message.subject);
+    if !caller.may_receive(&reply, &replica.config.nats_credentials.inbox_prefix()) {
+        replica.metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
+        warn!(subject = %message.subject, %reply, "cancel dropped: reply outside the caller's inbox");
+        return;
+    }
+    let request = match serde_json::from_slice::<CancelRequest>(&message.payload) {
+        Ok(request) if valid_turn_id(&request.turn_id) => request,
+        Ok(_) | Err(_) => {
+            let answer = CancelReply {
+                turn_id: String::new(),
+                outcome: CancelOutcome::InvalidRequest,
+                ended: None,
+            };
+            return answer_with(&replica, reply, &answer).await;
+        }
+    };
+    let caller = caller.frontend.unwrap_or_default();
+    let turn_id = request.turn_id;
+    let tenant = request.tenant_id.as_deref().filter(|t| !t.is_empty());
+    let (outcome, ended) = match replica.join.cancel(&turn_id, &caller, tenant).await {
+        Ok(Cancelled::UnknownTurn) => (CancelOutcome::UnknownTurn, None),
+        Ok(Cancelled::AlreadyEnded(how)) => (CancelOutcome::AlreadyEnded, Some(how)),
+        Ok(Cancelled::Ended(closing)) => {
+            // Workers first: running calls stop while the final is being built.
+            let notice = replica.names.turn_cancelled(&turn_id);
+            if let Err(error) = replica.nats.publish(notice, "".into()).await {
+                debug!(%turn_id, %error, "cancel notice to workers not sent");
+            }
+            let end = TurnEnd::Cancelled {
+                turn_id: turn_id.clone(),
+                closing,
+            };
+            let ending = &replica;
+            replica
+                .turns
+                .gated(&turn_id, |gate| async move {
+                    let _ending = gate.recording.write().await;
+                    let _publishing = gate.publishing.lock().await;
+                    Box::pin(finish(ending, end)).await;
+                })
+                .await;
+            replica
+                .metrics
+                .turn_cancelled(received.elapsed().as_secs_f64());
+            (CancelOutcome::Cancelled, Some("cancelled".to_string()))
+        }
+        Err(error) => {
+            replica.metrics.redis_error("cancel");
+            warn!(%turn_id, %error, "cancel failed");
+            (CancelOutcome::Unavailable, None)
+        }
+    };
+    let answer = CancelReply {
+        turn_id,
+        outcome,
+        ended,
+    };
+    answer_with(&replica, reply, &answer).await;
+}
+
+async fn answer_with(replica: &Replica, reply: String, answer: &CancelReply) {
+    let Ok(body) = serde_json::to_vec(answer) else {
+        return;
+    };
+    if let Err(error) = replica.nats.publish(reply, body.into()).await {
+        debug!(%error, "cancel answer not sent");
+    }
+}
