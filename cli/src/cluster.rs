@@ -116,9 +116,11 @@ impl Node {
         if let Some(uid) = self.uid {
             command.uid(uid).gid(uid);
         }
-        self.child = Some(command.spawn().with_context(|| {
-            format!("starting {}", self.binary.display())
-        })?);
+        self.child = Some(
+            command
+                .spawn()
+                .with_context(|| format!("starting {}", self.binary.display()))?,
+        );
         let deadline = tokio::time::Instant::now() + NODE_START;
         loop {
             if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
@@ -218,8 +220,22 @@ fn isolation_rules(uid: u32, ports: &[u16], mark: u32) -> Vec<Vec<String>> {
     let rule = |parts: &[&str]| parts.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     vec![
         rule(&[
-            "-o", "lo", "-p", "tcp", "-m", "owner", "--uid-owner", &uid.to_string(), "-m",
-            "multiport", "--ports", &ports, "-j", "CONNMARK", "--set-mark", &mark,
+            "-o",
+            "lo",
+            "-p",
+            "tcp",
+            "-m",
+            "owner",
+            "--uid-owner",
+            &uid.to_string(),
+            "-m",
+            "multiport",
+            "--ports",
+            &ports,
+            "-j",
+            "CONNMARK",
+            "--set-mark",
+            &mark,
         ]),
         rule(&[
             "-o", "lo", "-p", "tcp", "-m", "connmark", "--mark", &mark, "-j", "DROP",
@@ -343,11 +359,7 @@ impl NatsCluster {
             .context("partitions need root (nodes run under their own user ids)")?;
         if self.partitions[i].is_none() {
             let mark = 0x7f00_0000 | u32::from(self.route_ports[i]);
-            self.partitions[i] = Some(Rules::add(isolation_rules(
-                uid,
-                &self.route_ports,
-                mark,
-            ))?);
+            self.partitions[i] = Some(Rules::add(isolation_rules(uid, &self.route_ports, mark))?);
         }
         Ok(())
     }
@@ -637,8 +649,7 @@ impl RedisCluster {
             };
             for line in nodes.lines() {
                 let fields: Vec<&str> = line.split_whitespace().collect();
-                if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail")
-                {
+                if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
                     continue;
                 }
                 let serves = fields[8..].iter().any(|range| {

@@ -139,7 +139,11 @@ impl Servers {
 
     /// Servers started elsewhere (a local cluster), named by their URLs; `started`
     /// lists their processes for the CPU figures. Nothing is stopped on drop.
-    pub fn external(nats_url: String, redis_url: String, started: Vec<(&'static str, u32)>) -> Self {
+    pub fn external(
+        nats_url: String,
+        redis_url: String,
+        started: Vec<(&'static str, u32)>,
+    ) -> Self {
         Self {
             nats_url,
             redis_url,

@@ -182,7 +182,9 @@ mod tests {
     #[test]
     fn nats_urls_take_one_server_or_a_list() {
         use async_nats::ToServerAddrs;
-        let one = NatsUrls("nats://127.0.0.1:4222").to_server_addrs().expect("parses");
+        let one = NatsUrls("nats://127.0.0.1:4222")
+            .to_server_addrs()
+            .expect("parses");
         assert_eq!(one.count(), 1);
         let three = NatsUrls("nats://127.0.0.1:4222, nats://127.0.0.1:4223,nats://127.0.0.1:4224")
             .to_server_addrs()

@@ -388,7 +388,10 @@ mod tests {
     #[test]
     fn deadline_buckets_are_stable_and_spread() {
         let n = Names::default();
-        assert_eq!(Names::deadline_bucket("turn-1", 16), Names::deadline_bucket("turn-1", 16));
+        assert_eq!(
+            Names::deadline_bucket("turn-1", 16),
+            Names::deadline_bucket("turn-1", 16)
+        );
         let mut seen = std::collections::HashSet::new();
         for i in 0..1000 {
             let bucket = Names::deadline_bucket(&format!("turn-{i}"), 16);

@@ -93,9 +93,12 @@ impl RedisTarget {
                 .collect::<Result<Vec<_>, _>>()?,
         };
         match (cluster_scheme, infos.len()) {
-            (None, 1) => Ok(Self::Single(infos.into_iter().next().ok_or_else(|| {
-                bad("no address".into())
-            })?)),
+            (None, 1) => Ok(Self::Single(
+                infos
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| bad("no address".into()))?,
+            )),
             _ => Ok(Self::Cluster(infos)),
         }
     }
@@ -166,7 +169,10 @@ impl From<ConnectError> for RedisError {
 /// Connects to what `setting` names (see the module docs), with TCP_NODELAY: without
 /// it, a command sent while another's reply is outstanding waits for that reply
 /// (Nagle), which serializes concurrent scripts.
-pub async fn connect(setting: &str, options: RedisOptions) -> Result<RedisConnection, ConnectError> {
+pub async fn connect(
+    setting: &str,
+    options: RedisOptions,
+) -> Result<RedisConnection, ConnectError> {
     let nodelay = TcpSettings::default().set_nodelay(true);
     match RedisTarget::parse(setting)? {
         RedisTarget::Single(info) => {
@@ -257,14 +263,14 @@ mod tests {
 
     #[test]
     fn a_list_or_the_cluster_scheme_is_a_cluster() {
-        let list = RedisTarget::parse("redis://127.0.0.1:7000, redis://127.0.0.1:7001")
-            .expect("parses");
+        let list =
+            RedisTarget::parse("redis://127.0.0.1:7000, redis://127.0.0.1:7001").expect("parses");
         let RedisTarget::Cluster(nodes) = list else {
             panic!("a list is a cluster");
         };
         assert_eq!(nodes.len(), 2);
-        let scheme =
-            RedisTarget::parse("redis+cluster://u:p@127.0.0.1:7000,127.0.0.1:7001").expect("parses");
+        let scheme = RedisTarget::parse("redis+cluster://u:p@127.0.0.1:7000,127.0.0.1:7001")
+            .expect("parses");
         let RedisTarget::Cluster(nodes) = scheme else {
             panic!("redis+cluster:// is a cluster");
         };
@@ -279,7 +285,12 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused_without_their_password() {
-        for bad in ["", "redis://a:1,,redis://b:2", "http://x:1", "redis+cluster://"] {
+        for bad in [
+            "",
+            "redis://a:1,,redis://b:2",
+            "http://x:1",
+            "redis+cluster://",
+        ] {
             assert!(RedisTarget::parse(bad).is_err(), "{bad:?} is refused");
         }
         let error = RedisTarget::parse("redis://u:secret@a:1,http://b").expect_err("refused");

@@ -58,12 +58,7 @@ pub fn results_config(names: &Names) -> stream::Config {
 /// take their stream's replicas. A stream that exists keeps its replicas: change them
 /// with `nats stream edit <stream> --replicas 3`.
 pub fn stream_replicas() -> usize {
-    crate::config::env_in(
-        STREAM_REPLICAS_ENV,
-        1,
-        STREAM_REPLICAS_RANGE,
-    )
-    .unwrap_or(1)
+    crate::config::env_in(STREAM_REPLICAS_ENV, 1, STREAM_REPLICAS_RANGE).unwrap_or(1)
 }
 
 /// The setting of [`stream_replicas`].

@@ -14,10 +14,10 @@
 
 use std::collections::HashMap;
 
-use toolfleet_common::redis_client::RedisConnection;
 use redis::{FromRedisValue, Script, Value as RedisValue};
 use serde::{Deserialize, Serialize};
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{CallResult, JobEnvelope, Names};
 

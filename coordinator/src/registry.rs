@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{Names, ToolDefinition};
 use tracing::warn;

@@ -17,11 +17,15 @@ use toolfleet_cli::cluster::{NatsCluster, RedisCluster};
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::client::TurnStream;
 use toolfleet_common::redis_client::{self, RedisConnection};
-use toolfleet_common::{CallResult, CallState, FleetClient, JobEnvelope, Names, ToolCall, TurnEvent};
-use toolfleet_coordinator::join::{
-    CallEntry, Created, Emitted, Finalized, JoinStore, NewTurn, Recorded, StoredFinal,
+use toolfleet_common::{
+    CallResult, CallState, FleetClient, JobEnvelope, Names, ToolCall, TurnEvent,
 };
-use toolfleet_tests::fleet::{call, coordinator_settings, tool_calls, turn, worker_settings, Running};
+use toolfleet_coordinator::join::{
+    CallEntry, Cancelled, Created, Emitted, Finalized, JoinStore, NewTurn, Recorded, StoredFinal,
+};
+use toolfleet_tests::fleet::{
+    call, coordinator_settings, tool_calls, turn, worker_settings, Running,
+};
 
 /// The cluster tests start many servers each: one at a time on a small machine.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
@@ -106,40 +110,64 @@ async fn every_script_once(store: &JoinStore, turn_id: &str) -> Result<()> {
         Created::Exists { same_caller: true },
         "CREATE again"
     );
-    match store.emit(turn_id, Some("k0"), &["{\"type\":\"tool_state\"}".to_string()]).await? {
+    match store
+        .emit(
+            turn_id,
+            Some("k0"),
+            &["{\"type\":\"tool_state\"}".to_string()],
+        )
+        .await?
+    {
         Emitted::Stored { first_seq, .. } => assert_eq!(first_seq, 2, "EMIT"),
         other => bail!("EMIT: {other:?}"),
     }
     let attached = store.attach(turn_id, "frontend", "reply.two", 0).await?;
     assert_eq!(attached.map(|e| e.len()), Some(2), "ATTACH");
-    match store.record(turn_id, "k0", &result("c0"), "{\"s\":0}").await? {
-        Recorded::Recorded { released: Some(released), .. } => {
+    match store
+        .record(turn_id, "k0", &result("c0"), "{\"s\":0}")
+        .await?
+    {
+        Recorded::Recorded {
+            released: Some(released),
+            ..
+        } => {
             assert_eq!(released.key, "k1", "RECORD releases the queued call");
         }
         other => bail!("RECORD: {other:?}"),
     }
-    match store.record(turn_id, "k0", &result("c0"), "{\"s\":0}").await? {
+    match store
+        .record(turn_id, "k0", &result("c0"), "{\"s\":0}")
+        .await?
+    {
         Recorded::Duplicate { again } => assert_eq!(again.len(), 1, "RECORD duplicate"),
         other => bail!("RECORD duplicate: {other:?}"),
     }
     store.confirm_dispatched(turn_id, "k1").await?;
-    match store.record(turn_id, "k1", &result("c1"), "{\"s\":1}").await? {
+    match store
+        .record(turn_id, "k1", &result("c1"), "{\"s\":1}")
+        .await?
+    {
         Recorded::Complete { closing, .. } => assert_eq!(closing.results.len(), 2),
         other => bail!("RECORD last: {other:?}"),
     }
     assert!(
         matches!(
             store.finalize(turn_id, "deadline").await?,
-            Finalized::Unstored(_)
+            Finalized::Unstored { .. }
         ),
         "FINALIZE of a turn ended without its final stored"
     );
-    match store.store_final(turn_id, &["{\"type\":\"final\"}".to_string()]).await? {
+    match store
+        .store_final(turn_id, &["{\"type\":\"final\"}".to_string()])
+        .await?
+    {
         StoredFinal::Stored { .. } => {}
         other => bail!("STORE_FINAL: {other:?}"),
     }
     assert_eq!(
-        store.store_final(turn_id, &["{\"type\":\"final\"}".to_string()]).await?,
+        store
+            .store_final(turn_id, &["{\"type\":\"final\"}".to_string()])
+            .await?,
         StoredFinal::StoredBefore
     );
     let (reply, events) = store.stored_events(turn_id).await?;
@@ -151,6 +179,13 @@ async fn every_script_once(store: &JoinStore, turn_id: &str) -> Result<()> {
         Finalized::AlreadyEnded { published: true }
     ));
     assert_eq!(store.counters(turn_id).await?, (0, 1));
+    assert!(
+        matches!(
+            store.cancel(turn_id, "frontend", Some("acme")).await?,
+            Cancelled::AlreadyEnded(_)
+        ),
+        "CANCEL of an ended turn"
+    );
     store.forget_deadline(turn_id).await?;
     Ok(())
 }
@@ -200,9 +235,16 @@ async fn every_join_script_runs_on_a_redis_cluster() -> Result<()> {
     assert_eq!(found, vec!["due-turn".to_string()]);
     let mut bucket_masters = std::collections::BTreeSet::new();
     for bucket in 0..16 {
-        bucket_masters.insert(cluster.master_of(&names.deadline_bucket_key(bucket)).await?);
+        bucket_masters.insert(
+            cluster
+                .master_of(&names.deadline_bucket_key(bucket))
+                .await?,
+        );
     }
-    assert!(bucket_masters.len() >= 2, "buckets spread: {bucket_masters:?}");
+    assert!(
+        bucket_masters.len() >= 2,
+        "buckets spread: {bucket_masters:?}"
+    );
 
     // An entry of the single index of earlier releases is moved to its bucket.
     let mut conn = redis.clone();
@@ -212,7 +254,9 @@ async fn every_join_script_runs_on_a_redis_cluster() -> Result<()> {
         .arg("old-turn")
         .query_async(&mut conn)
         .await?;
-    let legacy = store.due(&names.legacy_deadlines_key(), unix_ms(), 10).await?;
+    let legacy = store
+        .due(&names.legacy_deadlines_key(), unix_ms(), 10)
+        .await?;
     assert_eq!(legacy, vec!["old-turn".to_string()]);
     let home = names.deadline_bucket_key(Names::deadline_bucket("old-turn", 16));
     let score: Option<f64> = redis::cmd("ZSCORE")
@@ -222,12 +266,17 @@ async fn every_join_script_runs_on_a_redis_cluster() -> Result<()> {
         .await?;
     assert_eq!(score, Some(1.0));
     store.forget_deadline("old-turn").await?;
-    let left: u64 = redis::cmd("ZCARD").arg(&home).query_async(&mut conn).await?;
+    let left: u64 = redis::cmd("ZCARD")
+        .arg(&home)
+        .query_async(&mut conn)
+        .await?;
     assert_eq!(left, 0);
 
     // A Redis node killed and brought back: scripts run on again once its replica took
     // over (the script cache of the new master is filled on demand).
-    let victim = cluster.master_of(&names.turn_meta_key("after-failover")).await?;
+    let victim = cluster
+        .master_of(&names.turn_meta_key("after-failover"))
+        .await?;
     let mut cluster = cluster;
     cluster.kill(victim).await;
     let failover = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -262,7 +311,10 @@ impl ClusterFleet {
         toolfleet_tests::init_test_tracing();
         three_replicas();
         let (nats, redis) = tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
-        let names = Names::new(format!("c{}", &uuid::Uuid::new_v4().simple().to_string()[..6]));
+        let names = Names::new(format!(
+            "c{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        ));
         let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
         let mut nodes = Vec::new();
         for _ in 0..2 {
@@ -297,7 +349,13 @@ impl ClusterFleet {
 /// A turn of `calls` calls of the sleeping test tool.
 fn sleeping_turn(id: &str, calls: usize, sleep_ms: u64) -> toolfleet_common::TurnRequest {
     let calls = (0..calls)
-        .map(|i| call(&format!("c{i}"), "test.behave", json!({"sleep_ms": sleep_ms, "value": i})))
+        .map(|i| {
+            call(
+                &format!("c{i}"),
+                "test.behave",
+                json!({"sleep_ms": sleep_ms, "value": i}),
+            )
+        })
         .collect();
     let mut request = turn("acme", tool_calls(calls));
     request.turn_id = Some(id.to_string());
@@ -323,7 +381,11 @@ async fn follow(mut stream: TurnStream, calls: usize) -> Result<End> {
         let left = give_up.saturating_duration_since(tokio::time::Instant::now());
         match stream.next_event(left).await {
             Ok(TurnEvent::Final(fin)) => {
-                let mut ids: Vec<&str> = fin.results.iter().map(|r| r.tool_call_id.as_str()).collect();
+                let mut ids: Vec<&str> = fin
+                    .results
+                    .iter()
+                    .map(|r| r.tool_call_id.as_str())
+                    .collect();
                 ids.sort_unstable();
                 let expected: Vec<String> = (0..calls).map(|i| format!("c{i}")).collect();
                 assert_eq!(ids, expected, "every call once in {}", fin.turn_id);
@@ -409,7 +471,10 @@ async fn all_done(client: &FleetClient, tag: &str) -> Result<()> {
 /// Turns in flight through a fault: every one was accepted before it and ends with
 /// its one `final`.
 fn in_flight_ended(ends: &Ends, turns: usize) {
-    assert_eq!(ends.finals, turns, "every turn in flight ends with its final: {ends:?}");
+    assert_eq!(
+        ends.finals, turns,
+        "every turn in flight ends with its final: {ends:?}"
+    );
 }
 
 /// Turns submitted during a fault: each accepted and ended, or refused with a code.
@@ -482,5 +547,47 @@ async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
     during_answered(&ends(during).await?, 5);
     all_done(&fleet.client, "after").await?;
     fleet.stop().await;
+    Ok(())
+}
+
+/// `toolfleet chaos --cluster`, built from this checkout, briefly: the partition fault
+/// (a NATS node cut off for 5 s) after the baseline, on clusters of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toolfleet_chaos_on_clusters_loses_no_turn() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let toolfleet = toolfleet_tests::fleet::checkout_cli().await?;
+    let dir = tempfile::tempdir()?;
+    let json_path = dir.path().join("chaos.json");
+    let status = tokio::process::Command::new(toolfleet)
+        .args([
+            "chaos",
+            "--cluster",
+            "--faults",
+            "partition",
+            "--each",
+            "4s",
+        ])
+        .arg("--json")
+        .arg(&json_path)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .status();
+    let status = tokio::time::timeout(Duration::from_secs(120), status)
+        .await
+        .context("toolfleet chaos --cluster did not finish in time")??;
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path)?)?;
+    let faults = report["faults"].as_array().context("a faults array")?;
+    let names: Vec<&str> = faults.iter().filter_map(|f| f["fault"].as_str()).collect();
+    assert_eq!(names, ["none", "partition"]);
+    for fault in faults {
+        assert!(fault["turns"].as_u64().unwrap_or(0) > 0, "{fault}");
+        assert_eq!(fault["lost"].as_u64(), Some(0), "{fault}");
+        assert_eq!(fault["counted_twice"].as_u64(), Some(0), "{fault}");
+    }
+    assert!(faults[1]["kills"].as_u64().unwrap_or(0) > 0);
+    assert!(
+        status.success(),
+        "toolfleet chaos --cluster failed: {status}"
+    );
     Ok(())
 }

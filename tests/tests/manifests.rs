@@ -892,7 +892,9 @@ fn compose_cluster_profile_runs_three_nats_nodes_and_a_redis_cluster() -> Result
         assert_eq!(strings(node.get("profiles")), vec!["cluster".to_string()]);
     }
     let redis_conf = repo_file("deploy/redis/redis-cluster.conf")?;
-    assert!(redis_conf.lines().any(|l| l.trim() == "cluster-enabled yes"));
+    assert!(redis_conf
+        .lines()
+        .any(|l| l.trim() == "cluster-enabled yes"));
     for service in ["coordinator-clustered", "worker-clustered"] {
         let s = compose_service(&compose, service)?;
         let nats_url = compose_env(s, "TOOLFLEET_NATS_URL").unwrap_or_default();
@@ -931,7 +933,10 @@ fn kubernetes_cluster_variant_runs_three_nats_pods_with_replicated_streams() -> 
         overlay
             .get("configMapGenerator")
             .and_then(|g| g.as_sequence())
-            .and_then(|g| g.iter().find(|m| str_at(m, &["name"]) == Some("toolfleet-config")))
+            .and_then(|g| {
+                g.iter()
+                    .find(|m| str_at(m, &["name"]) == Some("toolfleet-config"))
+            })
             .and_then(|m| m.get("literals")),
     );
     assert!(literals.contains(&"TOOLFLEET_STREAM_REPLICAS=3".to_string()));

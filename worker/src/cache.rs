@@ -18,11 +18,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use toolfleet_common::redis_client::{self, RedisConnection, RedisOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use tokio::sync::OnceCell;
+use toolfleet_common::redis_client::{self, RedisConnection, RedisOptions};
 use toolfleet_common::Names;
 use tracing::{debug, field, info_span, Instrument};
 
@@ -114,8 +114,9 @@ struct Entry {
 impl ResultCache {
     /// A cache for `config`; nothing is connected until the first call.
     pub fn new(config: CacheConfig) -> Result<Self, CacheError> {
-        toolfleet_common::redis_client::RedisTarget::parse(&config.redis_url)
-            .map_err(|e| CacheError::Url(toolfleet_common::redis_client::ConnectError::Url(e).into()))?;
+        toolfleet_common::redis_client::RedisTarget::parse(&config.redis_url).map_err(|e| {
+            CacheError::Url(toolfleet_common::redis_client::ConnectError::Url(e).into())
+        })?;
         Ok(Self {
             inner: Arc::new(Inner {
                 config,

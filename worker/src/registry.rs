@@ -12,9 +12,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::http::Readiness;
+use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{Names, ToolDefinition};
 use tracing::error;

@@ -18,9 +18,9 @@ use tokio::process::{Child, Command};
 use toolfleet_common::{FleetClient, Names};
 
 use super::Fault;
-use toolfleet_cli::cluster::{NatsCluster, RedisCluster};
 use crate::bench::{live_workers, OTEL_VARIABLES};
 use crate::local::{self, tempdir, Server, NATS, REDIS_AOF};
+use toolfleet_cli::cluster::{NatsCluster, RedisCluster};
 
 /// The tool the chaos turns call.
 pub const TOOL: &str = "test.behave";
@@ -212,8 +212,7 @@ impl ChaosFleet {
     pub async fn start(spec: &FleetSpec, binaries: &NodeBinaries) -> Result<Self> {
         let run_dir = tempdir::Dir::new("chaos")?;
         let (servers, nats_url, redis_url) = if spec.cluster {
-            let (nats, redis) =
-                tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
+            let (nats, redis) = tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
             let (nats_url, redis_url) = (nats.urls(), redis.url());
             let servers = Servers::Cluster {
                 nats: Box::new(nats),
@@ -276,7 +275,8 @@ impl ChaosFleet {
 
     async fn wait_ready(&self, redis_url: &str, names: &Names, workers: usize) -> Result<()> {
         local::wait_for_tools(&self.client, &[TOOL.to_string()], START_TIMEOUT).await?;
-        let mut redis = toolfleet_common::redis_client::connect(redis_url, Default::default()).await?;
+        let mut redis =
+            toolfleet_common::redis_client::connect(redis_url, Default::default()).await?;
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         while live_workers(&mut redis, names, TOOL)
             .await

@@ -480,7 +480,12 @@ mod tests {
         let cli = Cli::parse_from(["x", "--cluster"]);
         assert_eq!(
             cli.args.plan(),
-            vec![Fault::None, Fault::NatsNode, Fault::RedisMaster, Fault::Partition]
+            vec![
+                Fault::None,
+                Fault::NatsNode,
+                Fault::RedisMaster,
+                Fault::Partition
+            ]
         );
         let cli = Cli::parse_from(["x", "--cluster", "--faults", "partition,worker"]);
         assert_eq!(

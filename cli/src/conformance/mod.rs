@@ -188,10 +188,9 @@ pub async fn run(settings: &Settings) -> Result<Report, ConformanceError> {
         .connect(toolfleet_common::config::NatsUrls(&settings.nats_url))
         .await
         .map_err(|e| ConformanceError::Nats(e.to_string()))?;
-    let redis =
-        toolfleet_common::redis_client::connect(&settings.redis_url, Default::default())
-            .await
-            .map_err(redis::RedisError::from)?;
+    let redis = toolfleet_common::redis_client::connect(&settings.redis_url, Default::default())
+        .await
+        .map_err(redis::RedisError::from)?;
     let (definition, probe) = probe::check(&nats, redis.clone(), &names, settings).await;
     let mut cases = vec![definition];
     match probe {

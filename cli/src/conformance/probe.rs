@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use toolfleet_common::redis_client::RedisConnection;
 use serde_json::Value;
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::{Names, ToolDefinition};
 
 use super::{Case, Settings};
