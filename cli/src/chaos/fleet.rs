@@ -198,7 +198,7 @@ pub struct ChaosFleet {
 /// The fleet's NATS and Redis.
 enum Servers {
     /// One server of each.
-    Single { nats: Proc, redis: Proc },
+    Single { nats: Box<Proc>, redis: Box<Proc> },
     /// A NATS cluster and a Redis Cluster.
     Cluster {
         nats: Box<NatsCluster>,
@@ -223,7 +223,11 @@ impl ChaosFleet {
             let nats = start_server(&NATS, "nats", run_dir.path()).await?;
             let redis = start_server(&REDIS_AOF, "redis", run_dir.path()).await?;
             let (nats_url, redis_url) = (server_url(&nats), server_url(&redis));
-            (Servers::Single { nats, redis }, nats_url, redis_url)
+            let servers = Servers::Single {
+                nats: Box::new(nats),
+                redis: Box::new(redis),
+            };
+            (servers, nats_url, redis_url)
         };
         let prefix = "chaos";
         let mut env = node_env(&nats_url, &redis_url, prefix);
@@ -296,8 +300,8 @@ impl ChaosFleet {
         match (fault, &mut self.servers) {
             (Fault::Worker, _) => &mut self.workers,
             (Fault::Coordinator, _) => &mut self.coordinators,
-            (Fault::Redis, Servers::Single { redis, .. }) => std::slice::from_mut(redis),
-            (Fault::Nats, Servers::Single { nats, .. }) => std::slice::from_mut(nats),
+            (Fault::Redis, Servers::Single { redis, .. }) => std::slice::from_mut(&mut **redis),
+            (Fault::Nats, Servers::Single { nats, .. }) => std::slice::from_mut(&mut **nats),
             _ => &mut [],
         }
     }
