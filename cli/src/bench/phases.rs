@@ -547,7 +547,7 @@ pub async fn cancel(client: &FleetClient, turns: usize, progress: &Progress) -> 
             }
             Err(error) => {
                 failed += 1;
-                progress.note(&format!("  cancel failed: {error:#}"));
+                progress.note(format!("  cancel failed: {error:#}"));
             }
         }
     }
