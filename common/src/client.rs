@@ -214,6 +214,19 @@ impl FleetClient {
     /// its `final` at once; an id this frontend never submitted, or one past its
     /// retention, ends with an `error` event whose code is `unknown_turn`.
     pub async fn attach(&self, turn_id: &str) -> Result<TurnStream, ClientError> {
+        self.attach_from(turn_id, None, 0).await
+    }
+
+    /// Like [`FleetClient::attach`], from the event after `after_seq` (the last one the
+    /// caller holds, such as an SSE `Last-Event-ID`), for `tenant` when this frontend
+    /// serves several: this frontend's turn of another tenant ends the stream with an
+    /// `error` whose code is `tenant_not_allowed`.
+    pub async fn attach_from(
+        &self,
+        turn_id: &str,
+        tenant: Option<&str>,
+        after_seq: u64,
+    ) -> Result<TurnStream, ClientError> {
         if !valid_turn_id(turn_id) {
             return Err(ClientError::new(
                 ClientErrorKind::InvalidRequest,
@@ -221,6 +234,9 @@ impl FleetClient {
             ));
         }
         let mut stream = self.stream(turn_id.to_string(), None).await?;
+        stream.tenant = tenant.map(str::to_string);
+        stream.next_seq = after_seq.saturating_add(1);
+        stream.resumed_from = after_seq;
         stream.ask().await?;
         Ok(stream)
     }
@@ -300,7 +316,9 @@ impl FleetClient {
             inbox,
             submission,
             attach_subject: self.attach_subject.clone(),
+            tenant: None,
             next_seq: 1,
+            resumed_from: 0,
             early: BTreeMap::new(),
             probe: PROBE_START,
             refusal: None,
@@ -420,8 +438,12 @@ pub struct TurnStream {
     /// The request, until the turn is accepted (its first stored event arrives).
     submission: Option<Submission>,
     attach_subject: String,
+    /// The tenant attach requests name (a frontend serving several tenants).
+    tenant: Option<String>,
     /// The `seq` of the next event to hand out; every lower one was handed out.
     next_seq: u64,
+    /// The `seq` the stream was attached after (0: from the first event).
+    resumed_from: u64,
     /// Events that arrived ahead of a gap, by `seq`.
     early: BTreeMap<u64, TurnEvent>,
     /// The current silence before the next probe.
@@ -439,7 +461,7 @@ impl TurnStream {
 
     /// Whether the turn was accepted: an event stored with it arrived.
     pub fn accepted(&self) -> bool {
-        self.next_seq > 1
+        self.next_seq > self.resumed_from + 1
     }
 
     /// The last `seq` handed out (0 before any).
@@ -538,6 +560,7 @@ impl TurnStream {
                 let request = AttachRequest {
                     turn_id: self.turn_id.clone(),
                     after_seq: self.last_seq(),
+                    tenant_id: self.tenant.clone(),
                 };
                 let body = serde_json::to_vec(&request).map_err(|e| {
                     ClientError::new(ClientErrorKind::InvalidRequest, e.to_string())

@@ -51,6 +51,11 @@ pub struct AttachRequest {
     /// The last `seq` the frontend holds; 0 replays every event.
     #[serde(default)]
     pub after_seq: u64,
+    /// The tenant the turn must belong to (a frontend serving several tenants, like the
+    /// HTTP gateway, sets it): a turn of this frontend but of another tenant is answered
+    /// with `tenant_not_allowed` and not attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<String>,
 }
 
 /// A frontend's request to cancel a turn it submitted: the turn ends at once with one

@@ -19,6 +19,7 @@ use tracing::warn;
 
 use crate::callers::Caller;
 use crate::events;
+use crate::join::Attached;
 use crate::startup::Replica;
 
 /// Handles one message on the attach subject.
@@ -41,10 +42,11 @@ pub(crate) async fn handle_attach_message(replica: Arc<Replica>, message: async_
         }
     };
     let caller = caller.frontend.unwrap_or_default();
+    let tenant = request.tenant_id.as_deref().filter(|t| !t.is_empty());
     replay(
         &replica,
         &request.turn_id,
-        &caller,
+        (&caller, tenant),
         &reply,
         request.after_seq,
     )
@@ -52,17 +54,33 @@ pub(crate) async fn handle_attach_message(replica: Arc<Replica>, message: async_
 }
 
 /// Points the turn's later events at `reply` and sends it the stored events after
-/// `after_seq`; `unknown_turn` when the turn is not `caller`'s or not stored.
+/// `after_seq`; `unknown_turn` when the turn is not the caller's (the frontend, and the
+/// tenant when one is named) or not stored, `tenant_not_allowed` when it is the
+/// frontend's turn of another tenant.
 pub(crate) async fn replay(
     replica: &Replica,
     turn_id: &str,
-    caller: &str,
+    (caller, tenant): (&str, Option<&str>),
     reply: &str,
     after_seq: u64,
 ) {
-    match replica.join.attach(turn_id, caller, reply, after_seq).await {
-        Ok(Some(stored)) => events::publish_stored(replica, reply, after_seq + 1, &stored).await,
-        Ok(None) => {
+    match replica
+        .join
+        .attach(turn_id, caller, tenant, reply, after_seq)
+        .await
+    {
+        Ok(Attached::Events(stored)) => {
+            events::publish_stored(replica, reply, after_seq + 1, &stored).await
+        }
+        Ok(Attached::OtherTenant) => {
+            let error = CallError::fatal(
+                turn_codes::TENANT_NOT_ALLOWED,
+                format!("turn {turn_id} belongs to another tenant"),
+            );
+            let event = events::turn_error(Some(turn_id), error);
+            events::publish_unstored(replica, reply, &event).await;
+        }
+        Ok(Attached::UnknownTurn) => {
             let error = CallError::fatal(
                 turn_codes::UNKNOWN_TURN,
                 format!("no turn {turn_id} is stored for this frontend"),

@@ -335,7 +335,7 @@ pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>) -> Admission {
     match create(replica, turn).await {
         Ok(Created::New) => Admission::New,
         Ok(Created::Exists { same_caller: true }) => {
-            attach::replay(replica, &turn_id, &caller, &reply, 0).await;
+            attach::replay(replica, &turn_id, (&caller, None), &reply, 0).await;
             Admission::Replayed
         }
         Ok(Created::Exists { same_caller: false }) => Admission::Refused(CallError::fatal(

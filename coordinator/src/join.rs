@@ -189,10 +189,12 @@ return {'emitted', reply, last - #events + 1}
 
 /// Sends a turn's later events to a new reply subject and returns the stored events
 /// after a seq, in one step, so nothing falls between the two. KEYS: meta, events.
-/// ARGV: caller, reply, after_seq. Another caller's turn reads as unknown.
+/// ARGV: caller, reply, after_seq, tenant ('' for any). Another caller's turn reads as
+/// unknown; this caller's turn of another tenant is `other_tenant`, left as it is.
 const ATTACH: &str = r#"
-local meta = redis.call('HMGET', KEYS[1], 'caller', 'state')
+local meta = redis.call('HMGET', KEYS[1], 'caller', 'state', 'tenant')
 if not meta[2] or (meta[1] or '') ~= ARGV[1] then return {'unknown'} end
+if ARGV[4] ~= '' and meta[3] ~= ARGV[4] then return {'other_tenant'} end
 redis.call('HSET', KEYS[1], 'reply', ARGV[2])
 return {'attached', redis.call('LRANGE', KEYS[2], tonumber(ARGV[3]), -1)}
 "#;
@@ -318,6 +320,17 @@ pub enum Finalized {
         /// How it ended (`complete`, `deadline`, `cancelled`).
         ended: String,
     },
+}
+
+/// What attaching to a turn found.
+#[derive(Debug, Clone)]
+pub enum Attached {
+    /// No such turn for this caller.
+    UnknownTurn,
+    /// This caller's turn, but of another tenant than the one asked for.
+    OtherTenant,
+    /// The stored events after the seq asked for; later ones follow.
+    Events(Vec<String>),
 }
 
 /// What a cancel request did to a turn.
@@ -720,30 +733,37 @@ impl JoinStore {
     }
 
     /// Sends the turn's later events to `reply` and returns its stored events after
-    /// `after_seq`; `None` for an unknown turn or another caller's.
+    /// `after_seq`, for `caller` (and `tenant`, when given).
     pub async fn attach(
         &self,
         turn_id: &str,
         caller: &str,
+        tenant: Option<&str>,
         reply: &str,
         after_seq: u64,
-    ) -> Result<Option<Vec<String>>, JoinError> {
+    ) -> Result<Attached, JoinError> {
         let mut invocation = self.attach.prepare_invoke();
         for key in self.log_keys(turn_id) {
             invocation.key(key);
         }
-        invocation.arg(caller).arg(reply).arg(after_seq);
+        invocation
+            .arg(caller)
+            .arg(reply)
+            .arg(after_seq)
+            .arg(tenant.unwrap_or_default());
         let mut redis = self.redis.clone();
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
-        if string_at(&reply, 0)? != "attached" {
-            return Ok(None);
+        match string_at(&reply, 0)?.as_str() {
+            "attached" => {}
+            "other_tenant" => return Ok(Attached::OtherTenant),
+            _ => return Ok(Attached::UnknownTurn),
         }
         let events = match reply.get(1) {
             Some(v) => Vec::<String>::from_redis_value(v.clone())
                 .map_err(|e| JoinError::Decode(e.to_string()))?,
             None => Vec::new(),
         };
-        Ok(Some(events))
+        Ok(Attached::Events(events))
     }
 
     /// Every stored event of a turn and where they go, for sending a stored `final`

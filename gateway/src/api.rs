@@ -25,7 +25,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::{API_KEY_HEADER, SECURITY_SCHEME};
 use crate::error::ApiError;
 use crate::trace::{add_traceparent, RecordFailure, RecordStatus, ServerSpan};
-use crate::{catalog, page, turns, Gateway};
+use crate::{catalog, page, stored, turns, Gateway};
 
 /// The router of `gateway`, with every layer.
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -85,6 +85,43 @@ fn api_routes() -> ApiRouter<Arc<Gateway>> {
             }),
         )
         .api_route(
+            "/v1/turns/{turn_id}",
+            get_with(stored::get, |op| {
+                op.id("getTurn")
+                    .tag("turns")
+                    .summary("A turn by id: its stored events and, once it ended, its final")
+                    .description(
+                        "Every event stored so far for a turn of the key's tenant (`status` \
+                         `running`), or every event to its `final` (`status` `ended`), for \
+                         the retention time after its deadline.",
+                    )
+            })
+            .delete_with(stored::cancel, |op| {
+                op.id("cancelTurn")
+                    .tag("turns")
+                    .summary("Cancel a turn")
+                    .description(
+                        "Ends the turn at once with one `final` whose calls without a result \
+                         are `cancelled` (sent to whoever follows it); running tools are told \
+                         to stop and held calls never start. Idempotent: a turn that already \
+                         ended is left as it is (`already_ended`, with how it ended).",
+                    )
+            }),
+        )
+        .api_route(
+            "/v1/turns/{turn_id}/events",
+            get_with(stored::events, |op| {
+                op.id("turnEvents")
+                    .tag("turns")
+                    .summary("A turn's events as Server-Sent Events, resumable")
+                    .description(
+                        "The turn's events after `Last-Event-ID` (or `after`), then its later \
+                         ones until `final`: a browser's `EventSource` reconnects here and \
+                         loses nothing. 204 when the client already holds the `final`.",
+                    )
+            }),
+        )
+        .api_route(
             "/v1/tools",
             get_with(catalog::list, |op| {
                 op.id("listTools")
@@ -139,7 +176,7 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(AllowOrigin::list(allowed))
-            .allow_methods([Method::GET, Method::POST])
+            .allow_methods([Method::GET, Method::POST, Method::DELETE])
             .allow_headers([
                 header::AUTHORIZATION,
                 header::CONTENT_TYPE,

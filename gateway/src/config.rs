@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
+use toolfleet_common::config::{env_in, env_ms_in, env_or, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
 
 /// Where the gateway listens when `TOOLFLEET_GATEWAY_ADDR` is unset.
@@ -56,6 +56,10 @@ pub struct GatewayConfig {
     pub cors_origins: Vec<String>,
     /// Base URL of the Jaeger UI the live page links to (`TOOLFLEET_GATEWAY_JAEGER_URL`).
     pub jaeger_url: String,
+    /// Whether a client that goes away from a turn's event stream before its `final`
+    /// cancels the turn (`TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT`, default `false`: the
+    /// turn runs on and `GET /v1/turns/{id}/events` resumes it).
+    pub cancel_on_disconnect: bool,
 }
 
 impl GatewayConfig {
@@ -82,6 +86,7 @@ impl GatewayConfig {
             final_grace: Duration::from_secs(5),
             cors_origins: Vec::new(),
             jaeger_url: DEFAULT_JAEGER_URL.to_string(),
+            cancel_on_disconnect: false,
         }
     }
 
@@ -132,6 +137,10 @@ impl GatewayConfig {
                 .map(String::from)
                 .collect(),
             jaeger_url: env_string("TOOLFLEET_GATEWAY_JAEGER_URL", DEFAULT_JAEGER_URL),
+            cancel_on_disconnect: env_or(
+                "TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT",
+                d.cancel_on_disconnect,
+            )?,
         })
     }
 }

@@ -136,6 +136,7 @@ impl ApiError {
             }
             turn_codes::DUPLICATE_TURN => StatusCode::CONFLICT,
             turn_codes::TENANT_NOT_ALLOWED => StatusCode::FORBIDDEN,
+            turn_codes::UNKNOWN_TURN => StatusCode::NOT_FOUND,
             _ if error.retryable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::UNPROCESSABLE_ENTITY,
         };

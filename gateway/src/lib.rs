@@ -21,6 +21,7 @@
 //! | `page` | the live turn page at `/` (plain HTML, CSS and JS, no build step) |
 //! | `trace` | the server span with HTTP semantic conventions, `traceparent` in and out |
 //! | `turns` | `POST /v1/turns`, SSE and JSON |
+//! | `stored` | `GET /v1/turns/{id}`, `GET /v1/turns/{id}/events` (resumed after `Last-Event-ID`), `DELETE /v1/turns/{id}` |
 //!
 //! A turn's path: `api` routes `POST /v1/turns` → `trace` opens the server span (parent:
 //! the request's `traceparent`) → `auth` finds the key's tenant and takes a token →
@@ -37,6 +38,7 @@ pub mod extract;
 pub mod keys;
 pub mod limits;
 pub mod page;
+pub mod stored;
 pub mod trace;
 pub mod turns;
 

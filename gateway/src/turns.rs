@@ -154,7 +154,16 @@ pub async fn submit(
         return Err(ApiError::from_turn_error(error));
     }
     if wants_events(&headers) {
-        return Ok(TurnReply::Events(event_stream(first, stream, wait, slot)));
+        // A client that goes away mid-stream cancels the turn when so configured;
+        // otherwise the turn runs on and `GET /v1/turns/{id}/events` resumes it.
+        let on_drop = gateway.config.cancel_on_disconnect.then(|| CancelOnDrop {
+            gateway: Arc::clone(&gateway),
+            turn_id: stream.turn_id().to_string(),
+            tenant: caller.tenant.clone(),
+        });
+        return Ok(TurnReply::Events(event_stream(
+            first, stream, wait, slot, on_drop,
+        )));
     }
     let answer = read_to_final(first, &mut stream, wait, query.events).await?;
     Ok(TurnReply::Json(answer))
@@ -200,19 +209,49 @@ pub fn sse_frame(event: &TurnEvent, seq: Option<u64>) -> String {
     format!("{id}event: {}\ndata: {data}\n\n", event.kind())
 }
 
+/// Cancels a turn when dropped before its last event went out: the HTTP client of its
+/// event stream went away (`TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT`).
+pub struct CancelOnDrop {
+    gateway: Arc<Gateway>,
+    turn_id: String,
+    tenant: String,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.turn_id.is_empty() {
+            return;
+        }
+        let (gateway, turn_id, tenant) = (
+            Arc::clone(&self.gateway),
+            std::mem::take(&mut self.turn_id),
+            std::mem::take(&mut self.tenant),
+        );
+        tokio::spawn(async move {
+            let wait = Duration::from_secs(10);
+            if let Err(error) = gateway.client.cancel(&turn_id, Some(&tenant), wait).await {
+                tracing::warn!(%turn_id, %error, "could not cancel the turn of a client that went away");
+            }
+        });
+    }
+}
+
 /// The event stream of a turn whose first event is `first`; the turn slot is held until
-/// the stream ends or the client goes away.
-fn event_stream(
+/// the stream ends or the client goes away, and `on_drop` (if any) cancels the turn when
+/// the client goes away before its last event.
+pub(crate) fn event_stream(
     first: TurnEvent,
     stream: TurnStream,
     wait: Duration,
     slot: OwnedSemaphorePermit,
+    on_drop: Option<CancelOnDrop>,
 ) -> axum::response::Response {
     // The seq handed out before the first event: the first's own when it was stored.
     let before = stream.last_seq().saturating_sub(1);
-    let state = (Some(first), Some(stream), slot, before);
-    let frames =
-        futures::stream::unfold(state, move |(pending, stream, slot, before)| async move {
+    let state = (Some(first), Some(stream), (slot, on_drop), before);
+    let frames = futures::stream::unfold(
+        state,
+        move |(pending, stream, mut held, before)| async move {
             let mut stream = stream?;
             let event = match pending {
                 Some(event) => event,
@@ -231,9 +270,16 @@ fn event_stream(
             let seq = (stream.last_seq() > before).then_some(stream.last_seq());
             let after = stream.last_seq();
             let next = (!event.is_last()).then_some(stream);
+            if next.is_none() {
+                // The last event goes out: nothing to cancel any more.
+                if let Some(armed) = held.1.as_mut() {
+                    armed.turn_id.clear();
+                }
+            }
             let frame = Ok::<_, std::convert::Infallible>(sse_frame(&event, seq));
-            Some((frame, (None, next, slot, after)))
-        });
+            Some((frame, (None, next, held, after)))
+        },
+    );
     let mut response = Body::from_stream(frames.boxed()).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(EVENT_STREAM));

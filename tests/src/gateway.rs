@@ -176,6 +176,27 @@ pub async fn read_events(response: reqwest::Response) -> Result<Vec<SseEvent>> {
     Ok(events)
 }
 
+/// Reads the first `n` events of `response`, then drops the connection: a client that
+/// goes away mid-stream.
+pub async fn read_first_events(response: reqwest::Response, n: usize) -> Result<Vec<SseEvent>> {
+    let mut body = response.bytes_stream();
+    let mut buffer = String::new();
+    let mut events = Vec::new();
+    while events.len() < n {
+        let chunk = tokio::time::timeout(HTTP_WAIT, body.next())
+            .await
+            .context("the event stream stalled")?
+            .context("the event stream ended early")?;
+        buffer.push_str(std::str::from_utf8(&chunk?)?);
+        while let Some(cut) = buffer.find("\n\n") {
+            let frame: String = buffer.drain(..cut + 2).collect();
+            events.push(parse_frame(&frame)?);
+        }
+    }
+    events.truncate(n);
+    Ok(events)
+}
+
 fn parse_frame(frame: &str) -> Result<SseEvent> {
     let (mut id, mut event, mut data) = (None, String::from("message"), Vec::new());
     for line in frame.lines() {

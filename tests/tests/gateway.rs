@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use toolfleet_tests::fleet::Fleet;
-use toolfleet_tests::gateway::{comparable_final, create_key, read_events, GatewayNode};
+use toolfleet_tests::gateway::{
+    comparable_final, create_key, read_events, read_first_events, GatewayNode,
+};
 use toolfleet_tests::pg::TestDatabase;
 use toolfleet_tests::{eventually_named, read_repo_json};
 
@@ -249,5 +251,203 @@ async fn the_gateway_runs_as_its_own_nats_user_for_any_tenant_of_its_keys() -> R
         let answer: Value = response.json().await?;
         assert_eq!(answer["final"]["text"], format!("hello {tenant}"));
     }
+    Ok(())
+}
+
+/// A decision whose three calls end at 100, 500 and 900 ms.
+fn staggered(turn_id: &str) -> Value {
+    json!({
+        "turn_id": turn_id,
+        "decision": {"type": "tool_calls", "calls": [
+            {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 100}},
+            {"id": "c2", "toolName": "test.behave", "arguments": {"sleep_ms": 500}},
+            {"id": "c3", "toolName": "test.behave", "arguments": {"sleep_ms": 900}}
+        ]}
+    })
+}
+
+fn seq(event: &toolfleet_tests::gateway::SseEvent) -> Result<u64> {
+    Ok(event
+        .id
+        .as_deref()
+        .context("an event without id")?
+        .parse()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_resumes_after_its_last_event_id_and_the_final_arrives_once() -> Result<()>
+{
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let key = create_key(&db, TENANT).await?;
+
+    // The client reads the ack and the first call states, then goes away.
+    let response = gateway.stream_turn(&key, &staggered("resume-1")).await?;
+    assert_eq!(response.status(), 200);
+    let first = read_first_events(response, 2).await?;
+    let last_id = seq(first.last().context("no events")?)?;
+
+    // An EventSource reconnect: the events after Last-Event-ID, then the rest.
+    let response = gateway
+        .http
+        .get(gateway.url("/v1/turns/resume-1/events"))
+        .bearer_auth(&key)
+        .header("last-event-id", last_id.to_string())
+        .send()
+        .await?;
+    assert_eq!(response.status(), 200);
+    let rest = read_events(response).await?;
+    let all: Vec<_> = first.iter().chain(&rest).collect();
+    let ids = all.iter().map(|e| seq(e)).collect::<Result<Vec<_>>>()?;
+    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "{ids:?}");
+    assert_eq!(all.iter().filter(|e| e.event == "final").count(), 1);
+    assert_eq!(all.last().map(|e| e.event.as_str()), Some("final"));
+
+    // The stored turn holds the same events; a client holding the final gets 204.
+    let stored: Value = gateway
+        .http
+        .get(gateway.url("/v1/turns/resume-1"))
+        .bearer_auth(&key)
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(stored["status"], "ended");
+    let stored_events = stored["events"].as_array().context("no events")?;
+    assert_eq!(stored_events.len(), all.len());
+    for (stored, sent) in stored_events.iter().zip(&all) {
+        assert_eq!(stored, &sent.data);
+    }
+    assert_eq!(stored["final"], all[all.len() - 1].data);
+    let done = gateway
+        .http
+        .get(gateway.url(&format!("/v1/turns/resume-1/events?after={}", ids.len())))
+        .bearer_auth(&key)
+        .send()
+        .await?;
+    assert_eq!(done.status(), 204);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_by_id_are_read_and_cancelled_for_their_tenant_only() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let key = create_key(&db, TENANT).await?;
+    let other = create_key(&db, "acme").await?;
+    let get = |key: &str, path: &str| gateway.http.get(gateway.url(path)).bearer_auth(key).send();
+    let delete = |key: &str, path: &str| {
+        gateway
+            .http
+            .delete(gateway.url(path))
+            .bearer_auth(key)
+            .send()
+    };
+
+    assert_eq!(
+        error_code(get(&key, "/v1/turns/never-submitted").await?).await?,
+        (404, "unknown_turn".into())
+    );
+    // A running turn: its events so far; another tenant's key may neither read nor
+    // cancel it.
+    let long = json!({"turn_id": "by-id-1", "decision": {"type": "tool_calls", "calls": [
+        {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 5000}}
+    ]}});
+    let submitted = gateway.stream_turn(&key, &long).await?;
+    let first = read_first_events(submitted, 1).await?;
+    assert_eq!(first[0].event, "ack");
+    let running: Value = get(&key, "/v1/turns/by-id-1").await?.json().await?;
+    assert_eq!(running["status"], "running", "{running}");
+    assert!(running.get("final").is_none());
+    assert_eq!(
+        error_code(get(&other, "/v1/turns/by-id-1").await?).await?,
+        (403, "tenant_not_allowed".into())
+    );
+    assert_eq!(
+        error_code(delete(&other, "/v1/turns/by-id-1").await?).await?,
+        (404, "unknown_turn".into())
+    );
+
+    // Cancelled by its own key: ended at once, the call `cancelled`; again: unchanged.
+    let cancelled = delete(&key, "/v1/turns/by-id-1").await?;
+    assert_eq!(cancelled.status(), 200);
+    let cancelled: Value = cancelled.json().await?;
+    assert_eq!(cancelled["outcome"], "cancelled", "{cancelled}");
+    let ended: Value = get(&key, "/v1/turns/by-id-1").await?.json().await?;
+    assert_eq!(ended["status"], "ended", "{ended}");
+    assert_eq!(ended["final"]["results"][0]["state"], "cancelled");
+    let again: Value = delete(&key, "/v1/turns/by-id-1").await?.json().await?;
+    assert_eq!(again["outcome"], "already_ended");
+    assert_eq!(again["ended"], "cancelled");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_retry_of_the_same_turn_id_attaches_and_runs_the_calls_once() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let key = create_key(&db, TENANT).await?;
+    let mut progress = fleet.subscribe_progress().await?;
+    let body = staggered("http-retry-1");
+    let (first, second) = tokio::join!(gateway.json_turn(&key, &body), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        gateway.json_turn(&key, &body).await
+    });
+    let first: Value = first?.json().await?;
+    let second: Value = second?.json().await?;
+    assert_eq!(first["final"], second["final"]);
+    assert_eq!(first["final"]["summary"]["ok"], 3, "{first}");
+    let mut starts = 0;
+    let until = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(Some(message)) =
+        tokio::time::timeout_at(until, futures::StreamExt::next(&mut progress)).await
+    {
+        if message.subject.ends_with(".http-retry-1")
+            && String::from_utf8_lossy(&message.payload).contains("\"started\"")
+        {
+            starts += 1;
+        }
+    }
+    assert_eq!(starts, 3, "each call started once");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_its_turn_when_so_configured() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(
+        &fleet,
+        &db,
+        &[("TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT", "true")],
+    )
+    .await?;
+    let key = create_key(&db, TENANT).await?;
+    let long = json!({"turn_id": "gone-1", "decision": {"type": "tool_calls", "calls": [
+        {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 5000}}
+    ]}});
+    let response = gateway.stream_turn(&key, &long).await?;
+    let first = read_first_events(response, 1).await?;
+    assert_eq!(first[0].event, "ack");
+    // The connection is closed: the turn ends well before its call would.
+    let stored = eventually_named("the turn is cancelled", Duration::from_secs(3), || async {
+        let response = gateway
+            .http
+            .get(gateway.url("/v1/turns/gone-1"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .ok()?;
+        let stored: Value = response.json().await.ok()?;
+        (stored["status"] == "ended").then_some(stored)
+    })
+    .await?;
+    assert_eq!(
+        stored["final"]["results"][0]["state"], "cancelled",
+        "{stored}"
+    );
     Ok(())
 }

@@ -1,0 +1,345 @@
+//! A turn by id: `GET /v1/turns/{turn_id}` (its stored events and, once it ended, its
+//! `final`), `GET /v1/turns/{turn_id}/events` (the same as Server-Sent Events, resumed
+//! after `Last-Event-ID` so a browser's `EventSource` reconnect loses nothing) and
+//! `DELETE /v1/turns/{turn_id}` (cancel it).
+//!
+//! Owns reading a stored turn through the client's attach (with the key's tenant, so a
+//! key never reads or cancels another tenant's turn) and answering in JSON or SSE.
+//! Never talks to Redis: the coordinators do.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use aide::generate::GenContext;
+use aide::openapi::{MediaType, Operation, Response, SchemaObject, StatusCode as DocStatus};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use toolfleet_common::client::TurnStream;
+use toolfleet_common::turn::{CancelOutcome, CancelReply};
+use toolfleet_common::TurnEvent;
+
+use crate::auth::Caller;
+use crate::error::{error_response, ApiError};
+use crate::extract::ApiQuery;
+use crate::turns::{event_stream, EVENT_STREAM};
+use crate::Gateway;
+
+/// How long the gateway waits for the first stored event of a turn it attaches to.
+const FIRST_EVENT_WAIT: Duration = Duration::from_secs(5);
+/// After this long without a further event, a turn read by `GET /v1/turns/{id}` counts
+/// as still running (every stored event is replayed at once).
+const REPLAY_IDLE: Duration = Duration::from_millis(250);
+/// How long `DELETE /v1/turns/{id}` waits for a coordinator to answer.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);
+
+/// A turn id in the path.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+pub struct TurnPath {
+    /// The turn id.
+    pub turn_id: String,
+}
+
+/// Query of `GET /v1/turns/{turn_id}/events`.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+pub struct EventsQuery {
+    /// Resume after this event id (`seq`), as the `Last-Event-ID` header does (the header
+    /// wins when both are given).
+    #[serde(default)]
+    pub after: Option<u64>,
+}
+
+/// Whether a stored turn has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnStatus {
+    /// Calls are still running; later events follow.
+    Running,
+    /// The turn ended: `final` holds its end.
+    Ended,
+}
+
+/// A stored turn.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct StoredTurn {
+    /// The turn id.
+    pub turn_id: String,
+    /// Running or ended.
+    pub status: TurnStatus,
+    /// Every event stored so far, in `seq` order (an event's `seq` is its position, from
+    /// 1).
+    pub events: Vec<TurnEvent>,
+    /// The `final` event once the turn ended.
+    #[serde(rename = "final", default, skip_serializing_if = "Option::is_none")]
+    pub final_event: Option<TurnEvent>,
+}
+
+/// The next event of an attached stream, a turn-level `error` mapped to its HTTP status.
+async fn next(stream: &mut TurnStream, wait: Duration) -> Result<TurnEvent, ApiError> {
+    let event = stream.next_event(wait).await?;
+    if let TurnEvent::Error { error, .. } = &event {
+        return Err(ApiError::from_turn_error(error));
+    }
+    Ok(event)
+}
+
+/// `GET /v1/turns/{turn_id}`.
+pub async fn get(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path(path): Path<TurnPath>,
+) -> Result<StoredAnswer, ApiError> {
+    gateway.nats_connected()?;
+    let mut stream = gateway
+        .client
+        .attach_from(&path.turn_id, Some(&caller.tenant), 0)
+        .await?;
+    let mut events = vec![next(&mut stream, FIRST_EVENT_WAIT).await?];
+    while !events.last().is_some_and(TurnEvent::is_last) {
+        match stream.next_event(REPLAY_IDLE).await {
+            Ok(TurnEvent::Error { error, .. }) => return Err(ApiError::from_turn_error(&error)),
+            Ok(event) => events.push(event),
+            Err(_) => break,
+        }
+    }
+    let final_event = events.last().filter(|e| e.is_last()).cloned();
+    Ok(StoredAnswer(StoredTurn {
+        turn_id: path.turn_id,
+        status: if final_event.is_some() {
+            TurnStatus::Ended
+        } else {
+            TurnStatus::Running
+        },
+        events,
+        final_event,
+    }))
+}
+
+/// The answer to `GET /v1/turns/{turn_id}`.
+pub struct StoredAnswer(pub StoredTurn);
+
+impl IntoResponse for StoredAnswer {
+    fn into_response(self) -> axum::response::Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+impl aide::OperationOutput for StoredAnswer {
+    type Inner = StoredTurn;
+
+    fn operation_response(ctx: &mut GenContext, operation: &mut Operation) -> Option<Response> {
+        <axum::Json<StoredTurn> as aide::OperationOutput>::operation_response(ctx, operation)
+    }
+
+    fn inferred_responses(
+        ctx: &mut GenContext,
+        operation: &mut Operation,
+    ) -> Vec<(Option<DocStatus>, Response)> {
+        let mut out: Vec<(Option<DocStatus>, Response)> = Self::operation_response(ctx, operation)
+            .map(|ok| (Some(DocStatus::Code(200)), ok))
+            .into_iter()
+            .collect();
+        out.extend(turn_errors(ctx));
+        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
+            ctx, operation,
+        ));
+        out
+    }
+}
+
+/// The event id a reconnecting client holds: `Last-Event-ID`, else `?after=`.
+fn resume_after(headers: &HeaderMap, query: &EventsQuery) -> Result<u64, ApiError> {
+    match headers.get("last-event-id") {
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| ApiError::invalid_request("Last-Event-ID must be an event's seq")),
+        None => Ok(query.after.unwrap_or(0)),
+    }
+}
+
+/// `GET /v1/turns/{turn_id}/events`.
+pub async fn events(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path(path): Path<TurnPath>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<ResumedEvents, ApiError> {
+    let after = resume_after(&headers, &query)?;
+    let slot = gateway.slots.try_take().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            crate::error::codes::OVERLOADED,
+            "the gateway follows as many turns as it may",
+        )
+        .retry_after(1)
+    })?;
+    gateway.nats_connected()?;
+    // The whole turn is replayed and what the client holds skipped here, so a client
+    // that already has the `final` is told so (204) instead of waiting for nothing.
+    let mut stream = gateway
+        .client
+        .attach_from(&path.turn_id, Some(&caller.tenant), 0)
+        .await?;
+    let wait = gateway.event_wait(None);
+    let mut event = next(&mut stream, FIRST_EVENT_WAIT).await?;
+    while stream.last_seq() <= after {
+        if event.is_last() {
+            return Ok(ResumedEvents::Done);
+        }
+        event = next(&mut stream, wait).await?;
+    }
+    Ok(ResumedEvents::Stream(event_stream(
+        event, stream, wait, slot, None,
+    )))
+}
+
+/// What `GET /v1/turns/{turn_id}/events` answers.
+pub enum ResumedEvents {
+    /// The events after the client's last one, as SSE.
+    Stream(axum::response::Response),
+    /// The client holds every event, the `final` included: nothing more will come.
+    Done,
+}
+
+impl IntoResponse for ResumedEvents {
+    fn into_response(self) -> axum::response::Response {
+        match self {
+            Self::Stream(response) => response,
+            Self::Done => StatusCode::NO_CONTENT.into_response(),
+        }
+    }
+}
+
+impl aide::OperationOutput for ResumedEvents {
+    type Inner = ();
+
+    fn operation_response(_: &mut GenContext, _: &mut Operation) -> Option<Response> {
+        let mut response = Response {
+            description: "The turn's events after the client's last one as Server-Sent \
+                Events (`id:` the event's seq, `event:` its type, `data:` its JSON), \
+                following the turn until `final` or `error`."
+                .into(),
+            ..Default::default()
+        };
+        response.content.insert(
+            EVENT_STREAM.into(),
+            MediaType {
+                schema: Some(SchemaObject {
+                    json_schema: schemars::json_schema!({"type": "string"}),
+                    example: None,
+                    external_docs: None,
+                }),
+                ..Default::default()
+            },
+        );
+        Some(response)
+    }
+
+    fn inferred_responses(
+        ctx: &mut GenContext,
+        operation: &mut Operation,
+    ) -> Vec<(Option<DocStatus>, Response)> {
+        let mut out: Vec<(Option<DocStatus>, Response)> = Self::operation_response(ctx, operation)
+            .map(|ok| (Some(DocStatus::Code(200)), ok))
+            .into_iter()
+            .collect();
+        out.push((
+            Some(DocStatus::Code(204)),
+            Response {
+                description: "The client holds every event of the ended turn.".into(),
+                ..Default::default()
+            },
+        ));
+        out.extend(turn_errors(ctx));
+        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
+            ctx, operation,
+        ));
+        out
+    }
+}
+
+/// The errors of an operation on a turn by id.
+fn turn_errors(ctx: &mut GenContext) -> Vec<(Option<DocStatus>, Response)> {
+    [
+        (
+            403,
+            "The turn belongs to another tenant than the key's (`tenant_not_allowed`).",
+        ),
+        (
+            404,
+            "No turn with this id is stored (`unknown_turn`), or it is past its retention.",
+        ),
+    ]
+    .into_iter()
+    .map(|(status, what)| {
+        (
+            Some(DocStatus::Code(status)),
+            error_response(ctx, status, what),
+        )
+    })
+    .collect()
+}
+
+/// `DELETE /v1/turns/{turn_id}`: cancels the turn.
+pub async fn cancel(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path(path): Path<TurnPath>,
+) -> Result<Cancelled, ApiError> {
+    gateway.nats_connected()?;
+    let reply = gateway
+        .client
+        .cancel(&path.turn_id, Some(&caller.tenant), CANCEL_WAIT)
+        .await?;
+    match reply.outcome {
+        CancelOutcome::Cancelled | CancelOutcome::AlreadyEnded => Ok(Cancelled(reply)),
+        CancelOutcome::UnknownTurn => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            toolfleet_common::turn::turn_codes::UNKNOWN_TURN,
+            format!("no turn {} is stored for this key's tenant", path.turn_id),
+        )),
+        CancelOutcome::InvalidRequest => Err(ApiError::invalid_request(format!(
+            "turn id {:?} must be 1-64 characters of [A-Za-z0-9_-]",
+            path.turn_id
+        ))),
+        CancelOutcome::Unavailable => Err(ApiError::unavailable("the turn store is unavailable")),
+    }
+}
+
+/// The answer to `DELETE /v1/turns/{turn_id}`: what the cancel did
+/// (`cancelled`, or `already_ended` with how the turn ended).
+pub struct Cancelled(pub CancelReply);
+
+impl IntoResponse for Cancelled {
+    fn into_response(self) -> axum::response::Response {
+        axum::Json(self.0).into_response()
+    }
+}
+
+impl aide::OperationOutput for Cancelled {
+    type Inner = CancelReply;
+
+    fn operation_response(ctx: &mut GenContext, operation: &mut Operation) -> Option<Response> {
+        <axum::Json<CancelReply> as aide::OperationOutput>::operation_response(ctx, operation)
+    }
+
+    fn inferred_responses(
+        ctx: &mut GenContext,
+        operation: &mut Operation,
+    ) -> Vec<(Option<DocStatus>, Response)> {
+        let mut out: Vec<(Option<DocStatus>, Response)> = Self::operation_response(ctx, operation)
+            .map(|ok| (Some(DocStatus::Code(200)), ok))
+            .into_iter()
+            .collect();
+        out.extend(turn_errors(ctx));
+        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
+            ctx, operation,
+        ));
+        out
+    }
+}
