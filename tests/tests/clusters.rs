@@ -21,7 +21,8 @@ use toolfleet_common::{
     CallResult, CallState, FleetClient, JobEnvelope, Names, ToolCall, TurnEvent,
 };
 use toolfleet_coordinator::join::{
-    CallEntry, Cancelled, Created, Emitted, Finalized, JoinStore, NewTurn, Recorded, StoredFinal,
+    Attached, CallEntry, Cancelled, Created, Emitted, Finalized, JoinStore, NewTurn, Recorded,
+    StoredFinal,
 };
 use toolfleet_tests::fleet::{
     call, coordinator_settings, tool_calls, turn, worker_settings, Running,
@@ -121,8 +122,13 @@ async fn every_script_once(store: &JoinStore, turn_id: &str) -> Result<()> {
         Emitted::Stored { first_seq, .. } => assert_eq!(first_seq, 2, "EMIT"),
         other => bail!("EMIT: {other:?}"),
     }
-    let attached = store.attach(turn_id, "frontend", "reply.two", 0).await?;
-    assert_eq!(attached.map(|e| e.len()), Some(2), "ATTACH");
+    match store
+        .attach(turn_id, "frontend", Some("acme"), "reply.two", 0)
+        .await?
+    {
+        Attached::Events(events) => assert_eq!(events.len(), 2, "ATTACH"),
+        other => bail!("ATTACH: {other:?}"),
+    }
     match store
         .record(turn_id, "k0", &result("c0"), "{\"s\":0}")
         .await?
