@@ -210,6 +210,37 @@ const COMMON_ERRORS: [(u16, &str); 5] = [
     (503, "The fleet cannot take the request now (`unavailable`, `overloaded`, `timeout`); see `Retry-After`."),
 ];
 
+/// The documented responses of an operation: `ok` as 200, then `extra` (other answers
+/// such as 204), its own errors (`status`, description), then the errors every
+/// authenticated operation may answer.
+pub fn documented_responses(
+    ctx: &mut GenContext,
+    operation: &mut Operation,
+    ok: Option<Response>,
+    extra: Vec<(u16, Response)>,
+    errors: &[(u16, &str)],
+) -> Vec<(Option<DocStatus>, Response)> {
+    let mut out: Vec<(Option<DocStatus>, Response)> = ok
+        .map(|ok| (Some(DocStatus::Code(200)), ok))
+        .into_iter()
+        .chain(
+            extra
+                .into_iter()
+                .map(|(s, r)| (Some(DocStatus::Code(s)), r)),
+        )
+        .collect();
+    for (status, what) in errors {
+        out.push((
+            Some(DocStatus::Code(*status)),
+            error_response(ctx, *status, what),
+        ));
+    }
+    out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
+        ctx, operation,
+    ));
+    out
+}
+
 /// The documented error response with `description`; `Retry-After` for 429 and 503.
 pub fn error_response(ctx: &mut GenContext, status: u16, description: &str) -> Response {
     let json_schema = ctx.schema.subschema_for::<ErrorBody>();

@@ -22,7 +22,7 @@ use toolfleet_common::turn::{CancelOutcome, CancelReply};
 use toolfleet_common::TurnEvent;
 
 use crate::auth::Caller;
-use crate::error::{error_response, ApiError};
+use crate::error::{documented_responses, ApiError};
 use crate::extract::ApiQuery;
 use crate::turns::{event_stream, EVENT_STREAM};
 use crate::Gateway;
@@ -137,15 +137,8 @@ impl aide::OperationOutput for StoredAnswer {
         ctx: &mut GenContext,
         operation: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
-        let mut out: Vec<(Option<DocStatus>, Response)> = Self::operation_response(ctx, operation)
-            .map(|ok| (Some(DocStatus::Code(200)), ok))
-            .into_iter()
-            .collect();
-        out.extend(turn_errors(ctx));
-        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
-            ctx, operation,
-        ));
-        out
+        let ok = Self::operation_response(ctx, operation);
+        documented_responses(ctx, operation, ok, Vec::new(), &TURN_ERRORS)
     }
 }
 
@@ -244,46 +237,26 @@ impl aide::OperationOutput for ResumedEvents {
         ctx: &mut GenContext,
         operation: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
-        let mut out: Vec<(Option<DocStatus>, Response)> = Self::operation_response(ctx, operation)
-            .map(|ok| (Some(DocStatus::Code(200)), ok))
-            .into_iter()
-            .collect();
-        out.push((
-            Some(DocStatus::Code(204)),
-            Response {
-                description: "The client holds every event of the ended turn.".into(),
-                ..Default::default()
-            },
-        ));
-        out.extend(turn_errors(ctx));
-        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
-            ctx, operation,
-        ));
-        out
+        let ok = Self::operation_response(ctx, operation);
+        let done = Response {
+            description: "The client holds every event of the ended turn.".into(),
+            ..Default::default()
+        };
+        documented_responses(ctx, operation, ok, vec![(204, done)], &TURN_ERRORS)
     }
 }
 
 /// The errors of an operation on a turn by id.
-fn turn_errors(ctx: &mut GenContext) -> Vec<(Option<DocStatus>, Response)> {
-    [
-        (
-            403,
-            "The turn belongs to another tenant than the key's (`tenant_not_allowed`).",
-        ),
-        (
-            404,
-            "No turn with this id is stored (`unknown_turn`), or it is past its retention.",
-        ),
-    ]
-    .into_iter()
-    .map(|(status, what)| {
-        (
-            Some(DocStatus::Code(status)),
-            error_response(ctx, status, what),
-        )
-    })
-    .collect()
-}
+const TURN_ERRORS: [(u16, &str); 2] = [
+    (
+        403,
+        "The turn belongs to another tenant than the key's (`tenant_not_allowed`).",
+    ),
+    (
+        404,
+        "No turn with this id is stored (`unknown_turn`), or it is past its retention.",
+    ),
+];
 
 /// `DELETE /v1/turns/{turn_id}`: cancels the turn.
 pub async fn cancel(
@@ -332,14 +305,7 @@ impl aide::OperationOutput for Cancelled {
         ctx: &mut GenContext,
         operation: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
-        let mut out: Vec<(Option<DocStatus>, Response)> = Self::operation_response(ctx, operation)
-            .map(|ok| (Some(DocStatus::Code(200)), ok))
-            .into_iter()
-            .collect();
-        out.extend(turn_errors(ctx));
-        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
-            ctx, operation,
-        ));
-        out
+        let ok = Self::operation_response(ctx, operation);
+        documented_responses(ctx, operation, ok, Vec::new(), &TURN_ERRORS)
     }
 }

@@ -29,7 +29,7 @@ use toolfleet_common::turn::{normalize_tenant, valid_turn_id, TurnOptions};
 use toolfleet_common::{CallError, TurnEvent, TurnRequest};
 
 use crate::auth::Caller;
-use crate::error::{codes, error_response, string_header, ApiError};
+use crate::error::{codes, documented_responses, string_header, ApiError};
 use crate::extract::{ApiJson, ApiQuery};
 use crate::Gateway;
 
@@ -354,20 +354,8 @@ impl aide::OperationOutput for TurnReply {
         ctx: &mut GenContext,
         operation: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
-        let mut out: Vec<(Option<DocStatus>, Response)> = Self::operation_response(ctx, operation)
-            .map(|ok| (Some(DocStatus::Code(200)), ok))
-            .into_iter()
-            .collect();
-        for (status, what) in TURN_ERRORS {
-            out.push((
-                Some(DocStatus::Code(status)),
-                error_response(ctx, status, what),
-            ));
-        }
-        out.extend(<ApiError as aide::OperationOutput>::inferred_responses(
-            ctx, operation,
-        ));
-        out
+        let ok = Self::operation_response(ctx, operation);
+        documented_responses(ctx, operation, ok, Vec::new(), &TURN_ERRORS)
     }
 }
 

@@ -105,8 +105,27 @@ impl Drop for Running {
     }
 }
 
+/// Subscribes to the cancelled turns of `names` and follows them in the background: the
+/// table the calls of this worker take their tokens from.
+pub(crate) async fn follow_cancelled(
+    nats: &async_nats::Client,
+    names: &toolfleet_common::Names,
+) -> Result<Cancellations, crate::WorkerError> {
+    let subject = names.turn_cancelled_any();
+    let subscriber =
+        nats.subscribe(subject.clone())
+            .await
+            .map_err(|e| crate::WorkerError::Subscribe {
+                subject,
+                message: e.to_string(),
+            })?;
+    let cancellations = Cancellations::default();
+    tokio::spawn(follow(cancellations.clone(), subscriber));
+    Ok(cancellations)
+}
+
 /// Fires the tokens of turns cancelled on `subscriber` until it ends.
-pub(crate) async fn follow(cancellations: Cancellations, mut subscriber: async_nats::Subscriber) {
+async fn follow(cancellations: Cancellations, mut subscriber: async_nats::Subscriber) {
     use futures::StreamExt;
     while let Some(message) = subscriber.next().await {
         if let Some(turn_id) = message.subject.rsplit('.').next() {

@@ -211,15 +211,7 @@ pub async fn run_set(
     let js = jetstream::new(nats.clone());
     let (jobs_stream, _) = ensure_streams(&js, &names).await?;
     // Cancelled turns: followed before any job is taken.
-    let cancellations = cancel::Cancellations::default();
-    let cancelled = nats
-        .subscribe(names.turn_cancelled_any())
-        .await
-        .map_err(|e| WorkerError::Subscribe {
-            subject: names.turn_cancelled_any(),
-            message: e.to_string(),
-        })?;
-    tokio::spawn(cancel::follow(cancellations.clone(), cancelled));
+    let cancellations = cancel::follow_cancelled(&nats, &names).await?;
     health.set_phase("connecting to Redis");
     let redis = toolfleet_common::redis_client::connect(
         &config.redis_url,
