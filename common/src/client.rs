@@ -183,9 +183,22 @@ impl FleetClient {
             None => uuid::Uuid::new_v4().simple().to_string(),
         };
         request.turn_id = Some(turn_id.clone());
-        let payload = serde_json::to_vec(&request)
-            .map_err(|e| ClientError::new(ClientErrorKind::InvalidRequest, e.to_string()))?;
+        let encode = |request: &TurnRequest| {
+            serde_json::to_vec(request)
+                .map_err(|e| ClientError::new(ClientErrorKind::InvalidRequest, e.to_string()))
+        };
+        let mut payload = encode(&request)?;
         let max = self.nats.server_info().max_payload;
+        if max > 0 && payload.len() > max {
+            // The calls whose arguments do not fit fail alone (`arguments_too_large`).
+            let rest = payload.len() - serde_json::to_vec(&request.decision).map_or(0, |d| d.len());
+            // Headers (trace context, turn id) ride in the same message.
+            let room = max.saturating_sub(rest + 4096);
+            let len = |d: &Value| serde_json::to_vec(d).map_or(usize::MAX, |d| d.len());
+            if crate::oversize::fit_decision(&mut request.decision, room, len).is_some() {
+                payload = encode(&request)?;
+            }
+        }
         if max > 0 && payload.len() > max {
             return Err(ClientError::new(
                 ClientErrorKind::PayloadTooLarge,

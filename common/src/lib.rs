@@ -40,6 +40,7 @@ pub mod job;
 pub mod mcp;
 pub mod metrics;
 pub mod names;
+pub mod oversize;
 #[cfg(feature = "redis")]
 pub mod ready;
 #[cfg(feature = "redis")]

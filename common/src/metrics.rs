@@ -373,6 +373,8 @@ impl FleetMetrics {
             t::UNAVAILABLE,
             t::TENANT_NOT_ALLOWED,
             t::REPLY_NOT_ALLOWED,
+            t::CONTEXT_TOO_LARGE,
+            t::OVERLOADED,
         ];
         let code = known.into_iter().find(|k| *k == code).unwrap_or("other");
         self.count(names::TURNS_REFUSED, "code", code);

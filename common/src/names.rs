@@ -199,14 +199,52 @@ impl Names {
         })
     }
 
-    /// Core NATS progress notices about one turn's calls (`running`, slot freed).
-    pub fn progress_subject(&self, turn_id: &str) -> String {
-        format!("{}.progress.{turn_id}", self.prefix)
+    /// Core NATS `started` notices of one turn's calls of `tool`, published by the
+    /// worker running the call; a worker user's permissions name
+    /// `<p>.progress.*.<tool>` for each tool it serves ([`Names::tool_progress_wildcard`]).
+    pub fn tool_progress_subject(&self, turn_id: &str, tool: &str) -> String {
+        format!("{}.progress.{turn_id}.{tool}", self.prefix)
+    }
+
+    /// What the progress subjects of `tool` look like in a worker user's permissions.
+    pub fn tool_progress_wildcard(&self, tool: &str) -> String {
+        self.tool_progress_subject("*", tool)
+    }
+
+    /// Every progress notice of one turn (any tool).
+    pub fn turn_progress_wildcard(&self, turn_id: &str) -> String {
+        format!("{}.progress.{turn_id}.>", self.prefix)
     }
 
     /// Wildcard covering every progress subject.
     pub fn progress_wildcard(&self) -> String {
         format!("{}.progress.>", self.prefix)
+    }
+
+    /// The turn id and tool of a progress subject (`<p>.progress.<turn>.<tool>`).
+    pub fn progress_subject_parts<'a>(&self, subject: &'a str) -> Option<(&'a str, &'a str)> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".progress.")?
+            .split_once('.')
+    }
+
+    /// Core NATS notice from the coordinator that ended a turn to the replica that owns
+    /// it (only coordinators may publish here).
+    pub fn ended_subject(&self, turn_id: &str) -> String {
+        format!("{}.ended.{turn_id}", self.prefix)
+    }
+
+    /// Wildcard covering every ended notice.
+    pub fn ended_wildcard(&self) -> String {
+        format!("{}.ended.*", self.prefix)
+    }
+
+    /// The turn id of an [`Names::ended_subject`].
+    pub fn ended_subject_turn<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".ended.")
     }
 
     /// Workers publish here after (de)registering tools, so coordinators refresh at once.

@@ -269,6 +269,12 @@ pub mod turn_codes {
     /// The reply subject is not the submitting frontend's own inbox. Nothing is
     /// published for such a request; the code only labels the refusal's metric.
     pub const REPLY_NOT_ALLOWED: &str = "reply_not_allowed";
+    /// The turn's `context` is larger than the coordinator accepts (it is copied into
+    /// every job).
+    pub const CONTEXT_TOO_LARGE: &str = "context_too_large";
+    /// The coordinator replica already follows as many turns as it may; retryable,
+    /// with the wait in the message. Nothing of the turn was stored.
+    pub const OVERLOADED: &str = "overloaded";
 }
 
 /// The one form of a tenant id that policies, tenant checks and packs compare: trimmed

@@ -36,6 +36,14 @@ pub struct CoordinatorConfig {
     pub concurrency: usize,
     /// Largest serialized arguments accepted per call (`TOOLFLEET_MAX_ARGUMENT_BYTES`).
     pub max_argument_bytes: usize,
+    /// Largest serialized turn `context` accepted; it is copied into every job
+    /// (`TOOLFLEET_MAX_CONTEXT_BYTES`). A larger one refuses the turn with
+    /// `context_too_large`.
+    pub max_context_bytes: usize,
+    /// Turns this replica takes in at once and follows until they end; one more is
+    /// refused with `overloaded` (retryable) instead of queued
+    /// (`TOOLFLEET_MAX_TURNS_IN_PROGRESS`).
+    pub max_turns_in_progress: usize,
     /// Argument names that identify a tenant; a call whose argument of one of these
     /// names differs from the turn's tenant is refused (`TOOLFLEET_TENANT_ARGUMENT_KEYS`,
     /// comma-separated).
@@ -92,6 +100,8 @@ impl CoordinatorConfig {
             max_decision_calls: 256,
             concurrency: 16,
             max_argument_bytes: 256 * 1024,
+            max_context_bytes: 32 * 1024,
+            max_turns_in_progress: 20_000,
             tenant_argument_keys: ["tenant_id", "tenantId", "business_id", "businessId"]
                 .map(String::from)
                 .to_vec(),
@@ -206,6 +216,16 @@ impl CoordinatorConfig {
                 d.max_argument_bytes,
                 r::ARGUMENT_BYTES,
             )?,
+            max_context_bytes: env_in(
+                "TOOLFLEET_MAX_CONTEXT_BYTES",
+                d.max_context_bytes,
+                r::CONTEXT_BYTES,
+            )?,
+            max_turns_in_progress: env_in(
+                "TOOLFLEET_MAX_TURNS_IN_PROGRESS",
+                d.max_turns_in_progress,
+                r::TURNS_IN_PROGRESS,
+            )?,
             sweep_interval: env_ms_in(
                 "TOOLFLEET_SWEEP_INTERVAL_MS",
                 d.sweep_interval,
@@ -257,6 +277,10 @@ pub mod ranges {
     pub const DECISION_CALLS: RangeInclusive<usize> = 1..=10_000;
     /// Serialized arguments of one call, in bytes.
     pub const ARGUMENT_BYTES: RangeInclusive<usize> = 1024..=8 * 1024 * 1024;
+    /// Serialized turn context, in bytes.
+    pub const CONTEXT_BYTES: RangeInclusive<usize> = 256..=1024 * 1024;
+    /// Turns one replica takes in and follows at once.
+    pub const TURNS_IN_PROGRESS: RangeInclusive<usize> = 1..=1_000_000;
     /// Deadline sweeps, in ms.
     pub const SWEEP_INTERVAL_MS: RangeInclusive<u64> = 50..=10_000;
     /// Buckets of the deadline index.

@@ -78,11 +78,11 @@ pub(crate) async fn emit(
     }
 }
 
-/// Publishes `notice` on the turn's progress subject, heard by every replica (the
-/// turn's owner acts on it).
-pub(crate) async fn notify(replica: &Replica, turn_id: &str, notice: &ProgressNotice) {
-    if let Ok(body) = serde_json::to_vec(notice) {
-        let subject = replica.names.progress_subject(turn_id);
+/// Tells every replica that `turn_id` ended (its owner forgets it), on the turn's
+/// ended subject, which only coordinators may publish.
+pub(crate) async fn notify_ended(replica: &Replica, turn_id: &str) {
+    if let Ok(body) = serde_json::to_vec(&ProgressNotice::Ended) {
+        let subject = replica.names.ended_subject(turn_id);
         if let Err(error) = replica.nats.publish(subject, body.into()).await {
             warn!(%error, %turn_id, "progress notice publish failed");
         }

@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use toolfleet_common::call::{codes, unix_ms};
-use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::names::spans;
 use toolfleet_common::telemetry;
 use toolfleet_common::{
@@ -282,7 +281,7 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, rea
     replica.metrics.turn_ended(reason.label(), turn_seconds);
     // Another replica that took the turn is told; this one forgets it at once.
     if !replica.turns.owns(turn_id) {
-        events::notify(replica, turn_id, &ProgressNotice::Ended).await;
+        events::notify_ended(replica, turn_id).await;
     }
     replica.turns.release(turn_id);
 }

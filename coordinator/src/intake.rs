@@ -44,6 +44,9 @@ use crate::validate::{plan, Limits, PlannedCall, Verdict};
 /// make unbounded label values).
 const UNKNOWN_TOOL_LABEL: &str = "_unknown";
 
+/// The wait an `overloaded` refusal suggests before the turn is submitted again.
+const OVERLOADED_RETRY_MS: u64 = 1000;
+
 /// Handles one message on the turn subject.
 pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_nats::Message) {
     let Some(reply) = message.reply.as_ref().map(|r| r.to_string()) else {
@@ -58,7 +61,21 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
     }
     // The turn span's ids and start are fixed here; whoever ends the turn exports it.
     let mut trace = TurnTrace::begin(message.headers.as_ref());
-    let decoded = decode(&message).and_then(|(turn_id, request)| {
+    let max = replica.config.max_turns_in_progress;
+    let Some(_taking) = replica.turns.try_take(max) else {
+        let turn_id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(HEADER_TURN_ID))
+            .map(|v| v.to_string());
+        let message = format!(
+            "this coordinator follows {max} turns, its limit (TOOLFLEET_MAX_TURNS_IN_PROGRESS); nothing was stored, retry after {OVERLOADED_RETRY_MS} ms"
+        );
+        let error = CallError::retryable(turn_codes::OVERLOADED, message);
+        return reject(&replica, turn_id, reply, error, trace).await;
+    };
+    let max_context = replica.config.max_context_bytes;
+    let decoded = decode(&message, max_context).and_then(|(turn_id, request)| {
         match caller.check_tenant(&replica.config.frontends, &request.tenant_id) {
             Ok(()) => Ok((turn_id, request)),
             Err(error) => Err((Some(turn_id), error)),
@@ -108,6 +125,7 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
 /// the turn id when one is known).
 fn decode(
     message: &async_nats::Message,
+    max_context_bytes: usize,
 ) -> Result<(String, TurnRequest), (Option<String>, CallError)> {
     let invalid = |message: String| CallError::fatal(turn_codes::INVALID_REQUEST, message);
     let mut request: TurnRequest = serde_json::from_slice(&message.payload).map_err(|error| {
@@ -130,6 +148,19 @@ fn decode(
     if tenant.is_empty() || tenant.len() > 128 || tenant.chars().any(char::is_control) {
         let why = "tenant_id must be 1-128 characters without control characters";
         return Err((Some(turn_id), invalid(why.into())));
+    }
+    // The context cannot be larger than the request, so only a large request is measured.
+    if message.payload.len() > max_context_bytes {
+        let size = serde_json::to_vec(&request.context).map_or(usize::MAX, |c| c.len());
+        if size > max_context_bytes {
+            let why = format!(
+                "the turn context is {size} bytes, more than the {max_context_bytes} accepted (TOOLFLEET_MAX_CONTEXT_BYTES); it is copied into every job"
+            );
+            return Err((
+                Some(turn_id),
+                CallError::fatal(turn_codes::CONTEXT_TOO_LARGE, why),
+            ));
+        }
     }
     Ok((turn_id, request))
 }
@@ -236,6 +267,11 @@ async fn take_turn(
         trace: trace.clone(),
         timer: timer.clone(),
         ended_calls: Default::default(),
+        tools: layout
+            .calls
+            .iter()
+            .map(|(_, call)| (call.id.clone(), call.name.clone()))
+            .collect(),
     };
     replica.turns.own(turn_id.clone(), owned);
     deadline::arm(&replica, turn_id.clone(), deadline, timer);

@@ -1,5 +1,6 @@
-//! Progress notices: workers announce that a call started; coordinators announce that
-//! they ended a turn another replica owns.
+//! Progress notices: workers announce that a call started (on their tool's progress
+//! subject); coordinators announce that they ended a turn another replica owns (on a
+//! subject only coordinators may publish).
 //!
 //! Owns acting on notices for the turns this replica owns: relaying `running` to the
 //! frontend and forgetting a turn another replica ended. Notices are best effort: a
@@ -10,41 +11,55 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::CallState;
 
 use crate::events;
-use crate::startup::{next_message, Replica};
+use crate::startup::Replica;
 
-/// Relays notices until `shutdown`.
+/// Relays notices until `shutdown`: `started` notices from workers on
+/// `<p>.progress.<turn>.<tool>` and `ended` notices from coordinators on
+/// `<p>.ended.<turn>`. A notice on another subject than its kind's is ignored, so a
+/// worker (which may publish only its own tools' progress subjects) can neither end
+/// another replica's timer nor announce a call of another tool.
 pub(crate) async fn relay(
     replica: Arc<Replica>,
-    mut subscriber: async_nats::Subscriber,
+    mut progress: async_nats::Subscriber,
+    mut ended: async_nats::Subscriber,
     shutdown: CancellationToken,
 ) {
-    while let Some(message) = next_message(&mut subscriber, &shutdown).await {
-        let Some(turn_id) = message.subject.rsplit('.').next().map(String::from) else {
-            continue;
+    loop {
+        let message = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            m = progress.next() => match m { Some(m) => m, None => break },
+            m = ended.next() => match m { Some(m) => m, None => break },
         };
-        let Ok(notice) = serde_json::from_slice::<ProgressNotice>(&message.payload) else {
+        let names = &replica.names;
+        if let Some(turn_id) = names.ended_subject_turn(&message.subject) {
+            replica.turns.release(turn_id);
             continue;
-        };
-        match notice {
-            ProgressNotice::Started {
-                tool_call_id, name, ..
-            } => {
-                if replica.turns.owns(&turn_id) {
-                    let replica = Arc::clone(&replica);
-                    replica.tasks.clone().spawn(async move {
-                        relay_running(&replica, &turn_id, &tool_call_id, &name).await;
-                    });
-                }
-            }
-            ProgressNotice::Ended => replica.turns.release(&turn_id),
         }
+        let Some((turn_id, tool)) = names.progress_subject_parts(&message.subject) else {
+            continue;
+        };
+        let Ok(ProgressNotice::Started {
+            tool_call_id, name, ..
+        }) = serde_json::from_slice::<ProgressNotice>(&message.payload)
+        else {
+            continue;
+        };
+        if name != tool || !replica.turns.owns(turn_id) {
+            continue;
+        }
+        let (replica, turn_id) = (Arc::clone(&replica), turn_id.to_string());
+        replica.tasks.clone().spawn(async move {
+            relay_running(&replica, &turn_id, &tool_call_id, &name).await;
+        });
     }
-    let _ = subscriber.unsubscribe().await;
+    let _ = progress.unsubscribe().await;
+    let _ = ended.unsubscribe().await;
 }
 
 /// Publishes `running` for a call of an owned turn unless the call's result is already
@@ -59,7 +74,7 @@ async fn relay_running(replica: &Replica, turn_id: &str, tool_call_id: &str, nam
             let _publishing = gate.publishing.lock().await;
             if replica
                 .turns
-                .running_target(turn_id, tool_call_id)
+                .running_target(turn_id, tool_call_id, name)
                 .is_none()
             {
                 return;

@@ -180,7 +180,8 @@ async fn spawn_background(
         refresh_registry(Arc::clone(replica), changes, redis, stop.clone()),
     );
     let progress_sub = nats.subscribe(names.progress_wildcard()).await?;
-    let relay = progress::relay(Arc::clone(replica), progress_sub, stop.clone());
+    let ended_sub = nats.subscribe(names.ended_wildcard()).await?;
+    let relay = progress::relay(Arc::clone(replica), progress_sub, ended_sub, stop.clone());
     health.supervise(background, "progress_relay", stop, relay);
     let catalog_sub = nats
         .queue_subscribe(names.catalog(), COORDINATOR_QUEUE_GROUP.to_string())

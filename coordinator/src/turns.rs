@@ -11,6 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio_util::sync::CancellationToken;
@@ -29,6 +30,9 @@ pub(crate) struct OwnedTurn {
     /// Calls whose terminal state this replica published; their `running` is not
     /// relayed any more.
     pub ended_calls: HashSet<String>,
+    /// Each dispatched call's tool, by call id: a `started` notice is relayed only for a
+    /// call of the tool its subject names.
+    pub tools: HashMap<String, String>,
 }
 
 /// How one replica orders what it publishes about a turn while it records the turn's
@@ -52,6 +56,17 @@ pub(crate) struct OwnedTurns {
     /// The gate of each turn whose results are being recorded or whose end is being
     /// published here; dropped when nobody holds it.
     gates: Mutex<HashMap<String, Arc<TurnGate>>>,
+    /// Turn requests being taken in here (decoded, checked, created) right now.
+    taking: Arc<AtomicUsize>,
+}
+
+/// A turn request counted as being taken in until dropped.
+pub(crate) struct Taking(Arc<AtomicUsize>);
+
+impl Drop for Taking {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Locks `mutex`, taking the data over from a panicked holder: the maps stay usable.
@@ -93,6 +108,15 @@ impl OwnedTurns {
         }
     }
 
+    /// Counts one more turn request being taken in, unless the requests being taken
+    /// in and the turns owned already reach `max`: then `None`, and the request must be
+    /// refused (`overloaded`) rather than queued.
+    pub(crate) fn try_take(&self, max: usize) -> Option<Taking> {
+        let taking = self.taking.fetch_add(1, Ordering::Relaxed);
+        let guard = Taking(Arc::clone(&self.taking));
+        (taking + self.count() < max).then_some(guard)
+    }
+
     /// How many turns this replica owns.
     pub(crate) fn count(&self) -> usize {
         lock(&self.owned).len()
@@ -106,11 +130,17 @@ impl OwnedTurns {
     }
 
     /// The reply subject for relaying `running` of `call_id`: only while this replica
-    /// owns the turn and has not published the call's terminal state.
-    pub(crate) fn running_target(&self, turn_id: &str, call_id: &str) -> Option<String> {
+    /// owns the turn, the call is one of `tool` and its terminal state is not published.
+    pub(crate) fn running_target(
+        &self,
+        turn_id: &str,
+        call_id: &str,
+        tool: &str,
+    ) -> Option<String> {
         lock(&self.owned)
             .get(turn_id)
             .filter(|t| !t.ended_calls.contains(call_id))
+            .filter(|t| t.tools.get(call_id).is_some_and(|name| name == tool))
             .map(|t| t.reply.clone())
     }
 

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use toolfleet_common::call::codes;
+use toolfleet_common::oversize::oversize_marker;
 use toolfleet_common::tool::canonical_tool_name;
 use toolfleet_common::turn::normalize_tenant;
 use toolfleet_common::{CallError, ToolCall};
@@ -192,6 +193,12 @@ fn check_tenant(
     if !policy.allows(&call.name) {
         let message = format!("tenant {tenant:?} may not call {:?}", call.name);
         return Err(CallError::fatal(codes::TOOL_NOT_ALLOWED, message));
+    }
+    if let Some(size) = oversize_marker(&call.arguments) {
+        let message = format!(
+            "arguments are {size} bytes, more than a turn request can carry (the NATS server's max_payload); the client left them out"
+        );
+        return Err(CallError::fatal(codes::ARGUMENTS_TOO_LARGE, message));
     }
     let size = serialized_len(&call.arguments);
     if size > limits.max_argument_bytes {

@@ -137,6 +137,7 @@ impl ApiError {
             turn_codes::DUPLICATE_TURN => StatusCode::CONFLICT,
             turn_codes::TENANT_NOT_ALLOWED => StatusCode::FORBIDDEN,
             turn_codes::UNKNOWN_TURN => StatusCode::NOT_FOUND,
+            turn_codes::CONTEXT_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,
             _ if error.retryable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::UNPROCESSABLE_ENTITY,
         };
@@ -205,7 +206,7 @@ impl IntoResponse for ApiError {
 const COMMON_ERRORS: [(u16, &str); 5] = [
     (400, "The request is malformed (`invalid_request`)."),
     (401, "No API key, or an unknown or revoked one (`unauthorized`)."),
-    (413, "The body is over the limit (`payload_too_large`)."),
+    (413, "The body is over the limit (`payload_too_large`), or the turn context is (`context_too_large`)."),
     (429, "The key's rate is exhausted (`rate_limited`); see `Retry-After`."),
     (503, "The fleet cannot take the request now (`unavailable`, `overloaded`, `timeout`); see `Retry-After`."),
 ];

@@ -189,8 +189,14 @@ pub struct Fleet {
 impl Fleet {
     /// Starts the servers and a client (no coordinator or worker yet).
     pub async fn start() -> Result<Self> {
+        Self::start_with_nats_config("").await
+    }
+
+    /// [`Fleet::start`] with `extra_conf` appended to the NATS server's configuration
+    /// (a later setting overrides an earlier one, e.g. `max_payload: 1MB`).
+    pub async fn start_with_nats_config(extra_conf: &str) -> Result<Self> {
         crate::init_test_tracing();
-        let nats = NatsServer::start().await?;
+        let nats = NatsServer::start_with_config(extra_conf).await?;
         let redis = RedisServer::start().await?;
         let names = Names::default();
         let client = FleetClient::connect(&nats.url(), names.prefix()).await?;

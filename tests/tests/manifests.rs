@@ -290,11 +290,16 @@ fn the_nats_worker_user_pulls_exactly_the_demo_tools() -> Result<()> {
     let stream = names.jobs_stream();
     let granted: BTreeSet<String> = quoted_subjects(&nats_user_block("worker")?)
         .into_iter()
-        .filter(|s| s.contains(&format!(".{stream}.")) || s.starts_with("fleet.results."))
+        .filter(|s| {
+            s.contains(&format!(".{stream}."))
+                || s.starts_with("fleet.results.")
+                || s.starts_with("fleet.progress.")
+        })
         .collect();
     let mut wanted = BTreeSet::new();
     for tool in demo_tools()? {
         wanted.insert(names.tool_results_wildcard(&tool));
+        wanted.insert(names.tool_progress_wildcard(&tool));
         let consumer = names.tool_consumer(&tool);
         wanted.insert(format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"));
         wanted.insert(format!(
@@ -315,6 +320,7 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
     for subject in [
         names.jobs_wildcard(),
         names.progress_wildcard(),
+        names.ended_wildcard(),
         names.turn_submit(),
         names.catalog(),
         names.registry_changed(),
@@ -332,14 +338,12 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
         );
     }
     let worker = quoted_subjects(&nats_user_block("worker")?);
-    for subject in [
-        names.progress_wildcard(),
-        names.registry_changed(),
-        names.turn_cancelled_any(),
-    ] {
+    for subject in [names.registry_changed(), names.turn_cancelled_any()] {
         assert!(worker.contains(&subject), "worker lacks {subject}");
     }
     assert!(!worker.contains(&names.results_wildcard()));
+    assert!(!worker.contains(&names.progress_wildcard()));
+    assert!(!worker.contains(&names.ended_wildcard()));
     assert!(!worker.contains(&names.turn_submit()));
     assert!(!worker
         .iter()

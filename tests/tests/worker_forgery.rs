@@ -2,12 +2,17 @@
 //! publish results only on its own tools' subjects (`<p>.results.<turn>.<tool>`, against
 //! `deploy/nats/auth.conf`), and the coordinator refuses a result whose tool differs
 //! from its subject's or from its call's, so the honest result still ends the call.
+//! The same holds for progress notices: a worker announces only its own tools' calls
+//! (`<p>.progress.<turn>.<tool>`) and can never tell a coordinator that a turn ended.
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use toolfleet_common::job::ProgressNotice;
+use toolfleet_common::{CallState, TurnEvent};
 use toolfleet_tests::fleet::{
-    call, final_of, forged_result, read_ack, read_to_end, result_of, timed_turn, value_at, Fleet,
+    call, final_of, forged_result, read_ack, read_to_end, result_of, timed_turn, until_state,
+    value_at, Fleet,
 };
 use toolfleet_tests::secured::{worker_credentials, RoleConnection, SecuredServers, SILENCE};
 
@@ -93,5 +98,136 @@ async fn a_worker_publishes_results_only_for_its_own_tools() -> anyhow::Result<(
     worker.client.flush().await?;
     tokio::time::sleep(SILENCE).await;
     assert_eq!(servers.messages_in(&names.results_stream()).await?, 1);
+    Ok(())
+}
+
+/// The events of `stream` that arrive within `window`.
+async fn events_within(
+    stream: &mut toolfleet_common::client::TurnStream,
+    window: Duration,
+) -> Vec<TurnEvent> {
+    let end = tokio::time::Instant::now() + window;
+    let mut events = Vec::new();
+    while let Some(left) = end.checked_duration_since(tokio::time::Instant::now()) {
+        match stream.next_event(left).await {
+            Ok(event) => events.push(event),
+            Err(_) => break,
+        }
+    }
+    events
+}
+
+fn is_running(event: &TurnEvent, id: &str) -> bool {
+    matches!(event, TurnEvent::ToolState { tool_call_id, state: CallState::Running, .. } if tool_call_id == id)
+}
+
+fn started(id: &str, tool: &str) -> anyhow::Result<Vec<u8>> {
+    Ok(serde_json::to_vec(&ProgressNotice::Started {
+        tool_call_id: id.into(),
+        name: tool.into(),
+        attempt: 1,
+        worker_id: "rogue".into(),
+    })?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notices_neither_end_a_turn_nor_speak_for_another_tool() -> anyhow::Result<()> {
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
+    let nats = fleet.client.nats().clone();
+    let names = &fleet.names;
+    // One call at a time: `b` waits behind `a` (2.5 s), so a `running` of `b` before
+    // `a` is done can only come from a notice published here.
+    let mut request = timed_turn(
+        "acme",
+        10_000,
+        vec![
+            call("a", "test.behave", json!({"sleep_ms": 2500, "value": "a"})),
+            call("b", "test.behave", json!({"value": "b"})),
+        ],
+    );
+    request.options.concurrency = Some(1);
+    let mut stream = fleet.client.submit(request).await?;
+    let turn_id = stream.turn_id().to_string();
+    until_state(&mut stream, Some("a"), CallState::Running, EVENT_WAIT).await?;
+
+    // What a worker of another tool, or any worker lying in the body, could send.
+    let ended = serde_json::to_vec(&ProgressNotice::Ended)?;
+    let forgeries = [
+        (
+            names.tool_progress_subject(&turn_id, "crm.getOpenInvoices"),
+            started("b", "crm.getOpenInvoices")?,
+        ),
+        (
+            names.tool_progress_subject(&turn_id, "crm.getOpenInvoices"),
+            started("b", "test.behave")?,
+        ),
+        (
+            names.tool_progress_subject(&turn_id, "test.behave"),
+            started("b", "crm.getOpenInvoices")?,
+        ),
+        (
+            format!("{}.progress.{turn_id}", names.prefix()),
+            started("b", "test.behave")?,
+        ),
+        (
+            names.tool_progress_subject(&turn_id, "test.behave"),
+            ended.clone(),
+        ),
+        (format!("{}.progress.{turn_id}", names.prefix()), ended),
+    ];
+    for (subject, body) in forgeries {
+        nats.publish(subject, body.into()).await?;
+    }
+    nats.flush().await?;
+    let seen = events_within(&mut stream, Duration::from_millis(700)).await;
+    assert!(!seen.iter().any(|e| is_running(e, "b")), "{seen:?}");
+
+    // A notice on the call's own tool subject is relayed: the owner still holds the
+    // turn (no forged `ended` released it) and the relay works.
+    nats.publish(
+        names.tool_progress_subject(&turn_id, "test.behave"),
+        started("b", "test.behave")?.into(),
+    )
+    .await?;
+    nats.flush().await?;
+    until_state(&mut stream, Some("b"), CallState::Running, EVENT_WAIT).await?;
+    let rest = read_to_end(&mut stream, EVENT_WAIT).await?;
+    let fin = final_of(&rest)?;
+    assert!(result_of(fin, "a")?.ok && result_of(fin, "b")?.ok);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_may_announce_only_its_own_tools_calls_and_never_a_turns_end() -> anyhow::Result<()>
+{
+    let servers = SecuredServers::start().await?;
+    let names = &servers.names;
+    let mut worker = RoleConnection::open(&servers.nats, &worker_credentials()).await?;
+    let ended = serde_json::to_vec(&ProgressNotice::Ended)?;
+    for (subject, body) in [
+        (names.ended_subject("t1"), ended.clone()),
+        (
+            names.tool_progress_subject("t1", "test.behave"),
+            started("a", "test.behave")?,
+        ),
+        (format!("{}.progress.t1", names.prefix()), ended),
+    ] {
+        worker.client.publish(subject, body.into()).await?;
+        worker.client.flush().await?;
+        worker.expect_server_error().await?;
+    }
+    // Its own tools' progress subjects are open to it (no error within the silence).
+    let own = names.tool_progress_subject("t1", "crm.getOpenInvoices");
+    worker
+        .client
+        .publish(own, started("a", "crm.getOpenInvoices")?.into())
+        .await?;
+    worker.client.flush().await?;
+    assert!(
+        tokio::time::timeout(SILENCE, worker.expect_server_error())
+            .await
+            .is_err(),
+        "the worker's own progress subject was refused"
+    );
     Ok(())
 }

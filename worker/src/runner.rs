@@ -455,7 +455,12 @@ async fn notify_started(shared: &Shared, job: &JobEnvelope, attempt: u32) {
     if let Ok(body) = serde_json::to_vec(&notice) {
         let _ = shared
             .nats
-            .publish(shared.names.progress_subject(&job.turn_id), body.into())
+            .publish(
+                shared
+                    .names
+                    .tool_progress_subject(&job.turn_id, &job.call.name),
+                body.into(),
+            )
             .await;
     }
 }

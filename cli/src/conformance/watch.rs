@@ -101,7 +101,7 @@ impl Watch {
             old_results: probe.nats.subscribe(names.result_subject(turn_id)).await?,
             progress: probe
                 .nats
-                .subscribe(names.progress_subject(turn_id))
+                .subscribe(names.turn_progress_wildcard(turn_id))
                 .await?,
             sequence: 0,
             published: Instant::now(),

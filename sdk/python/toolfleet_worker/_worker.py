@@ -238,7 +238,7 @@ class Worker:
         notice = {"kind": "started", "tool_call_id": call["id"], "name": call["name"],
                   "attempt": attempt, "worker_id": self.s.worker_id}
         try:  # 7.5, best effort
-            await self.nc.publish(f"{self.s.prefix}.progress.{job['turn_id']}",
+            await self.nc.publish(f"{self.s.prefix}.progress.{job['turn_id']}.{call['name']}",
                                   json.dumps(notice).encode())
         except Exception as e:  # noqa: BLE001
             self.log(f"started notice not sent: {e}")

@@ -1,0 +1,151 @@
+//! Limits that refuse with a clear code instead of failing the whole turn or growing
+//! without bound: a call whose arguments are too large for the NATS server fails alone
+//! (`arguments_too_large`), a turn context over the limit refuses its turn
+//! (`context_too_large`), and a burst beyond the turns a replica may follow is refused
+//! with `overloaded` while every accepted turn still ends with its `final`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use toolfleet_common::call::codes;
+use toolfleet_common::turn::turn_codes;
+use toolfleet_common::TurnEvent;
+use toolfleet_tests::fleet::{
+    assert_one_error, call, code_at, read_to_end, result_of, timed_turn, turn, Fleet,
+};
+
+const EVENT_WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_too_large_for_the_server_fails_alone() -> anyhow::Result<()> {
+    let fleet = Fleet::start_with_nats_config("max_payload: 1MB").await?;
+    assert_eq!(fleet.client.nats().server_info().max_payload, 1024 * 1024);
+    let _nodes = fleet.start_default().await?;
+    let huge = "x".repeat(3 * 1024 * 1024);
+    let calls = vec![
+        call("first", "test.behave", json!({"value": "one"})),
+        call("huge", "test.behave", json!({"value": huge})),
+        call("last", "test.behave", json!({"value": "two"})),
+    ];
+    let outcome = fleet.run_calls("acme", calls, EVENT_WAIT).await?;
+    let fin = &outcome.final_event;
+    assert_eq!(code_at(fin, "huge")?, Some(codes::ARGUMENTS_TOO_LARGE));
+    assert!(result_of(fin, "first")?.ok && result_of(fin, "last")?.ok);
+    assert_eq!((fin.summary.ok, fin.summary.errors), (2, 1));
+
+    // The same in the OpenAI shape, where arguments are JSON text.
+    let decision = json!({"role": "assistant", "content": null, "tool_calls": [
+        {"id": "big", "type": "function", "function": {
+            "name": "test__behave",
+            "arguments": json!({"value": "y".repeat(2 * 1024 * 1024)}).to_string()}},
+        {"id": "fine", "type": "function", "function": {
+            "name": "test__behave", "arguments": "{\"value\": 1}"}},
+    ]});
+    let outcome = fleet.run(turn("acme", decision), EVENT_WAIT).await?;
+    assert_one_error(
+        &outcome.final_event,
+        "big",
+        codes::ARGUMENTS_TOO_LARGE,
+        "fine",
+    )?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_over_the_limit_refuses_its_turn() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let mut config = fleet.coordinator_config();
+    config.max_context_bytes = 4096;
+    let _nodes = fleet
+        .start_with(config, toolfleet_packs::testing::tools(), &["test.behave"])
+        .await?;
+    let calls = vec![call("a", "test.behave", json!({"value": 1}))];
+
+    let mut request = timed_turn("acme", 5000, calls.clone());
+    request
+        .context
+        .insert("notes".into(), Value::String("n".repeat(8192)));
+    let mut stream = fleet.client.submit(request).await?;
+    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+    match events.as_slice() {
+        [TurnEvent::Error { error, .. }] => {
+            assert_eq!(error.code, turn_codes::CONTEXT_TOO_LARGE);
+            assert!(!error.retryable);
+        }
+        other => anyhow::bail!("expected one error event, got {other:?}"),
+    }
+
+    // A context within the limit runs.
+    let mut request = timed_turn("acme", 5000, calls);
+    request.context.insert("customer".into(), json!("c-1"));
+    let outcome = fleet.run(request, EVENT_WAIT).await?;
+    assert_eq!(code_at(&outcome.final_event, "a")?, None);
+    Ok(())
+}
+
+/// How a submitted turn of the burst ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ending {
+    /// Every call done, in its `final`.
+    Final,
+    /// Refused at once with `overloaded`.
+    Overloaded,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_beyond_the_bound_is_refused_with_overloaded() -> anyhow::Result<()> {
+    const TURNS: usize = 10_000;
+    const BOUND: usize = 200;
+    let fleet = Fleet::start().await?;
+    let mut config = fleet.coordinator_config();
+    config.max_turns_in_progress = BOUND;
+    let _nodes = fleet
+        .start_with(config, toolfleet_packs::testing::tools(), &["test.behave"])
+        .await?;
+
+    let mut turns = tokio::task::JoinSet::new();
+    for i in 0..TURNS {
+        let client = fleet.client.clone();
+        turns.spawn(async move {
+            let calls = vec![call(
+                &format!("c{i}"),
+                "test.behave",
+                json!({"sleep_ms": 300, "value": i}),
+            )];
+            let mut stream = client.submit(timed_turn("acme", 60_000, calls)).await?;
+            let events = read_to_end(&mut stream, Duration::from_secs(60)).await?;
+            match events.last() {
+                Some(TurnEvent::Final(fin)) if fin.results.iter().all(|r| r.ok) => {
+                    Ok(Ending::Final)
+                }
+                Some(TurnEvent::Error { error, .. })
+                    if error.code == turn_codes::OVERLOADED && error.retryable =>
+                {
+                    Ok(Ending::Overloaded)
+                }
+                other => anyhow::bail!("turn {i} ended otherwise: {other:?}"),
+            }
+        });
+    }
+    let (mut finals, mut overloaded) = (0, 0);
+    let all = tokio::time::timeout(Duration::from_secs(240), async {
+        while let Some(joined) = turns.join_next().await {
+            match joined?? {
+                Ending::Final => finals += 1,
+                Ending::Overloaded => overloaded += 1,
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await;
+    all.map_err(|_| anyhow::anyhow!("the burst did not end in 240 s"))??;
+    assert_eq!(finals + overloaded, TURNS);
+    assert!(overloaded > 0, "no turn was refused");
+    assert!(finals >= BOUND, "only {finals} turns were accepted");
+
+    // Once the burst is over the replica takes turns again.
+    let after = vec![call("after", "test.behave", json!({"value": "after"}))];
+    let outcome = fleet.run_calls("acme", after, EVENT_WAIT).await?;
+    assert!(result_of(&outcome.final_event, "after")?.ok);
+    Ok(())
+}
