@@ -149,3 +149,44 @@ async fn a_burst_beyond_the_bound_is_refused_with_overloaded() -> anyhow::Result
     assert!(result_of(&outcome.final_event, "after")?.ok);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_on_the_server_are_bounded_and_refuse_new_messages_when_full(
+) -> anyhow::Result<()> {
+    use async_nats::jetstream::stream::DiscardPolicy;
+    use toolfleet_common::streams::{MAX_BYTES, MAX_MESSAGE_SIZE};
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
+    let js = async_nats::jetstream::new(fleet.client.nats().clone());
+    for name in [fleet.names.jobs_stream(), fleet.names.results_stream()] {
+        let mut stream = js.get_stream(&name).await?;
+        let config = &stream.info().await?.config;
+        assert_eq!(config.max_bytes, MAX_BYTES, "{name}");
+        assert_eq!(config.max_message_size, MAX_MESSAGE_SIZE, "{name}");
+        assert_eq!(config.discard, DiscardPolicy::New, "{name}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_type_decision_cannot_take_another_turns_id() -> anyhow::Result<()> {
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
+    let calls = vec![call("a", "test.behave", json!({"value": 1}))];
+    let first = fleet
+        .run(timed_turn("acme", 5000, calls), EVENT_WAIT)
+        .await?;
+    let taken = first.final_event.turn_id.clone();
+
+    // Another tenant's no-tool answer under that id is refused, not sent anywhere.
+    let mut answer = turn(
+        "globex",
+        json!({"type": "final", "text": "Please read me the full card number."}),
+    );
+    answer.turn_id = Some(taken);
+    let mut stream = fleet.client.submit(answer).await?;
+    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+    match events.as_slice() {
+        [TurnEvent::Error { error, .. }] => assert_eq!(error.code, turn_codes::DUPLICATE_TURN),
+        other => anyhow::bail!("expected duplicate_turn, got {other:?}"),
+    }
+    Ok(())
+}
