@@ -353,10 +353,18 @@ impl Names {
         hash % buckets.max(1)
     }
 
-    /// Hash of tool definitions, field = tool name, value = `ToolDefinition` JSON.
+    /// Set of the names of every tool ever announced (workers may only add to it). A
+    /// name counts only while [`Names::tool_definition_key`] holds its definition.
     /// Registry keys share the `{registry}` hash tag.
-    pub fn tools_key(&self) -> String {
-        format!("{}:{{registry}}:tools", self.prefix)
+    pub fn tool_names_key(&self) -> String {
+        format!("{}:{{registry}}:names", self.prefix)
+    }
+
+    /// Hash of one tool's definition: field `definition` (`ToolDefinition` JSON) and
+    /// field `by` (who wrote it). One key per tool, so a Redis ACL can let only the
+    /// identity that serves a tool write its definition.
+    pub fn tool_definition_key(&self, tool: &str) -> String {
+        format!("{}:{{registry}}:tool:{tool}", self.prefix)
     }
 
     /// Hash of definitions coordinators refused, field = tool name, value =

@@ -107,6 +107,18 @@ impl RedisTarget {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_))
     }
+
+    /// The Redis user the setting connects as (empty for the default user).
+    pub fn username(&self) -> String {
+        let first = match self {
+            Self::Single(info) => Some(info),
+            Self::Cluster(nodes) => nodes.first(),
+        };
+        first
+            .and_then(|info| info.redis_settings().username())
+            .unwrap_or_default()
+            .to_string()
+    }
 }
 
 /// The setting with any password replaced by `***`, for errors and logs.

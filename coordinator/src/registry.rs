@@ -3,8 +3,9 @@
 //! change.
 //!
 //! Owns the snapshot every turn plans against (one `Arc` swap per refresh, never a lock
-//! held across a turn). Never writes a definition or a liveness entry (workers announce
-//! themselves); it writes back only its verdict on a definition it cannot read
+//! held across a turn). Reads the announced names, then each tool's own definition key
+//! (which a Redis ACL lets only that tool's workers write) with who wrote it. Never
+//! writes a definition or a liveness entry (workers announce themselves); it writes back only its verdict on a definition it cannot read
 //! (`<p>:{registry}:rejected:definitions`, PROTOCOL §2.6), once per change, so the
 //! tool's workers see why their tool is not offered.
 
@@ -15,7 +16,7 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{Names, ToolDefinition};
-use tracing::warn;
+use tracing::{info, warn};
 
 /// One known tool.
 pub struct KnownTool {
@@ -28,6 +29,8 @@ pub struct KnownTool {
     pub schema_error: Option<String>,
     /// Workers alive at the last refresh.
     pub live_workers: usize,
+    /// Who wrote the definition (the `by` field: the worker's Redis user and id).
+    pub registered_by: String,
     source: String,
 }
 
@@ -83,24 +86,44 @@ impl Registry {
         redis: &mut RedisConnection,
         names: &Names,
     ) -> redis::RedisResult<()> {
-        let raw: HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(names.tools_key())
+        let announced: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(names.tool_names_key())
             .query_async(redis)
             .await?;
         let now = unix_ms();
         let mut pipe = redis::pipe();
-        let tool_names: Vec<&String> = raw.keys().collect();
-        for name in &tool_names {
+        for name in &announced {
+            pipe.cmd("HMGET")
+                .arg(names.tool_definition_key(name))
+                .arg("definition")
+                .arg("by");
             pipe.cmd("ZCOUNT")
                 .arg(names.tool_workers_key(name))
                 .arg(now)
                 .arg("+inf");
         }
-        let counts: Vec<usize> = if tool_names.is_empty() {
+        let read: Vec<redis::Value> = if announced.is_empty() {
             Vec::new()
         } else {
             pipe.query_async(redis).await?
         };
+        // A name without a definition (announced by someone who may not write it) is no
+        // tool.
+        let mut raw = HashMap::with_capacity(announced.len());
+        let mut by = HashMap::with_capacity(announced.len());
+        let mut counts = Vec::with_capacity(announced.len());
+        for (name, pair) in announced.iter().zip(read.chunks(2)) {
+            let [fields, count] = pair else { continue };
+            let Ok((Some(source), writer)) =
+                redis::from_redis_value_ref::<(Option<String>, Option<String>)>(fields)
+            else {
+                continue;
+            };
+            raw.insert(name.clone(), source);
+            by.insert(name.clone(), writer.unwrap_or_default());
+            counts.push(redis::from_redis_value_ref::<usize>(count).unwrap_or(0));
+        }
+        let tool_names: Vec<&String> = announced.iter().filter(|n| raw.contains_key(*n)).collect();
         let previous = self.snapshot();
         let mut tools = HashMap::with_capacity(raw.len());
         let mut rejected = HashMap::new();
@@ -110,6 +133,7 @@ impl Registry {
             let Some(source) = raw.get(name) else {
                 continue;
             };
+            let registered_by = by.get(name.as_str()).cloned().unwrap_or_default();
             let known = match previous.get(name) {
                 Some(old) if old.source == *source => Arc::new(KnownTool {
                     definition: old.definition.clone(),
@@ -117,6 +141,7 @@ impl Registry {
                     schema_error: old.schema_error.clone(),
                     live_workers: live,
                     source: source.clone(),
+                    registered_by,
                 }),
                 _ if previous.rejected.get(name.as_str()) == Some(source) => {
                     rejected.insert(name.clone(), source.clone());
@@ -124,6 +149,7 @@ impl Registry {
                 }
                 _ => match serde_json::from_str::<ToolDefinition>(source) {
                     Ok(definition) => {
+                        info!(tool = %name, by = %registered_by, "tool definition registered");
                         verdicts
                             .hdel(names.rejected_definitions_key(), name.as_str())
                             .ignore();
@@ -139,6 +165,7 @@ impl Registry {
                             schema_error,
                             live_workers: live,
                             source: source.clone(),
+                            registered_by,
                         })
                     }
                     Err(error) => {

@@ -112,46 +112,80 @@ impl RoleConnection {
     }
 }
 
-/// Turns the `deploy/redis/users.acl` users (but `default`) on in `redis`, and returns
-/// the URL of the fleet user.
-pub async fn apply_redis_acl(redis: &RedisServer) -> Result<String> {
-    let mut conn = redis.client()?.get_multiplexed_async_connection().await?;
-    let mut fleet_url = None;
-    for line in deploy_file("redis/users.acl")?.lines() {
-        let mut words = line.split_whitespace();
-        if words.next() != Some("user") {
-            continue;
+/// The Redis URLs of the roles `deploy/redis/users.acl` defines.
+pub struct RedisRoles {
+    /// The coordinators' user (`toolfleet`).
+    pub coordinator: String,
+    /// The demo pack's workers' user (`worker`).
+    pub worker: String,
+}
+
+/// The rules of one `users.acl` line after the user name, a selector `( … )` kept as
+/// one rule.
+fn acl_rules(words: &str) -> Vec<String> {
+    let mut rules = Vec::new();
+    let mut selector: Option<String> = None;
+    for word in words.split_whitespace() {
+        match selector.as_mut() {
+            Some(open) => {
+                open.push(' ');
+                open.push_str(word);
+            }
+            None if word.starts_with('(') => selector = Some(word.to_string()),
+            None => rules.push(word.to_string()),
         }
-        let Some(user) = words.next() else { continue };
+        if selector.as_ref().is_some_and(|s| s.ends_with(')')) {
+            rules.extend(selector.take());
+        }
+    }
+    rules
+}
+
+/// Loads the users of `deploy/redis/users.acl` into `redis` (`ACL SETUSER`) and returns
+/// the URLs of the fleet's roles.
+pub async fn apply_redis_acl(redis: &RedisServer) -> Result<RedisRoles> {
+    let mut conn = redis.client()?.get_multiplexed_async_connection().await?;
+    let mut urls = std::collections::HashMap::new();
+    for line in deploy_file("redis/users.acl")?.lines() {
+        let Some(rest) = line.strip_prefix("user ") else {
+            continue;
+        };
+        let Some((user, words)) = rest.split_once(' ') else {
+            continue;
+        };
         if user == "default" {
             continue;
         }
-        let rules: Vec<&str> = words.collect();
+        let rules = acl_rules(words);
         let () = redis::cmd("ACL")
             .arg("SETUSER")
             .arg(user)
             .arg(&rules)
             .query_async(&mut conn)
             .await?;
-        if user == "toolfleet" {
-            let password = rules
-                .iter()
-                .find_map(|r| r.strip_prefix('>'))
-                .context("the fleet user has no password")?;
-            fleet_url = Some(format!(
-                "redis://{user}:{password}@127.0.0.1:{}/",
-                redis.port()
-            ));
+        if let Some(password) = rules.iter().find_map(|r| r.strip_prefix('>')) {
+            let url = format!("redis://{user}:{password}@127.0.0.1:{}/", redis.port());
+            urls.insert(user.to_string(), url);
         }
     }
-    fleet_url.context("users.acl has no toolfleet user")
+    Ok(RedisRoles {
+        coordinator: urls
+            .remove("toolfleet")
+            .context("users.acl has no toolfleet user")?,
+        worker: urls
+            .remove("worker")
+            .context("users.acl has no worker user")?,
+    })
 }
 
 /// Servers with per-role users; the streams exist (created by the coordinator user).
 pub struct SecuredServers {
     pub nats: NatsServer,
     pub redis: RedisServer,
+    /// The coordinators' Redis URL.
     pub redis_url: String,
+    /// The demo workers' Redis URL.
+    pub worker_redis_url: String,
     pub names: Names,
 }
 
@@ -160,14 +194,15 @@ impl SecuredServers {
         crate::init_test_tracing();
         let nats = NatsServer::start_with_config(&nats_auth_config()?).await?;
         let redis = RedisServer::start().await?;
-        let redis_url = apply_redis_acl(&redis).await?;
+        let roles = apply_redis_acl(&redis).await?;
         let names = Names::default();
         let coordinator = RoleConnection::open(&nats, &coordinator_credentials()).await?;
         ensure_streams(&coordinator.jetstream(), &names).await?;
         Ok(Self {
             nats,
             redis,
-            redis_url,
+            redis_url: roles.coordinator,
+            worker_redis_url: roles.worker,
             names,
         })
     }
@@ -197,7 +232,7 @@ impl SecuredServers {
         let config = WorkerConfig {
             http_addr: Some(loopback(http_port)),
             nats_credentials: worker_credentials(),
-            ..worker_settings(self.nats.url(), self.redis_url.clone(), &self.names)
+            ..worker_settings(self.nats.url(), self.worker_redis_url.clone(), &self.names)
         };
         let tools = packs::tools_for(&["demo"]).map_err(anyhow::Error::msg)?;
         Ok(Running::worker(config, tools))

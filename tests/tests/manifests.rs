@@ -191,7 +191,9 @@ fn compose_servers_use_the_deploy_configs() -> Result<()> {
 #[test]
 fn compose_roles_use_their_own_users() -> Result<()> {
     let compose = yaml("docker-compose.yml")?;
-    let acl_password = fleet_acl_password(&repo_file("deploy/redis/users.acl")?)?;
+    let acl = repo_file("deploy/redis/users.acl")?;
+    let acl_password = fleet_acl_password(&acl)?;
+    let worker_password = acl_password_of_worker(&acl)?;
     let users = nats_users()?;
     for (service, user) in [
         ("coordinator", "coordinator"),
@@ -219,6 +221,13 @@ fn compose_roles_use_their_own_users() -> Result<()> {
         if service == "gateway" {
             // A frontend: no Redis at all, only NATS and its key database.
             assert_eq!(compose_env(s, "TOOLFLEET_REDIS_URL"), None);
+        } else if service.starts_with("worker") {
+            // Workers: their own Redis user, confined to their tools' keys.
+            let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
+            assert!(
+                redis_url.starts_with(&format!("redis://worker:{worker_password}@")),
+                "{service}: {redis_url}"
+            );
         } else if service != "cli" {
             let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
             assert!(
@@ -263,18 +272,31 @@ fn quoted_subjects(block: &str) -> BTreeSet<String> {
         .collect()
 }
 
-fn fleet_acl_password(acl: &str) -> Result<String> {
+fn acl_password(acl: &str, user: &str) -> Result<String> {
     acl.lines()
-        .find(|l| l.starts_with("user toolfleet "))
+        .find(|l| l.starts_with(&format!("user {user} ")))
         .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix('>')))
         .map(String::from)
-        .context("no password for the toolfleet Redis user")
+        .with_context(|| format!("no password for the {user} Redis user"))
+}
+
+fn fleet_acl_password(acl: &str) -> Result<String> {
+    acl_password(acl, "toolfleet")
+}
+
+fn acl_password_of_worker(acl: &str) -> Result<String> {
+    acl_password(acl, "worker")
 }
 
 /// The rules of the toolfleet Redis user without its password.
 fn fleet_acl_rules(acl: &str) -> Vec<String> {
+    acl_rules(acl, "toolfleet")
+}
+
+/// The rules of Redis user `user` without its password.
+fn acl_rules(acl: &str, user: &str) -> Vec<String> {
     acl.lines()
-        .find(|l| l.starts_with("user toolfleet "))
+        .find(|l| l.starts_with(&format!("user {user} ")))
         .map(|l| {
             l.split_whitespace()
                 .filter(|w| !w.starts_with('>'))
@@ -386,6 +408,21 @@ fn kubernetes_and_compose_redis_users_have_the_same_rights() -> Result<()> {
         .context("no users.acl in deploy/k8s/secret.yaml")?;
     assert_eq!(fleet_acl_rules(&compose_acl), fleet_acl_rules(k8s_acl));
     assert!(!fleet_acl_rules(k8s_acl).is_empty());
+    assert_eq!(
+        acl_rules(&compose_acl, "worker"),
+        acl_rules(k8s_acl, "worker")
+    );
+    let worker_url = secrets
+        .iter()
+        .find_map(|d| str_at(d, &["stringData", "TOOLFLEET_WORKER_REDIS_URL"]))
+        .context("no TOOLFLEET_WORKER_REDIS_URL secret")?;
+    assert!(
+        worker_url.starts_with(&format!(
+            "redis://worker:{}@",
+            acl_password(k8s_acl, "worker")?
+        )),
+        "{worker_url}"
+    );
     let password = fleet_acl_password(k8s_acl)?;
     let url = secrets
         .iter()
@@ -880,7 +917,9 @@ fn network_policies_confine_the_servers_ports() -> Result<()> {
 #[test]
 fn compose_cluster_profile_runs_three_nats_nodes_and_a_redis_cluster() -> Result<()> {
     let compose = yaml("docker-compose.yml")?;
-    let acl_password = fleet_acl_password(&repo_file("deploy/redis/users-cluster.acl")?)?;
+    let cluster_acl = repo_file("deploy/redis/users-cluster.acl")?;
+    let acl_password = fleet_acl_password(&cluster_acl)?;
+    let worker_password = acl_password_of_worker(&cluster_acl)?;
     let nats_conf = repo_file("deploy/nats/nats-cluster.conf")?;
     for i in 1..=3 {
         let node = compose_service(&compose, &format!("nats-{i}"))?;
@@ -905,18 +944,26 @@ fn compose_cluster_profile_runs_three_nats_nodes_and_a_redis_cluster() -> Result
         assert_eq!(nats_url.split(',').count(), 3, "{service}: {nats_url}");
         assert_eq!(compose_env(s, "TOOLFLEET_STREAM_REPLICAS"), Some("3"));
         let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
+        let (user, password) = match service {
+            "worker-clustered" => ("worker", &worker_password),
+            _ => ("toolfleet", &acl_password),
+        };
         assert!(
-            redis_url.starts_with(&format!("redis+cluster://toolfleet:{acl_password}@")),
+            redis_url.starts_with(&format!("redis+cluster://{user}:{password}@")),
             "{service}: {redis_url}"
         );
         let target = toolfleet_common::redis_client::RedisTarget::parse(redis_url)?;
         assert!(target.is_cluster());
     }
-    // The cluster's fleet user has the single server's rights.
-    assert_eq!(
-        fleet_acl_rules(&repo_file("deploy/redis/users-cluster.acl")?),
-        fleet_acl_rules(&repo_file("deploy/redis/users.acl")?)
-    );
+    // The cluster's fleet and worker users have the single server's rights.
+    let single_acl = repo_file("deploy/redis/users.acl")?;
+    for user in ["toolfleet", "worker"] {
+        assert_eq!(
+            acl_rules(&cluster_acl, user),
+            acl_rules(&single_acl, user),
+            "{user}"
+        );
+    }
     Ok(())
 }
 

@@ -224,6 +224,9 @@ pub async fn run_set(
         redis.clone(),
         names.clone(),
         config.worker_id.clone(),
+        &toolfleet_common::redis_client::RedisTarget::parse(&config.redis_url)
+            .map(|target| target.username())
+            .unwrap_or_default(),
         &[],
         ttl_ms,
     )?;

@@ -5,8 +5,10 @@
 //! cannot read, a result they cannot record; PROTOCOL §2.6): logged at ERROR once per
 //! refusal, and a refused definition fails `/readyz` ([`Refusals`]).
 //!
-//! Owns this worker's registry keys only; it must never write another worker's entries
-//! or any key of a turn.
+//! Owns this worker's registry keys only (each tool's definition key and liveness set,
+//! and adding the tool's name to the set of names); it must never write another worker's
+//! entries or any key of a turn. Under the deploy/ Redis ACL it cannot: its Redis user
+//! may write only its own tools' keys.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -91,22 +93,33 @@ pub struct Registration {
     redis: RedisConnection,
     names: Names,
     worker_id: String,
+    /// Written beside each definition: the Redis user this worker connects as and its id.
+    by: String,
     definitions: Vec<(String, String)>,
     ttl_ms: u64,
 }
 
 impl Registration {
     /// Prepares the registration of `tools`; an entry lives `ttl_ms` past each beat.
+    /// `redis_user` is the Redis user the worker connects as (recorded with each
+    /// definition it writes).
     pub fn new(
         redis: RedisConnection,
         names: Names,
         worker_id: String,
+        redis_user: &str,
         tools: &[ToolDefinition],
         ttl_ms: u64,
     ) -> Result<Self, serde_json::Error> {
+        let user = if redis_user.is_empty() {
+            "default"
+        } else {
+            redis_user
+        };
         Ok(Self {
             redis,
             names,
+            by: format!("{user}/{worker_id}"),
             worker_id,
             definitions: serialized(tools)?,
             ttl_ms,
@@ -161,7 +174,14 @@ impl Registration {
         let mut pipe = redis::pipe();
         for (name, json) in &self.definitions {
             let workers = self.names.tool_workers_key(name);
-            pipe.hset(self.names.tools_key(), name, json).ignore();
+            pipe.cmd("HSET")
+                .arg(self.names.tool_definition_key(name))
+                .arg("definition")
+                .arg(json)
+                .arg("by")
+                .arg(&self.by)
+                .ignore();
+            pipe.sadd(self.names.tool_names_key(), name).ignore();
             pipe.zadd(&workers, &self.worker_id, now + self.ttl_ms)
                 .ignore();
             pipe.cmd("ZREMRANGEBYSCORE")

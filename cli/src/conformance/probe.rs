@@ -44,8 +44,8 @@ pub async fn check(
     let mut case = Case::new("definition");
     let tool = settings.tool.as_str();
     let raw: Option<String> = redis::cmd("HGET")
-        .arg(names.tools_key())
-        .arg(tool)
+        .arg(names.tool_definition_key(tool))
+        .arg("definition")
         .query_async(&mut redis)
         .await
         .unwrap_or(None);
@@ -54,7 +54,7 @@ pub async fn check(
             "not_registered",
             format!(
                 "no definition of {tool} in {} (PROTOCOL §7.1 step 3)",
-                names.tools_key()
+                names.tool_definition_key(tool)
             ),
         );
         return (case, None);

@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 import time
+import urllib.parse
 
 import nats
 import redis.asyncio as aioredis
@@ -52,7 +53,9 @@ class Worker:
         self.s = settings
         self.served = [_Served(t, settings.prefix) for t in tools]
         self.jobs_stream = f"{settings.prefix.upper()}_JOBS"
-        self.tools_key = f"{settings.prefix}:{{registry}}:tools"
+        self.names_key = f"{settings.prefix}:{{registry}}:names"
+        user = urllib.parse.urlsplit(settings.redis_url.split(",")[0].strip()).username
+        self.registered_by = f"{user or 'default'}/{settings.worker_id}"
         self.rejected_keys = {what: f"{settings.prefix}:{{registry}}:rejected:{what}s"
                               for what in ("definition", "result")}
         # (what, tool) -> the coordinators' refusal as last read (2.6).
@@ -103,7 +106,10 @@ class Worker:
         t = now_ms()
         async with self.redis.pipeline(transaction=False) as p:
             for served in self.served:
-                p.hset(self.tools_key, served.definition["name"], json.dumps(served.definition))
+                name = served.definition["name"]
+                p.hset(f"{self.s.prefix}:{{registry}}:tool:{name}",
+                       mapping={"definition": json.dumps(served.definition), "by": self.registered_by})
+                p.sadd(self.names_key, name)
                 p.zadd(served.workers_key, {self.s.worker_id: t + int(3 * self.s.heartbeat * 1000)})
                 p.zremrangebyscore(served.workers_key, "-inf", t)
             await p.execute()
