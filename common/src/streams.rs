@@ -1,9 +1,10 @@
 //! Creating the JetStream streams toolfleet uses. Coordinators and workers both call
 //! [`ensure_streams`]; whichever starts first creates them.
 //!
-//! Owns the streams' configuration (subjects, retention, duplicate window, limits).
-//! Never creates consumers: the coordinator's results consumer and each worker's tool
-//! consumers are made by their owners; `topology` recreates what disappears.
+//! Owns the streams' configuration (subjects, retention, duplicate window, limits) and
+//! the tool consumers' configuration. Never creates consumers: the coordinator creates
+//! its results consumer and every tool's consumer (a worker in `create` mode may create
+//! its own); `topology` recreates what disappears.
 
 use std::time::Duration;
 
@@ -41,6 +42,37 @@ pub async fn ensure_streams(
     let results = ensure(js, results_config(names)).await?;
     Ok((jobs, results))
 }
+
+/// The durable pull consumer of the tool `definition` on the jobs stream, with
+/// `ack_wait`: `max_deliver` from the retry policy (2 for a tool that is not idempotent,
+/// so the second delivery reports the interruption instead of running the call). The
+/// coordinator creates it from the registry; a worker in `create` mode may too. Both use
+/// this one function, so they never disagree.
+pub fn tool_consumer_config(
+    names: &Names,
+    definition: &crate::ToolDefinition,
+    ack_wait: Duration,
+) -> jetstream::consumer::pull::Config {
+    use jetstream::consumer::AckPolicy;
+    let max_deliver = if definition.retry.idempotent {
+        i64::from(definition.retry.max_attempts.max(1))
+    } else {
+        2
+    };
+    jetstream::consumer::pull::Config {
+        durable_name: Some(names.tool_consumer(&definition.name)),
+        filter_subject: names.job_subject(&definition.name),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait,
+        max_deliver,
+        backoff: Vec::new(),
+        max_ack_pending: TOOL_MAX_ACK_PENDING,
+        ..Default::default()
+    }
+}
+
+/// Jobs of one tool delivered and not yet acknowledged, across its workers.
+pub const TOOL_MAX_ACK_PENDING: i64 = 10_000;
 
 /// The jobs stream's configuration.
 pub fn jobs_config(names: &Names) -> stream::Config {

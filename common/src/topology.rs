@@ -94,7 +94,8 @@ fn stream_not_found(kind: GetStreamErrorKind) -> bool {
     matches!(kind, GetStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
 
-fn consumer_not_found(kind: ConsumerInfoErrorKind) -> bool {
+/// Whether a consumer lookup failed because the consumer does not exist.
+pub fn consumer_not_found(kind: ConsumerInfoErrorKind) -> bool {
     match kind {
         ConsumerInfoErrorKind::NotFound => true,
         ConsumerInfoErrorKind::JetStream(e) => e.error_code() == ErrorCode::CONSUMER_NOT_FOUND,

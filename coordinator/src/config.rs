@@ -36,6 +36,10 @@ pub struct CoordinatorConfig {
     pub concurrency: usize,
     /// Largest serialized arguments accepted per call (`TOOLFLEET_MAX_ARGUMENT_BYTES`).
     pub max_argument_bytes: usize,
+    /// Ack wait of the tool consumers this coordinator creates (`TOOLFLEET_TOOL_ACK_WAIT_MS`):
+    /// how long after a worker's last sign of life its call is redelivered. An existing
+    /// consumer keeps its own.
+    pub tool_ack_wait: Duration,
     /// Largest serialized turn `context` accepted; it is copied into every job
     /// (`TOOLFLEET_MAX_CONTEXT_BYTES`). A larger one refuses the turn with
     /// `context_too_large`.
@@ -101,6 +105,7 @@ impl CoordinatorConfig {
             concurrency: 16,
             max_argument_bytes: 256 * 1024,
             max_context_bytes: 32 * 1024,
+            tool_ack_wait: Duration::from_secs(5),
             max_turns_in_progress: 20_000,
             tenant_argument_keys: ["tenant_id", "tenantId", "business_id", "businessId"]
                 .map(String::from)
@@ -216,6 +221,11 @@ impl CoordinatorConfig {
                 d.max_argument_bytes,
                 r::ARGUMENT_BYTES,
             )?,
+            tool_ack_wait: env_ms_in(
+                "TOOLFLEET_TOOL_ACK_WAIT_MS",
+                d.tool_ack_wait,
+                r::ACK_WAIT_MS,
+            )?,
             max_context_bytes: env_in(
                 "TOOLFLEET_MAX_CONTEXT_BYTES",
                 d.max_context_bytes,
@@ -277,6 +287,8 @@ pub mod ranges {
     pub const DECISION_CALLS: RangeInclusive<usize> = 1..=10_000;
     /// Serialized arguments of one call, in bytes.
     pub const ARGUMENT_BYTES: RangeInclusive<usize> = 1024..=8 * 1024 * 1024;
+    /// Ack wait of the tool consumers, in ms.
+    pub const ACK_WAIT_MS: RangeInclusive<u64> = 500..=600_000;
     /// Serialized turn context, in bytes.
     pub const CONTEXT_BYTES: RangeInclusive<usize> = 256..=1024 * 1024;
     /// Turns one replica takes in and follows at once.

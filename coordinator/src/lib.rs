@@ -36,6 +36,7 @@ mod callers;
 mod cancel;
 mod catalog;
 pub mod config;
+mod consumers;
 mod deadline;
 mod dispatch;
 mod events;

@@ -55,6 +55,8 @@ pub(crate) struct Replica {
     pub turns: OwnedTurns,
     /// Liveness, readiness and the drain flag served on `/healthz` and `/readyz`.
     pub health: Health,
+    /// The tool consumers this replica created or checked, by definition.
+    pub consumers: crate::consumers::Ensured,
 }
 
 /// Runs a coordinator with the template narrator until `shutdown` is cancelled.
@@ -120,6 +122,7 @@ pub async fn run_with_narrator(
         tasks: TaskTracker::new(),
         turns: OwnedTurns::default(),
         health: health.clone(),
+        consumers: Default::default(),
     });
     let background = TaskTracker::new();
     spawn_background(
@@ -219,6 +222,7 @@ async fn refresh_registry(
     stop: CancellationToken,
 ) {
     let period = replica.config.registry_refresh;
+    crate::consumers::ensure_changed(&replica).await;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -229,6 +233,7 @@ async fn refresh_registry(
             replica.metrics.redis_error("registry_refresh");
             warn!(%error, "registry refresh failed");
         }
+        crate::consumers::ensure_changed(&replica).await;
     }
 }
 

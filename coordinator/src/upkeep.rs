@@ -3,9 +3,9 @@
 //! lost them) and the gauges sampled every period (each known tool's queue lag from its
 //! consumer, the turns this replica owns).
 //!
-//! Owns the list of JetStream objects the coordinator recreates and the sampling loop.
-//! Never handles a turn or a result, and never creates a worker's tool consumer (each
-//! worker recreates its own, see `toolfleet_common::topology`).
+//! Owns the list of JetStream objects the coordinator recreates and the sampling loop,
+//! which also ensures every registered tool's consumer each period (`consumers.rs`).
+//! Never handles a turn or a result.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::streams::{jobs_config, results_config};
 use toolfleet_common::topology::Needed;
+use toolfleet_common::ToolDefinition;
 use tracing::debug;
 
 use crate::results::results_consumer_config;
@@ -41,7 +42,7 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
         if let Ok(stream) = replica.js.get_stream(replica.names.jobs_stream()).await {
             let snapshot = replica.registry.snapshot();
             for tool in snapshot.sorted() {
-                if let Err(error) = sample_tool(&replica, &stream, &tool.definition.name).await {
+                if let Err(error) = sample_tool(&replica, &stream, &tool.definition).await {
                     debug!(tool = %tool.definition.name, %error, "queue lag not sampled");
                 }
             }
@@ -53,15 +54,15 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
     }
 }
 
+/// Ensures `definition`'s consumer (created when missing, retry settings put back) and
+/// samples its queue lag.
 async fn sample_tool(
     replica: &Replica,
     stream: &jetstream::stream::Stream,
-    tool: &str,
+    definition: &ToolDefinition,
 ) -> Result<(), String> {
-    let info = stream
-        .consumer_info(replica.names.tool_consumer(tool))
-        .await
-        .map_err(|e| e.to_string())?;
+    let tool = definition.name.as_str();
+    let info = crate::consumers::ensure(replica, definition).await?;
     let now_s = i64::try_from(unix_ms() / 1000).unwrap_or(i64::MAX);
     let waiting = info.num_pending + u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX);
     let oldest_age = match waiting {

@@ -232,6 +232,8 @@ impl SecuredServers {
         let config = WorkerConfig {
             http_addr: Some(loopback(http_port)),
             nats_credentials: worker_credentials(),
+            // The worker user may not create consumers: the coordinator does.
+            consumers: toolfleet_worker::ConsumerMode::Bind,
             ..worker_settings(self.nats.url(), self.worker_redis_url.clone(), &self.names)
         };
         let tools = packs::tools_for(&["demo"]).map_err(anyhow::Error::msg)?;

@@ -36,7 +36,10 @@ async fn starts_of(
     let mut starts = HashMap::new();
     let until = tokio::time::Instant::now() + within;
     while let Ok(Some(message)) = tokio::time::timeout_at(until, progress.next()).await {
-        let turn = message.subject.rsplit('.').next().unwrap_or_default();
+        let names = toolfleet_common::Names::default();
+        let turn = names
+            .progress_subject_parts(&message.subject)
+            .map_or("", |(turn, _)| turn);
         if turn != turn_id {
             continue;
         }

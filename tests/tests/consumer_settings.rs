@@ -58,3 +58,64 @@ async fn a_changed_retry_policy_is_in_force_on_the_next_start() -> anyhow::Resul
     coordinator.stop().await;
     Ok(())
 }
+
+/// The settings of `tool`'s consumer as the server has them.
+async fn consumer_config(
+    js: &async_nats::jetstream::Context,
+    names: &toolfleet_common::Names,
+    tool: &str,
+) -> anyhow::Result<async_nats::jetstream::consumer::Config> {
+    let stream = js.get_stream(names.jobs_stream()).await?;
+    Ok(stream
+        .consumer_info(names.tool_consumer(tool))
+        .await?
+        .config
+        .clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_puts_back_a_consumer_changed_behind_its_back() -> anyhow::Result<()> {
+    use async_nats::jetstream::consumer;
+    let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
+    let js = async_nats::jetstream::new(fleet.client.nats().clone());
+    let tool = "test.behave";
+    let before = consumer_config(&js, &fleet.names, tool).await?;
+
+    // What a stalling worker would set: one delivery, one job at a time, an hour's wait.
+    let stream = js.get_stream(fleet.names.jobs_stream()).await?;
+    let _: consumer::PullConsumer = stream
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(fleet.names.tool_consumer(tool)),
+            filter_subject: fleet.names.job_subject(tool),
+            ack_wait: before.ack_wait,
+            max_deliver: 1,
+            max_ack_pending: 1,
+            ..Default::default()
+        })
+        .await?;
+    assert_eq!(
+        consumer_config(&js, &fleet.names, tool)
+            .await?
+            .max_ack_pending,
+        1
+    );
+
+    toolfleet_tests::eventually_named("the consumer put back", EVENT_WAIT, || {
+        let (js, names) = (js.clone(), fleet.names.clone());
+        let before = before.clone();
+        async move {
+            let now = consumer_config(&js, &names, tool).await.ok()?;
+            (now.max_deliver == before.max_deliver && now.max_ack_pending == before.max_ack_pending)
+                .then_some(())
+        }
+    })
+    .await?;
+
+    // Eight calls at once all run (one at a time they would queue behind each other).
+    let calls = (0..8)
+        .map(|i| call(&format!("c{i}"), tool, json!({"sleep_ms": 300, "value": i})))
+        .collect();
+    let outcome = fleet.run_calls("acme", calls, EVENT_WAIT).await?;
+    assert_eq!(outcome.final_event.summary.ok, 8);
+    Ok(())
+}

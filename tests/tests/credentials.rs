@@ -11,7 +11,9 @@ use serde_json::json;
 use std::time::Duration;
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::{CallState, Names};
-use toolfleet_tests::fleet::{turn, wait_for_catalog, wait_for_tools_on};
+use toolfleet_tests::fleet::{
+    call, final_of, read_to_end, timed_turn, turn, wait_for_catalog, wait_for_tools_on,
+};
 use toolfleet_tests::secured::{
     apply_redis_acl, coordinator_credentials, frontend_credentials, worker_credentials,
     RoleConnection, SecuredServers, EVENT_WAIT, SILENCE,
@@ -389,5 +391,66 @@ async fn the_redis_worker_user_writes_only_its_own_tools_registry_and_cache_keys
             ),
         }
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_binds_to_the_consumer_the_coordinator_made_and_cannot_change_it() -> Result<()> {
+    let servers = SecuredServers::start().await?;
+    let _coordinator = servers.coordinator(free_port()?);
+    let _worker = servers.demo_worker(free_port()?)?;
+    let frontend = servers.frontend().await?;
+    wait_for_tools_on(&frontend, &["crm.getOpenInvoices"]).await?;
+
+    let tool = "crm.getOpenInvoices";
+    let names = &servers.names;
+    let coordinator = RoleConnection::open(&servers.nats, &coordinator_credentials()).await?;
+    let info = |js: async_nats::jetstream::Context| {
+        let names = names.clone();
+        async move {
+            let stream = js.get_stream(names.jobs_stream()).await?;
+            anyhow::Ok(
+                stream
+                    .consumer_info(names.tool_consumer(tool))
+                    .await?
+                    .config
+                    .clone(),
+            )
+        }
+    };
+    let before = info(coordinator.jetstream()).await?;
+
+    // The worker user's attempt to stall its own tool is refused by NATS.
+    let mut worker = RoleConnection::open(&servers.nats, &worker_credentials()).await?;
+    let jobs = worker.jetstream().get_stream(names.jobs_stream()).await?;
+    let stall = jobs
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(names.tool_consumer(tool)),
+            filter_subject: names.job_subject(tool),
+            ack_wait: Duration::from_secs(3600),
+            max_deliver: 1,
+            max_ack_pending: 1,
+            ..Default::default()
+        })
+        .await;
+    assert!(stall.is_err(), "the worker changed its consumer");
+    worker.expect_server_error().await?;
+    let after = info(coordinator.jetstream()).await?;
+    assert_eq!(
+        (after.ack_wait, after.max_deliver, after.max_ack_pending),
+        (before.ack_wait, before.max_deliver, before.max_ack_pending)
+    );
+
+    // And the tool still serves a turn.
+    let request = timed_turn(
+        "acme",
+        10_000,
+        vec![call("inv", tool, json!({"customerId": "cust_001"}))],
+    );
+    let mut stream = frontend.submit(request).await?;
+    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+    let fin = final_of(&events)?;
+    assert_eq!(fin.results.len(), 1);
+    assert!(fin.results[0].ok, "{:?}", fin.results[0]);
     Ok(())
 }

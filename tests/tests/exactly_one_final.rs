@@ -53,7 +53,10 @@ async fn count_starts(
         if let Ok(ProgressNotice::Started { tool_call_id, .. }) =
             serde_json::from_slice(&message.payload)
         {
-            let turn = message.subject.rsplit('.').next().unwrap_or_default();
+            let names = toolfleet_common::Names::default();
+            let turn = names
+                .progress_subject_parts(&message.subject)
+                .map_or("", |(turn, _)| turn);
             *starts.entry(format!("{turn}/{tool_call_id}")).or_default() += 1;
         }
     }

@@ -405,7 +405,7 @@ async fn an_http_retry_of_the_same_turn_id_attaches_and_runs_the_calls_once() ->
     while let Ok(Some(message)) =
         tokio::time::timeout_at(until, futures::StreamExt::next(&mut progress)).await
     {
-        if message.subject.ends_with(".http-retry-1")
+        if message.subject.contains(".http-retry-1.")
             && String::from_utf8_lossy(&message.payload).contains("\"started\"")
         {
             starts += 1;

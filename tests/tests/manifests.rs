@@ -324,10 +324,6 @@ fn the_nats_worker_user_pulls_exactly_the_demo_tools() -> Result<()> {
         wanted.insert(names.tool_progress_wildcard(&tool));
         let consumer = names.tool_consumer(&tool);
         wanted.insert(format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"));
-        wanted.insert(format!(
-            "$JS.API.CONSUMER.CREATE.{stream}.{consumer}.{}",
-            names.job_subject(&tool)
-        ));
         wanted.insert(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"));
         wanted.insert(format!("$JS.ACK.{stream}.{consumer}.>"));
     }

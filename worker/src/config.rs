@@ -42,6 +42,35 @@ pub struct WorkerConfig {
     /// Address of `/healthz`, `/readyz` and `/metrics` (`TOOLFLEET_HTTP_ADDR`, default
     /// `0.0.0.0:9091`, `off` to disable; none in [`WorkerConfig::local`]).
     pub http_addr: Option<std::net::SocketAddr>,
+    /// Whether the worker creates its tools' consumers or only binds to the ones the
+    /// coordinator creates (`TOOLFLEET_WORKER_CONSUMERS`, `create` or `bind`).
+    pub consumers: ConsumerMode,
+}
+
+/// How a worker gets its tools' durable consumers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumerMode {
+    /// Get, create or update each consumer itself (development, NATS without users).
+    Create,
+    /// Never create or change a consumer: announce the definition, wait until the
+    /// coordinator created the consumer with the definition's settings, bind to it. The
+    /// deploy/ NATS users allow workers nothing else.
+    Bind,
+}
+
+impl ConsumerMode {
+    fn from_env() -> Result<Self, ConfigError> {
+        const NAME: &str = "TOOLFLEET_WORKER_CONSUMERS";
+        match env_string(NAME, "create").to_ascii_lowercase().as_str() {
+            "create" => Ok(Self::Create),
+            "bind" => Ok(Self::Bind),
+            other => Err(ConfigError {
+                name: NAME.into(),
+                value: other.into(),
+                reason: "must be create or bind".into(),
+            }),
+        }
+    }
 }
 
 impl WorkerConfig {
@@ -65,6 +94,7 @@ impl WorkerConfig {
             shutdown_grace: Duration::from_secs(10),
             topology_check: Duration::from_secs(1),
             http_addr: None,
+            consumers: ConsumerMode::Create,
         }
     }
 
@@ -96,6 +126,7 @@ impl WorkerConfig {
                 ranges::TOPOLOGY_CHECK_MS,
             )?,
             http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9091")?,
+            consumers: ConsumerMode::from_env()?,
             ..d
         })
     }

@@ -50,23 +50,7 @@ impl Bound {
 
 /// The durable pull consumer of `tool` (also used to recreate it when it disappears).
 pub(crate) fn config(names: &Names, tool: &Tool, ack_wait: Duration) -> consumer::pull::Config {
-    let def = tool.definition();
-    let max_deliver = if def.retry.idempotent {
-        i64::from(def.retry.max_attempts.max(1))
-    } else {
-        // The second delivery reports the interruption instead of running the call.
-        2
-    };
-    consumer::pull::Config {
-        durable_name: Some(names.tool_consumer(&def.name)),
-        filter_subject: names.job_subject(&def.name),
-        ack_policy: consumer::AckPolicy::Explicit,
-        ack_wait,
-        max_deliver,
-        backoff: Vec::new(),
-        max_ack_pending: 10_000,
-        ..Default::default()
-    }
+    toolfleet_common::streams::tool_consumer_config(names, tool.definition(), ack_wait)
 }
 
 /// Gets or creates `tool`'s consumer, checks it serves that tool and brings its delivery
@@ -109,6 +93,55 @@ pub(crate) async fn bind(
     }
     let bound = Bound::of(&updated.cached_info().config);
     Ok((updated, bound))
+}
+
+/// How long a worker in `bind` mode waits for the coordinator to create a consumer.
+pub(crate) const BIND_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until `tool`'s consumer exists with its definition's filter and retry settings
+/// (the coordinator creates it from the registry), then binds to it without ever sending
+/// a create: the consumer and the settings it is bound with (its own ack wait).
+pub(crate) async fn wait_and_bind(
+    jobs_stream: &jetstream::stream::Stream,
+    names: &Names,
+    tool: &Tool,
+) -> Result<(consumer::PullConsumer, Bound), WorkerError> {
+    // The ack wait is the coordinator's to choose; compared without it.
+    let wanted = config(names, tool, Duration::ZERO).into_consumer_config();
+    let durable = names.tool_consumer(&tool.definition().name);
+    let started = tokio::time::Instant::now();
+    let mut last = String::from("it does not exist");
+    while started.elapsed() < BIND_WAIT {
+        match jobs_stream
+            .get_consumer::<consumer::pull::Config>(&durable)
+            .await
+        {
+            Ok(consumer) => {
+                let current = &consumer.cached_info().config;
+                let mut comparable = wanted.clone();
+                comparable.ack_wait = current.ack_wait;
+                match (current.filter_subject == wanted.filter_subject)
+                    .then(|| drift(current, &comparable))
+                {
+                    Some(None) => {
+                        let bound = Bound::of(current);
+                        return Ok((consumer, bound));
+                    }
+                    Some(Some(differences)) => last = differences,
+                    None => last = format!("it serves {}", current.filter_subject),
+                }
+            }
+            Err(error) => last = error.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(WorkerError::Consumer {
+        consumer: durable,
+        message: format!(
+            "no consumer with the definition's settings after {}s (TOOLFLEET_WORKER_CONSUMERS=bind: a coordinator creates it once it has read the definition; is one running?): {last}",
+            BIND_WAIT.as_secs()
+        ),
+    })
 }
 
 /// How `current`'s delivery settings differ from `wanted`'s, naming both values; `None`

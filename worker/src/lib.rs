@@ -86,7 +86,7 @@ use toolfleet_common::tool::{validate_tool_name, ToolNameError};
 use toolfleet_common::Names;
 use tracing::{info, warn};
 
-pub use config::WorkerConfig;
+pub use config::{ConsumerMode, WorkerConfig};
 pub use tool::{Tool, ToolContext, ToolError, ToolOutput};
 pub use toolset::ToolSet;
 

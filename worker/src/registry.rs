@@ -193,6 +193,26 @@ impl Registration {
         pipe.query_async(&mut self.redis).await
     }
 
+    /// Writes `definition` (and its name) without a liveness entry: the coordinator
+    /// creates the tool's consumer from it before the worker serves the tool.
+    pub async fn write_definition(
+        &mut self,
+        definition: &ToolDefinition,
+    ) -> Result<(), crate::WorkerError> {
+        let json = serde_json::to_string(definition)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("HSET")
+            .arg(self.names.tool_definition_key(&definition.name))
+            .arg("definition")
+            .arg(json)
+            .arg("by")
+            .arg(&self.by)
+            .ignore();
+        pipe.sadd(self.names.tool_names_key(), &definition.name)
+            .ignore();
+        Ok(pipe.query_async(&mut self.redis).await?)
+    }
+
     /// Reads what coordinators refused of these tools into `refusals`.
     pub async fn read_refusals(&mut self, refusals: &Refusals) -> redis::RedisResult<()> {
         if self.definitions.is_empty() {

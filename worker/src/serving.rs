@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 use crate::registry::{Refusals, Registration};
 use crate::runner::{serve_tool, ServedTool, Shared};
 use crate::tool::Tool;
-use crate::{consumers, WorkerConfig, WorkerError};
+use crate::{consumers, ConsumerMode, WorkerConfig, WorkerError};
 
 /// A tool being served: what its loop runs and how to stop it.
 struct Running {
@@ -98,15 +98,27 @@ impl Serving {
 
     /// Checks `tool` and binds its consumer (bringing the consumer's delivery settings
     /// in line with the definition).
-    async fn prepare(&self, tool: Tool) -> Result<(ServedTool, PullConsumer), WorkerError> {
+    async fn prepare(&mut self, tool: Tool) -> Result<(ServedTool, PullConsumer), WorkerError> {
         let mut served = crate::checked(tool, &self.config)?;
-        let (consumer, bound) = consumers::bind(
-            &self.jobs_stream,
-            &self.shared.names,
-            &served.tool,
-            self.config.ack_wait,
-        )
-        .await?;
+        let names = &self.shared.names;
+        let (consumer, bound) = match self.config.consumers {
+            ConsumerMode::Create => {
+                consumers::bind(&self.jobs_stream, names, &served.tool, self.config.ack_wait)
+                    .await?
+            }
+            ConsumerMode::Bind => {
+                // The coordinator creates the consumer from the definition it reads.
+                self.registration
+                    .write_definition(served.tool.definition())
+                    .await?;
+                let _ = self
+                    .shared
+                    .nats
+                    .publish(names.registry_changed(), bytes::Bytes::new())
+                    .await;
+                consumers::wait_and_bind(&self.jobs_stream, names, &served.tool).await?
+            }
+        };
         served.bound = bound;
         Ok((served, consumer))
     }
@@ -139,14 +151,18 @@ impl Serving {
     }
 
     /// Starts the watch that recreates `served`'s consumer when it disappears, under a
-    /// child of `stop`; its stop token.
+    /// child of `stop`; its stop token. In `bind` mode there is none: the coordinator
+    /// recreates consumers.
     fn watch(&self, served: &ServedTool, stop: &CancellationToken) -> CancellationToken {
+        let watch_stop = stop.child_token();
+        if self.config.consumers == ConsumerMode::Bind {
+            return watch_stop;
+        }
         let names = &self.shared.names;
         let needed = vec![Needed::Consumer(
             names.jobs_stream(),
             consumers::config(names, &served.tool, self.config.ack_wait),
         )];
-        let watch_stop = stop.child_token();
         let watch = topology::watch(
             self.shared.js.clone(),
             needed,

@@ -114,6 +114,8 @@ class Settings:
     ack_wait: float = field(default_factory=lambda: _env_int("TOOLFLEET_ACK_WAIT_MS", 5000) / 1000)
     max_result_bytes: int = field(default_factory=lambda: _env_int("TOOLFLEET_MAX_RESULT_BYTES", 512 * 1024))
     shutdown_grace: float = field(default_factory=lambda: _env_int("TOOLFLEET_SHUTDOWN_GRACE_MS", 10000) / 1000)
+    # `create`: make or update the tools' consumers; `bind`: wait for the coordinator's.
+    consumers: str = field(default_factory=lambda: (os.environ.get("TOOLFLEET_WORKER_CONSUMERS", "").strip() or "create").lower())
 
 
 def now_ms():

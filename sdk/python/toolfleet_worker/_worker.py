@@ -76,11 +76,30 @@ class Worker:
                 storage=StorageType.FILE, duplicate_window=120, max_age=3600))
 
     async def _bind(self, t):
-        """7.1 step 2: create the consumer, or update one whose settings drifted."""
+        """7.1 step 2: create the consumer, or update one whose settings drifted; in
+        `bind` mode wait for the coordinator to create it, never creating one."""
         wanted = ConsumerConfig(
             durable_name=t.durable, filter_subject=t.subject, ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.s.ack_wait, max_ack_pending=10000,
             max_deliver=t.definition["retry"]["max_attempts"] if t.idempotent else 2)
+        if self.s.consumers == "bind":
+            deadline, last = time.monotonic() + 30, "it does not exist"
+            while True:
+                try:
+                    info = await self.js.consumer_info(self.jobs_stream, t.durable)
+                    c = info.config
+                    if c.filter_subject == t.subject and c.max_deliver == wanted.max_deliver:
+                        break
+                    last = f"it serves {c.filter_subject} with max_deliver {c.max_deliver}"
+                except NotFoundError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"consumer {t.durable}: no consumer with the definition's "
+                                       f"settings after 30 s (TOOLFLEET_WORKER_CONSUMERS=bind): {last}")
+                await asyncio.sleep(0.2)
+            t.max_deliver, t.ack_wait = info.config.max_deliver, info.config.ack_wait
+            t.sub = await self.js.pull_subscribe_bind(t.durable, self.jobs_stream)
+            return
         try:
             info = await self.js.consumer_info(self.jobs_stream, t.durable)
             c = info.config
@@ -102,14 +121,17 @@ class Worker:
         t.max_deliver, t.ack_wait = info.config.max_deliver, info.config.ack_wait
         t.sub = await self.js.pull_subscribe_bind(t.durable, self.jobs_stream)
 
+    def _write_definition(self, p, served):
+        name = served.definition["name"]
+        p.hset(f"{self.s.prefix}:{{registry}}:tool:{name}",
+               mapping={"definition": json.dumps(served.definition), "by": self.registered_by})
+        p.sadd(self.names_key, name)
+
     async def _beat(self):
         t = now_ms()
         async with self.redis.pipeline(transaction=False) as p:
             for served in self.served:
-                name = served.definition["name"]
-                p.hset(f"{self.s.prefix}:{{registry}}:tool:{name}",
-                       mapping={"definition": json.dumps(served.definition), "by": self.registered_by})
-                p.sadd(self.names_key, name)
+                self._write_definition(p, served)
                 p.zadd(served.workers_key, {self.s.worker_id: t + int(3 * self.s.heartbeat * 1000)})
                 p.zremrangebyscore(served.workers_key, "-inf", t)
             await p.execute()
@@ -311,9 +333,16 @@ class Worker:
         await self.nc.subscribe(f"{self.s.prefix}.cancelled.*", cb=self._on_cancelled_cb)
         await self._ensure_stream(self.jobs_stream, f"{self.s.prefix}.jobs.>")
         await self._ensure_stream(f"{self.s.prefix.upper()}_RESULTS", f"{self.s.prefix}.results.>")
+        self.redis = aioredis.from_url(self.s.redis_url)
+        if self.s.consumers == "bind":
+            # The coordinator creates each consumer from the definition it reads.
+            async with self.redis.pipeline(transaction=False) as p:
+                for served in self.served:
+                    self._write_definition(p, served)
+                await p.execute()
+            await self.nc.publish(f"{self.s.prefix}.registry.changed", b"")
         for t in self.served:
             await self._bind(t)
-        self.redis = aioredis.from_url(self.s.redis_url)
         await self._beat()
         await self.nc.publish(f"{self.s.prefix}.registry.changed", b"")
         await self.nc.flush()

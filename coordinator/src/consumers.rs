@@ -1,0 +1,115 @@
+//! Every tool's durable consumer on the jobs stream, created and kept in line by the
+//! coordinators from the registry: a worker never needs to create or change one (the
+//! deploy/ NATS users let workers only bind, pull and ack), so no worker can stall a tool
+//! by giving its consumer a long ack wait or a single delivery.
+//!
+//! Owns [`ensure`]: create a tool's consumer when missing, and put back its retry
+//! settings (`max_deliver`, `backoff`, `max_ack_pending`) when they differ from what the
+//! definition asks; an existing consumer keeps its ack wait (a worker in `create` mode
+//! chooses its own). Called for each new or changed definition after a registry refresh,
+//! and for every tool each topology period. Never pulls a job.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_nats::jetstream::consumer::{self, IntoConsumerConfig};
+use toolfleet_common::streams::tool_consumer_config;
+use toolfleet_common::topology::consumer_not_found;
+use toolfleet_common::ToolDefinition;
+use tracing::{info, warn};
+
+use crate::startup::Replica;
+
+/// The definitions whose consumer this replica has ensured, by tool, so a refresh that
+/// changed nothing costs no JetStream request.
+#[derive(Default)]
+pub(crate) struct Ensured(Mutex<HashMap<String, ToolDefinition>>);
+
+/// Ensures the consumer of every tool whose definition is new or changed since this
+/// replica last ensured it.
+pub(crate) async fn ensure_changed(replica: &Replica) {
+    let snapshot = replica.registry.snapshot();
+    for tool in snapshot.sorted() {
+        let definition = &tool.definition;
+        let known = replica
+            .consumers
+            .0
+            .lock()
+            .map(|e| e.get(&definition.name) == Some(definition))
+            .unwrap_or(false);
+        if known {
+            continue;
+        }
+        if let Err(error) = ensure(replica, definition).await {
+            warn!(tool = %definition.name, %error, "tool consumer not ensured");
+        }
+    }
+}
+
+/// Creates `definition`'s consumer when missing or puts back its retry settings; the
+/// consumer's state as the server has it afterwards.
+pub(crate) async fn ensure(
+    replica: &Replica,
+    definition: &ToolDefinition,
+) -> Result<consumer::Info, String> {
+    let names = &replica.names;
+    let wanted = tool_consumer_config(names, definition, replica.config.tool_ack_wait);
+    let durable = names.tool_consumer(&definition.name);
+    let stream = replica
+        .js
+        .get_stream(names.jobs_stream())
+        .await
+        .map_err(|e| e.to_string())?;
+    let info = match stream.consumer_info(&durable).await {
+        Ok(info) => {
+            let current = &info.config;
+            if current.filter_subject != wanted.filter_subject {
+                return Err(format!(
+                    "consumer {durable} serves {}, not tool {}",
+                    current.filter_subject, definition.name
+                ));
+            }
+            let differs = current.max_deliver != wanted.max_deliver
+                || current.backoff != wanted.backoff
+                || current.max_ack_pending != wanted.max_ack_pending;
+            if differs {
+                warn!(
+                    consumer = %durable,
+                    max_deliver = current.max_deliver,
+                    max_ack_pending = current.max_ack_pending,
+                    "the consumer's settings differ from the tool's definition; putting them back"
+                );
+                let update = consumer::pull::Config {
+                    ack_wait: current.ack_wait,
+                    ..wanted
+                };
+                replica.metrics.topology_recreated("consumer_settings");
+                create(&stream, update).await?
+            } else {
+                info.clone()
+            }
+        }
+        Err(error) if consumer_not_found(error.kind()) => {
+            info!(consumer = %durable, tool = %definition.name, "creating the tool's consumer");
+            create(&stream, wanted).await?
+        }
+        Err(error) => return Err(error.to_string()),
+    };
+    if let Ok(mut ensured) = replica.consumers.0.lock() {
+        ensured.insert(definition.name.clone(), definition.clone());
+    }
+    Ok(info)
+}
+
+async fn create(
+    stream: &async_nats::jetstream::stream::Stream,
+    config: consumer::pull::Config,
+) -> Result<consumer::Info, String> {
+    let name = config.durable_name.clone().unwrap_or_default();
+    let config = config.into_consumer_config();
+    stream
+        .create_consumer(config)
+        .await
+        .map(|c: consumer::Consumer<consumer::Config>| c.cached_info().clone())
+        .map_err(|e| format!("creating consumer {name}: {e}"))
+}
