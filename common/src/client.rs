@@ -534,9 +534,13 @@ impl TurnStream {
                 // the next probe asks again.
                 continue;
             }
+            // Only coordinators answer on a turn's inbox; anything else that reaches it
+            // (a job a worker had delivered there) is not an event and is dropped.
+            let Ok(event) = serde_json::from_slice::<TurnEvent>(&message.payload) else {
+                tracing::debug!(subject = %message.subject, "a message that is not a turn event was dropped");
+                continue;
+            };
             self.probe = PROBE_START;
-            let event: TurnEvent = serde_json::from_slice(&message.payload)
-                .map_err(|e| ClientError::new(ClientErrorKind::Decode, e.to_string()))?;
             match seq_of(&message.payload) {
                 None if self.is_retryable_refusal(&event) => self.refusal = Some(event),
                 None => return Ok(self.unstored(event).await),
