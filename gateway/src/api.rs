@@ -16,7 +16,7 @@ use aide::transform::TransformOpenApi;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
@@ -25,7 +25,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::{API_KEY_HEADER, SECURITY_SCHEME};
 use crate::error::ApiError;
 use crate::trace::{add_traceparent, RecordFailure, RecordStatus, ServerSpan};
-use crate::{catalog, page, stored, turns, Gateway};
+use crate::{catalog, openai, page, stored, turns, Gateway};
 
 /// The router of `gateway`, with every layer.
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -43,6 +43,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             get(move || async move { ([(header::CONTENT_TYPE, "application/json")], document) }),
         )
         .route("/docs", get(move || async move { Html(redoc) }))
+        .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .merge(page::routes())

@@ -60,6 +60,62 @@ pub struct GatewayConfig {
     /// cancels the turn (`TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT`, default `false`: the
     /// turn runs on and `GET /v1/turns/{id}/events` resumes it).
     pub cancel_on_disconnect: bool,
+    /// The model server `POST /v1/chat/completions` forwards to, and how its tool loop
+    /// runs (`TOOLFLEET_UPSTREAM_*`, `TOOLFLEET_OPENAI_*`).
+    pub upstream: UpstreamConfig,
+}
+
+/// The OpenAI-compatible upstream of `/v1/chat/completions` and the loop's limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UpstreamConfig {
+    /// Base URL of any OpenAI-compatible server, up to and including its `/v1`
+    /// (`TOOLFLEET_UPSTREAM_BASE_URL`, e.g. `https://api.openai.com/v1`); unset: the
+    /// route answers 503 `upstream_not_configured`.
+    pub base_url: Option<String>,
+    /// Bearer key sent upstream (`TOOLFLEET_UPSTREAM_API_KEY`).
+    pub api_key: Option<String>,
+    /// Model that replaces the request's `model` (`TOOLFLEET_UPSTREAM_MODEL`).
+    pub model: Option<String>,
+    /// Rounds of fleet tool calls before the loop stops (`TOOLFLEET_OPENAI_MAX_ROUNDS`).
+    pub max_rounds: u32,
+    /// Calls of one round that run; later ones get `too_many_calls`
+    /// (`TOOLFLEET_OPENAI_MAX_CALLS_PER_ROUND`).
+    pub max_calls_per_round: usize,
+    /// How long one upstream request may take (`TOOLFLEET_UPSTREAM_TIMEOUT_MS`).
+    pub timeout: Duration,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            base_url: None,
+            api_key: None,
+            model: None,
+            max_rounds: 8,
+            max_calls_per_round: 16,
+            timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+impl UpstreamConfig {
+    fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let optional = |name: &str| Some(env_string(name, "")).filter(|v| !v.is_empty());
+        Ok(Self {
+            base_url: optional("TOOLFLEET_UPSTREAM_BASE_URL")
+                .map(|url| url.trim_end_matches('/').to_string()),
+            api_key: optional("TOOLFLEET_UPSTREAM_API_KEY"),
+            model: optional("TOOLFLEET_UPSTREAM_MODEL"),
+            max_rounds: env_in("TOOLFLEET_OPENAI_MAX_ROUNDS", d.max_rounds, 1..=64)?,
+            max_calls_per_round: env_in(
+                "TOOLFLEET_OPENAI_MAX_CALLS_PER_ROUND",
+                d.max_calls_per_round,
+                1..=256,
+            )?,
+            timeout: env_ms_in("TOOLFLEET_UPSTREAM_TIMEOUT_MS", d.timeout, 1000..=600_000)?,
+        })
+    }
 }
 
 impl GatewayConfig {
@@ -87,6 +143,7 @@ impl GatewayConfig {
             cors_origins: Vec::new(),
             jaeger_url: DEFAULT_JAEGER_URL.to_string(),
             cancel_on_disconnect: false,
+            upstream: UpstreamConfig::default(),
         }
     }
 
@@ -141,6 +198,7 @@ impl GatewayConfig {
                 "TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT",
                 d.cancel_on_disconnect,
             )?,
+            upstream: UpstreamConfig::from_env()?,
         })
     }
 }

@@ -33,6 +33,8 @@ pub mod codes {
     pub const RATE_LIMITED: &str = "rate_limited";
     /// The gateway follows as many turns as it may; retry after `Retry-After` seconds.
     pub const OVERLOADED: &str = "overloaded";
+    /// `/v1/chat/completions` without a configured model server.
+    pub const UPSTREAM_NOT_CONFIGURED: &str = "upstream_not_configured";
     /// No such route or turn.
     pub const NOT_FOUND: &str = "not_found";
     /// No event of the turn arrived in time.

@@ -18,6 +18,7 @@
 //! | `extract` | JSON body and query extractors answering in the error shape |
 //! | `keys` | key format, hashing, the cached PostgreSQL lookup, admin create/list/revoke |
 //! | `limits` | token bucket per key, turn slots |
+//! | `openai` | `POST /v1/chat/completions`: the model's tool loop on the fleet, streamed or not |
 //! | `page` | the live turn page at `/` (plain HTML, CSS and JS, no build step) |
 //! | `trace` | the server span with HTTP semantic conventions, `traceparent` in and out |
 //! | `turns` | `POST /v1/turns`, SSE and JSON |
@@ -37,6 +38,7 @@ pub mod error;
 pub mod extract;
 pub mod keys;
 pub mod limits;
+pub mod openai;
 pub mod page;
 pub mod stored;
 pub mod trace;
@@ -85,6 +87,8 @@ pub struct Gateway {
     pub limiter: RateLimiter,
     /// Turns followed at once.
     pub slots: TurnSlots,
+    /// The model server of `/v1/chat/completions`, when configured.
+    pub upstream: Option<openai::Upstream>,
 }
 
 impl Gateway {
@@ -94,6 +98,7 @@ impl Gateway {
             keys: KeyStore::new(config.database_url.clone(), config.key_cache),
             limiter: RateLimiter::new(config.rate_per_s, config.burst),
             slots: TurnSlots::new(config.max_turns),
+            upstream: openai::Upstream::new(&config.upstream),
             client,
             config,
         }

@@ -1,0 +1,698 @@
+//! `POST /v1/chat/completions`: the OpenAI Chat Completions API in front of a real model,
+//! with the model's tool loop run on the fleet. A frontend changes only its base URL and
+//! key.
+//!
+//! Owns the loop. The request goes upstream with the tools offered (the caller's own
+//! plus the tenant's fleet tools, see [`offered_tools`]); while the model answers with
+//! calls of fleet tools only, all of them run as one fleet turn (ids and order kept), every
+//! result is appended as a `role: "tool"` message in the model's call order, and the
+//! model is asked again. The caller gets the model's final answer; or, when a message
+//! also calls a tool the caller declared itself, that message with *every* call in order
+//! (`finish_reason: "tool_calls"`) and the fleet calls' ids in the `toolfleet` extension:
+//! their turn already ran, and the gateway inserts their results when the caller sends the
+//! conversation back with its own results. Limits: rounds, calls per round, a stop-after
+//! gate (`first`, `burst`), from the configuration or the request's `toolfleet` object.
+//!
+//! Streamed and unstreamed answers are the same: each round is read whole (streamed
+//! tool-call deltas gathered into calls), and the chunks of the round that ends the loop
+//! are sent as the upstream sent them; while fleet calls run the stream carries SSE
+//! comments, which clients ignore. Upstream failures pass through with their status and
+//! body; fleet failures become tool results. Never stores anything: a turn's results
+//! live in the join for its retention time.
+
+mod assemble;
+mod upstream;
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use toolfleet_common::tool::CatalogFormat;
+use toolfleet_common::turn::TurnOptions;
+use toolfleet_common::{TurnEvent, TurnRequest};
+use tracing::Instrument;
+
+pub use assemble::{assemble, chunks_of};
+pub use upstream::{Failure, Upstream};
+
+use crate::auth::Caller;
+use crate::error::{codes, ApiError};
+use crate::extract::ApiJson;
+use crate::Gateway;
+
+/// The extension object: loop options in a request, what the loop did in an answer.
+pub const EXTENSION: &str = "toolfleet";
+/// How long the catalog may take.
+const CATALOG_WAIT: Duration = Duration::from_secs(5);
+
+/// The request's `toolfleet` object (removed before the request goes upstream).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoopOptions {
+    /// Rounds of fleet calls before the loop stops (capped by the configuration).
+    #[serde(default)]
+    pub max_rounds: Option<u32>,
+    /// Calls of one round that run (capped by the configuration).
+    #[serde(default)]
+    pub max_calls_per_round: Option<usize>,
+    /// Stop offering tools after the first round (`first`) or after the first round
+    /// with more than one call (`burst`).
+    #[serde(default)]
+    pub stop_after: Option<StopAfter>,
+    /// Budget of each round's fleet turn, in ms.
+    #[serde(default)]
+    pub deadline_ms: Option<u64>,
+}
+
+/// The stop-after gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopAfter {
+    /// After the first round of fleet calls the model must answer in text.
+    First,
+    /// After the first round with several calls the model must answer in text.
+    Burst,
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    ApiJson(body): ApiJson<Value>,
+) -> Response {
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let span = tracing::info_span!(
+        "chat_completions",
+        otel.name = %format!("chat {model}"),
+        gen_ai.operation.name = "chat",
+        gen_ai.system = "openai",
+        gen_ai.request.model = %model,
+        toolfleet.tenant.id = %caller.tenant,
+        toolfleet.openai.rounds = tracing::field::Empty,
+        toolfleet.openai.fleet_calls = tracing::field::Empty,
+    );
+    match start(gateway, caller, body).instrument(span).await {
+        Ok(response) => response,
+        Err(Refusal::Api(error)) => error.into_response(),
+        Err(Refusal::Upstream(failure)) => failure.into_response(),
+    }
+}
+
+/// Why a request got no completion.
+enum Refusal {
+    Api(ApiError),
+    Upstream(Failure),
+}
+
+impl From<ApiError> for Refusal {
+    fn from(error: ApiError) -> Self {
+        Self::Api(error)
+    }
+}
+
+async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Response, Refusal> {
+    let Some(upstream) = gateway.upstream.clone() else {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::UPSTREAM_NOT_CONFIGURED,
+            "no model server is configured (TOOLFLEET_UPSTREAM_BASE_URL)",
+        )
+        .into());
+    };
+    let Value::Object(mut body) = body else {
+        return Err(ApiError::invalid_request("the body must be a JSON object").into());
+    };
+    let options: LoopOptions = match body.remove(EXTENSION) {
+        Some(value) => serde_json::from_value(value)
+            .map_err(|e| ApiError::invalid_request(format!("the `{EXTENSION}` object: {e}")))?,
+        None => LoopOptions::default(),
+    };
+    if !body.get("messages").is_some_and(Value::is_array) {
+        return Err(ApiError::invalid_request("`messages` must be an array").into());
+    }
+    let config = &gateway.config.upstream;
+    if let Some(model) = &config.model {
+        body.insert("model".into(), Value::String(model.clone()));
+    }
+    let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    gateway.nats_connected()?;
+    let catalog = gateway
+        .client
+        .catalog(
+            CatalogFormat::Openai,
+            Some(caller.tenant.clone()),
+            CATALOG_WAIT,
+        )
+        .await
+        .map_err(ApiError::from)?;
+    let (tools, fleet) = offered_tools(body.remove("tools"), catalog)?;
+    if !tools.is_empty() {
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    let slot = gateway.slots.try_take().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::OVERLOADED,
+            "the gateway follows as many turns as it may",
+        )
+        .retry_after(1)
+    })?;
+    let mut conversation = Conversation {
+        max_rounds: options
+            .max_rounds
+            .map_or(config.max_rounds, |r| r.min(config.max_rounds)),
+        max_calls: options
+            .max_calls_per_round
+            .map_or(config.max_calls_per_round, |c| {
+                c.min(config.max_calls_per_round)
+            }),
+        stop_after: options.stop_after,
+        deadline_ms: options.deadline_ms,
+        gateway,
+        tenant: caller.tenant,
+        body,
+        fleet,
+        rounds: 0,
+        fleet_calls: 0,
+    };
+    conversation.fill_fleet_results().await;
+    if !streamed {
+        let answer = conversation.complete(&upstream).await;
+        drop(slot);
+        return answer.map(|v| axum::Json(v).into_response());
+    }
+    // The first round is asked before answering, so its failure keeps its status.
+    let first = upstream
+        .stream(&conversation.body)
+        .await
+        .map_err(Refusal::Upstream)?;
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(32);
+    let span = tracing::Span::current();
+    tokio::spawn(
+        async move {
+            let _slot = slot;
+            conversation.stream(&upstream, first, sender).await;
+        }
+        .instrument(span),
+    );
+    let frames = futures::stream::unfold(receiver, |mut receiver| async move {
+        let frame = receiver.recv().await?;
+        Some((Ok::<_, Infallible>(frame), receiver))
+    });
+    let mut response = Body::from_stream(frames).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}
+
+/// The tools sent upstream and the OpenAI names of the fleet tools among them.
+///
+/// - no `tools`, or `"tools": "fleet"`: the tenant's whole fleet catalog;
+/// - an array: its entries in order, where an entry naming a fleet tool
+///   (`{"type": "function", "function": {"name": "crm__getOpenInvoices"}}`, the rest
+///   optional) is replaced by the fleet's definition, and an entry `{"type": "fleet"}` is
+///   replaced by the whole catalog; every other entry is the caller's own tool.
+///
+/// A caller tool whose name is also a fleet tool's is the fleet's: the fleet runs it.
+pub fn offered_tools(
+    requested: Option<Value>,
+    catalog: Vec<Value>,
+) -> Result<(Vec<Value>, HashSet<String>), ApiError> {
+    let name_of = |tool: &Value| {
+        tool.pointer("/function/name")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let by_name: HashMap<String, Value> = catalog
+        .iter()
+        .filter_map(|tool| Some((name_of(tool)?, tool.clone())))
+        .collect();
+    let entries = match requested {
+        None | Some(Value::Null) => vec![json!({"type": "fleet"})],
+        Some(Value::String(word)) if word == "fleet" => vec![json!({"type": "fleet"})],
+        Some(Value::Array(entries)) => entries,
+        Some(other) => {
+            return Err(ApiError::invalid_request(format!(
+                "`tools` must be an array or \"fleet\", not {other}"
+            )))
+        }
+    };
+    let (mut tools, mut fleet, mut seen) = (Vec::new(), HashSet::new(), HashSet::new());
+    for entry in entries {
+        if entry.get("type").and_then(Value::as_str) == Some("fleet") {
+            for tool in &catalog {
+                if let Some(name) = name_of(tool).filter(|n| seen.insert(n.clone())) {
+                    fleet.insert(name);
+                    tools.push(tool.clone());
+                }
+            }
+            continue;
+        }
+        let Some(name) = name_of(&entry) else {
+            tools.push(entry);
+            continue;
+        };
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        match by_name.get(&name) {
+            Some(definition) => {
+                fleet.insert(name);
+                tools.push(definition.clone());
+            }
+            None => tools.push(entry),
+        }
+    }
+    Ok((tools, fleet))
+}
+
+/// One chat request on its way through the loop.
+struct Conversation {
+    gateway: Arc<Gateway>,
+    tenant: String,
+    /// What goes upstream; `messages` grows by each round.
+    body: Map<String, Value>,
+    /// OpenAI names of the fleet tools offered.
+    fleet: HashSet<String>,
+    max_rounds: u32,
+    max_calls: usize,
+    stop_after: Option<StopAfter>,
+    deadline_ms: Option<u64>,
+    rounds: u32,
+    fleet_calls: usize,
+}
+
+/// What a round's answer means.
+enum Step {
+    /// The loop ends with this response (the model's, or one the gateway wrote).
+    Answer(Value),
+    /// Fleet calls ran; ask the model again.
+    Again,
+}
+
+impl Conversation {
+    /// The loop without streaming.
+    async fn complete(&mut self, upstream: &Upstream) -> Result<Value, Refusal> {
+        loop {
+            let response = upstream
+                .complete(&self.body)
+                .await
+                .map_err(Refusal::Upstream)?;
+            match self.step(response).await {
+                Step::Answer(answer) => return Ok(answer),
+                Step::Again => {}
+            }
+        }
+    }
+
+    /// The loop, streamed: `first` is the first round's chunks.
+    async fn stream(
+        &mut self,
+        upstream: &Upstream,
+        first: Vec<Value>,
+        sender: tokio::sync::mpsc::Sender<Bytes>,
+    ) {
+        let mut chunks = first;
+        loop {
+            let response = assemble(&chunks);
+            let answer = match self.step(response).await {
+                Step::Answer(answer) => answer,
+                Step::Again => {
+                    let note = format!(
+                        ": toolfleet round {} ran {} fleet calls\n\n",
+                        self.rounds, self.fleet_calls
+                    );
+                    if sender.send(Bytes::from(note)).await.is_err() {
+                        return;
+                    }
+                    match upstream.stream(&self.body).await {
+                        Ok(next) => chunks = next,
+                        Err(failure) => {
+                            let _ = sender.send(data(&failure.json())).await;
+                            let _ = sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+                            return;
+                        }
+                    }
+                    continue;
+                }
+            };
+            // The upstream's own chunks when the answer is its message as it came; the
+            // gateway's when it wrote or annotated the answer.
+            let own = assemble(&chunks);
+            let frames = if answer == own {
+                chunks
+            } else if strip_extension(&answer) == own {
+                let mut chunks = chunks;
+                if let (Some(Value::Object(last)), Some(extension)) =
+                    (chunks.last_mut(), answer.get(EXTENSION))
+                {
+                    last.insert(EXTENSION.into(), extension.clone());
+                }
+                chunks
+            } else {
+                chunks_of(&answer)
+            };
+            for chunk in &frames {
+                if sender.send(data(chunk)).await.is_err() {
+                    return;
+                }
+            }
+            let _ = sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+            return;
+        }
+    }
+
+    /// Decides on one round's `response`, running its fleet calls when it has any.
+    async fn step(&mut self, response: Value) -> Step {
+        let message = response
+            .pointer("/choices/0/message")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let calls: Vec<Value> = message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if calls.is_empty() {
+            return Step::Answer(self.annotate(response, None));
+        }
+        let is_fleet = |call: &Value| {
+            call.pointer("/function/name")
+                .and_then(Value::as_str)
+                .is_some_and(|name| self.fleet.contains(name))
+        };
+        let fleet_calls: Vec<Value> = calls.iter().filter(|c| is_fleet(c)).cloned().collect();
+        if fleet_calls.len() < calls.len() {
+            // The caller must run some: it gets every call; the fleet's run now.
+            let ids: Vec<Value> = fleet_calls
+                .iter()
+                .filter_map(|c| c.get("id").cloned())
+                .collect();
+            if !fleet_calls.is_empty() {
+                let _ = self.run_turn(&calls, &fleet_calls).await;
+            }
+            let note = json!({
+                "fleet_call_ids": ids,
+                "note": "the fleet ran these calls; send the conversation back with results for the other calls only and the gateway adds the fleet's",
+            });
+            return Step::Answer(self.annotate(response, Some(note)));
+        }
+        if self.rounds >= self.max_rounds {
+            return Step::Answer(self.stopped(&response));
+        }
+        self.rounds += 1;
+        self.fleet_calls += calls.len();
+        let results = self.run_turn(&calls, &calls).await;
+        if let Some(Value::Array(messages)) = self.body.get_mut("messages") {
+            messages.push(message);
+            messages.extend(results);
+        }
+        let stop = match self.stop_after {
+            Some(StopAfter::First) => true,
+            Some(StopAfter::Burst) => calls.len() > 1,
+            None => false,
+        };
+        if stop {
+            self.body.insert("tool_choice".into(), json!("none"));
+        }
+        Step::Again
+    }
+
+    /// The model's `response` with what the loop did in the extension object.
+    fn annotate(&self, mut response: Value, extra: Option<Value>) -> Value {
+        let span = tracing::Span::current();
+        span.record("toolfleet.openai.rounds", self.rounds);
+        span.record("toolfleet.openai.fleet_calls", self.fleet_calls as u64);
+        if self.rounds == 0 && extra.is_none() {
+            return response;
+        }
+        let mut extension = json!({"rounds": self.rounds, "fleet_calls": self.fleet_calls});
+        if let (Some(Value::Object(fields)), Value::Object(target)) = (extra, &mut extension) {
+            target.extend(fields);
+        }
+        if let Value::Object(fields) = &mut response {
+            fields.insert(EXTENSION.into(), extension);
+        }
+        response
+    }
+
+    /// The answer when the rounds cap stops the loop: the model's last message becomes
+    /// a plain assistant message saying so (`finish_reason: "length"`).
+    fn stopped(&self, response: &Value) -> Value {
+        let mut answer = response.clone();
+        let text = format!(
+            "Stopped: the model asked for more tool calls after {} rounds, the limit.",
+            self.rounds
+        );
+        if let Some(Value::Object(choice)) = answer.pointer_mut("/choices/0") {
+            choice.insert(
+                "message".into(),
+                json!({"role": "assistant", "content": text}),
+            );
+            choice.insert("finish_reason".into(), json!("length"));
+        }
+        self.annotate(answer, Some(json!({"stopped": "max_rounds"})))
+    }
+
+    /// Runs `fleet_calls` (of a message whose calls are `all`) as one fleet turn; the
+    /// `role: "tool"` message of each, in order. A turn that fails as a whole gives each
+    /// call an error result.
+    async fn run_turn(&self, all: &[Value], fleet_calls: &[Value]) -> Vec<Value> {
+        let turn_id = turn_id_of(&self.tenant, all);
+        let request = TurnRequest {
+            turn_id: Some(turn_id),
+            tenant_id: self.tenant.clone(),
+            session_id: None,
+            user_message: None,
+            decision: json!({"role": "assistant", "content": null, "tool_calls": fleet_calls}),
+            deadline_ms: self.deadline_ms,
+            options: TurnOptions {
+                max_calls: Some(self.max_calls),
+                concurrency: None,
+            },
+            context: Map::new(),
+        };
+        let wait = self.gateway.event_wait(self.deadline_ms);
+        let outcome = async {
+            let mut stream = self.gateway.client.submit(request).await?;
+            final_of(&mut stream, wait).await
+        }
+        .await;
+        match outcome {
+            Ok(Ok(history)) => history,
+            Ok(Err(error)) => failed_results(fleet_calls, &error.code, &error.message),
+            Err(error) => failed_results(fleet_calls, "unavailable", &error.to_string()),
+        }
+    }
+
+    /// Puts the fleet's results into the conversation where an assistant message's fleet
+    /// calls have none (the caller continued after a mixed message): read from the turn
+    /// that ran them, every block of tool messages in the message's call order.
+    async fn fill_fleet_results(&mut self) {
+        let Some(Value::Array(messages)) = self.body.get("messages").cloned() else {
+            return;
+        };
+        let mut out = Vec::with_capacity(messages.len());
+        let mut i = 0;
+        while i < messages.len() {
+            let message = &messages[i];
+            out.push(message.clone());
+            i += 1;
+            let calls: Vec<Value> = match message.get("role").and_then(Value::as_str) {
+                Some("assistant") => message
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default(),
+                _ => continue,
+            };
+            let mut block = Vec::new();
+            while i < messages.len()
+                && messages[i].get("role").and_then(Value::as_str) == Some("tool")
+            {
+                block.push(messages[i].clone());
+                i += 1;
+            }
+            let answered: HashSet<&str> = block
+                .iter()
+                .filter_map(|m| m.get("tool_call_id").and_then(Value::as_str))
+                .collect();
+            let missing: Vec<&Value> = calls
+                .iter()
+                .filter(|c| {
+                    c.pointer("/function/name")
+                        .and_then(Value::as_str)
+                        .is_some_and(|n| self.fleet.contains(n))
+                        && c.get("id")
+                            .and_then(Value::as_str)
+                            .is_some_and(|id| !answered.contains(id))
+                })
+                .collect();
+            if missing.is_empty() {
+                out.extend(block);
+                continue;
+            }
+            let stored = self.stored_results(&calls, &missing).await;
+            let mut by_id: HashMap<String, Value> = HashMap::new();
+            for m in block.iter().chain(stored.iter()) {
+                if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+                    by_id.entry(id.to_string()).or_insert_with(|| m.clone());
+                }
+            }
+            for call in &calls {
+                if let Some(m) = call
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .and_then(|id| by_id.remove(id))
+                {
+                    out.push(m);
+                }
+            }
+            // Tool messages naming no call of the message stay, after the others.
+            out.extend(block.into_iter().filter(|m| {
+                m.get("tool_call_id")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| by_id.contains_key(id))
+            }));
+        }
+        self.body.insert("messages".into(), Value::Array(out));
+    }
+
+    /// The results of `missing` (fleet calls of a message whose calls are `all`) from the
+    /// turn that ran them; an error result for each when that turn is gone.
+    async fn stored_results(&self, all: &[Value], missing: &[&Value]) -> Vec<Value> {
+        let turn_id = turn_id_of(&self.tenant, all);
+        let wait = self.gateway.event_wait(self.deadline_ms);
+        let client = &self.gateway.client;
+        let outcome = async {
+            let mut stream = client.attach_from(&turn_id, Some(&self.tenant), 0).await?;
+            final_of(&mut stream, wait).await
+        }
+        .await;
+        let missing: Vec<Value> = missing.iter().map(|c| (*c).clone()).collect();
+        match outcome {
+            Ok(Ok(history)) => history,
+            _ => failed_results(
+                &missing,
+                "result_expired",
+                "the fleet's result of this call is no longer kept; ask for the call again",
+            ),
+        }
+    }
+}
+
+/// The turn's `role: "tool"` messages once its `final` arrives, or its turn-level error.
+async fn final_of(
+    stream: &mut toolfleet_common::client::TurnStream,
+    wait: Duration,
+) -> Result<Result<Vec<Value>, toolfleet_common::CallError>, toolfleet_common::client::ClientError>
+{
+    loop {
+        match stream.next_event(wait).await? {
+            TurnEvent::Final(fin) => return Ok(Ok(fin.history.openai)),
+            TurnEvent::Error { error, .. } => return Ok(Err(error)),
+            _ => {}
+        }
+    }
+}
+
+/// A `role: "tool"` message with an error for each of `calls`.
+fn failed_results(calls: &[Value], code: &str, message: &str) -> Vec<Value> {
+    calls
+        .iter()
+        .map(|call| {
+            let content = json!({"error": {"code": code, "message": message}}).to_string();
+            json!({"role": "tool", "tool_call_id": call.get("id").cloned().unwrap_or(Value::Null), "content": content})
+        })
+        .collect()
+}
+
+/// The fleet turn of one assistant message: the same for the same tenant and call ids,
+/// so a retried request re-attaches to the turn instead of running its calls again, and
+/// a continued conversation finds the results of a mixed message.
+fn turn_id_of(tenant: &str, calls: &[Value]) -> String {
+    let mut digest = Sha256::new();
+    digest.update(tenant.as_bytes());
+    for call in calls {
+        digest.update(b"\n");
+        digest.update(
+            call.get("id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .as_bytes(),
+        );
+    }
+    let hex: String = digest
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("oai-{}", &hex[..40])
+}
+
+/// `value` without the extension object.
+fn strip_extension(value: &Value) -> Value {
+    let mut value = value.clone();
+    if let Value::Object(fields) = &mut value {
+        fields.remove(EXTENSION);
+    }
+    value
+}
+
+/// One SSE `data:` frame.
+fn data(chunk: &Value) -> Bytes {
+    Bytes::from(format!("data: {chunk}\n\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> Value {
+        json!({"type": "function", "function": {"name": name, "description": "d", "parameters": {"type": "object"}}})
+    }
+
+    #[test]
+    fn fleet_tools_are_offered_by_default_and_by_name() {
+        let catalog = vec![tool("crm__a"), tool("crm__b")];
+        let (tools, fleet) = offered_tools(None, catalog.clone()).expect("offered");
+        assert_eq!(tools.len(), 2);
+        assert!(fleet.contains("crm__a") && fleet.contains("crm__b"));
+
+        let mine = json!({"type": "function", "function": {"name": "lookup_weather"}});
+        let requested = json!([mine, {"type": "function", "function": {"name": "crm__b"}}]);
+        let (tools, fleet) = offered_tools(Some(requested), catalog.clone()).expect("offered");
+        assert_eq!(tools, vec![mine, tool("crm__b")]);
+        assert_eq!(fleet, HashSet::from(["crm__b".to_string()]));
+
+        let (tools, _) = offered_tools(Some(json!("fleet")), catalog).expect("offered");
+        assert_eq!(tools.len(), 2);
+        assert!(offered_tools(Some(json!(7)), Vec::new()).is_err());
+    }
+
+    #[test]
+    fn a_messages_turn_id_is_stable_and_valid() {
+        let calls = vec![json!({"id": "call_1"}), json!({"id": "call_2"})];
+        let id = turn_id_of("acme", &calls);
+        assert_eq!(id, turn_id_of("acme", &calls));
+        assert_ne!(id, turn_id_of("globex", &calls));
+        assert!(toolfleet_common::turn::valid_turn_id(&id));
+    }
+}

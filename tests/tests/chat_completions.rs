@@ -1,0 +1,239 @@
+//! `POST /v1/chat/completions` driven by the official `openai` Python client (from PyPI,
+//! provisioned by the test: `tests/python/requirements-openai.txt`) against a real fleet
+//! and gateway, with a scripted model server standing in for the paid upstream
+//! (`toolfleet_cli::upstream`). Every scenario runs unstreamed and streamed; the two must
+//! give the same content, calls, finish reason and usage.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use tokio::process::Command;
+use toolfleet_cli::upstream::{calls_answer, text_answer, Scripted, ScriptedUpstream};
+use toolfleet_tests::fleet::Fleet;
+use toolfleet_tests::gateway::{create_key, GatewayNode};
+use toolfleet_tests::pg::TestDatabase;
+use toolfleet_tests::python::venv;
+use toolfleet_tests::repo_path;
+
+const REQUIREMENTS: &str = "tests/python/requirements-openai.txt";
+
+/// What the client saw without and with streaming, and every request the model server
+/// got (both runs).
+struct Run {
+    plain: Value,
+    streamed: Value,
+    requests: Vec<Value>,
+}
+
+/// Runs `scenario` of `tests/python/openai_client.py` against a fleet whose gateway's
+/// model server answers from `script`.
+async fn run(scenario: &str, script: Vec<Scripted>) -> Result<Run> {
+    let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let upstream = ScriptedUpstream::start(script).await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(
+        &fleet,
+        &db,
+        &[("TOOLFLEET_UPSTREAM_BASE_URL", upstream.base_url.as_str())],
+    )
+    .await?;
+    let key = create_key(&db, "acme").await?;
+    let script = repo_path("tests/python/openai_client.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        Command::new(&python)
+            .arg(script)
+            .arg(format!("{}/v1", gateway.base))
+            .arg(&key)
+            .arg(scenario)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .context("the openai client hung")??;
+    if !out.status.success() {
+        bail!(
+            "openai_client.py {scenario} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let seen: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stdout).to_string())?;
+    Ok(Run {
+        plain: seen["plain"].clone(),
+        streamed: seen["streamed"].clone(),
+        requests: upstream.requests(),
+    })
+}
+
+/// The fields both modes must agree on.
+fn essence(outcome: &Value) -> Value {
+    json!({
+        "content": outcome["content"],
+        "tool_calls": outcome["tool_calls"],
+        "finish_reason": outcome["finish_reason"],
+        "usage": outcome["usage"],
+        "error": outcome["error"],
+    })
+}
+
+fn assert_parity(run: &Run) {
+    assert_eq!(
+        essence(&run.plain),
+        essence(&run.streamed),
+        "plain vs streamed"
+    );
+}
+
+/// The `role: "tool"` messages a request sent upstream carries, as (id, content).
+fn tool_messages(request: &Value) -> Vec<(String, String)> {
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap_or("").to_string(),
+                m["content"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+fn customer() -> Value {
+    json!({"customerId": "cust_001"})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_round_of_three_parallel_fleet_calls_then_the_answer() -> Result<()> {
+    let script = vec![
+        calls_answer(&[
+            ("call_inv", "crm__getOpenInvoices", customer()),
+            ("call_appt", "crm__listUpcomingAppointments", customer()),
+            ("call_echo", "test__behave", json!({"value": "echo"})),
+        ]),
+        text_answer("You have open invoices and upcoming appointments."),
+    ];
+    let run = run("one_round", script).await?;
+    assert_parity(&run);
+    assert_eq!(
+        run.plain["content"],
+        "You have open invoices and upcoming appointments."
+    );
+    assert_eq!(run.plain["finish_reason"], "stop");
+    assert_eq!(run.plain["toolfleet"]["rounds"], 1);
+    assert_eq!(run.plain["toolfleet"]["fleet_calls"], 3);
+    // Per mode: the first request, then one with every result in the model's order.
+    assert_eq!(run.requests.len(), 4);
+    let offered: Vec<&str> = run.requests[0]["tools"]
+        .as_array()
+        .context("tools offered")?
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(offered.contains(&"crm__getOpenInvoices"), "{offered:?}");
+    for second in [&run.requests[1], &run.requests[3]] {
+        let results = tool_messages(second);
+        let ids: Vec<&str> = results.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["call_inv", "call_appt", "call_echo"]);
+        assert!(results[2].1.contains("echo"), "{:?}", results[2]);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rounds_run_before_the_answer() -> Result<()> {
+    let script = vec![
+        calls_answer(&[("r1", "test__behave", json!({"value": 1}))]),
+        calls_answer(&[
+            ("r2a", "test__behave", json!({"value": 2})),
+            ("r2b", "crm__getOpenInvoices", customer()),
+        ]),
+        text_answer("Two rounds done."),
+    ];
+    let run = run("two_rounds", script).await?;
+    assert_parity(&run);
+    assert_eq!(run.plain["content"], "Two rounds done.");
+    assert_eq!(run.plain["toolfleet"]["rounds"], 2);
+    let last = &run.requests[2];
+    let ids: Vec<String> = tool_messages(last).into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, ["r1", "r2a", "r2b"]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_mixing_fleet_and_caller_tools_returns_every_call_in_order() -> Result<()> {
+    let script = vec![
+        calls_answer(&[
+            ("m1", "crm__getOpenInvoices", customer()),
+            ("m2", "get_weather", json!({"city": "Lyon"})),
+            ("m3", "test__behave", json!({"value": "fleet"})),
+        ]),
+        text_answer("Sunny, and your invoices are listed."),
+    ];
+    let run = run("mixed", script).await?;
+    assert_parity(&run);
+    for seen in [&run.plain, &run.streamed] {
+        assert_eq!(seen["finish_reason"], "tool_calls");
+        let ids: Vec<&str> = seen["tool_calls"]
+            .as_array()
+            .context("calls")?
+            .iter()
+            .filter_map(|c| c["id"].as_str())
+            .collect();
+        assert_eq!(ids, ["m1", "m2", "m3"], "never a subset, never reordered");
+        assert_eq!(seen["toolfleet"]["fleet_call_ids"], json!(["m1", "m3"]));
+        assert_eq!(
+            seen["continued"]["content"],
+            "Sunny, and your invoices are listed."
+        );
+    }
+    // The continued requests carry the caller's result and the fleet's, in call order.
+    let continued: Vec<&Value> = run
+        .requests
+        .iter()
+        .filter(|r| !tool_messages(r).is_empty())
+        .collect();
+    assert_eq!(continued.len(), 2);
+    for request in continued {
+        let results = tool_messages(request);
+        let ids: Vec<&str> = results.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["m1", "m2", "m3"]);
+        assert_eq!(results[1].1, "sunny");
+        assert!(results[2].1.contains("fleet"), "{:?}", results[2]);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rounds_cap_ends_the_loop_with_a_clear_answer() -> Result<()> {
+    let again = calls_answer(&[("again", "test__behave", json!({"value": "more"}))]);
+    let run = run("rounds_cap", vec![again]).await?;
+    assert_parity(&run);
+    assert_eq!(run.plain["finish_reason"], "length");
+    assert!(
+        run.plain["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("after 1 rounds")),
+        "{}",
+        run.plain
+    );
+    assert_eq!(run.plain["toolfleet"]["stopped"], "max_rounds");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_error_passes_through_with_its_status_and_body() -> Result<()> {
+    let body = json!({"error": {"message": "the model is overloaded", "type": "server_error", "code": "overloaded"}});
+    let run = run("one_round", vec![Scripted::Fail(500, body)]).await?;
+    assert_parity(&run);
+    assert_eq!(run.plain["error"]["status"], 500);
+    assert_eq!(
+        run.plain["error"]["body"]["message"],
+        "the model is overloaded"
+    );
+    Ok(())
+}
