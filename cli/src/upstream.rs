@@ -67,6 +67,8 @@ fn completion(message: Value, finish_reason: &str) -> Value {
 struct Shared {
     script: Vec<Scripted>,
     requests: Mutex<Vec<Value>>,
+    /// Suffix every call id with the request's number (each conversation its own ids).
+    unique_ids: bool,
 }
 
 /// The running server; stops when dropped.
@@ -80,11 +82,22 @@ pub struct ScriptedUpstream {
 impl ScriptedUpstream {
     /// Serves `script` on a free loopback port.
     pub async fn start(script: Vec<Scripted>) -> std::io::Result<Self> {
+        Self::serve(script, false).await
+    }
+
+    /// Like [`ScriptedUpstream::start`], every call id suffixed with the request's
+    /// number, so each conversation's calls are new ones (a benchmark's repeated turns).
+    pub async fn start_with_unique_ids(script: Vec<Scripted>) -> std::io::Result<Self> {
+        Self::serve(script, true).await
+    }
+
+    async fn serve(script: Vec<Scripted>, unique_ids: bool) -> std::io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let port = listener.local_addr()?.port();
         let shared = Arc::new(Shared {
             script,
             requests: Mutex::default(),
+            unique_ids,
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(answer))
@@ -120,9 +133,13 @@ impl Drop for ScriptedUpstream {
 }
 
 async fn answer(State(shared): State<Arc<Shared>>, Json(request): Json<Value>) -> Response {
-    if let Ok(mut requests) = shared.requests.lock() {
-        requests.push(request.clone());
-    }
+    let number = match shared.requests.lock() {
+        Ok(mut requests) => {
+            requests.push(request.clone());
+            requests.len()
+        }
+        Err(_) => 0,
+    };
     let round = request
         .get("messages")
         .and_then(Value::as_array)
@@ -141,6 +158,17 @@ async fn answer(State(shared): State<Arc<Shared>>, Json(request): Json<Value>) -
         }
         Scripted::Answer(response) => response,
     };
+    let mut response = response.clone();
+    if shared.unique_ids {
+        if let Some(Value::Array(calls)) = response.pointer_mut("/choices/0/message/tool_calls") {
+            for call in calls {
+                if let Some(Value::String(id)) = call.get_mut("id") {
+                    id.push_str(&format!("-{number}"));
+                }
+            }
+        }
+    }
+    let response = &response;
     if request.get("stream").and_then(Value::as_bool) != Some(true) {
         return Json(response.clone()).into_response();
     }

@@ -338,7 +338,12 @@ impl Env {
     /// Starts `toolfleet gateway` for the fleet under `prefix` on a free port (exporting
     /// to `otlp` when given), with a fresh key of tenant `bench` in the database of
     /// `TOOLFLEET_DATABASE_URL` (migrated first), and waits for `/readyz`.
-    pub async fn start_gateway(&self, prefix: &str, otlp: Option<&str>) -> Result<BenchGateway> {
+    pub async fn start_gateway(
+        &self,
+        prefix: &str,
+        otlp: Option<&str>,
+        extra: &[(&str, String)],
+    ) -> Result<BenchGateway> {
         let database_url = std::env::var("TOOLFLEET_DATABASE_URL")
             .unwrap_or_else(|_| toolfleet_gateway::config::DEFAULT_DATABASE_URL.into());
         toolfleet_packs::db::create_database_if_missing(&database_url)
@@ -373,6 +378,9 @@ impl Env {
             .kill_on_drop(true);
         for name in OTEL_VARIABLES {
             cmd.env_remove(name);
+        }
+        for (name, value) in extra {
+            cmd.env(name, value);
         }
         if let Some(endpoint) = otlp {
             cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)

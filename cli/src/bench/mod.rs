@@ -21,6 +21,7 @@
 
 mod fleet;
 mod http;
+mod openai;
 mod phases;
 mod progress;
 mod report;
@@ -77,9 +78,13 @@ pub enum Phase {
     Http,
     /// Cancel → `final` of turns whose one call runs for 2 s.
     Cancel,
+    /// `/v1/chat/completions` with one round of three no-op fleet calls against a
+    /// scripted model server that answers at once: what the loop adds per round; needs
+    /// PostgreSQL like `http`.
+    Openai,
 }
 
-const ALL_PHASES: [Phase; 8] = [
+const ALL_PHASES: [Phase; 9] = [
     Phase::Floor,
     Phase::Overhead,
     Phase::Throughput,
@@ -88,6 +93,7 @@ const ALL_PHASES: [Phase; 8] = [
     Phase::Memory,
     Phase::Http,
     Phase::Cancel,
+    Phase::Openai,
 ];
 
 /// Arguments of `toolfleet bench`.
@@ -234,6 +240,7 @@ struct ModeReport {
     scaling: Vec<Measured<ScalingPoint>>,
     memory: Option<Measured<Memory>>,
     http: Option<Measured<http::Http>>,
+    openai: Option<Measured<openai::Openai>>,
 }
 
 /// Whether one configuration exports traces.
@@ -575,7 +582,11 @@ impl Stage<'_> {
                 report.http = Some(self.http().await?);
                 progress.done();
             }
-            Phase::Scaling | Phase::Memory | Phase::Http => {
+            Phase::Openai if !attach => {
+                report.openai = Some(self.openai().await?);
+                progress.done();
+            }
+            Phase::Scaling | Phase::Memory | Phase::Http | Phase::Openai => {
                 progress.note("  skipped: needs a fleet the bench starts");
             }
         }
@@ -695,7 +706,7 @@ impl Stage<'_> {
         let slots = (plan.throughput_turns * 3).max(8);
         let (prefix, fleet) = self.fresh("http", 1, slots).await?;
         let otlp = (self.mode == Mode::On).then(|| self.sink.endpoint());
-        let started = self.env.start_gateway(&prefix, otlp.as_deref()).await;
+        let started = self.env.start_gateway(&prefix, otlp.as_deref(), &[]).await;
         let outcome = match started {
             Ok(gateway) => {
                 let work = async {
@@ -715,6 +726,39 @@ impl Stage<'_> {
                     )
                     .await
                 };
+                let m = measured(self.sink, self.mode, work).await;
+                gateway.stop(&self.env.progress).await;
+                m
+            }
+            Err(error) => Err(error),
+        };
+        self.retire(&prefix, fleet, outcome).await
+    }
+
+    /// The openai phase: a scripted model server and a gateway child process pointed at
+    /// it, in front of a fresh fleet.
+    async fn openai(&self) -> Result<Measured<openai::Openai>> {
+        let plan = self.plan;
+        let (prefix, fleet) = self.fresh("openai", 1, 16).await?;
+        let upstream =
+            toolfleet_cli::upstream::ScriptedUpstream::start_with_unique_ids(openai::script())
+                .await?;
+        let otlp = (self.mode == Mode::On).then(|| self.sink.endpoint());
+        let extra = [("TOOLFLEET_UPSTREAM_BASE_URL", upstream.base_url.clone())];
+        let started = self
+            .env
+            .start_gateway(&prefix, otlp.as_deref(), &extra)
+            .await;
+        let outcome = match started {
+            Ok(gateway) => {
+                let work = openai::run(
+                    &gateway.base,
+                    &gateway.key,
+                    &upstream.base_url,
+                    plan.overhead_turns / 2,
+                    secs(plan.overhead_cap_s),
+                    &self.env.progress,
+                );
                 let m = measured(self.sink, self.mode, work).await;
                 gateway.stop(&self.env.progress).await;
                 m

@@ -55,7 +55,7 @@ struct Goal {
 }
 
 /// The targets, in the order they are reported.
-const GOALS: [Goal; 8] = [
+const GOALS: [Goal; 9] = [
     Goal {
         target: "overhead p50 at concurrency 1 (3 no-op calls), ms",
         goal: "≤ 1 ms with tracing on",
@@ -101,6 +101,12 @@ const GOALS: [Goal; 8] = [
         goal: "≥ 80 %",
         figure: |r| r.http.as_ref().map(|m| m.figures.json_throughput_pct),
         bound: Bound::AtLeast(80.0),
+    },
+    Goal {
+        target: "chat-completions loop: added latency per round, p50 at concurrency 1, ms",
+        goal: "≤ 2 ms",
+        figure: |r| r.openai.as_ref().map(|m| m.figures.added_per_round_p50_ms),
+        bound: Bound::AtMost(2.0),
     },
     Goal {
         target: "burst of 2,000 on 100 connections: 5xx other than 503 + Retry-After, plus 200s without final",
@@ -301,6 +307,7 @@ fn figures_table(plan: &Plan, reports: &[ModeReport]) -> Table {
     scaling_rows(&mut t, plan, reports);
     memory_rows(&mut t, plan, reports);
     http_rows(&mut t, reports);
+    openai_rows(&mut t, reports);
     row(
         &mut t,
         reports,
@@ -372,6 +379,37 @@ fn overhead_rows(t: &mut Table, reports: &[ModeReport]) {
                 counted(&m.figures.turn, m.figures.failed)
             }),
             ("1-min load before → after", load),
+        ],
+    );
+}
+
+/// Adds the openai phase's rows: one round of the chat-completions loop.
+fn openai_rows(t: &mut Table, reports: &[ModeReport]) {
+    phase_rows::<super::openai::Openai>(
+        t,
+        reports,
+        "9 openai: /v1/chat/completions, one round of 3 × test.noop, instant model server",
+        |r| r.openai.as_ref(),
+        &[
+            (
+                "p50 / p99 ms model server · chat (2 model requests + 1 round) · gateway turn",
+                |m| {
+                    let f = &m.figures;
+                    format!(
+                        "{} · {} · {}",
+                        p50_p99(&f.upstream),
+                        p50_p99(&f.chat),
+                        p50_p99(&f.gateway_turn)
+                    )
+                },
+            ),
+            (
+                "added per round (chat − 2 × model server), p50 ms",
+                |m| format!("+{}", ms(m.figures.added_per_round_p50_ms)),
+            ),
+            ("requests measured (failed)", |m| {
+                counted(&m.figures.chat, m.figures.failed)
+            }),
         ],
     );
 }
