@@ -66,7 +66,7 @@ pub struct GatewayConfig {
 }
 
 /// The OpenAI-compatible upstream of `/v1/chat/completions` and the loop's limits.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct UpstreamConfig {
     /// Base URL of any OpenAI-compatible server, up to and including its `/v1`
     /// (`TOOLFLEET_UPSTREAM_BASE_URL`, e.g. `https://api.openai.com/v1`); unset: the
@@ -83,6 +83,19 @@ pub struct UpstreamConfig {
     pub max_calls_per_round: usize,
     /// How long one upstream request may take (`TOOLFLEET_UPSTREAM_TIMEOUT_MS`).
     pub timeout: Duration,
+}
+
+impl std::fmt::Debug for UpstreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("model", &self.model)
+            .field("max_rounds", &self.max_rounds)
+            .field("max_calls_per_round", &self.max_calls_per_round)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 impl Default for UpstreamConfig {
@@ -200,5 +213,25 @@ impl GatewayConfig {
             )?,
             upstream: UpstreamConfig::from_env()?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_servers_key_never_shows_in_debug_output() {
+        let config = UpstreamConfig {
+            api_key: Some("sk-very-secret".into()),
+            ..UpstreamConfig::default()
+        };
+        assert!(!format!("{config:?}").contains("sk-very-secret"));
+        let upstream = crate::openai::Upstream::new(&UpstreamConfig {
+            base_url: Some("http://127.0.0.1:1/v1".into()),
+            ..config
+        })
+        .expect("client");
+        assert!(!format!("{upstream:?}").contains("sk-very-secret"));
     }
 }

@@ -14,12 +14,18 @@ use serde_json::{Map, Value};
 
 use crate::config::UpstreamConfig;
 
-/// The upstream client.
-#[derive(Debug, Clone)]
+/// The upstream client (its `Debug` leaves the key out).
+#[derive(Clone)]
 pub struct Upstream {
     http: reqwest::Client,
     url: String,
     api_key: Option<String>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream").field("url", &self.url).finish_non_exhaustive()
+    }
 }
 
 /// An upstream answer that is not a completion: passed through to the caller.
