@@ -25,7 +25,7 @@ use tower_http::trace::TraceLayer;
 use crate::auth::{API_KEY_HEADER, SECURITY_SCHEME};
 use crate::error::ApiError;
 use crate::trace::{add_traceparent, RecordFailure, RecordStatus, ServerSpan};
-use crate::{catalog, openai, page, stored, turns, Gateway};
+use crate::{catalog, mcp, openai, page, stored, turns, Gateway};
 
 /// The router of `gateway`, with every layer.
 pub fn router(gateway: Arc<Gateway>) -> Router {
@@ -44,6 +44,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         )
         .route("/docs", get(move || async move { Html(redoc) }))
         .route("/v1/chat/completions", post(openai::chat_completions))
+        .merge(mcp::service(Arc::clone(&gateway)))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .merge(page::routes())

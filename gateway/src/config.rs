@@ -63,6 +63,10 @@ pub struct GatewayConfig {
     /// The model server `POST /v1/chat/completions` forwards to, and how its tool loop
     /// runs (`TOOLFLEET_UPSTREAM_*`, `TOOLFLEET_OPENAI_*`).
     pub upstream: UpstreamConfig,
+    /// `Host` values `/mcp` accepts (`TOOLFLEET_GATEWAY_MCP_ALLOWED_HOSTS`, comma-separated;
+    /// default the loopback names): the MCP transport refuses others, against DNS
+    /// rebinding. Add the gateway's public host names.
+    pub mcp_allowed_hosts: Vec<String>,
 }
 
 /// The OpenAI-compatible upstream of `/v1/chat/completions` and the loop's limits.
@@ -157,6 +161,7 @@ impl GatewayConfig {
             jaeger_url: DEFAULT_JAEGER_URL.to_string(),
             cancel_on_disconnect: false,
             upstream: UpstreamConfig::default(),
+            mcp_allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
         }
     }
 
@@ -212,6 +217,15 @@ impl GatewayConfig {
                 d.cancel_on_disconnect,
             )?,
             upstream: UpstreamConfig::from_env()?,
+            mcp_allowed_hosts: env_string(
+                "TOOLFLEET_GATEWAY_MCP_ALLOWED_HOSTS",
+                &d.mcp_allowed_hosts.join(","),
+            )
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(String::from)
+            .collect(),
         })
     }
 }

@@ -18,6 +18,7 @@
 //! | `extract` | JSON body and query extractors answering in the error shape |
 //! | `keys` | key format, hashing, the cached PostgreSQL lookup, admin create/list/revoke |
 //! | `limits` | token bucket per key, turn slots |
+//! | `mcp` | `/mcp`: the fleet as an MCP server (Streamable HTTP), API keys as bearer tokens |
 //! | `openai` | `POST /v1/chat/completions`: the model's tool loop on the fleet, streamed or not |
 //! | `page` | the live turn page at `/` (plain HTML, CSS and JS, no build step) |
 //! | `trace` | the server span with HTTP semantic conventions, `traceparent` in and out |
@@ -38,6 +39,7 @@ pub mod error;
 pub mod extract;
 pub mod keys;
 pub mod limits;
+pub mod mcp;
 pub mod openai;
 pub mod page;
 pub mod stored;

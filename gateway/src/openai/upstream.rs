@@ -24,7 +24,9 @@ pub struct Upstream {
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Upstream").field("url", &self.url).finish_non_exhaustive()
+        f.debug_struct("Upstream")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
     }
 }
 

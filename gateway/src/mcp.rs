@@ -1,0 +1,205 @@
+//! `/mcp` on the gateway: the fleet as an MCP server (Streamable HTTP transport, the
+//! official Rust SDK `rmcp`). Any MCP client connects with a gateway API key as its bearer
+//! token and sees the key's tenant's fleet tools; each `tools/call` runs as one fleet turn
+//! with one call.
+//!
+//! Owns the mapping between the two: `initialize` (tools capability), `tools/list` (the
+//! tenant's catalog in MCP form), `tools/call` (a turn whose `final` becomes the
+//! `CallToolResult`: a failed call is `isError` with its message), progress notifications
+//! from the call's states when the client sent a `progressToken`, and
+//! `notifications/cancelled` cancelling the turn. The key is checked before the request
+//! reaches the MCP layer (401 otherwise, as on every other route); the tenant then rides
+//! in the request's extensions. Never decides anything about a tool: the coordinator does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+use toolfleet_common::call::CallState;
+use toolfleet_common::tool::CatalogFormat;
+use toolfleet_common::{TurnEvent, TurnRequest};
+
+use crate::auth::Caller;
+use crate::Gateway;
+
+/// How long the catalog may take.
+const CATALOG_WAIT: Duration = Duration::from_secs(5);
+
+/// The `/mcp` service: the MCP server behind the API-key check.
+pub fn service(gateway: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
+    let hosts = gateway.config.mcp_allowed_hosts.clone();
+    let config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
+    let handler = FleetMcp {
+        gateway: Arc::clone(&gateway),
+    };
+    let mcp = StreamableHttpService::new(
+        move || Ok(handler.clone()),
+        LocalSessionManager::default().into(),
+        config,
+    );
+    axum::Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(gateway, authenticate))
+}
+
+/// Refuses a request without a valid key (401 in the gateway's error shape) and hands
+/// the caller on in the request's extensions, where the MCP handler reads it.
+async fn authenticate(
+    State(gateway): State<Arc<Gateway>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    use axum::extract::FromRequestParts;
+    let (mut parts, body) = request.into_parts();
+    match Caller::from_request_parts(&mut parts, &gateway).await {
+        Ok(caller) => {
+            parts.extensions.insert(caller);
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(error) => error.into_response(),
+    }
+}
+
+/// The MCP server handler.
+#[derive(Clone)]
+pub struct FleetMcp {
+    gateway: Arc<Gateway>,
+}
+
+impl FleetMcp {
+    /// The tenant of the request's API key.
+    fn tenant(context: &RequestContext<RoleServer>) -> Result<String, McpError> {
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Caller>())
+            .map(|caller| caller.tenant.clone())
+            .ok_or_else(|| McpError::invalid_request("no API key on the request", None))
+    }
+}
+
+impl ServerHandler for FleetMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+            "The tools of your toolfleet tenant. Each call runs on the fleet's workers.",
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let tenant = Self::tenant(&context)?;
+        let catalog = self
+            .gateway
+            .client
+            .catalog(CatalogFormat::Mcp, Some(tenant), CATALOG_WAIT)
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        let tools = catalog
+            .into_iter()
+            .filter_map(|entry| serde_json::from_value(entry).ok())
+            .collect();
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        use rmcp::model::RequestParamsMeta;
+        let tenant = Self::tenant(&context)?;
+        // The SDK moves a request's `_meta` into the context.
+        let progress = request
+            .progress_token()
+            .or_else(|| context.meta.get_progress_token());
+        let call_id = format!("mcp_{}", uuid::Uuid::new_v4().simple());
+        let arguments = request.arguments.map_or(json!({}), Value::Object);
+        let decision = json!({"type": "tool_calls", "calls": [
+            {"id": call_id, "toolName": request.name, "arguments": arguments}
+        ]});
+        let turn = TurnRequest {
+            turn_id: None,
+            tenant_id: tenant.clone(),
+            session_id: None,
+            user_message: None,
+            decision,
+            deadline_ms: None,
+            options: Default::default(),
+            context: Default::default(),
+        };
+        let gateway = &self.gateway;
+        let wait = gateway.event_wait(None);
+        let failed =
+            |message: String| Ok(CallToolResult::error(vec![ContentBlock::text(message)]).into());
+        let mut stream = match gateway.client.submit(turn).await {
+            Ok(stream) => stream,
+            Err(error) => return failed(format!("the fleet did not take the call: {error}")),
+        };
+        let turn_id = stream.turn_id().to_string();
+        let mut steps = 0.0;
+        let mut cancelled = false;
+        loop {
+            let event = tokio::select! {
+                event = stream.next_event(wait) => event,
+                _ = context.ct.cancelled(), if !cancelled => {
+                    // `notifications/cancelled`: the turn ends at once with a `cancelled` call.
+                    cancelled = true;
+                    let _ = gateway.client.cancel(&turn_id, Some(&tenant), wait).await;
+                    continue;
+                }
+            };
+            let event = match event {
+                Ok(event) => event,
+                Err(error) => return failed(format!("no result from the fleet: {error}")),
+            };
+            match event {
+                TurnEvent::ToolState { state, .. } => {
+                    if let Some(token) = &progress {
+                        steps += 1.0;
+                        let mut note = ProgressNotificationParam::new(token.clone(), steps);
+                        note.message = Some(state_word(state).to_string());
+                        let _ = context.peer.notify_progress(note).await;
+                    }
+                }
+                TurnEvent::Final(fin) => {
+                    return match fin.results.first() {
+                        Some(result) => {
+                            Ok(toolfleet_common::mcp::call_tool_result_of(result).into())
+                        }
+                        None => failed("the fleet returned no result".into()),
+                    };
+                }
+                TurnEvent::Error { error, .. } => {
+                    return failed(format!("{}: {}", error.code, error.message));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+fn state_word(state: CallState) -> &'static str {
+    match state {
+        CallState::Pending => "pending",
+        CallState::Running => "running",
+        CallState::Done => "done",
+        CallState::Error => "error",
+        CallState::Timeout => "timeout",
+        CallState::Skipped => "skipped",
+        CallState::Cancelled => "cancelled",
+    }
+}
