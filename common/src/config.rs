@@ -2,8 +2,9 @@
 //! never silently replaced by defaults.
 //!
 //! Owns the `env_*` readers, the default URLs and [`Endpoints`] (NATS, credentials,
-//! Redis, prefix), which the coordinator's and worker's configs start from. Never holds
-//! a process's own settings (each config module does) and never reads a file.
+//! Redis, their TLS files, prefix), which the coordinator's and worker's configs start
+//! from. Never holds a process's own settings (each config module does) and never reads
+//! a file.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -19,11 +20,15 @@ pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379/";
 pub struct Endpoints {
     /// NATS URL (`TOOLFLEET_NATS_URL`).
     pub nats_url: String,
-    /// NATS user, password and inbox prefix (`TOOLFLEET_NATS_USER`,
-    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`).
+    /// NATS user, password, inbox prefix and TLS files (`TOOLFLEET_NATS_USER`,
+    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`, `TOOLFLEET_NATS_CA_FILE`,
+    /// `TOOLFLEET_NATS_CERT_FILE`, `TOOLFLEET_NATS_KEY_FILE`).
     pub nats_credentials: crate::credentials::NatsCredentials,
     /// Redis URL (`TOOLFLEET_REDIS_URL`).
     pub redis_url: String,
+    /// Redis TLS files (`TOOLFLEET_REDIS_CA_FILE`, `TOOLFLEET_REDIS_CERT_FILE`,
+    /// `TOOLFLEET_REDIS_KEY_FILE`); any of them requires a `rediss://` URL.
+    pub redis_tls: crate::tls::TlsFiles,
     /// Subject and key prefix (`TOOLFLEET_PREFIX`).
     pub prefix: String,
 }
@@ -35,6 +40,7 @@ impl Endpoints {
             nats_url: DEFAULT_NATS_URL.to_string(),
             nats_credentials: crate::credentials::NatsCredentials::none(),
             redis_url: DEFAULT_REDIS_URL.to_string(),
+            redis_tls: crate::tls::TlsFiles::none(),
             prefix: crate::names::DEFAULT_PREFIX.to_string(),
         }
     }
@@ -52,6 +58,7 @@ impl Endpoints {
             nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
             nats_credentials: crate::credentials::NatsCredentials::from_env()?,
             redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
+            redis_tls: crate::tls::TlsFiles::from_env(&crate::tls::REDIS_TLS)?,
             prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
         })
     }

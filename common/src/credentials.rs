@@ -1,17 +1,23 @@
-//! NATS credentials of one role: user, password, and the inbox prefix its replies use.
+//! NATS credentials of one role: user, password, the inbox prefix its replies use, and
+//! the TLS files of the connection.
 //!
 //! A server with per-role users (`deploy/nats/auth.conf`) lets each user subscribe only
 //! to its own inbox prefix, `_INBOX_<user>`, so one role cannot read another's replies.
 //! Without a user nothing changes: no credentials are sent and inboxes start `_INBOX`.
+//!
+//! Every process builds its NATS connect options with [`NatsCredentials::apply`], so TLS
+//! (`TOOLFLEET_NATS_CA_FILE`, `TOOLFLEET_NATS_CERT_FILE`, `TOOLFLEET_NATS_KEY_FILE`, see
+//! `tls.rs`, or a `tls://` URL) is turned on in one place for all of them.
 
 use std::fmt;
 
 use crate::config::{env_string, ConfigError};
+use crate::tls::{TlsFiles, NATS_TLS};
 
 /// The inbox prefix of clients without a user.
 pub const DEFAULT_INBOX_PREFIX: &str = "_INBOX";
 
-/// How one process authenticates to NATS.
+/// How one process connects and authenticates to NATS.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct NatsCredentials {
     /// User name (`TOOLFLEET_NATS_USER`).
@@ -20,6 +26,10 @@ pub struct NatsCredentials {
     pub password: Option<String>,
     /// Inbox prefix (`TOOLFLEET_NATS_INBOX_PREFIX`); see [`NatsCredentials::inbox_prefix`].
     pub inbox_prefix: Option<String>,
+    /// Root CA and client certificate (`TOOLFLEET_NATS_CA_FILE`,
+    /// `TOOLFLEET_NATS_CERT_FILE`, `TOOLFLEET_NATS_KEY_FILE`); any of them makes TLS
+    /// required.
+    pub tls: TlsFiles,
 }
 
 impl fmt::Debug for NatsCredentials {
@@ -28,6 +38,7 @@ impl fmt::Debug for NatsCredentials {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("inbox_prefix", &self.inbox_prefix())
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -44,18 +55,27 @@ impl NatsCredentials {
             user: Some(user.into()),
             password: Some(password.into()),
             inbox_prefix: None,
+            tls: TlsFiles::none(),
         }
     }
 
-    /// Reads `TOOLFLEET_NATS_USER`, `TOOLFLEET_NATS_PASSWORD` and
-    /// `TOOLFLEET_NATS_INBOX_PREFIX`. A user without a password (or the reverse) is an
-    /// error, and so is an inbox prefix that is not a plain subject.
+    /// These credentials over TLS with `tls`.
+    pub fn with_tls(self, tls: TlsFiles) -> Self {
+        Self { tls, ..self }
+    }
+
+    /// Reads `TOOLFLEET_NATS_USER`, `TOOLFLEET_NATS_PASSWORD`,
+    /// `TOOLFLEET_NATS_INBOX_PREFIX` and the TLS files (`tls.rs`). A user without a
+    /// password (or the reverse) is an error, and so is an inbox prefix that is not a
+    /// plain subject, a TLS file that does not exist, or a client certificate without its
+    /// key (or the reverse).
     pub fn from_env() -> Result<Self, ConfigError> {
         let read = |name: &str| Some(env_string(name, "")).filter(|v| !v.is_empty());
         let credentials = Self {
             user: read("TOOLFLEET_NATS_USER"),
             password: read("TOOLFLEET_NATS_PASSWORD"),
             inbox_prefix: read("TOOLFLEET_NATS_INBOX_PREFIX"),
+            tls: TlsFiles::from_env(&NATS_TLS)?,
         };
         match (&credentials.user, &credentials.password) {
             (Some(_), None) => {
@@ -105,9 +125,22 @@ impl NatsCredentials {
         }
     }
 
-    /// `options` with these credentials and inbox prefix.
+    /// `options` with these credentials, inbox prefix and TLS files. With any TLS file
+    /// the connection must use TLS (a server that does not offer it is refused); the CA
+    /// file replaces the system's root certificates. A `tls://` URL asks for TLS by
+    /// itself.
     pub fn apply(&self, options: async_nats::ConnectOptions) -> async_nats::ConnectOptions {
-        let options = options.custom_inbox_prefix(self.inbox_prefix());
+        let mut options = options.custom_inbox_prefix(self.inbox_prefix());
+        if self.tls.is_set() {
+            options = options.require_tls(true);
+        }
+        if let Some(ca_file) = &self.tls.ca_file {
+            options = options.add_root_certificates(ca_file.clone());
+        }
+        if let Some(client) = &self.tls.client {
+            options =
+                options.add_client_certificate(client.cert_file.clone(), client.key_file.clone());
+        }
         match (&self.user, &self.password) {
             (Some(user), Some(password)) => {
                 options.user_and_password(user.clone(), password.clone())

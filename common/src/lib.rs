@@ -8,7 +8,7 @@
 //! |---|---|
 //! | [`config`] | typed settings from environment variables |
 //! | [`deferred`] | spans whose ids and start are fixed early and exported by whoever ends the work |
-//! | [`credentials`] | NATS user, password and inbox prefix of one role |
+//! | [`credentials`] | NATS user, password, inbox prefix and TLS files of one role |
 //! | [`metrics`] | the fleet's OpenTelemetry instruments and metric names |
 //! | [`names`] | every subject, stream, consumer, header and Redis key name |
 //! | [`turn`] | `TurnRequest`, `TurnEvent` (`ack`, `tool_state`, `narration`, `final`, `error`) |
@@ -22,6 +22,7 @@
 //! | [`schemas`] | JSON Schemas of the wire messages (published in `docs/schemas/`) |
 //! | [`shutdown`] | SIGTERM / Ctrl-C as a cancellation token |
 //! | [`streams`] | creating the jobs and results JetStream streams |
+//! | [`tls`] | the TLS files (root CA, client certificate) of the NATS and Redis connections |
 //! | [`topology`] | streams and consumers recreated when they disappear |
 //! | [`health`] | liveness (supervised tasks), drain and start-up phase of a process |
 //! | [`telemetry`] | logs, OTLP traces and metrics, Prometheus text, trace context in NATS headers |
@@ -49,6 +50,7 @@ pub mod schemas;
 pub mod shutdown;
 pub mod streams;
 pub mod telemetry;
+pub mod tls;
 pub mod tool;
 pub mod topology;
 pub mod turn;

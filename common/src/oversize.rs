@@ -36,7 +36,7 @@ pub fn fit_decision(
 ) -> Option<usize> {
     let mut found = Vec::new();
     collect(decision, &mut String::new(), &mut found);
-    found.sort_by(|a, b| b.1.cmp(&a.1));
+    found.sort_by_key(|entry| std::cmp::Reverse(entry.1));
     let mut replaced = 0;
     for (pointer, size) in found {
         if encoded_len(decision) <= max {

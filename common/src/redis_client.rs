@@ -3,10 +3,16 @@
 //!
 //! - `redis://host:6379` (or `rediss://`, `unix://`): one server, through a
 //!   `ConnectionManager` that reconnects by itself.
-//! - `redis+cluster://host-a:6379,host-b:6379,...` or a comma-separated list of
-//!   `redis://` URLs: a Redis Cluster, through the `redis` crate's cluster client, which
-//!   follows the slot map (`MOVED`, `ASK`, a failover) by itself. The nodes listed are
-//!   only where the slot map is first read; one is enough.
+//! - `redis+cluster://host-a:6379,host-b:6379,...` (`rediss+cluster://` over TLS) or a
+//!   comma-separated list of `redis://` or `rediss://` URLs: a Redis Cluster, through the
+//!   `redis` crate's cluster client, which follows the slot map (`MOVED`, `ASK`, a
+//!   failover) by itself. The nodes listed are only where the slot map is first read;
+//!   one is enough.
+//!
+//! `rediss://` is TLS (rustls): the server's certificate is checked against the system's
+//! root certificates, or against the CA of `TOOLFLEET_REDIS_CA_FILE` when set
+//! ([`RedisOptions::tls`]); `TOOLFLEET_REDIS_CERT_FILE` and `TOOLFLEET_REDIS_KEY_FILE`
+//! add a client certificate. With any of those files set, a `redis://` URL is refused.
 //!
 //! Owns [`RedisConnection`], which implements `redis::aio::ConnectionLike`, so commands,
 //! pipelines and scripts are written once for both. A pipeline or script must touch
@@ -14,13 +20,19 @@
 //! commands of different slots in order, in one round trip where the server allows it.
 //! Never decides which keys a process uses (`names.rs` does).
 
+use std::path::Path;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::TcpSettings;
-use redis::{Cmd, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
+use redis::{
+    ClientTlsConfig, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, Pipeline, RedisError,
+    RedisFuture, TlsCertificates, Value,
+};
+
+use crate::tls::TlsFiles;
 
 /// The scheme that selects the cluster client for a single address.
 pub const CLUSTER_SCHEME: &str = "redis+cluster://";
@@ -30,8 +42,8 @@ pub const CLUSTER_TLS_SCHEME: &str = "rediss+cluster://";
 /// What `TOOLFLEET_REDIS_URL` names: one server, or the seed nodes of a cluster.
 #[derive(Debug, Clone)]
 pub enum RedisTarget {
-    /// One Redis server.
-    Single(ConnectionInfo),
+    /// One Redis server (boxed: with TLS parameters it is far larger than a list).
+    Single(Box<ConnectionInfo>),
     /// A Redis Cluster, by some of its nodes.
     Cluster(Vec<ConnectionInfo>),
 }
@@ -93,12 +105,12 @@ impl RedisTarget {
                 .collect::<Result<Vec<_>, _>>()?,
         };
         match (cluster_scheme, infos.len()) {
-            (None, 1) => Ok(Self::Single(
+            (None, 1) => Ok(Self::Single(Box::new(
                 infos
                     .into_iter()
                     .next()
                     .ok_or_else(|| bad("no address".into()))?,
-            )),
+            ))),
             _ => Ok(Self::Cluster(infos)),
         }
     }
@@ -108,10 +120,21 @@ impl RedisTarget {
         matches!(self, Self::Cluster(_))
     }
 
+    /// Whether every server named is reached over TLS (`rediss://`).
+    pub fn is_tls(&self) -> bool {
+        let nodes = match self {
+            Self::Single(info) => std::slice::from_ref(info.as_ref()),
+            Self::Cluster(nodes) => nodes.as_slice(),
+        };
+        nodes
+            .iter()
+            .all(|info| matches!(info.addr(), ConnectionAddr::TcpTls { .. }))
+    }
+
     /// The Redis user the setting connects as (empty for the default user).
     pub fn username(&self) -> String {
         let first = match self {
-            Self::Single(info) => Some(info),
+            Self::Single(info) => Some(info.as_ref()),
             Self::Cluster(nodes) => nodes.first(),
         };
         first
@@ -137,11 +160,24 @@ pub fn redact(setting: &str) -> String {
 }
 
 /// How a connection behaves.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RedisOptions {
     /// How long a reply may take before the command counts as failed; `None` keeps the
     /// client's default.
     pub response_timeout: Option<Duration>,
+    /// Root CA and client certificate of a `rediss://` connection (`Endpoints::redis_tls`).
+    /// Any file set requires `rediss://`.
+    pub tls: TlsFiles,
+}
+
+impl RedisOptions {
+    /// Default options over TLS with `tls`.
+    pub fn with_tls(tls: TlsFiles) -> Self {
+        Self {
+            tls,
+            ..Self::default()
+        }
+    }
 }
 
 /// A connection to one Redis server or to a Redis Cluster. Cheap to clone: clones share
@@ -160,6 +196,14 @@ pub enum ConnectError {
     /// The setting does not name Redis.
     #[error(transparent)]
     Url(#[from] BadRedisUrl),
+    /// A TLS file could not be read.
+    #[error("redis TLS file {path}: {source}")]
+    TlsFile {
+        /// The file.
+        path: String,
+        /// Why it could not be read.
+        source: std::io::Error,
+    },
     /// Redis did not answer.
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
@@ -174,6 +218,11 @@ impl From<ConnectError> for RedisError {
                 "invalid TOOLFLEET_REDIS_URL",
                 e.to_string(),
             )),
+            e @ ConnectError::TlsFile { .. } => RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "unreadable Redis TLS file",
+                e.to_string(),
+            )),
         }
     }
 }
@@ -186,9 +235,23 @@ pub async fn connect(
     options: RedisOptions,
 ) -> Result<RedisConnection, ConnectError> {
     let nodelay = TcpSettings::default().set_nodelay(true);
-    match RedisTarget::parse(setting)? {
+    let target = RedisTarget::parse(setting)?;
+    let certificates = certificates(&options.tls)?;
+    if certificates.is_some() && !target.is_tls() {
+        return Err(ConnectError::Url(BadRedisUrl {
+            url: redact(setting),
+            reason: "a Redis TLS file is set (TOOLFLEET_REDIS_CA_FILE, _CERT_FILE, _KEY_FILE), \
+                     so every server must be named rediss:// (or rediss+cluster://)"
+                .into(),
+        }));
+    }
+    match target {
         RedisTarget::Single(info) => {
-            let client = redis::Client::open(info.set_tcp_settings(nodelay))?;
+            let info = (*info).set_tcp_settings(nodelay);
+            let client = match certificates {
+                Some(certificates) => redis::Client::build_with_tls(info, certificates)?,
+                None => redis::Client::open(info)?,
+            };
             let mut config = ConnectionManagerConfig::new();
             if let Some(timeout) = options.response_timeout {
                 config = config.set_response_timeout(Some(timeout));
@@ -199,6 +262,9 @@ pub async fn connect(
         }
         RedisTarget::Cluster(nodes) => {
             let mut builder = ClusterClientBuilder::new(nodes).tcp_settings(nodelay);
+            if let Some(certificates) = certificates {
+                builder = builder.certs(certificates);
+            }
             if let Some(timeout) = options.response_timeout {
                 builder = builder.response_timeout(timeout);
             }
@@ -208,6 +274,31 @@ pub async fn connect(
             ))
         }
     }
+}
+
+/// The PEM contents of `tls`'s files, `None` when no file is set.
+fn certificates(tls: &TlsFiles) -> Result<Option<TlsCertificates>, ConnectError> {
+    if !tls.is_set() {
+        return Ok(None);
+    }
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|source| ConnectError::TlsFile {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let root_cert = tls.ca_file.as_deref().map(read).transpose()?;
+    let client_tls = match &tls.client {
+        Some(client) => Some(ClientTlsConfig {
+            client_cert: read(&client.cert_file)?,
+            client_key: read(&client.key_file)?,
+        }),
+        None => None,
+    };
+    Ok(Some(TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }
 
 impl RedisConnection {
@@ -293,6 +384,45 @@ mod tests {
         }
         let one = RedisTarget::parse("redis+cluster://127.0.0.1:7000").expect("parses");
         assert!(one.is_cluster());
+    }
+
+    #[test]
+    fn rediss_is_tls_for_one_server_and_a_cluster() {
+        for tls in [
+            "rediss://127.0.0.1:6380/",
+            "rediss+cluster://u:p@127.0.0.1:7000,127.0.0.1:7001",
+            "rediss://127.0.0.1:7000,rediss://127.0.0.1:7001",
+        ] {
+            assert!(RedisTarget::parse(tls).expect("parses").is_tls(), "{tls}");
+        }
+        for plain in [
+            "redis://127.0.0.1:6379/",
+            "redis+cluster://127.0.0.1:7000",
+            "rediss://127.0.0.1:7000,redis://127.0.0.1:7001",
+        ] {
+            assert!(
+                !RedisTarget::parse(plain).expect("parses").is_tls(),
+                "{plain}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn tls_files_refuse_a_plain_url_without_its_password() {
+        let dir = std::env::temp_dir().join(format!("toolfleet-rtls-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, "not used").expect("written");
+        let options = RedisOptions::with_tls(TlsFiles::trusting(&ca));
+        let refused = connect("redis://u:hunter2@127.0.0.1:1/", options).await;
+        std::fs::remove_dir_all(&dir).ok();
+        let Err(ConnectError::Url(error)) = refused else {
+            panic!("a plain URL with a CA file is refused before connecting");
+        };
+        assert!(!error.url.contains("hunter2"));
+        let missing = RedisOptions::with_tls(TlsFiles::trusting(dir.join("gone.pem")));
+        let unreadable = connect("rediss://127.0.0.1:1/", missing).await;
+        assert!(matches!(unreadable, Err(ConnectError::TlsFile { .. })));
     }
 
     #[test]

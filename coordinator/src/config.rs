@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
+use toolfleet_common::tls::TlsFiles;
 use toolfleet_common::turn::normalize_tenant;
 
 /// Everything a coordinator needs to run.
@@ -17,11 +18,15 @@ use toolfleet_common::turn::normalize_tenant;
 pub struct CoordinatorConfig {
     /// NATS URL (`TOOLFLEET_NATS_URL`).
     pub nats_url: String,
-    /// NATS user, password and inbox prefix (`TOOLFLEET_NATS_USER`,
-    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`).
+    /// NATS user, password, inbox prefix and TLS files (`TOOLFLEET_NATS_USER`,
+    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`, `TOOLFLEET_NATS_CA_FILE`,
+    /// `TOOLFLEET_NATS_CERT_FILE`, `TOOLFLEET_NATS_KEY_FILE`).
     pub nats_credentials: NatsCredentials,
     /// Redis URL (`TOOLFLEET_REDIS_URL`).
     pub redis_url: String,
+    /// Redis TLS files (`TOOLFLEET_REDIS_CA_FILE`, `TOOLFLEET_REDIS_CERT_FILE`,
+    /// `TOOLFLEET_REDIS_KEY_FILE`).
+    pub redis_tls: TlsFiles,
     /// Subject and key prefix (`TOOLFLEET_PREFIX`).
     pub prefix: String,
     /// Deadline of a turn that names none (`TOOLFLEET_DEFAULT_DEADLINE_MS`).
@@ -91,12 +96,14 @@ impl CoordinatorConfig {
             nats_url,
             nats_credentials,
             redis_url,
+            redis_tls,
             prefix,
         } = Endpoints::local();
         Self {
             nats_url,
             nats_credentials,
             redis_url,
+            redis_tls,
             prefix,
             default_deadline: Duration::from_secs(15),
             max_deadline: Duration::from_secs(300),
@@ -145,12 +152,14 @@ impl CoordinatorConfig {
             nats_url,
             nats_credentials,
             redis_url,
+            redis_tls,
             prefix,
         } = Endpoints::from_env()?;
         let config = Self {
             nats_url,
             nats_credentials,
             redis_url,
+            redis_tls,
             prefix,
             tenant_argument_keys: keys
                 .split(',')

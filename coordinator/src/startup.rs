@@ -21,6 +21,7 @@ use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::names::COORDINATOR_QUEUE_GROUP;
 use toolfleet_common::redis_client::{RedisConnection, RedisOptions};
 use toolfleet_common::streams::ensure_streams;
+use toolfleet_common::tls::TlsFiles;
 use toolfleet_common::Names;
 use tracing::{info, warn};
 
@@ -105,7 +106,7 @@ pub async fn run_with_narrator(
         .await
         .map_err(CoordinatorError::Consumer)?;
     health.set_phase("connecting to Redis");
-    let mut redis = connect_redis(&config.redis_url).await?;
+    let mut redis = connect_redis(&config.redis_url, &config.redis_tls).await?;
     let registry = Registry::default();
     registry.refresh(&mut redis, &names).await?;
 
@@ -155,11 +156,12 @@ pub async fn run_with_narrator(
 }
 
 /// A Redis connection for the join (one server or a cluster, `redis_client.rs`).
-async fn connect_redis(url: &str) -> Result<RedisConnection, redis::RedisError> {
+async fn connect_redis(url: &str, tls: &TlsFiles) -> Result<RedisConnection, redis::RedisError> {
     // A script that ran but whose reply was slow must not be reported as failed, so the
     // response timeout is generous.
     let options = RedisOptions {
         response_timeout: Some(REDIS_RESPONSE_TIMEOUT),
+        tls: tls.clone(),
     };
     Ok(toolfleet_common::redis_client::connect(url, options).await?)
 }

@@ -90,12 +90,13 @@ pub struct PackSettings {
 }
 
 impl PackSettings {
-    /// Reads the settings from the environment; the cache uses `worker`'s Redis and
-    /// prefix, with a TTL of `TOOLFLEET_CACHE_TTL_MS` (default 30000; 0 disables it).
+    /// Reads the settings from the environment; the cache uses `worker`'s Redis (and its
+    /// TLS files) and prefix, with a TTL of `TOOLFLEET_CACHE_TTL_MS` (default 30000; 0 disables it).
     pub fn from_env(worker: &WorkerConfig) -> Result<Self, ConfigError> {
         let ttl = env_ms("TOOLFLEET_CACHE_TTL_MS", CacheConfig::DEFAULT_TTL)?;
         let cache = (ttl > Duration::ZERO).then(|| CacheConfig {
             ttl,
+            redis_tls: worker.redis_tls.clone(),
             ..CacheConfig::new(worker.redis_url.clone(), Names::new(worker.prefix.clone()))
         });
         Ok(Self {

@@ -8,8 +8,8 @@
 //!   listening on a free loopback port. It can be stopped and restarted on the
 //!   same port with the same store, so JetStream data survives a restart.
 //! - [`RedisServer`]: a private, non-persistent `redis-server` on a free
-//!   loopback port. Both are a [`Server`], which holds their shared
-//!   stop/kill/restart controls.
+//!   loopback port (or on a TLS port only, [`RedisServer::start_tls`]). Both are a
+//!   [`Server`], which holds their shared stop/kill/restart controls.
 //! - [`fleet::Fleet`]: a whole fleet on those servers, with the shared helpers
 //!   of the integration tests (run a turn with these calls, wait for a call's
 //!   state, a catalog or a counter, read a turn to its `final`).
@@ -17,6 +17,9 @@
 //!   asserting on state that converges asynchronously.
 //! - [`secured::SecuredServers`]: servers configured from `deploy/` (per-role NATS
 //!   users, Redis ACL users) and a per-role connection that sees permission errors.
+//! - [`tls::TlsServers`]: NATS and Redis that take only TLS clients, with a CA and
+//!   certificates made by `openssl` ([`tls::TestCertificates`]), and fleet processes
+//!   pointed at them by the TLS variables.
 //! - [`gateway::GatewayNode`]: the HTTP gateway as a child process (`gateway-node`) on
 //!   a free port, with API keys made in a [`pg::TestDatabase`], and the SSE reader.
 //! - [`pg::TestDatabase`]: a private PostgreSQL database, migrated and seeded,
@@ -42,6 +45,7 @@ pub mod otlp;
 pub mod pg;
 pub mod python;
 pub mod secured;
+pub mod tls;
 pub use ops::{http_get, metric_value, wait_http_status};
 
 use std::ffi::OsString;
@@ -180,6 +184,9 @@ enum Probe {
     Nats,
     /// A Redis server answers an inline `PING` with `+PONG`.
     Redis,
+    /// A Redis server on a TLS port only accepts the connection (a plain `PING` gets no
+    /// answer there); its log line says the rest.
+    RedisTls,
 }
 
 impl Probe {
@@ -187,7 +194,7 @@ impl Probe {
     fn ready_marker(self) -> &'static str {
         match self {
             Probe::Nats => NATS_READY_MARKER,
-            Probe::Redis => REDIS_READY_MARKER,
+            Probe::Redis | Probe::RedisTls => REDIS_READY_MARKER,
         }
     }
 
@@ -195,6 +202,9 @@ impl Probe {
     async fn check(self, port: u16) -> bool {
         let attempt = async {
             let mut stream = TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+            if let Probe::RedisTls = self {
+                return Some(true);
+            }
             if let Probe::Redis = self {
                 stream.write_all(b"PING\r\n").await.ok()?;
             }
@@ -210,6 +220,7 @@ impl Probe {
             Some(match self {
                 Probe::Nats => buf.starts_with(b"INFO "),
                 Probe::Redis => buf.starts_with(b"+PONG"),
+                Probe::RedisTls => true,
             })
         };
         matches!(
@@ -600,9 +611,26 @@ impl Server<Nats> {
     }
 }
 
-/// What a [`RedisServer`] keeps: nothing beyond its directory.
+/// What a [`RedisServer`] keeps: its TLS files when it takes only TLS clients.
 #[derive(Debug)]
-pub struct Redis;
+pub struct Redis {
+    /// Certificate, key and CA of the TLS port; `None` for a plain server.
+    tls: Option<RedisTlsFiles>,
+}
+
+/// The files of a [`RedisServer`] that takes only TLS clients.
+#[derive(Debug, Clone)]
+pub struct RedisTlsFiles {
+    /// The server's certificate (PEM).
+    pub cert_file: PathBuf,
+    /// Its key (PEM).
+    pub key_file: PathBuf,
+    /// The CA that signs client certificates (PEM).
+    pub ca_file: PathBuf,
+    /// Whether a client must show a certificate signed by that CA
+    /// (`--tls-auth-clients yes`).
+    pub verify_clients: bool,
+}
 
 /// A private, non-persistent `redis-server` for one test.
 ///
@@ -615,6 +643,17 @@ impl Server<Redis> {
     /// Starts a server on a free port and waits (at most [`READY_TIMEOUT`] per
     /// attempt) until it answers `PING`.
     pub async fn start() -> Result<Self> {
+        Self::start_with(Redis { tls: None }).await
+    }
+
+    /// Starts a server that listens only on a TLS port (`--port 0 --tls-port N`) with
+    /// `tls`'s certificate, and waits (at most [`READY_TIMEOUT`] per attempt) until it
+    /// accepts connections. [`RedisServer::url`] is then `rediss://`.
+    pub async fn start_tls(tls: RedisTlsFiles) -> Result<Self> {
+        Self::start_with(Redis { tls: Some(tls) }).await
+    }
+
+    async fn start_with(kind: Redis) -> Result<Self> {
         let binary = find_binary(
             "redis-server",
             "REDIS_SERVER_BIN",
@@ -628,16 +667,18 @@ impl Server<Redis> {
             .prefix("toolfleet-redis-")
             .tempdir()
             .context("creating temporary directory for redis-server")?;
+        let probe = match kind.tls {
+            Some(_) => Probe::RedisTls,
+            None => Probe::Redis,
+        };
         Self::launch(
             "redis-server",
             binary,
-            Probe::Redis,
+            probe,
             dir,
-            Redis,
-            |_, dir, port| {
-                vec![
-                    "--port".into(),
-                    port.to_string().into(),
+            kind,
+            |kind, dir, port| {
+                let mut args: Vec<OsString> = vec![
                     "--bind".into(),
                     "127.0.0.1".into(),
                     "--save".into(),
@@ -648,15 +689,39 @@ impl Server<Redis> {
                     "no".into(),
                     "--dir".into(),
                     dir.as_os_str().to_os_string(),
-                ]
+                ];
+                match &kind.tls {
+                    None => args.extend(["--port".into(), port.to_string().into()]),
+                    Some(tls) => args.extend([
+                        "--port".into(),
+                        "0".into(),
+                        "--tls-port".into(),
+                        port.to_string().into(),
+                        "--tls-cert-file".into(),
+                        tls.cert_file.clone().into_os_string(),
+                        "--tls-key-file".into(),
+                        tls.key_file.clone().into_os_string(),
+                        "--tls-ca-cert-file".into(),
+                        tls.ca_file.clone().into_os_string(),
+                        "--tls-auth-clients".into(),
+                        if tls.verify_clients { "yes" } else { "no" }.into(),
+                    ]),
+                }
+                args
             },
         )
         .await
     }
 
-    /// Client URL of the server, `redis://127.0.0.1:PORT/`.
+    /// Client URL of the server, `redis://127.0.0.1:PORT/` (`rediss://` for a server
+    /// started with [`RedisServer::start_tls`]).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.kind.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// A `redis` client for [`RedisServer::url`] (connects lazily).

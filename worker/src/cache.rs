@@ -33,6 +33,8 @@ use crate::tool::{Tool, ToolContext, ToolFuture, ToolOutput};
 pub struct CacheConfig {
     /// Redis URL.
     pub redis_url: String,
+    /// Redis TLS files (the worker's `redis_tls`).
+    pub redis_tls: toolfleet_common::tls::TlsFiles,
     /// Key names.
     pub names: Names,
     /// How long a result is served from the cache (`TOOLFLEET_CACHE_TTL_MS`).
@@ -51,6 +53,7 @@ impl CacheConfig {
     pub fn new(redis_url: impl Into<String>, names: Names) -> Self {
         Self {
             redis_url: redis_url.into(),
+            redis_tls: toolfleet_common::tls::TlsFiles::none(),
             names,
             ttl: Self::DEFAULT_TTL,
             op_timeout: Self::DEFAULT_OP_TIMEOUT,
@@ -209,7 +212,8 @@ impl ResultCache {
     async fn connection(&self) -> Option<RedisConnection> {
         let init = self.inner.conn.get_or_try_init(|| {
             let url = self.inner.config.redis_url.clone();
-            async move { redis_client::connect(&url, RedisOptions::default()).await }
+            let options = RedisOptions::with_tls(self.inner.config.redis_tls.clone());
+            async move { redis_client::connect(&url, options).await }
         });
         match tokio::time::timeout(self.inner.config.op_timeout, init).await {
             Ok(Ok(conn)) => Some(conn.clone()),

@@ -8,17 +8,22 @@ use std::time::Duration;
 
 use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
+use toolfleet_common::tls::TlsFiles;
 
 /// Everything a worker needs to run.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// NATS URL (`TOOLFLEET_NATS_URL`).
     pub nats_url: String,
-    /// NATS user, password and inbox prefix (`TOOLFLEET_NATS_USER`,
-    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`).
+    /// NATS user, password, inbox prefix and TLS files (`TOOLFLEET_NATS_USER`,
+    /// `TOOLFLEET_NATS_PASSWORD`, `TOOLFLEET_NATS_INBOX_PREFIX`, `TOOLFLEET_NATS_CA_FILE`,
+    /// `TOOLFLEET_NATS_CERT_FILE`, `TOOLFLEET_NATS_KEY_FILE`).
     pub nats_credentials: NatsCredentials,
     /// Redis URL (`TOOLFLEET_REDIS_URL`), for tool registration and liveness.
     pub redis_url: String,
+    /// Redis TLS files (`TOOLFLEET_REDIS_CA_FILE`, `TOOLFLEET_REDIS_CERT_FILE`,
+    /// `TOOLFLEET_REDIS_KEY_FILE`).
+    pub redis_tls: TlsFiles,
     /// Subject and key prefix (`TOOLFLEET_PREFIX`).
     pub prefix: String,
     /// This worker's id (`TOOLFLEET_WORKER_ID`; generated when unset).
@@ -85,6 +90,7 @@ impl WorkerConfig {
             nats_url: endpoints.nats_url,
             nats_credentials: endpoints.nats_credentials,
             redis_url: endpoints.redis_url,
+            redis_tls: endpoints.redis_tls,
             prefix: endpoints.prefix,
             worker_id: default_worker_id(),
             concurrency: 8,

@@ -215,7 +215,7 @@ pub async fn run_set(
     health.set_phase("connecting to Redis");
     let redis = toolfleet_common::redis_client::connect(
         &config.redis_url,
-        toolfleet_common::redis_client::RedisOptions::default(),
+        toolfleet_common::redis_client::RedisOptions::with_tls(config.redis_tls.clone()),
     )
     .await
     .map_err(redis::RedisError::from)?;

@@ -188,9 +188,20 @@ pub async fn run(settings: &Settings) -> Result<Report, ConformanceError> {
         .connect(toolfleet_common::config::NatsUrls(&settings.nats_url))
         .await
         .map_err(|e| ConformanceError::Nats(e.to_string()))?;
-    let redis = toolfleet_common::redis_client::connect(&settings.redis_url, Default::default())
-        .await
-        .map_err(redis::RedisError::from)?;
+    let redis_tls = toolfleet_common::tls::TlsFiles::from_env(&toolfleet_common::tls::REDIS_TLS)
+        .map_err(|e| {
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "invalid Redis TLS setting",
+                e.to_string(),
+            ))
+        })?;
+    let redis = toolfleet_common::redis_client::connect(
+        &settings.redis_url,
+        toolfleet_common::redis_client::RedisOptions::with_tls(redis_tls),
+    )
+    .await
+    .map_err(redis::RedisError::from)?;
     let (definition, probe) = probe::check(&nats, redis.clone(), &names, settings).await;
     let mut cases = vec![definition];
     match probe {

@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import sys
 import time
 import uuid
@@ -99,6 +100,13 @@ def _env_int(name, default):
         sys.exit(f"{name}={value!r} is not an integer")
 
 
+def _env_file(name):
+    value = os.environ.get(name, "").strip()
+    if value and not os.path.isfile(value):
+        sys.exit(f"{name}={value!r} is not a file")
+    return value or None
+
+
 @dataclass
 class Settings:
     """Worker settings from the environment, same names as the Rust worker."""
@@ -116,6 +124,39 @@ class Settings:
     shutdown_grace: float = field(default_factory=lambda: _env_int("TOOLFLEET_SHUTDOWN_GRACE_MS", 10000) / 1000)
     # `create`: make or update the tools' consumers; `bind`: wait for the coordinator's.
     consumers: str = field(default_factory=lambda: (os.environ.get("TOOLFLEET_WORKER_CONSUMERS", "").strip() or "create").lower())
+    # TLS (PEM files): the CA to trust and an optional client certificate, per server.
+    nats_ca_file: str = field(default_factory=lambda: _env_file("TOOLFLEET_NATS_CA_FILE"))
+    nats_cert_file: str = field(default_factory=lambda: _env_file("TOOLFLEET_NATS_CERT_FILE"))
+    nats_key_file: str = field(default_factory=lambda: _env_file("TOOLFLEET_NATS_KEY_FILE"))
+    redis_ca_file: str = field(default_factory=lambda: _env_file("TOOLFLEET_REDIS_CA_FILE"))
+    redis_cert_file: str = field(default_factory=lambda: _env_file("TOOLFLEET_REDIS_CERT_FILE"))
+    redis_key_file: str = field(default_factory=lambda: _env_file("TOOLFLEET_REDIS_KEY_FILE"))
+
+    def __post_init__(self):
+        for server in ("nats", "redis"):
+            if bool(getattr(self, f"{server}_cert_file")) != bool(getattr(self, f"{server}_key_file")):
+                upper = server.upper()
+                sys.exit(f"TOOLFLEET_{upper}_CERT_FILE and TOOLFLEET_{upper}_KEY_FILE go together")
+        if (self.redis_ca_file or self.redis_cert_file) and not self.redis_url.startswith("rediss://"):
+            sys.exit("a Redis TLS file is set, so TOOLFLEET_REDIS_URL must be rediss://")
+
+    def nats_tls(self):
+        """The SSL context for nats-py's `tls=`; None without NATS TLS files."""
+        if not (self.nats_ca_file or self.nats_cert_file):
+            return None
+        context = ssl.create_default_context(cafile=self.nats_ca_file)
+        if self.nats_cert_file:
+            context.load_cert_chain(self.nats_cert_file, self.nats_key_file)
+        return context
+
+    def redis_tls(self):
+        """redis-py's TLS options (`ssl_ca_certs`, `ssl_certfile`, `ssl_keyfile`)."""
+        options = {}
+        if self.redis_ca_file:
+            options["ssl_ca_certs"] = self.redis_ca_file
+        if self.redis_cert_file:
+            options.update(ssl_certfile=self.redis_cert_file, ssl_keyfile=self.redis_key_file)
+        return options
 
 
 def now_ms():

@@ -328,12 +328,15 @@ class Worker:
                    "name": f"toolfleet-python-worker {self.s.worker_id}"}
         if self.s.nats_user:
             options.update(user=self.s.nats_user, password=self.s.nats_password)
+        tls = self.s.nats_tls()
+        if tls:
+            options["tls"] = tls
         self.nc = await nats.connect(**options)
         self.js = self.nc.jetstream()
         await self.nc.subscribe(f"{self.s.prefix}.cancelled.*", cb=self._on_cancelled_cb)
         await self._ensure_stream(self.jobs_stream, f"{self.s.prefix}.jobs.>")
         await self._ensure_stream(f"{self.s.prefix.upper()}_RESULTS", f"{self.s.prefix}.results.>")
-        self.redis = aioredis.from_url(self.s.redis_url)
+        self.redis = aioredis.from_url(self.s.redis_url, **self.s.redis_tls())
         if self.s.consumers == "bind":
             # The coordinator creates each consumer from the definition it reads.
             async with self.redis.pipeline(transaction=False) as p:
