@@ -1,16 +1,19 @@
 """The official MCP Python client against the gateway's /mcp.
 
-Usage: mcp_client.py MCP_URL API_KEY
+Usage: mcp_client.py MCP_URL API_KEY [cancel]
 
 Initializes, lists the tools, calls a tool that succeeds (with a progress callback), one
 whose call fails, and one the tenant does not have; prints one JSON object with what it
-saw. With a wrong key it prints {"refused": status}.
+saw. With a wrong key it prints {"refused": status}. With `cancel` it starts a call of
+ten seconds and abandons it after one and a half (the SDK then sends
+`notifications/cancelled`), and prints {"abandoned": true}.
 """
 
 import asyncio
 import json
 import sys
 
+import anyio
 import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -58,4 +61,20 @@ async def refused():
         print(json.dumps({"refused": response.status_code}))
 
 
-asyncio.run(refused() if KEY == "wrong" else main())
+async def abandon():
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {KEY}"})
+    async with streamable_http_client(URL, http_client=http) as streams:
+        async with ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            with anyio.move_on_after(1.5):
+                await session.call_tool("test.behave", {"sleep_ms": 10000, "value": "long"})
+            await anyio.sleep(0.5)
+    print(json.dumps({"abandoned": True}))
+
+
+if KEY == "wrong":
+    asyncio.run(refused())
+elif sys.argv[3:] == ["cancel"]:
+    asyncio.run(abandon())
+else:
+    asyncio.run(main())

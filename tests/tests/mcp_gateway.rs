@@ -17,12 +17,22 @@ use toolfleet_tests::repo_path;
 const REQUIREMENTS: &str = "tests/python/requirements-mcp.txt";
 
 async fn client(python: &std::path::Path, url: &str, key: &str) -> Result<Value> {
+    client_with(python, url, key, &[]).await
+}
+
+async fn client_with(
+    python: &std::path::Path,
+    url: &str,
+    key: &str,
+    extra: &[&str],
+) -> Result<Value> {
     let out = tokio::time::timeout(
         Duration::from_secs(120),
         Command::new(python)
             .arg(repo_path("tests/python/mcp_client.py"))
             .arg(url)
             .arg(key)
+            .args(extra)
             .kill_on_drop(true)
             .output(),
     )
@@ -76,5 +86,29 @@ async fn an_mcp_client_lists_and_calls_the_tenants_fleet_tools() -> Result<()> {
     // Without a valid key the transport is never reached.
     let refused = client(&python, &url, "wrong").await?;
     assert_eq!(refused["refused"], 401);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_mcp_client_abandons_cancels_its_turn() -> Result<()> {
+    use futures::StreamExt;
+    let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let key = create_key(&db, "acme").await?;
+    // Cancelled turns are announced to the workers on `<p>.cancelled.<turn>`.
+    let mut cancelled = fleet
+        .client
+        .nats()
+        .subscribe(fleet.names.turn_cancelled_any())
+        .await?;
+    let url = format!("{}/mcp", gateway.base);
+    let seen = client_with(&python, &url, &key, &["cancel"]).await?;
+    assert_eq!(seen["abandoned"], true);
+    let notice = tokio::time::timeout(Duration::from_secs(10), cancelled.next())
+        .await
+        .context("the abandoned call's turn was not cancelled")?;
+    assert!(notice.is_some());
     Ok(())
 }
