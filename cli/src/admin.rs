@@ -99,6 +99,22 @@ pub enum KeyCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
+    /// Set a key's limits on the chat-completions loop (an omitted limit is cleared: the
+    /// gateway's configuration applies); in force within the gateway's key cache period.
+    Limit {
+        /// The key's id (from `create` or `list`).
+        id: String,
+        /// Rounds of fleet calls, 1 to 64.
+        #[arg(long)]
+        max_rounds: Option<u32>,
+        /// Calls of one round, 1 to 256.
+        #[arg(long)]
+        max_calls_per_round: Option<u32>,
+        /// `first` (tools only in the first round) or `burst` (none after the first round
+        /// with several calls).
+        #[arg(long, value_parser = ["first", "burst"])]
+        stop_after: Option<String>,
+    },
     /// Revoke a key by id; the gateway refuses it within its key cache period.
     Revoke {
         /// The key's id (from `create` or `list`).
@@ -116,6 +132,23 @@ impl KeyCommand {
             }
             Self::List { tenant } => {
                 json!({"status": "ok", "keys": keys::list(client, tenant.as_deref()).await?})
+            }
+            Self::Limit {
+                id,
+                max_rounds,
+                max_calls_per_round,
+                stop_after,
+            } => {
+                let limits = keys::ChatLimits {
+                    max_rounds,
+                    max_calls_per_round,
+                    stop_after: match stop_after.as_deref() {
+                        Some("first") => Some(toolfleet_gateway::openai::StopAfter::First),
+                        Some("burst") => Some(toolfleet_gateway::openai::StopAfter::Burst),
+                        _ => None,
+                    },
+                };
+                json!({"status": "ok", "key": keys::set_chat_limits(client, &id, limits).await?})
             }
             Self::Revoke { id } => json!({"status": "ok", "key": keys::revoke(client, &id).await?}),
         })

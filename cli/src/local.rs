@@ -417,7 +417,7 @@ impl LocalGateway {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding the gateway to {addr}"))?;
-        let gateway = toolfleet_gateway::Gateway::new(config, fleet.client.clone());
+        let gateway = toolfleet_gateway::Gateway::new(config, fleet.client.clone())?;
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let task = tokio::spawn(async move {

@@ -66,6 +66,20 @@ pub mod names {
     pub const TOPOLOGY_RECREATED: &str = "toolfleet.topology.recreated";
     /// Supervised background tasks that died, by `task`.
     pub const TASKS_DIED: &str = "toolfleet.tasks.died";
+    /// Chat completions the gateway answered, by `outcome` (`answered`, `caller_tools`,
+    /// `max_rounds`, `upstream_error`).
+    pub const CHAT_COMPLETIONS: &str = "toolfleet.chat.completions";
+    /// Rounds of fleet calls the chat loop ran, one per fleet turn.
+    pub const CHAT_ROUNDS: &str = "toolfleet.chat.rounds";
+    /// Fleet calls the chat loop ran.
+    pub const CHAT_FLEET_CALLS: &str = "toolfleet.chat.fleet_calls";
+    /// Seconds of one upstream model request, by `gen_ai.operation.name`,
+    /// `gen_ai.request.model` and `error.type` (the GenAI semantic conventions' client
+    /// metric).
+    pub const GEN_AI_OPERATION_DURATION: &str = "gen_ai.client.operation.duration";
+    /// Tokens the upstream reported, by `gen_ai.token.type` (`input`, `output`) and
+    /// `gen_ai.request.model`.
+    pub const GEN_AI_TOKEN_USAGE: &str = "gen_ai.client.token.usage";
     /// Always 1, with the build's `version` and the `service`.
     pub const BUILD_INFO: &str = "toolfleet.build_info";
     /// CPU time used by the process, in seconds.
@@ -529,6 +543,135 @@ impl FleetMetrics {
     }
 }
 
+/// Model names kept as label values; later ones count as `other`.
+const MAX_MODEL_LABELS: usize = 32;
+
+/// The instruments of the gateway's chat-completions loop. The model label is taken from
+/// requests, so it is bounded: the first [`MAX_MODEL_LABELS`] well-formed names, then
+/// `other`.
+#[derive(Clone)]
+pub struct ChatMetrics {
+    completions: Counter<u64>,
+    rounds: Counter<u64>,
+    fleet_calls: Counter<u64>,
+    operation: Histogram<f64>,
+    tokens: Histogram<u64>,
+    models: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+}
+
+impl std::fmt::Debug for ChatMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ChatMetrics")
+    }
+}
+
+impl ChatMetrics {
+    /// Instruments on the global meter provider.
+    pub fn new() -> Self {
+        let meter = opentelemetry::global::meter("toolfleet");
+        Self {
+            completions: meter
+                .u64_counter(names::CHAT_COMPLETIONS)
+                .with_description("Chat completions answered, by outcome")
+                .build(),
+            rounds: meter
+                .u64_counter(names::CHAT_ROUNDS)
+                .with_description("Rounds of fleet calls the chat loop ran")
+                .build(),
+            fleet_calls: meter
+                .u64_counter(names::CHAT_FLEET_CALLS)
+                .with_description("Fleet calls the chat loop ran")
+                .build(),
+            operation: meter
+                .f64_histogram(names::GEN_AI_OPERATION_DURATION)
+                .with_unit("s")
+                .with_description("GenAI operation duration")
+                .with_boundaries(vec![
+                    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                    40.96, 81.92,
+                ])
+                .build(),
+            tokens: meter
+                .u64_histogram(names::GEN_AI_TOKEN_USAGE)
+                .with_unit("{token}")
+                .with_description("Number of input and output tokens used")
+                .with_boundaries(vec![
+                    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0,
+                    1048576.0,
+                ])
+                .build(),
+            models: Default::default(),
+        }
+    }
+
+    /// The label value of `model`.
+    fn model(&self, model: &str) -> String {
+        let well_formed = !model.is_empty()
+            && model.len() <= 64
+            && model
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:/-@".contains(&b));
+        if !well_formed {
+            return "other".into();
+        }
+        let mut models = self.models.lock().unwrap_or_else(|p| p.into_inner());
+        if models.contains(model) || models.len() < MAX_MODEL_LABELS {
+            models.insert(model.to_string());
+            return model.to_string();
+        }
+        "other".into()
+    }
+
+    /// One completion ended in `outcome`.
+    pub fn completion(&self, outcome: &'static str) {
+        self.completions
+            .add(1, &[KeyValue::new("outcome", outcome)]);
+    }
+
+    /// One round of the loop ran `calls` fleet calls.
+    pub fn round(&self, calls: usize) {
+        self.rounds.add(1, &[]);
+        self.fleet_calls
+            .add(u64::try_from(calls).unwrap_or(u64::MAX), &[]);
+    }
+
+    /// One upstream request for `model` took `seconds`; `error` is its error class
+    /// (an HTTP status or `unavailable`) when it failed.
+    pub fn upstream_request(&self, model: &str, seconds: f64, error: Option<&str>) {
+        let mut labels = vec![
+            KeyValue::new("gen_ai.operation.name", "chat"),
+            KeyValue::new("gen_ai.request.model", self.model(model)),
+        ];
+        if let Some(error) = error {
+            labels.push(KeyValue::new("error.type", error.to_string()));
+        }
+        self.operation.record(seconds, &labels);
+    }
+
+    /// The upstream reported `usage` (an OpenAI usage object) for `model`.
+    pub fn usage(&self, model: &str, usage: &serde_json::Value) {
+        let model = self.model(model);
+        for (field, kind) in [("prompt_tokens", "input"), ("completion_tokens", "output")] {
+            if let Some(tokens) = usage.get(field).and_then(serde_json::Value::as_u64) {
+                self.tokens.record(
+                    tokens,
+                    &[
+                        KeyValue::new("gen_ai.operation.name", "chat"),
+                        KeyValue::new("gen_ai.request.model", model.clone()),
+                        KeyValue::new("gen_ai.token.type", kind),
+                    ],
+                );
+            }
+        }
+    }
+}
+
+impl Default for ChatMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Default for FleetMetrics {
     fn default() -> Self {
         Self::new()
@@ -538,6 +681,19 @@ impl Default for FleetMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chat_model_labels_are_bounded() {
+        let metrics = ChatMetrics::new();
+        assert_eq!(metrics.model("gpt-4o-mini"), "gpt-4o-mini");
+        assert_eq!(metrics.model("bad model\n"), "other");
+        assert_eq!(metrics.model(&"m".repeat(65)), "other");
+        for i in 0..MAX_MODEL_LABELS {
+            metrics.model(&format!("model-{i}"));
+        }
+        assert_eq!(metrics.model("one-too-many"), "other");
+        assert_eq!(metrics.model("gpt-4o-mini"), "gpt-4o-mini");
+    }
 
     #[test]
     fn error_types_are_toolfleet_codes_or_other() {

@@ -29,6 +29,8 @@ pub struct Caller {
     pub key_id: String,
     /// The tenant every turn of this caller runs for.
     pub tenant: String,
+    /// The key's limits on the chat-completions loop.
+    pub chat: crate::keys::ChatLimits,
 }
 
 /// The key a request carries, if any.
@@ -82,6 +84,7 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
         Ok(Self {
             key_id: record.id,
             tenant: record.tenant,
+            chat: record.chat,
         })
     }
 }

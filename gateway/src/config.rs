@@ -10,6 +10,14 @@ use std::time::Duration;
 
 use toolfleet_common::config::{env_in, env_ms_in, env_or, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
+use toolfleet_common::tls::{TlsFiles, TlsVariables};
+
+/// The TLS variables of the chat-completions upstream.
+pub const UPSTREAM_TLS: TlsVariables = TlsVariables {
+    ca_file: "TOOLFLEET_UPSTREAM_CA_FILE",
+    cert_file: "TOOLFLEET_UPSTREAM_CERT_FILE",
+    key_file: "TOOLFLEET_UPSTREAM_KEY_FILE",
+};
 
 /// Where the gateway listens when `TOOLFLEET_GATEWAY_ADDR` is unset.
 pub const DEFAULT_ADDR: &str = "0.0.0.0:8080";
@@ -63,6 +71,10 @@ pub struct GatewayConfig {
     /// The model server `POST /v1/chat/completions` forwards to, and how its tool loop
     /// runs (`TOOLFLEET_UPSTREAM_*`, `TOOLFLEET_OPENAI_*`).
     pub upstream: UpstreamConfig,
+    /// Address of the operational endpoint, `/healthz`, `/readyz` and `/metrics`
+    /// (`TOOLFLEET_HTTP_ADDR`, default `off`): a port of its own, so metrics never show
+    /// on the public API port.
+    pub ops_addr: Option<SocketAddr>,
     /// `Host` values `/mcp` accepts (`TOOLFLEET_GATEWAY_MCP_ALLOWED_HOSTS`, comma-separated;
     /// default the loopback names): the MCP transport refuses others, against DNS
     /// rebinding. Add the gateway's public host names.
@@ -87,6 +99,13 @@ pub struct UpstreamConfig {
     pub max_calls_per_round: usize,
     /// How long one upstream request may take (`TOOLFLEET_UPSTREAM_TIMEOUT_MS`).
     pub timeout: Duration,
+    /// TLS to an `https://` upstream: `TOOLFLEET_UPSTREAM_CA_FILE` (trusted instead of
+    /// the system's roots), `TOOLFLEET_UPSTREAM_CERT_FILE` and `_KEY_FILE` (a client
+    /// certificate for servers that verify clients).
+    pub tls: TlsFiles,
+    /// How long the loop reuses a tenant's fleet catalog before asking the coordinators
+    /// again (`TOOLFLEET_OPENAI_CATALOG_CACHE_MS`, default 1 s; 0: every request asks).
+    pub catalog_cache: Duration,
 }
 
 impl std::fmt::Debug for UpstreamConfig {
@@ -98,6 +117,8 @@ impl std::fmt::Debug for UpstreamConfig {
             .field("max_rounds", &self.max_rounds)
             .field("max_calls_per_round", &self.max_calls_per_round)
             .field("timeout", &self.timeout)
+            .field("catalog_cache", &self.catalog_cache)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -111,6 +132,8 @@ impl Default for UpstreamConfig {
             max_rounds: 8,
             max_calls_per_round: 16,
             timeout: Duration::from_secs(120),
+            catalog_cache: Duration::from_secs(1),
+            tls: TlsFiles::none(),
         }
     }
 }
@@ -131,6 +154,12 @@ impl UpstreamConfig {
                 1..=256,
             )?,
             timeout: env_ms_in("TOOLFLEET_UPSTREAM_TIMEOUT_MS", d.timeout, 1000..=600_000)?,
+            catalog_cache: env_ms_in(
+                "TOOLFLEET_OPENAI_CATALOG_CACHE_MS",
+                d.catalog_cache,
+                0..=60_000,
+            )?,
+            tls: TlsFiles::from_env(&UPSTREAM_TLS)?,
         })
     }
 }
@@ -161,6 +190,7 @@ impl GatewayConfig {
             jaeger_url: DEFAULT_JAEGER_URL.to_string(),
             cancel_on_disconnect: false,
             upstream: UpstreamConfig::default(),
+            ops_addr: None,
             mcp_allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
         }
     }
@@ -217,6 +247,7 @@ impl GatewayConfig {
                 d.cancel_on_disconnect,
             )?,
             upstream: UpstreamConfig::from_env()?,
+            ops_addr: toolfleet_common::http::addr_from_env("off")?,
             mcp_allowed_hosts: env_string(
                 "TOOLFLEET_GATEWAY_MCP_ALLOWED_HOSTS",
                 &d.mcp_allowed_hosts.join(","),
@@ -243,9 +274,33 @@ mod tests {
         assert!(!format!("{config:?}").contains("sk-very-secret"));
         let upstream = crate::openai::Upstream::new(&UpstreamConfig {
             base_url: Some("http://127.0.0.1:1/v1".into()),
-            ..config
+            ..config.clone()
         })
-        .expect("client");
+        .expect("client")
+        .expect("configured");
         assert!(!format!("{upstream:?}").contains("sk-very-secret"));
+    }
+
+    #[test]
+    fn an_upstream_url_that_is_not_http_is_refused_at_start() {
+        for url in ["ftp://models.example/v1", "models.example/v1", "http://"] {
+            let outcome = crate::openai::Upstream::new(&UpstreamConfig {
+                base_url: Some(url.into()),
+                ..UpstreamConfig::default()
+            });
+            assert!(
+                matches!(outcome, Err(crate::openai::UpstreamError::Url { .. })),
+                "{url}: {outcome:?}"
+            );
+        }
+        let missing_ca = crate::openai::Upstream::new(&UpstreamConfig {
+            base_url: Some("https://models.example/v1".into()),
+            tls: TlsFiles::trusting("/nonexistent/ca.pem"),
+            ..UpstreamConfig::default()
+        });
+        assert!(matches!(
+            missing_ca,
+            Err(crate::openai::UpstreamError::Tls(_))
+        ));
     }
 }

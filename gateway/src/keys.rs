@@ -1,10 +1,10 @@
-//! API keys: made, hashed, stored in PostgreSQL (`api_keys`, `migrations/0004_api_keys.sql`),
-//! looked up with a short cache.
+//! API keys: made, hashed, stored in PostgreSQL (`api_keys`, `migrations/0004_api_keys.sql`,
+//! per-key chat limits in `0005_api_key_chat_limits.sql`), looked up with a short cache.
 //!
 //! Owns the key format (`tfk_` and 64 hex digits of randomness), the SHA-256 the table
 //! stores instead of the key, the gateway's cached lookup ([`KeyStore`]), and the admin
-//! operations `toolfleet admin keys create|list|revoke` runs ([`create`], [`list`],
-//! [`revoke`]). A key maps to exactly one tenant. Never stores or logs a key itself, and
+//! operations `toolfleet admin keys create|list|limit|revoke` runs ([`create`], [`list`],
+//! [`set_chat_limits`], [`revoke`]). A key maps to exactly one tenant. Never stores or logs a key itself, and
 //! never writes from the gateway: the gateway only reads.
 
 use std::collections::HashMap;
@@ -15,6 +15,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio_postgres::{Client, NoTls, Row};
 use toolfleet_common::turn::normalize_tenant;
+
+use crate::openai::StopAfter;
 
 /// Every key starts with this.
 pub const KEY_PREFIX: &str = "tfk_";
@@ -45,7 +47,72 @@ pub struct KeyRecord {
     pub tenant: String,
     /// The name given at creation.
     pub name: String,
+    /// Limits of this key's chat-completions loop.
+    pub chat: ChatLimits,
 }
+
+/// A key's limits on the chat-completions loop; `None` leaves the gateway's
+/// configuration in force. A request may tighten them, never loosen them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ChatLimits {
+    /// Rounds of fleet calls (1–64).
+    pub max_rounds: Option<u32>,
+    /// Calls of one round (1–256).
+    pub max_calls_per_round: Option<u32>,
+    /// The stop-after gate.
+    pub stop_after: Option<StopAfter>,
+}
+
+impl ChatLimits {
+    /// Checks the bounds the table enforces, with a clear message.
+    pub fn validate(&self) -> Result<(), KeyError> {
+        if self.max_rounds.is_some_and(|r| !(1..=64).contains(&r)) {
+            return Err(KeyError::Invalid("max rounds must be 1 to 64".into()));
+        }
+        if self
+            .max_calls_per_round
+            .is_some_and(|c| !(1..=256).contains(&c))
+        {
+            return Err(KeyError::Invalid(
+                "max calls per round must be 1 to 256".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The column value of `stop_after`.
+fn stop_after_text(stop_after: Option<StopAfter>) -> Option<&'static str> {
+    stop_after.map(|s| match s {
+        StopAfter::First => "first",
+        StopAfter::Burst => "burst",
+    })
+}
+
+/// The limits in `row`'s `chat_*` columns.
+fn chat_limits(row: &Row) -> Result<ChatLimits, KeyError> {
+    let int = |name: &str| -> Result<Option<u32>, KeyError> {
+        let value: Option<i32> = row
+            .try_get(name)
+            .map_err(|e| KeyError::Unavailable(format!("column {name}: {e}")))?;
+        Ok(value.and_then(|v| u32::try_from(v).ok()))
+    };
+    let stop_after: Option<String> = row
+        .try_get("chat_stop_after")
+        .map_err(|e| KeyError::Unavailable(format!("column chat_stop_after: {e}")))?;
+    Ok(ChatLimits {
+        max_rounds: int("chat_max_rounds")?,
+        max_calls_per_round: int("chat_max_calls_per_round")?,
+        stop_after: match stop_after.as_deref() {
+            Some("first") => Some(StopAfter::First),
+            Some("burst") => Some(StopAfter::Burst),
+            _ => None,
+        },
+    })
+}
+
+/// The columns of a key's chat limits, for a SELECT or RETURNING list.
+const CHAT_COLUMNS: &str = "chat_max_rounds, chat_max_calls_per_round, chat_stop_after";
 
 /// SHA-256 of `key`, as 64 hex digits (what `api_keys.key_hash` holds).
 pub fn hash_key(key: &str) -> String {
@@ -135,9 +202,11 @@ impl KeyStore {
 
     async fn query(&self, hash: &str) -> Result<Option<KeyRecord>, KeyError> {
         let client = self.client().await?;
-        let sql = "SELECT id::text AS id, tenant_id, name FROM api_keys
-                   WHERE key_hash = $1 AND revoked_at IS NULL";
-        let answer = tokio::time::timeout(DB_WAIT, client.query_opt(sql, &[&hash])).await;
+        let sql = format!(
+            "SELECT id::text AS id, tenant_id, name, {CHAT_COLUMNS} FROM api_keys
+             WHERE key_hash = $1 AND revoked_at IS NULL"
+        );
+        let answer = tokio::time::timeout(DB_WAIT, client.query_opt(&sql, &[&hash])).await;
         match answer {
             Ok(Ok(row)) => row.map(|r| record(&r)).transpose(),
             Ok(Err(e)) => {
@@ -184,6 +253,7 @@ fn record(row: &Row) -> Result<KeyRecord, KeyError> {
         id: text("id")?,
         tenant: text("tenant_id")?,
         name: text("name")?,
+        chat: chat_limits(row)?,
     })
 }
 
@@ -215,6 +285,8 @@ pub struct ListedKey {
     pub created_at: String,
     /// When it was revoked, if it was.
     pub revoked_at: Option<String>,
+    /// Its chat-completions limits.
+    pub chat: ChatLimits,
 }
 
 const TIMES: &str =
@@ -250,8 +322,8 @@ pub async fn create(client: &Client, tenant: &str, name: &str) -> Result<Created
 pub async fn list(client: &Client, tenant: Option<&str>) -> Result<Vec<ListedKey>, KeyError> {
     let tenant = tenant.map(normalize_tenant).unwrap_or_default();
     let sql = format!(
-        "SELECT id::text AS id, tenant_id, name, key_prefix, {TIMES} FROM api_keys
-         WHERE $1 = '' OR tenant_id = $1 ORDER BY created_at DESC, id"
+        "SELECT id::text AS id, tenant_id, name, key_prefix, {TIMES}, {CHAT_COLUMNS}
+         FROM api_keys WHERE $1 = '' OR tenant_id = $1 ORDER BY created_at DESC, id"
     );
     let rows = client
         .query(&sql, &[&tenant])
@@ -266,10 +338,43 @@ pub async fn revoke(client: &Client, id: &str) -> Result<ListedKey, KeyError> {
         .map_err(|_| KeyError::Invalid(format!("{id:?} is not a key id")))?;
     let sql = format!(
         "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1::text::uuid
-         RETURNING id::text AS id, tenant_id, name, key_prefix, {TIMES}"
+         RETURNING id::text AS id, tenant_id, name, key_prefix, {TIMES}, {CHAT_COLUMNS}"
     );
     let row = client
         .query_opt(&sql, &[&id.to_string()])
+        .await
+        .map_err(|e| KeyError::Unavailable(e.to_string()))?
+        .ok_or_else(|| KeyError::Invalid(format!("no key {id}")))?;
+    listed(&row)
+}
+
+/// Sets key `id`'s chat limits to `limits` (a `None` clears that limit); the gateway
+/// applies them within its key cache period.
+pub async fn set_chat_limits(
+    client: &Client,
+    id: &str,
+    limits: ChatLimits,
+) -> Result<ListedKey, KeyError> {
+    limits.validate()?;
+    let id = uuid::Uuid::parse_str(id.trim())
+        .map_err(|_| KeyError::Invalid(format!("{id:?} is not a key id")))?;
+    let sql = format!(
+        "UPDATE api_keys SET chat_max_rounds = $2, chat_max_calls_per_round = $3,
+                chat_stop_after = $4
+         WHERE id = $1::text::uuid
+         RETURNING id::text AS id, tenant_id, name, key_prefix, {TIMES}, {CHAT_COLUMNS}"
+    );
+    let int = |v: Option<u32>| v.and_then(|v| i32::try_from(v).ok());
+    let row = client
+        .query_opt(
+            &sql,
+            &[
+                &id.to_string(),
+                &int(limits.max_rounds),
+                &int(limits.max_calls_per_round),
+                &stop_after_text(limits.stop_after),
+            ],
+        )
         .await
         .map_err(|e| KeyError::Unavailable(e.to_string()))?
         .ok_or_else(|| KeyError::Invalid(format!("no key {id}")))?;
@@ -288,6 +393,7 @@ fn listed(row: &Row) -> Result<ListedKey, KeyError> {
         prefix: get("key_prefix")?.unwrap_or_default(),
         created_at: get("created_at")?.unwrap_or_default(),
         revoked_at: get("revoked_at")?,
+        chat: chat_limits(row)?,
     })
 }
 

@@ -74,6 +74,9 @@ pub enum GatewayError {
     /// Serving failed.
     #[error("serving HTTP: {0}")]
     Serve(std::io::Error),
+    /// The chat-completions upstream is misconfigured.
+    #[error("{0}")]
+    Upstream(#[from] openai::UpstreamError),
 }
 
 /// What every request handler shares.
@@ -91,19 +94,23 @@ pub struct Gateway {
     pub slots: TurnSlots,
     /// The model server of `/v1/chat/completions`, when configured.
     pub upstream: Option<openai::Upstream>,
+    /// Each tenant's OpenAI-format catalog as the chat loop last read it.
+    pub chat_catalogs: openai::CatalogCache,
 }
 
 impl Gateway {
-    /// A gateway with `config` on `client`.
-    pub fn new(config: GatewayConfig, client: FleetClient) -> Self {
-        Self {
+    /// A gateway with `config` on `client`; an error when the upstream settings are
+    /// unusable.
+    pub fn new(config: GatewayConfig, client: FleetClient) -> Result<Self, GatewayError> {
+        Ok(Self {
             keys: KeyStore::new(config.database_url.clone(), config.key_cache),
             limiter: RateLimiter::new(config.rate_per_s, config.burst),
             slots: TurnSlots::new(config.max_turns),
-            upstream: openai::Upstream::new(&config.upstream),
+            upstream: openai::Upstream::new(&config.upstream)?,
+            chat_catalogs: openai::CatalogCache::new(config.upstream.catalog_cache),
             client,
             config,
-        }
+        })
     }
 
     /// 503 `unavailable` unless the NATS connection is up (a publish would otherwise wait
@@ -121,15 +128,37 @@ impl Gateway {
 /// Connects to NATS as the configured user, binds the listen address and serves until
 /// `shutdown`.
 pub async fn run(config: GatewayConfig, shutdown: CancellationToken) -> Result<(), GatewayError> {
+    // A misconfigured upstream stops the start, before any connection.
+    openai::Upstream::new(&config.upstream)?;
+    // The operational endpoint (metrics) on its own port, when configured.
+    let ops = toolfleet_common::health::start_process("toolfleet-gateway", config.ops_addr)
+        .await
+        .map_err(|source| GatewayError::Bind {
+            addr: config.ops_addr.unwrap_or(config.addr),
+            source,
+        })?;
     let client =
         FleetClient::connect_with(&config.nats_url, &config.prefix, &config.nats_credentials)
             .await?;
+    let nats = client.nats().clone();
+    ops.health.set_readiness(Arc::new(move || {
+        let connected = matches!(
+            nats.connection_state(),
+            async_nats::connection::State::Connected
+        );
+        Box::pin(async move {
+            match connected {
+                true => Ok(()),
+                false => Err("NATS is not connected".to_string()),
+            }
+        })
+    }));
     let addr = config.addr;
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| GatewayError::Bind { addr, source })?;
     tracing::info!(%addr, "gateway listening");
-    serve(listener, Gateway::new(config, client), shutdown).await
+    serve(listener, Gateway::new(config, client)?, shutdown).await
 }
 
 /// Serves `gateway` on `listener` until `shutdown`; open event streams end with it.

@@ -366,6 +366,7 @@ mod tests {
 
     fn caller() -> Caller {
         Caller {
+            chat: Default::default(),
             key_id: "k".into(),
             tenant: "acme".into(),
         }

@@ -49,6 +49,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "0004_api_keys",
         include_str!("../../migrations/0004_api_keys.sql"),
     ),
+    (
+        "0005_api_key_chat_limits",
+        include_str!("../../migrations/0005_api_key_chat_limits.sql"),
+    ),
 ];
 
 /// Demo rows for two businesses (idempotent; see `migrations/seed/demo_businesses.sql`).

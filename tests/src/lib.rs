@@ -114,7 +114,7 @@ pub fn free_port() -> Result<u16> {
 
 /// Finds an executable: `$env_var` if set, else `name` on `PATH`, else the
 /// first existing path in `fallbacks`.
-fn find_binary(name: &str, env_var: &str, fallbacks: &[&str]) -> Result<PathBuf> {
+pub fn find_binary(name: &str, env_var: &str, fallbacks: &[&str]) -> Result<PathBuf> {
     if let Some(path) = std::env::var_os(env_var) {
         let path = PathBuf::from(path);
         if path.is_file() {

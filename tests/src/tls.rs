@@ -374,3 +374,64 @@ impl TlsServers {
         Ok(redis_client::connect(&self.redis_url(), RedisOptions::with_tls(tls)).await?)
     }
 }
+
+/// A TLS-terminating proxy on a free loopback port: it shows the test server certificate
+/// and relays each connection, decrypted, to a plain TCP `backend`. Stops when dropped.
+pub struct TlsProxy {
+    /// The port it listens on (TLS).
+    pub port: u16,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl TlsProxy {
+    /// Starts a proxy presenting `certificates`' server certificate in front of `backend`.
+    pub async fn start(
+        certificates: &TestCertificates,
+        backend: std::net::SocketAddr,
+    ) -> Result<Self> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = CertificateDer::pem_file_iter(certificates.server_cert())?
+            .collect::<Result<Vec<_>, _>>()?;
+        let key = PrivateKeyDer::from_pem_file(certificates.server_key())?;
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(chain, key)?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let port = listener.local_addr()?.port();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = token.cancelled() => return,
+                    accepted = listener.accept() => accepted,
+                };
+                let Ok((tcp, _)) = accepted else { continue };
+                let (acceptor, token) = (acceptor.clone(), token.clone());
+                tokio::spawn(async move {
+                    let relay = async {
+                        let mut tls = acceptor.accept(tcp).await?;
+                        let mut plain = tokio::net::TcpStream::connect(backend).await?;
+                        tokio::io::copy_bidirectional(&mut tls, &mut plain).await?;
+                        Ok::<_, std::io::Error>(())
+                    };
+                    tokio::select! {
+                        _ = token.cancelled() => {}
+                        _ = relay => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { port, stop })
+    }
+}
+
+impl Drop for TlsProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

@@ -10,36 +10,80 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tokio::process::Command;
 use toolfleet_cli::upstream::{calls_answer, text_answer, Scripted, ScriptedUpstream};
+use toolfleet_gateway::keys::{self, ChatLimits};
+use toolfleet_gateway::openai::StopAfter;
 use toolfleet_tests::fleet::Fleet;
 use toolfleet_tests::gateway::{create_key, GatewayNode};
+use toolfleet_tests::ops::metric_value;
 use toolfleet_tests::pg::TestDatabase;
 use toolfleet_tests::python::venv;
-use toolfleet_tests::repo_path;
+use toolfleet_tests::tls::{TestCertificates, TlsProxy};
+use toolfleet_tests::{free_port, repo_path};
 
 const REQUIREMENTS: &str = "tests/python/requirements-openai.txt";
 
-/// What the client saw without and with streaming, and every request the model server
-/// got (both runs).
+/// What the client saw without and with streaming, every request the model server got
+/// (both runs), and the gateway's `/metrics` afterwards.
 struct Run {
     plain: Value,
     streamed: Value,
     requests: Vec<Value>,
+    metrics: String,
+}
+
+/// How the gateway under test is set up beyond the defaults.
+#[derive(Default)]
+struct Setup {
+    /// Limits stored on the API key.
+    limits: ChatLimits,
+    /// The model server behind TLS (a proxy with a test CA the gateway is told to trust).
+    https: bool,
 }
 
 /// Runs `scenario` of `tests/python/openai_client.py` against a fleet whose gateway's
 /// model server answers from `script`.
 async fn run(scenario: &str, script: Vec<Scripted>) -> Result<Run> {
+    run_with(scenario, script, Setup::default()).await
+}
+
+/// [`run`] with `setup`.
+async fn run_with(scenario: &str, script: Vec<Scripted>, setup: Setup) -> Result<Run> {
+    let limits = setup.limits;
     let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
     let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
     let upstream = ScriptedUpstream::start(script).await?;
     let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(
-        &fleet,
-        &db,
-        &[("TOOLFLEET_UPSTREAM_BASE_URL", upstream.base_url.as_str())],
-    )
-    .await?;
+    let ops = format!("127.0.0.1:{}", free_port()?);
+    let mut env = vec![
+        ("TOOLFLEET_UPSTREAM_BASE_URL", upstream.base_url.clone()),
+        ("TOOLFLEET_HTTP_ADDR", ops.clone()),
+    ];
+    let mut _tls = None;
+    if setup.https {
+        let certificates = TestCertificates::generate().await?;
+        let backend = upstream
+            .base_url
+            .trim_start_matches("http://")
+            .trim_end_matches("/v1")
+            .parse()?;
+        let proxy = TlsProxy::start(&certificates, backend).await?;
+        env[0].1 = format!("https://localhost:{}/v1", proxy.port);
+        env.push((
+            "TOOLFLEET_UPSTREAM_CA_FILE",
+            certificates.ca_file().display().to_string(),
+        ));
+        _tls = Some((certificates, proxy));
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let gateway = GatewayNode::start(&fleet, &db, &env).await?;
     let key = create_key(&db, "acme").await?;
+    if limits != ChatLimits::default() {
+        let admin = db.admin().await?;
+        let listed = keys::list(&admin, Some("acme")).await?;
+        let id = &listed.first().context("the key is listed")?.id;
+        let set = keys::set_chat_limits(&admin, id, limits).await?;
+        assert_eq!(set.chat, limits);
+    }
     let script = repo_path("tests/python/openai_client.py");
     let out = tokio::time::timeout(
         Duration::from_secs(120),
@@ -61,10 +105,16 @@ async fn run(scenario: &str, script: Vec<Scripted>) -> Result<Run> {
     }
     let seen: Value = serde_json::from_slice(&out.stdout)
         .with_context(|| String::from_utf8_lossy(&out.stdout).to_string())?;
+    let metrics = reqwest::get(format!("http://{ops}/metrics"))
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
     Ok(Run {
         plain: seen["plain"].clone(),
         streamed: seen["streamed"].clone(),
         requests: upstream.requests(),
+        metrics,
     })
 }
 
@@ -235,5 +285,124 @@ async fn an_upstream_error_passes_through_with_its_status_and_body() -> Result<(
         run.plain["error"]["body"]["message"],
         "the model is overloaded"
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_limits_cap_the_loop_and_the_gateway_counts_what_ran() -> Result<()> {
+    // The model asks for two calls every time; the key allows one round.
+    let again = calls_answer(&[
+        ("lim_a", "test__behave", json!({"value": "a"})),
+        ("lim_b", "test__behave", json!({"value": "b"})),
+    ]);
+    let limits = ChatLimits {
+        max_rounds: Some(1),
+        max_calls_per_round: None,
+        stop_after: Some(StopAfter::Burst),
+    };
+    let run = run_with(
+        "one_round",
+        vec![again],
+        Setup {
+            limits,
+            ..Setup::default()
+        },
+    )
+    .await?;
+    assert_parity(&run);
+    assert_eq!(run.plain["finish_reason"], "length", "{}", run.plain);
+    assert_eq!(run.plain["toolfleet"]["stopped"], "max_rounds");
+    assert_eq!(run.plain["toolfleet"]["rounds"], 1);
+    // After the burst the key's gate took the tools away: the second request of each run
+    // said `tool_choice: none`.
+    let gated = run
+        .requests
+        .iter()
+        .filter(|r| r["tool_choice"] == "none")
+        .count();
+    assert_eq!(gated, 2, "{:?}", run.requests);
+
+    let metric = |name: &str, labels: &[&str]| metric_value(&run.metrics, name, labels);
+    assert_eq!(
+        metric(
+            "toolfleet_chat_completions_total",
+            &["outcome=\"max_rounds\""]
+        ),
+        Some(2.0),
+        "{}",
+        run.metrics
+    );
+    assert_eq!(metric("toolfleet_chat_rounds_total", &[]), Some(2.0));
+    assert_eq!(metric("toolfleet_chat_fleet_calls_total", &[]), Some(4.0));
+    // Four upstream requests (two per run), none failed.
+    assert_eq!(
+        metric("gen_ai_client_operation_duration_seconds_count", &[]),
+        Some(4.0)
+    );
+    assert_eq!(
+        metric(
+            "gen_ai_client_operation_duration_seconds_count",
+            &["error_type"]
+        ),
+        None
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_model_server_is_reached_with_the_configured_ca() -> Result<()> {
+    let script = vec![
+        calls_answer(&[("tls_a", "test__behave", json!({"value": "over tls"}))]),
+        text_answer("Done over TLS."),
+    ];
+    let run = run_with(
+        "one_round",
+        script,
+        Setup {
+            https: true,
+            ..Setup::default()
+        },
+    )
+    .await?;
+    assert_parity(&run);
+    assert_eq!(run.plain["content"], "Done over TLS.", "{}", run.plain);
+    assert_eq!(run.plain["toolfleet"]["rounds"], 1);
+    // Every request reached the model server through the TLS proxy.
+    assert_eq!(run.requests.len(), 4);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_model_server_with_an_unknown_ca_is_a_clear_502() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let upstream = ScriptedUpstream::start(vec![text_answer("never seen")]).await?;
+    let certificates = TestCertificates::generate().await?;
+    let backend = upstream
+        .base_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .parse()?;
+    let proxy = TlsProxy::start(&certificates, backend).await?;
+    let db = TestDatabase::create().await?;
+    // No TOOLFLEET_UPSTREAM_CA_FILE: the system's roots do not know the test CA.
+    let base_url = format!("https://localhost:{}/v1", proxy.port);
+    let gateway = GatewayNode::start(
+        &fleet,
+        &db,
+        &[("TOOLFLEET_UPSTREAM_BASE_URL", base_url.as_str())],
+    )
+    .await?;
+    let key = create_key(&db, "acme").await?;
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.base))
+        .bearer_auth(&key)
+        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await?;
+    assert_eq!(response.status().as_u16(), 502);
+    let body: Value = response.json().await?;
+    assert_eq!(body["error"]["code"], "upstream_unavailable", "{body}");
+    assert!(upstream.requests().is_empty());
     Ok(())
 }

@@ -191,9 +191,22 @@ fn compose_servers_use_the_deploy_configs() -> Result<()> {
 #[test]
 fn compose_roles_use_their_own_users() -> Result<()> {
     let compose = yaml("docker-compose.yml")?;
-    let acl = repo_file("deploy/redis/users.acl")?;
-    let acl_password = fleet_acl_password(&acl)?;
-    let worker_password = acl_password_of_worker(&acl)?;
+    let redis = compose_service(&compose, "redis")?;
+    // Redis takes each user's password from the environment (deploy/redis/start.sh
+    // writes it into the ACL file); no committed placeholder is in the compose file.
+    assert!(strings(redis.get("command")).contains(&"/etc/redis/start.sh".to_string()));
+    assert!(!repo_file("docker-compose.yml")?.contains("toolfleet-dev-"));
+    for variable in [
+        "TOOLFLEET_REDIS_PASSWORD",
+        "TOOLFLEET_REDIS_WORKER_PASSWORD",
+        "TOOLFLEET_REDIS_EXPORTER_PASSWORD",
+    ] {
+        let value = compose_env(redis, variable).unwrap_or_default();
+        assert!(
+            value.starts_with(&format!("${{{variable}:?")),
+            "redis must refuse to start without {variable}: {value:?}"
+        );
+    }
     let users = nats_users()?;
     for (service, user) in [
         ("coordinator", "coordinator"),
@@ -225,13 +238,13 @@ fn compose_roles_use_their_own_users() -> Result<()> {
             // Workers: their own Redis user, confined to their tools' keys.
             let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
             assert!(
-                redis_url.starts_with(&format!("redis://worker:{worker_password}@")),
+                redis_url.starts_with("redis://worker:${TOOLFLEET_REDIS_WORKER_PASSWORD:?"),
                 "{service}: {redis_url}"
             );
         } else if service != "cli" {
             let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
             assert!(
-                redis_url.starts_with(&format!("redis://toolfleet:{acl_password}@")),
+                redis_url.starts_with("redis://toolfleet:${TOOLFLEET_REDIS_PASSWORD:?"),
                 "{service}: {redis_url}"
             );
         }
@@ -282,10 +295,6 @@ fn acl_password(acl: &str, user: &str) -> Result<String> {
 
 fn fleet_acl_password(acl: &str) -> Result<String> {
     acl_password(acl, "toolfleet")
-}
-
-fn acl_password_of_worker(acl: &str) -> Result<String> {
-    acl_password(acl, "worker")
 }
 
 /// The rules of the toolfleet Redis user without its password.
@@ -681,7 +690,7 @@ fn the_prometheus_rule_carries_the_tested_alert_rules() -> Result<()> {
 }
 
 #[test]
-fn the_service_monitor_scrapes_coordinators_and_workers() -> Result<()> {
+fn the_service_monitor_scrapes_coordinators_workers_and_gateways() -> Result<()> {
     let objects = k8s_objects()?;
     let monitor = yaml("deploy/prometheus/servicemonitor.yaml")?;
     let wanted = strings(
@@ -690,7 +699,7 @@ fn the_service_monitor_scrapes_coordinators_and_workers() -> Result<()> {
             .and_then(|s| s.first())
             .and_then(|e| e.get("values")),
     );
-    for name in ["coordinator", "worker"] {
+    for name in ["coordinator", "worker", "gateway"] {
         assert!(wanted.contains(&name.to_string()), "{wanted:?}");
         let service = of_kind(&objects, "Service")
             .into_iter()
@@ -914,8 +923,6 @@ fn network_policies_confine_the_servers_ports() -> Result<()> {
 fn compose_cluster_profile_runs_three_nats_nodes_and_a_redis_cluster() -> Result<()> {
     let compose = yaml("docker-compose.yml")?;
     let cluster_acl = repo_file("deploy/redis/users-cluster.acl")?;
-    let acl_password = fleet_acl_password(&cluster_acl)?;
-    let worker_password = acl_password_of_worker(&cluster_acl)?;
     let nats_conf = repo_file("deploy/nats/nats-cluster.conf")?;
     for i in 1..=3 {
         let node = compose_service(&compose, &format!("nats-{i}"))?;
@@ -929,6 +936,7 @@ fn compose_cluster_profile_runs_three_nats_nodes_and_a_redis_cluster() -> Result
     for i in 1..=6 {
         let node = compose_service(&compose, &format!("redis-node-{i}"))?;
         assert_eq!(strings(node.get("profiles")), vec!["cluster".to_string()]);
+        assert!(strings(node.get("command")).contains(&"/etc/redis/start.sh".to_string()));
     }
     let redis_conf = repo_file("deploy/redis/redis-cluster.conf")?;
     assert!(redis_conf
@@ -940,15 +948,18 @@ fn compose_cluster_profile_runs_three_nats_nodes_and_a_redis_cluster() -> Result
         assert_eq!(nats_url.split(',').count(), 3, "{service}: {nats_url}");
         assert_eq!(compose_env(s, "TOOLFLEET_STREAM_REPLICAS"), Some("3"));
         let redis_url = compose_env(s, "TOOLFLEET_REDIS_URL").unwrap_or_default();
-        let (user, password) = match service {
-            "worker-clustered" => ("worker", &worker_password),
-            _ => ("toolfleet", &acl_password),
+        let (user, variable) = match service {
+            "worker-clustered" => ("worker", "TOOLFLEET_REDIS_WORKER_PASSWORD"),
+            _ => ("toolfleet", "TOOLFLEET_REDIS_PASSWORD"),
         };
         assert!(
-            redis_url.starts_with(&format!("redis+cluster://{user}:{password}@")),
+            redis_url.starts_with(&format!("redis+cluster://{user}:${{{variable}:?")),
             "{service}: {redis_url}"
         );
-        let target = toolfleet_common::redis_client::RedisTarget::parse(redis_url)?;
+        // The URL as compose hands it over, with the variable's value in place.
+        let resolved =
+            redis_url.replacen(&format!("${{{variable}:?set {variable}}}"), "a-password", 1);
+        let target = toolfleet_common::redis_client::RedisTarget::parse(&resolved)?;
         assert!(target.is_cluster());
     }
     // The cluster's fleet and worker users have the single server's rights.

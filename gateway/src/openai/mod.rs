@@ -11,7 +11,9 @@
 //! (`finish_reason: "tool_calls"`) and the fleet calls' ids in the `toolfleet` extension:
 //! their turn already ran, and the gateway inserts their results when the caller sends the
 //! conversation back with its own results. Limits: rounds, calls per round, a stop-after
-//! gate (`first`, `burst`), from the configuration or the request's `toolfleet` object.
+//! gate (`first`, `burst`): the tightest of the configuration's, the API key's and the
+//! request's `toolfleet` object. Counted in `toolfleet.chat.*` and the GenAI client
+//! metrics.
 //!
 //! Streamed and unstreamed answers are the same: each round is read whole (streamed
 //! tool-call deltas gathered into calls), and the chunks of the round that ends the loop
@@ -42,11 +44,13 @@ use toolfleet_common::{TurnEvent, TurnRequest};
 use tracing::Instrument;
 
 pub use assemble::{assemble, chunks_of};
-pub use upstream::{Failure, Upstream};
+pub use upstream::{Failure, Upstream, UpstreamError};
 
 use crate::auth::Caller;
+use crate::config::UpstreamConfig;
 use crate::error::{codes, ApiError};
 use crate::extract::ApiJson;
+use crate::keys::ChatLimits;
 use crate::Gateway;
 
 /// The extension object: loop options in a request, what the loop did in an answer.
@@ -74,13 +78,58 @@ pub struct LoopOptions {
 }
 
 /// The stop-after gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopAfter {
     /// After the first round of fleet calls the model must answer in text.
     First,
     /// After the first round with several calls the model must answer in text.
     Burst,
+}
+
+impl StopAfter {
+    /// How early the gate stops the loop: `first` stops no later than `burst`.
+    fn strictness(gate: Option<Self>) -> u8 {
+        match gate {
+            None => 0,
+            Some(Self::Burst) => 1,
+            Some(Self::First) => 2,
+        }
+    }
+}
+
+/// The limits one request runs under: the tightest of the configuration's, the API key's
+/// and the request's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Limits {
+    max_rounds: u32,
+    max_calls: usize,
+    stop_after: Option<StopAfter>,
+}
+
+impl Limits {
+    fn of(config: &UpstreamConfig, key: &ChatLimits, request: &LoopOptions) -> Self {
+        let max_rounds = [key.max_rounds, request.max_rounds]
+            .into_iter()
+            .flatten()
+            .fold(config.max_rounds, u32::min);
+        let max_calls = [
+            key.max_calls_per_round.map(|c| c as usize),
+            request.max_calls_per_round,
+        ]
+        .into_iter()
+        .flatten()
+        .fold(config.max_calls_per_round, usize::min);
+        let stop_after = [key.stop_after, request.stop_after]
+            .into_iter()
+            .max_by_key(|gate| StopAfter::strictness(*gate))
+            .flatten();
+        Self {
+            max_rounds,
+            max_calls,
+            stop_after,
+        }
+    }
 }
 
 /// `POST /v1/chat/completions`.
@@ -149,16 +198,8 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
     }
     let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     gateway.nats_connected()?;
-    let catalog = gateway
-        .client
-        .catalog(
-            CatalogFormat::Openai,
-            Some(caller.tenant.clone()),
-            CATALOG_WAIT,
-        )
-        .await
-        .map_err(ApiError::from)?;
-    let (tools, fleet) = offered_tools(body.remove("tools"), catalog)?;
+    let catalog = gateway.chat_catalogs.get(&gateway, &caller.tenant).await?;
+    let (tools, fleet) = offered_tools(body.remove("tools"), &catalog)?;
     if !tools.is_empty() {
         body.insert("tools".into(), Value::Array(tools));
     }
@@ -170,16 +211,11 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
         )
         .retry_after(1)
     })?;
+    let limits = Limits::of(config, &caller.chat, &options);
     let mut conversation = Conversation {
-        max_rounds: options
-            .max_rounds
-            .map_or(config.max_rounds, |r| r.min(config.max_rounds)),
-        max_calls: options
-            .max_calls_per_round
-            .map_or(config.max_calls_per_round, |c| {
-                c.min(config.max_calls_per_round)
-            }),
-        stop_after: options.stop_after,
+        max_rounds: limits.max_rounds,
+        max_calls: limits.max_calls,
+        stop_after: limits.stop_after,
         deadline_ms: options.deadline_ms,
         gateway,
         tenant: caller.tenant,
@@ -191,6 +227,9 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
     conversation.fill_fleet_results().await;
     if !streamed {
         let answer = conversation.complete(&upstream).await;
+        if answer.is_err() {
+            upstream.metrics().completion("upstream_error");
+        }
         drop(slot);
         return answer.map(|v| axum::Json(v).into_response());
     }
@@ -198,7 +237,10 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
     let first = upstream
         .stream(&conversation.body)
         .await
-        .map_err(Refusal::Upstream)?;
+        .map_err(|failure| {
+            upstream.metrics().completion("upstream_error");
+            Refusal::Upstream(failure)
+        })?;
     let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(32);
     let span = tracing::Span::current();
     tokio::spawn(
@@ -222,6 +264,66 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
     Ok(response)
 }
 
+/// Tenants' OpenAI-format catalogs, each reused for the configured time so that a busy
+/// conversation does not ask the coordinators for the catalog on every request. A tool
+/// that appears or goes away shows up at most that long later (a call of a tool whose
+/// workers left still gets its `no_live_worker` result from the fleet).
+#[derive(Debug)]
+pub struct CatalogCache {
+    ttl: Duration,
+    entries: std::sync::Mutex<HashMap<String, CachedCatalog>>,
+}
+
+/// A catalog and when it was read.
+type CachedCatalog = (Arc<Vec<Value>>, std::time::Instant);
+
+/// Tenants remembered at most; the cache is emptied when full.
+const CATALOG_CACHE_ENTRIES: usize = 10_000;
+
+impl CatalogCache {
+    /// A cache trusting an answer for `ttl` (zero: never).
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            entries: Default::default(),
+        }
+    }
+
+    /// `tenant`'s catalog, asked of the coordinators when not cached.
+    async fn get(&self, gateway: &Gateway, tenant: &str) -> Result<Arc<Vec<Value>>, ApiError> {
+        if !self.ttl.is_zero() {
+            let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((catalog, at)) = entries.get(tenant) {
+                if at.elapsed() < self.ttl {
+                    return Ok(Arc::clone(catalog));
+                }
+            }
+        }
+        let catalog = Arc::new(
+            gateway
+                .client
+                .catalog(
+                    CatalogFormat::Openai,
+                    Some(tenant.to_string()),
+                    CATALOG_WAIT,
+                )
+                .await?,
+        );
+        // An empty catalog (no worker yet) is not kept: the first worker shows at once.
+        if !self.ttl.is_zero() && !catalog.is_empty() {
+            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            if entries.len() >= CATALOG_CACHE_ENTRIES {
+                entries.clear();
+            }
+            entries.insert(
+                tenant.to_string(),
+                (Arc::clone(&catalog), std::time::Instant::now()),
+            );
+        }
+        Ok(catalog)
+    }
+}
+
 /// The tools sent upstream and the OpenAI names of the fleet tools among them.
 ///
 /// - no `tools`, or `"tools": "fleet"`: the tenant's whole fleet catalog;
@@ -233,7 +335,7 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
 /// A caller tool whose name is also a fleet tool's is the fleet's: the fleet runs it.
 pub fn offered_tools(
     requested: Option<Value>,
-    catalog: Vec<Value>,
+    catalog: &[Value],
 ) -> Result<(Vec<Value>, HashSet<String>), ApiError> {
     let name_of = |tool: &Value| {
         tool.pointer("/function/name")
@@ -257,7 +359,7 @@ pub fn offered_tools(
     let (mut tools, mut fleet, mut seen) = (Vec::new(), HashSet::new(), HashSet::new());
     for entry in entries {
         if entry.get("type").and_then(Value::as_str) == Some("fleet") {
-            for tool in &catalog {
+            for tool in catalog {
                 if let Some(name) = name_of(tool).filter(|n| seen.insert(n.clone())) {
                     fleet.insert(name);
                     tools.push(tool.clone());
@@ -345,6 +447,7 @@ impl Conversation {
                     match upstream.stream(&self.body).await {
                         Ok(next) => chunks = next,
                         Err(failure) => {
+                            upstream.metrics().completion("upstream_error");
                             let _ = sender.send(data(&failure.json())).await;
                             let _ = sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
                             return;
@@ -391,6 +494,7 @@ impl Conversation {
             .cloned()
             .unwrap_or_default();
         if calls.is_empty() {
+            self.count("answered");
             return Step::Answer(self.annotate(response, None));
         }
         let is_fleet = |call: &Value| {
@@ -406,8 +510,10 @@ impl Conversation {
                 .filter_map(|c| c.get("id").cloned())
                 .collect();
             if !fleet_calls.is_empty() {
+                self.count_round(fleet_calls.len());
                 let _ = self.run_turn(&calls, &fleet_calls).await;
             }
+            self.count("caller_tools");
             let note = json!({
                 "fleet_call_ids": ids,
                 "note": "the fleet ran these calls; send the conversation back with results for the other calls only and the gateway adds the fleet's",
@@ -415,10 +521,12 @@ impl Conversation {
             return Step::Answer(self.annotate(response, Some(note)));
         }
         if self.rounds >= self.max_rounds {
+            self.count("max_rounds");
             return Step::Answer(self.stopped(&response));
         }
         self.rounds += 1;
         self.fleet_calls += calls.len();
+        self.count_round(calls.len());
         let results = self.run_turn(&calls, &calls).await;
         if let Some(Value::Array(messages)) = self.body.get_mut("messages") {
             messages.push(message);
@@ -433,6 +541,20 @@ impl Conversation {
             self.body.insert("tool_choice".into(), json!("none"));
         }
         Step::Again
+    }
+
+    /// Counts the completion's `outcome`.
+    fn count(&self, outcome: &'static str) {
+        if let Some(upstream) = &self.gateway.upstream {
+            upstream.metrics().completion(outcome);
+        }
+    }
+
+    /// Counts one round of `calls` fleet calls.
+    fn count_round(&self, calls: usize) {
+        if let Some(upstream) = &self.gateway.upstream {
+            upstream.metrics().round(calls);
+        }
     }
 
     /// The model's `response` with what the loop did in the extension object.
@@ -672,19 +794,57 @@ mod tests {
     #[test]
     fn fleet_tools_are_offered_by_default_and_by_name() {
         let catalog = vec![tool("crm__a"), tool("crm__b")];
-        let (tools, fleet) = offered_tools(None, catalog.clone()).expect("offered");
+        let (tools, fleet) = offered_tools(None, &catalog).expect("offered");
         assert_eq!(tools.len(), 2);
         assert!(fleet.contains("crm__a") && fleet.contains("crm__b"));
 
         let mine = json!({"type": "function", "function": {"name": "lookup_weather"}});
         let requested = json!([mine, {"type": "function", "function": {"name": "crm__b"}}]);
-        let (tools, fleet) = offered_tools(Some(requested), catalog.clone()).expect("offered");
+        let (tools, fleet) = offered_tools(Some(requested), &catalog).expect("offered");
         assert_eq!(tools, vec![mine, tool("crm__b")]);
         assert_eq!(fleet, HashSet::from(["crm__b".to_string()]));
 
-        let (tools, _) = offered_tools(Some(json!("fleet")), catalog).expect("offered");
+        let (tools, _) = offered_tools(Some(json!("fleet")), &catalog).expect("offered");
         assert_eq!(tools.len(), 2);
-        assert!(offered_tools(Some(json!(7)), Vec::new()).is_err());
+        assert!(offered_tools(Some(json!(7)), &[]).is_err());
+    }
+
+    #[test]
+    fn the_tightest_of_configuration_key_and_request_wins() {
+        let config = UpstreamConfig::default();
+        let none = Limits::of(&config, &ChatLimits::default(), &LoopOptions::default());
+        assert_eq!(
+            (none.max_rounds, none.max_calls, none.stop_after),
+            (8, 16, None)
+        );
+
+        let key = ChatLimits {
+            max_rounds: Some(2),
+            max_calls_per_round: Some(4),
+            stop_after: Some(StopAfter::Burst),
+        };
+        let looser = LoopOptions {
+            max_rounds: Some(6),
+            max_calls_per_round: Some(100),
+            stop_after: None,
+            deadline_ms: None,
+        };
+        let limits = Limits::of(&config, &key, &looser);
+        assert_eq!(
+            (limits.max_rounds, limits.max_calls, limits.stop_after),
+            (2, 4, Some(StopAfter::Burst))
+        );
+        let tighter = LoopOptions {
+            max_rounds: Some(1),
+            max_calls_per_round: Some(3),
+            stop_after: Some(StopAfter::First),
+            deadline_ms: None,
+        };
+        let limits = Limits::of(&config, &key, &tighter);
+        assert_eq!(
+            (limits.max_rounds, limits.max_calls, limits.stop_after),
+            (1, 3, Some(StopAfter::First))
+        );
     }
 
     #[test]
