@@ -50,10 +50,17 @@ impl Drop for Folder {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// `n` distinct free loopback ports: every listener stays open until all are chosen, so
+/// the kernel cannot hand the same port out twice (a node's port equal to another's bus
+/// or route port would fail the cluster's start).
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
 }
 
 fn find_binary(name: &str) -> Result<PathBuf> {
@@ -259,8 +266,9 @@ impl NatsCluster {
         ensure!(size >= 1, "a cluster needs a node");
         let binary = find_binary("nats-server")?;
         let folder = Folder::new("nats-cluster")?;
-        let client_ports = (0..size).map(|_| free_port()).collect::<Result<Vec<_>>>()?;
-        let route_ports = (0..size).map(|_| free_port()).collect::<Result<Vec<_>>>()?;
+        let mut ports = free_ports(2 * size)?;
+        let route_ports = ports.split_off(size);
+        let client_ports = ports;
         let mut nodes = Vec::with_capacity(size);
         for i in 0..size {
             let dir = folder.0.join(format!("n{i}"));
@@ -445,8 +453,8 @@ impl RedisCluster {
         let cli = find_binary("redis-cli")?;
         let folder = Folder::new("redis-cluster")?;
         let size = masters * (1 + replicas);
-        let ports = (0..size).map(|_| free_port()).collect::<Result<Vec<_>>>()?;
-        let bus_ports = (0..size).map(|_| free_port()).collect::<Result<Vec<_>>>()?;
+        let mut ports = free_ports(2 * size)?;
+        let bus_ports = ports.split_off(size);
         let mut nodes = Vec::with_capacity(size);
         for i in 0..size {
             let dir = folder.0.join(format!("r{i}"));

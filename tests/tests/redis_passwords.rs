@@ -1,7 +1,8 @@
 //! `deploy/redis/start.sh`, as compose runs it: the ACL file's committed development
 //! passwords never go live. A real `redis-server` starts from `deploy/redis/redis.conf`
-//! and `users.acl` with the passwords from the environment; the committed ones are
-//! refused, and a missing password stops the start.
+//! (its `dir /data`, the container's volume, pointed at a temporary directory) and
+//! `users.acl` with the passwords from the environment; the committed ones are refused,
+//! and a missing password stops the start.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -34,14 +35,23 @@ fn start(dir: &tempfile::TempDir, port: u16, env: &[(&str, &str)]) -> Result<Chi
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    let conf = std::fs::read_to_string(repo_path("deploy/redis/redis.conf"))?
+        .lines()
+        .map(|line| match line.starts_with("dir ") {
+            true => format!("dir {}", dir.path().display()),
+            false => line.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let conf_file = dir.path().join("redis.conf");
+    std::fs::write(&conf_file, conf)?;
     let mut command = Command::new("sh");
     command
         .arg(repo_path("deploy/redis/start.sh"))
-        .arg(repo_path("deploy/redis/redis.conf"))
+        .arg(&conf_file)
         .arg(repo_path("deploy/redis/users.acl"))
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--appendonly", "no", "--dir"])
-        .arg(dir.path())
+        .args(["--appendonly", "no"])
         .env_clear()
         .env("PATH", path)
         .env("TMPDIR", dir.path())
