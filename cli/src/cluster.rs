@@ -334,6 +334,11 @@ impl NatsCluster {
         format!("nats://127.0.0.1:{}", self.nodes[i].port)
     }
 
+    /// Node `i`'s client port.
+    pub fn port(&self, i: usize) -> u16 {
+        self.nodes[i].port
+    }
+
     /// Node `i`'s server name (`n<i>`), as JetStream names leaders.
     pub fn server_name(i: usize) -> String {
         format!("n{i}")

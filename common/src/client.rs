@@ -31,6 +31,22 @@ pub const PROBE_START: Duration = Duration::from_millis(1000);
 /// Longest silence between two probes of a stream.
 pub const PROBE_MAX: Duration = Duration::from_secs(4);
 
+/// Silence after which a stream whose turn is not yet accepted takes its client to
+/// another NATS server of the cluster: any live coordinator acknowledges at once, so
+/// nothing at all (not even "no responders") means this server is cut off from them.
+pub const FAILOVER_UNACCEPTED: Duration = Duration::from_millis(2500);
+
+/// For an accepted turn, how long past its deadline a silent stream waits before taking
+/// its client to another server (the turn must have ended by then).
+pub const FAILOVER_PAST_DEADLINE: Duration = Duration::from_secs(2);
+
+/// The deadline assumed for a turn whose request names none (the coordinators' default
+/// `TOOLFLEET_DEFAULT_DEADLINE_MS`).
+const ASSUMED_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Least time between two moves of one client to another server.
+const FAILOVER_SPACING: Duration = Duration::from_secs(5);
+
 /// How long one cancel request waits for its answer.
 const CANCEL_TRY: Duration = Duration::from_secs(2);
 
@@ -88,6 +104,8 @@ impl ClientError {
 pub struct FleetClient {
     nats: async_nats::Client,
     names: Names,
+    /// Moves the connection to another server when this one is cut off.
+    failover: Failover,
     /// The subject turns are submitted on: `<p>.turns.submit.<user>` for a client with a
     /// NATS user (the coordinator then sends events only to `_INBOX_<user>.…`), else
     /// `<p>.turns.submit`.
@@ -106,6 +124,7 @@ impl FleetClient {
         let attach_subject = names.turn_attach();
         let cancel_subject = names.turn_cancel();
         Self {
+            failover: Failover::of(&nats, false),
             nats,
             names,
             submit_subject,
@@ -121,6 +140,7 @@ impl FleetClient {
         let attach_subject = names.turn_attach_as(frontend);
         let cancel_subject = names.turn_cancel_as(frontend);
         Self {
+            failover: Failover::of(&nats, false),
             nats,
             names,
             submit_subject,
@@ -147,10 +167,12 @@ impl FleetClient {
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Connect, e.to_string()))?;
         let names = Names::new(prefix);
-        Ok(match &credentials.user {
+        let mut client = match &credentials.user {
             Some(user) => Self::new_as(nats, names, user),
             None => Self::new(nats, names),
-        })
+        };
+        client.failover = Failover::of(&client.nats, url.split(',').count() > 1);
+        Ok(client)
     }
 
     /// The underlying NATS client.
@@ -218,6 +240,9 @@ impl FleetClient {
             payload: payload.into(),
         };
         let mut stream = self.stream(turn_id, Some(submission)).await?;
+        if let Some(ms) = request.deadline_ms {
+            stream.deadline = Duration::from_millis(ms);
+        }
         stream.ask().await?;
         Ok(stream)
     }
@@ -335,6 +360,10 @@ impl FleetClient {
             early: BTreeMap::new(),
             probe: PROBE_START,
             refusal: None,
+            failover: self.failover.clone(),
+            started: tokio::time::Instant::now(),
+            heard: tokio::time::Instant::now(),
+            deadline: ASSUMED_DEADLINE,
         })
     }
 
@@ -440,6 +469,45 @@ struct Submission {
     payload: Bytes,
 }
 
+/// Moves a client's connection to another server of a NATS cluster when the one it is on
+/// hears nothing from the coordinators (a server cut off from the rest keeps its client
+/// connections, and its stale routes swallow what they publish). Shared by every stream
+/// of a client; at most one move per [`FAILOVER_SPACING`], and never for a single server.
+#[derive(Debug, Clone)]
+struct Failover {
+    /// Whether another server is known (several URLs given, or the cluster's advertised).
+    clustered: bool,
+    last: std::sync::Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+}
+
+impl Failover {
+    fn of(nats: &async_nats::Client, several_urls: bool) -> Self {
+        Self {
+            clustered: several_urls || nats.server_info().connect_urls.len() > 1,
+            last: Default::default(),
+        }
+    }
+
+    /// Starts a reconnect to another server unless one started lately; whether it did.
+    fn move_away(&self, nats: &async_nats::Client) -> bool {
+        if !self.clustered {
+            return false;
+        }
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|at| at.elapsed() < FAILOVER_SPACING) {
+            return false;
+        }
+        *last = Some(tokio::time::Instant::now());
+        let nats = nats.clone();
+        tokio::spawn(async move {
+            if let Err(error) = nats.force_reconnect().await {
+                tracing::warn!(%error, "could not move to another NATS server");
+            }
+        });
+        true
+    }
+}
+
 /// The events of one submitted (or attached) turn, in `seq` order.
 #[derive(Debug)]
 pub struct TurnStream {
@@ -464,6 +532,14 @@ pub struct TurnStream {
     /// The last retryable refusal of the submission (`unavailable`): the request is
     /// submitted again, and this is handed out only if the wait ends without acceptance.
     refusal: Option<TurnEvent>,
+    /// The client's server mover.
+    failover: Failover,
+    /// When the stream began.
+    started: tokio::time::Instant,
+    /// When a coordinator was last heard (an event or a refusal).
+    heard: tokio::time::Instant,
+    /// The turn's deadline (the request's, else the coordinators' default).
+    deadline: Duration,
 }
 
 impl TurnStream {
@@ -525,6 +601,7 @@ impl TurnStream {
                         // A silent turn: ask again, then wait longer before the next ask.
                         let _ = self.ask().await;
                         self.probe = (self.probe * 2).min(PROBE_MAX);
+                        self.move_if_cut_off();
                     }
                     continue;
                 }
@@ -541,6 +618,7 @@ impl TurnStream {
                 continue;
             };
             self.probe = PROBE_START;
+            self.heard = tokio::time::Instant::now();
             match seq_of(&message.payload) {
                 None if self.is_retryable_refusal(&event) => self.refusal = Some(event),
                 None => return Ok(self.unstored(event).await),
@@ -556,6 +634,29 @@ impl TurnStream {
                     let _ = self.ask().await;
                 }
             }
+        }
+    }
+
+    /// Takes the client to another server of its cluster when no coordinator has been
+    /// heard for longer than a healthy turn allows: [`FAILOVER_UNACCEPTED`] before
+    /// acceptance, or past the deadline + [`FAILOVER_PAST_DEADLINE`] after it. The next
+    /// probe then goes out through the new server (subscriptions follow the connection).
+    fn move_if_cut_off(&mut self) {
+        let silent = self.heard.elapsed();
+        let stuck = match self.accepted() {
+            false => silent >= FAILOVER_UNACCEPTED,
+            true => {
+                silent >= PROBE_START
+                    && self.started.elapsed() >= self.deadline + FAILOVER_PAST_DEADLINE
+            }
+        };
+        if stuck && self.failover.move_away(&self.nats) {
+            tracing::info!(
+                turn_id = %self.turn_id,
+                silent_ms = silent.as_millis() as u64,
+                "no coordinator heard through this NATS server; moving to another"
+            );
+            self.probe = PROBE_START;
         }
     }
 

@@ -312,11 +312,30 @@ struct ClusterFleet {
     nodes: Vec<Running>,
 }
 
+/// Which NATS nodes the fleet's processes and the test's client connect to.
+enum Placement {
+    /// Everyone gets every node's URL.
+    Anywhere,
+    /// The coordinators and the worker get nodes 1 and 2 only; the client gets node 0
+    /// only (it learns the others from the cluster's advertised URLs).
+    ClientAloneOnNode0,
+}
+
 impl ClusterFleet {
     async fn start() -> Result<Self> {
+        Self::start_placed(Placement::Anywhere).await
+    }
+
+    async fn start_placed(placement: Placement) -> Result<Self> {
         toolfleet_tests::init_test_tracing();
         three_replicas();
         let (nats, redis) = tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
+        let (process_urls, client_url) = match placement {
+            Placement::Anywhere => (nats.urls(), nats.urls()),
+            Placement::ClientAloneOnNode0 => {
+                (format!("{},{}", nats.url(1), nats.url(2)), nats.url(0))
+            }
+        };
         let names = Names::new(format!(
             "c{}",
             &uuid::Uuid::new_v4().simple().to_string()[..6]
@@ -325,16 +344,16 @@ impl ClusterFleet {
         let mut nodes = Vec::new();
         for _ in 0..2 {
             nodes.push(Running::coordinator(coordinator_settings(
-                nats.urls(),
+                process_urls.clone(),
                 redis.url(),
                 &names,
             )));
         }
         nodes.push(Running::worker(
-            worker_settings(nats.urls(), redis.url(), &names),
+            worker_settings(process_urls.clone(), redis.url(), &names),
             tools,
         ));
-        let client = FleetClient::connect(&nats.urls(), names.prefix()).await?;
+        let client = FleetClient::connect(&client_url, names.prefix()).await?;
         toolfleet_tests::fleet::wait_for_tools_on(&client, &["test.behave"]).await?;
         Ok(Self {
             nats,
@@ -552,6 +571,31 @@ async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
     in_flight_ended(&ends(followers).await?, 20);
     during_answered(&ends(during).await?, 5);
     all_done(&fleet.client, "after").await?;
+    fleet.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_on_a_cut_off_nats_node_moves_to_another_and_its_turns_end() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut fleet = ClusterFleet::start_placed(Placement::ClientAloneOnNode0).await?;
+    all_done(&fleet.client, "before").await?;
+    // The client's node is cut off from the other two, where every coordinator and the
+    // worker are; its connection to the client stays up. Turns submitted now reach no
+    // coordinator until the client moves to another node (it knows them from the
+    // cluster's advertised URLs).
+    fleet.nats.partition(0)?;
+    let outcome = async {
+        let during = submit_all(&fleet.client, "cut-off", 3, 2, 50).await;
+        let ends = ends(during).await?;
+        assert_eq!((ends.finals, ends.done), (3, 6), "{ends:?}");
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let moved = fleet.client.nats().server_info().port != fleet.nats.port(0);
+    fleet.nats.heal(0);
+    outcome?;
+    assert!(moved, "the client still talks to the cut-off node");
     fleet.stop().await;
     Ok(())
 }
