@@ -488,8 +488,9 @@ impl Failover {
         }
     }
 
-    /// Starts a reconnect to another server unless one started lately; whether it did.
-    fn move_away(&self, nats: &async_nats::Client) -> bool {
+    /// Whether a move may start now (another server is known, none started lately);
+    /// claims it when so.
+    fn claim(&self) -> bool {
         if !self.clustered {
             return false;
         }
@@ -498,12 +499,6 @@ impl Failover {
             return false;
         }
         *last = Some(tokio::time::Instant::now());
-        let nats = nats.clone();
-        tokio::spawn(async move {
-            if let Err(error) = nats.force_reconnect().await {
-                tracing::warn!(%error, "could not move to another NATS server");
-            }
-        });
         true
     }
 }
@@ -587,7 +582,14 @@ impl TurnStream {
                     format!("no event for turn {} within {timeout:?}", self.turn_id),
                 ));
             }
-            let wait = self.probe.min(until - now);
+            let mut wait = self.probe.min(until - now);
+            // Wake when the silence would make this server look cut off.
+            if self.failover.clustered {
+                let due = self.failover_due();
+                if due > now + Duration::from_millis(10) {
+                    wait = wait.min(due - now);
+                }
+            }
             let message = match tokio::time::timeout(wait, self.subscriber.next()).await {
                 Ok(Some(message)) => message,
                 Ok(None) => {
@@ -598,10 +600,14 @@ impl TurnStream {
                 }
                 Err(_) => {
                     if tokio::time::Instant::now() < until {
-                        // A silent turn: ask again, then wait longer before the next ask.
+                        // A silent turn: move away from a cut-off server, ask again,
+                        // then wait longer before the next ask.
+                        let moved = self.move_if_cut_off().await;
                         let _ = self.ask().await;
-                        self.probe = (self.probe * 2).min(PROBE_MAX);
-                        self.move_if_cut_off();
+                        self.probe = match moved {
+                            true => PROBE_START,
+                            false => (self.probe * 2).min(PROBE_MAX),
+                        };
                     }
                     continue;
                 }
@@ -637,27 +643,35 @@ impl TurnStream {
         }
     }
 
-    /// Takes the client to another server of its cluster when no coordinator has been
-    /// heard for longer than a healthy turn allows: [`FAILOVER_UNACCEPTED`] before
-    /// acceptance, or past the deadline + [`FAILOVER_PAST_DEADLINE`] after it. The next
-    /// probe then goes out through the new server (subscriptions follow the connection).
-    fn move_if_cut_off(&mut self) {
-        let silent = self.heard.elapsed();
-        let stuck = match self.accepted() {
-            false => silent >= FAILOVER_UNACCEPTED,
-            true => {
-                silent >= PROBE_START
-                    && self.started.elapsed() >= self.deadline + FAILOVER_PAST_DEADLINE
-            }
-        };
-        if stuck && self.failover.move_away(&self.nats) {
-            tracing::info!(
-                turn_id = %self.turn_id,
-                silent_ms = silent.as_millis() as u64,
-                "no coordinator heard through this NATS server; moving to another"
-            );
-            self.probe = PROBE_START;
+    /// When the silence would have lasted longer than a healthy turn allows:
+    /// [`FAILOVER_UNACCEPTED`] after the last word before acceptance, or the deadline +
+    /// [`FAILOVER_PAST_DEADLINE`] (and a probe period of silence) after it.
+    fn failover_due(&self) -> tokio::time::Instant {
+        match self.accepted() {
+            false => self.heard + FAILOVER_UNACCEPTED,
+            true => (self.started + self.deadline + FAILOVER_PAST_DEADLINE)
+                .max(self.heard + PROBE_START),
         }
+    }
+
+    /// Takes the client to another server of its cluster when no coordinator has been
+    /// heard for longer than a healthy turn allows ([`TurnStream::failover_due`]). The
+    /// reconnect is queued before the next probe, so that probe goes out through the new
+    /// server (subscriptions follow the connection). Whether it moved.
+    async fn move_if_cut_off(&mut self) -> bool {
+        if tokio::time::Instant::now() < self.failover_due() || !self.failover.claim() {
+            return false;
+        }
+        tracing::info!(
+            turn_id = %self.turn_id,
+            silent_ms = self.heard.elapsed().as_millis() as u64,
+            "no coordinator heard through this NATS server; moving to another"
+        );
+        if let Err(error) = self.nats.force_reconnect().await {
+            tracing::warn!(%error, "could not move to another NATS server");
+            return false;
+        }
+        true
     }
 
     /// Publishes the turn request again while it is not accepted, else an attach from
