@@ -475,7 +475,9 @@ struct Submission {
 /// of a client; at most one move per [`FAILOVER_SPACING`], and never for a single server.
 #[derive(Debug, Clone)]
 struct Failover {
-    /// Whether another server is known (several URLs given, or the cluster's advertised).
+    /// Whether another server is known: several URLs given, or a server that is part of
+    /// a cluster (its `INFO` names the cluster; a lone server's advertised URLs may list
+    /// several of its own addresses, so they do not count).
     clustered: bool,
     last: std::sync::Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
 }
@@ -483,7 +485,7 @@ struct Failover {
 impl Failover {
     fn of(nats: &async_nats::Client, several_urls: bool) -> Self {
         Self {
-            clustered: several_urls || nats.server_info().connect_urls.len() > 1,
+            clustered: several_urls || nats.server_info().cluster.is_some(),
             last: Default::default(),
         }
     }
