@@ -40,6 +40,18 @@ struct Setup {
     https: bool,
 }
 
+/// `upstream` behind a TLS-terminating proxy with a throwaway CA (kept alive with it).
+async fn behind_tls(upstream: &ScriptedUpstream) -> Result<(TestCertificates, TlsProxy)> {
+    let certificates = TestCertificates::generate().await?;
+    let backend = upstream
+        .base_url
+        .trim_start_matches("http://")
+        .trim_end_matches("/v1")
+        .parse()?;
+    let proxy = TlsProxy::start(&certificates, backend).await?;
+    Ok((certificates, proxy))
+}
+
 /// Runs `scenario` of `tests/python/openai_client.py` against a fleet whose gateway's
 /// model server answers from `script`.
 async fn run(scenario: &str, script: Vec<Scripted>) -> Result<Run> {
@@ -60,13 +72,7 @@ async fn run_with(scenario: &str, script: Vec<Scripted>, setup: Setup) -> Result
     ];
     let mut _tls = None;
     if setup.https {
-        let certificates = TestCertificates::generate().await?;
-        let backend = upstream
-            .base_url
-            .trim_start_matches("http://")
-            .trim_end_matches("/v1")
-            .parse()?;
-        let proxy = TlsProxy::start(&certificates, backend).await?;
+        let (certificates, proxy) = behind_tls(&upstream).await?;
         env[0].1 = format!("https://localhost:{}/v1", proxy.port);
         env.push((
             "TOOLFLEET_UPSTREAM_CA_FILE",
@@ -376,13 +382,7 @@ async fn an_https_model_server_is_reached_with_the_configured_ca() -> Result<()>
 async fn an_https_model_server_with_an_unknown_ca_is_a_clear_502() -> Result<()> {
     let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
     let upstream = ScriptedUpstream::start(vec![text_answer("never seen")]).await?;
-    let certificates = TestCertificates::generate().await?;
-    let backend = upstream
-        .base_url
-        .trim_start_matches("http://")
-        .trim_end_matches("/v1")
-        .parse()?;
-    let proxy = TlsProxy::start(&certificates, backend).await?;
+    let (_certificates, proxy) = behind_tls(&upstream).await?;
     let db = TestDatabase::create().await?;
     // No TOOLFLEET_UPSTREAM_CA_FILE: the system's roots do not know the test CA.
     let base_url = format!("https://localhost:{}/v1", proxy.port);
