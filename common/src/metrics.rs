@@ -569,19 +569,22 @@ impl ChatMetrics {
     /// Instruments on the global meter provider.
     pub fn new() -> Self {
         let meter = opentelemetry::global::meter("toolfleet");
+        let counter = |name: &'static str, description: &'static str| {
+            meter
+                .u64_counter(name)
+                .with_description(description)
+                .build()
+        };
         Self {
-            completions: meter
-                .u64_counter(names::CHAT_COMPLETIONS)
-                .with_description("Chat completions answered, by outcome")
-                .build(),
-            rounds: meter
-                .u64_counter(names::CHAT_ROUNDS)
-                .with_description("Rounds of fleet calls the chat loop ran")
-                .build(),
-            fleet_calls: meter
-                .u64_counter(names::CHAT_FLEET_CALLS)
-                .with_description("Fleet calls the chat loop ran")
-                .build(),
+            completions: counter(
+                names::CHAT_COMPLETIONS,
+                "Chat completions answered, by outcome",
+            ),
+            rounds: counter(
+                names::CHAT_ROUNDS,
+                "Rounds of fleet calls the chat loop ran",
+            ),
+            fleet_calls: counter(names::CHAT_FLEET_CALLS, "Fleet calls the chat loop ran"),
             operation: meter
                 .f64_histogram(names::GEN_AI_OPERATION_DURATION)
                 .with_unit("s")
