@@ -5,6 +5,11 @@
 //! to its own inbox prefix, `_INBOX_<user>`, so one role cannot read another's replies.
 //! Without a user nothing changes: no credentials are sent and inboxes start `_INBOX`.
 //!
+//! A user may reach the streams from another NATS account (`deploy/nats/auth.conf` puts
+//! workers in `WORKERS`, the streams in `FLEET`): its JetStream API then lives under the
+//! prefix its account imports it at (`TOOLFLEET_NATS_JS_API_PREFIX`, e.g.
+//! `JS.FLEET.API`), and [`NatsCredentials::jetstream`] opens the context there.
+//!
 //! Every process builds its NATS connect options with [`NatsCredentials::apply`], so TLS
 //! (`TOOLFLEET_NATS_CA_FILE`, `TOOLFLEET_NATS_CERT_FILE`, `TOOLFLEET_NATS_KEY_FILE`, see
 //! `tls.rs`, or a `tls://` URL) is turned on in one place for all of them.
@@ -26,6 +31,9 @@ pub struct NatsCredentials {
     pub password: Option<String>,
     /// Inbox prefix (`TOOLFLEET_NATS_INBOX_PREFIX`); see [`NatsCredentials::inbox_prefix`].
     pub inbox_prefix: Option<String>,
+    /// Where this user reaches the JetStream API (`TOOLFLEET_NATS_JS_API_PREFIX`);
+    /// `$JS.API` when unset.
+    pub js_api_prefix: Option<String>,
     /// Root CA and client certificate (`TOOLFLEET_NATS_CA_FILE`,
     /// `TOOLFLEET_NATS_CERT_FILE`, `TOOLFLEET_NATS_KEY_FILE`); any of them makes TLS
     /// required.
@@ -38,6 +46,7 @@ impl fmt::Debug for NatsCredentials {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("inbox_prefix", &self.inbox_prefix())
+            .field("js_api_prefix", &self.js_api_prefix)
             .field("tls", &self.tls)
             .finish()
     }
@@ -55,7 +64,16 @@ impl NatsCredentials {
             user: Some(user.into()),
             password: Some(password.into()),
             inbox_prefix: None,
+            js_api_prefix: None,
             tls: TlsFiles::none(),
+        }
+    }
+
+    /// These credentials reaching the JetStream API under `prefix`.
+    pub fn with_js_api_prefix(self, prefix: impl Into<String>) -> Self {
+        Self {
+            js_api_prefix: Some(prefix.into()),
+            ..self
         }
     }
 
@@ -65,9 +83,9 @@ impl NatsCredentials {
     }
 
     /// Reads `TOOLFLEET_NATS_USER`, `TOOLFLEET_NATS_PASSWORD`,
-    /// `TOOLFLEET_NATS_INBOX_PREFIX` and the TLS files (`tls.rs`). A user without a
-    /// password (or the reverse) is an error, and so is an inbox prefix that is not a
-    /// plain subject, a TLS file that does not exist, or a client certificate without its
+    /// `TOOLFLEET_NATS_INBOX_PREFIX`, `TOOLFLEET_NATS_JS_API_PREFIX` and the TLS files
+    /// (`tls.rs`). A user without a password (or the reverse) is an error, and so is an
+    /// inbox or API prefix that is not a plain subject, a TLS file that does not exist, or a client certificate without its
     /// key (or the reverse).
     pub fn from_env() -> Result<Self, ConfigError> {
         let read = |name: &str| Some(env_string(name, "")).filter(|v| !v.is_empty());
@@ -75,6 +93,7 @@ impl NatsCredentials {
             user: read("TOOLFLEET_NATS_USER"),
             password: read("TOOLFLEET_NATS_PASSWORD"),
             inbox_prefix: read("TOOLFLEET_NATS_INBOX_PREFIX"),
+            js_api_prefix: read("TOOLFLEET_NATS_JS_API_PREFIX"),
             tls: TlsFiles::from_env(&NATS_TLS)?,
         };
         match (&credentials.user, &credentials.password) {
@@ -103,10 +122,13 @@ impl NatsCredentials {
                 });
             }
         }
-        if let Some(prefix) = &credentials.inbox_prefix {
-            if !valid_prefix(prefix) {
+        for (name, prefix) in [
+            ("TOOLFLEET_NATS_INBOX_PREFIX", &credentials.inbox_prefix),
+            ("TOOLFLEET_NATS_JS_API_PREFIX", &credentials.js_api_prefix),
+        ] {
+            if let Some(prefix) = prefix.as_ref().filter(|p| !valid_prefix(p)) {
                 return Err(ConfigError {
-                    name: "TOOLFLEET_NATS_INBOX_PREFIX".into(),
+                    name: name.into(),
                     value: prefix.clone(),
                     reason: "must be a subject without wildcards or empty tokens".into(),
                 });
@@ -122,6 +144,14 @@ impl NatsCredentials {
             (Some(prefix), _) => prefix.clone(),
             (None, Some(user)) => format!("{DEFAULT_INBOX_PREFIX}_{user}"),
             (None, None) => DEFAULT_INBOX_PREFIX.to_string(),
+        }
+    }
+
+    /// A JetStream context on `client` at this user's API prefix.
+    pub fn jetstream(&self, client: async_nats::Client) -> async_nats::jetstream::Context {
+        match &self.js_api_prefix {
+            Some(prefix) => async_nats::jetstream::with_prefix(client, prefix),
+            None => async_nats::jetstream::new(client),
         }
     }
 

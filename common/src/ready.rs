@@ -22,19 +22,20 @@ pub struct Needs {
 /// `needs` exists.
 pub fn readiness(
     nats: async_nats::Client,
+    js: async_nats::jetstream::Context,
     redis: crate::redis_client::RedisConnection,
     needs: Needs,
 ) -> Readiness {
     let needs = Arc::new(needs);
     Arc::new(move || {
-        let (nats, mut redis, needs) = (nats.clone(), redis.clone(), Arc::clone(&needs));
+        let (nats, js, mut redis, needs) =
+            (nats.clone(), js.clone(), redis.clone(), Arc::clone(&needs));
         Box::pin(async move {
             if nats.connection_state() != async_nats::connection::State::Connected {
                 return Err("NATS is not connected".into());
             }
             let pong: Result<String, _> = redis::cmd("PING").query_async(&mut redis).await;
             pong.map_err(|e| format!("Redis: {e}"))?;
-            let js = async_nats::jetstream::new(nats);
             for stream in &needs.streams {
                 js.get_stream(stream)
                     .await

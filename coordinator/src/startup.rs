@@ -100,7 +100,7 @@ pub async fn run_with_narrator(
         return Ok(());
     };
     health.set_phase("creating streams");
-    let js = jetstream::new(nats.clone());
+    let js = config.nats_credentials.jetstream(nats.clone());
     let (_, results_stream) = ensure_streams(&js, &names).await?;
     let consumer = results::results_consumer(&results_stream, &names.results_consumer())
         .await
@@ -136,6 +136,7 @@ pub async fn run_with_narrator(
     .await?;
     health.set_readiness(toolfleet_common::ready::readiness(
         nats.clone(),
+        replica.js.clone(),
         redis,
         toolfleet_common::ready::Needs {
             streams: vec![names.jobs_stream()],

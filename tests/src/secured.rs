@@ -51,8 +51,12 @@ pub fn coordinator_credentials() -> NatsCredentials {
     NatsCredentials::user_and_password("coordinator", COORDINATOR_PASSWORD)
 }
 
+/// Where the worker user (account `WORKERS`) reaches the streams' JetStream API.
+pub const WORKER_JS_API_PREFIX: &str = "JS.FLEET.API";
+
 pub fn worker_credentials() -> NatsCredentials {
     NatsCredentials::user_and_password("worker", WORKER_PASSWORD)
+        .with_js_api_prefix(WORKER_JS_API_PREFIX)
 }
 
 pub fn frontend_credentials() -> NatsCredentials {
@@ -72,6 +76,7 @@ pub fn frontend2_credentials() -> NatsCredentials {
 /// A connection as one role, with the server errors it receives.
 pub struct RoleConnection {
     pub client: async_nats::Client,
+    credentials: NatsCredentials,
     server_errors: mpsc::UnboundedReceiver<async_nats::ServerError>,
 }
 
@@ -93,6 +98,7 @@ impl RoleConnection {
             .context("connect timed out")??;
         Ok(Self {
             client,
+            credentials: credentials.clone(),
             server_errors,
         })
     }
@@ -106,7 +112,7 @@ impl RoleConnection {
     }
 
     pub fn jetstream(&self) -> jetstream::Context {
-        let mut js = jetstream::new(self.client.clone());
+        let mut js = self.credentials.jetstream(self.client.clone());
         js.set_timeout(JS_TIMEOUT);
         js
     }

@@ -16,7 +16,7 @@ use toolfleet_tests::fleet::{
 };
 use toolfleet_tests::secured::{
     apply_redis_acl, coordinator_credentials, frontend_credentials, worker_credentials,
-    RoleConnection, SecuredServers, EVENT_WAIT, SILENCE,
+    RoleConnection, SecuredServers, EVENT_WAIT, SILENCE, WORKER_JS_API_PREFIX,
 };
 use toolfleet_tests::{free_port, read_repo_json, repo_path, RedisServer};
 
@@ -108,7 +108,10 @@ async fn a_frontend_reads_only_its_own_inbox() -> Result<()> {
     worker
         .client
         .publish_with_reply(
-            format!("$JS.API.STREAM.INFO.{}", servers.names.jobs_stream()),
+            format!(
+                "{WORKER_JS_API_PREFIX}.STREAM.INFO.{}",
+                servers.names.jobs_stream()
+            ),
             worker_inbox,
             "".into(),
         )

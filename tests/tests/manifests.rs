@@ -271,7 +271,12 @@ fn nats_user_block(user: &str) -> Result<String> {
         .find(&marker)
         .with_context(|| format!("no user {user}"))?;
     let rest = &conf[start + marker.len()..];
-    let end = rest.find("user: ").unwrap_or(rest.len());
+    // A block ends at the next user or at its account's imports or exports.
+    let end = ["user: ", "exports:", "imports:"]
+        .iter()
+        .filter_map(|m| rest.find(m))
+        .min()
+        .unwrap_or(rest.len());
     Ok(rest[..end].to_string())
 }
 
@@ -315,6 +320,10 @@ fn acl_rules(acl: &str, user: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Where the worker user of `deploy/nats/auth.conf` (account `WORKERS`) reaches the
+/// JetStream API of the streams (account `FLEET`).
+const WORKER_API: &str = "JS.FLEET.API";
+
 #[test]
 fn the_nats_worker_user_pulls_exactly_the_demo_tools() -> Result<()> {
     let names = Names::default();
@@ -332,11 +341,102 @@ fn the_nats_worker_user_pulls_exactly_the_demo_tools() -> Result<()> {
         wanted.insert(names.tool_results_wildcard(&tool));
         wanted.insert(names.tool_progress_wildcard(&tool));
         let consumer = names.tool_consumer(&tool);
-        wanted.insert(format!("$JS.API.CONSUMER.INFO.{stream}.{consumer}"));
-        wanted.insert(format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}"));
+        wanted.insert(format!("{WORKER_API}.CONSUMER.INFO.{stream}.{consumer}"));
+        wanted.insert(format!(
+            "{WORKER_API}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        ));
         wanted.insert(format!("$JS.ACK.{stream}.{consumer}.>"));
     }
     assert_eq!(granted, wanted);
+    Ok(())
+}
+
+/// Whether NATS subject pattern `outer` matches every subject `inner` matches.
+fn subject_covers(outer: &str, inner: &str) -> bool {
+    let mut outer = outer.split('.');
+    let mut inner = inner.split('.');
+    loop {
+        match (outer.next(), inner.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(i)) if i != ">" => {}
+            (Some(o), Some(i)) if o == i => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// The local subjects of one account's `imports` in `deploy/nats/auth.conf`: `to:` where
+/// an import maps its subject, else its `subject:`.
+fn nats_imports(account: &str) -> Result<Vec<String>> {
+    let conf = repo_file("deploy/nats/auth.conf")?;
+    let start = conf
+        .find(&format!("  {account}: {{"))
+        .with_context(|| format!("no account {account}"))?;
+    let rest = &conf[start..];
+    let imports = &rest[rest.find("imports:").context("no imports")?..];
+    let imports = &imports[..imports.find("\n    ]").context("imports not closed")?];
+    let quoted_after = |line: &str, key: &str| {
+        let at = line.find(key)? + key.len();
+        line[at..].split('"').next().map(String::from)
+    };
+    Ok(imports
+        .lines()
+        .filter(|l| l.trim_start().starts_with("{ s"))
+        .filter_map(|l| quoted_after(l, "to: \"").or_else(|| quoted_after(l, "subject: \"")))
+        .collect())
+}
+
+#[test]
+fn workers_have_their_own_account_which_imports_every_subject_they_use() -> Result<()> {
+    let conf = repo_file("deploy/nats/auth.conf")?;
+    let workers = conf.find("  WORKERS: {").context("no WORKERS account")?;
+    let fleet = conf.find("  FLEET: {").context("no FLEET account")?;
+    // The worker user is declared inside WORKERS, every other user inside FLEET.
+    let worker_at = conf.find("user: worker\n").context("no worker user")?;
+    let (workers_end, fleet_end) = if workers < fleet {
+        (fleet, conf.len())
+    } else {
+        (conf.len(), workers)
+    };
+    assert!(worker_at > workers && worker_at < workers_end);
+    for user in ["coordinator", "frontend", "frontend2", "gateway"] {
+        let at = conf
+            .find(&format!("user: {user}\n"))
+            .with_context(|| format!("no {user} user"))?;
+        assert!(at > fleet && at < fleet_end, "{user} is not in FLEET");
+    }
+    let imports = nats_imports("WORKERS")?;
+    assert!(
+        !imports.iter().any(|i| i.starts_with("$JS.API.")),
+        "the JetStream API must be imported under {WORKER_API}"
+    );
+    let inbox = "_INBOX_worker.>";
+    for subject in quoted_subjects(&nats_user_block("worker")?) {
+        if subject == inbox {
+            continue;
+        }
+        assert!(
+            imports.iter().any(|i| subject_covers(i, &subject)),
+            "the worker may use {subject}, which WORKERS does not import"
+        );
+    }
+    // Nothing that would let a worker reach the coordinators' or frontends' subjects.
+    let names = Names::default();
+    for forbidden in [
+        names.turn_submit_any(),
+        names.jobs_wildcard(),
+        names.ended_wildcard(),
+        "_INBOX_frontend.>".to_string(),
+        format!("$JS.API.CONSUMER.CREATE.{}.>", names.jobs_stream()),
+    ] {
+        assert!(
+            !imports
+                .iter()
+                .any(|i| subject_covers(i, &forbidden) || subject_covers(&forbidden, i)),
+            "WORKERS imports {forbidden}"
+        );
+    }
     Ok(())
 }
 

@@ -231,3 +231,83 @@ async fn a_worker_may_announce_only_its_own_tools_calls_and_never_a_turns_end() 
     );
     Ok(())
 }
+
+/// A pull request names its own reply subject, and JetStream delivers the pulled job
+/// there. The worker user lives in an account of its own (`WORKERS` in
+/// `deploy/nats/auth.conf`), so whatever subject it names, the job stays among workers:
+/// a frontend listening on its inbox hears nothing of it, while the same pull into the
+/// worker's own inbox gets the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cannot_have_a_job_delivered_into_a_frontends_inbox() -> anyhow::Result<()> {
+    use async_nats::jetstream::consumer;
+    use futures::StreamExt;
+    use toolfleet_tests::secured::{
+        coordinator_credentials, frontend_credentials, EVENT_WAIT, WORKER_JS_API_PREFIX,
+    };
+
+    let servers = SecuredServers::start().await?;
+    let names = &servers.names;
+    let tool = "crm.getOpenInvoices";
+    let coordinator = RoleConnection::open(&servers.nats, &coordinator_credentials()).await?;
+    let coordinator_js = coordinator.jetstream();
+    coordinator_js
+        .get_stream(names.jobs_stream())
+        .await?
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(names.tool_consumer(tool)),
+            filter_subject: names.job_subject(tool),
+            ..Default::default()
+        })
+        .await?;
+    let job = |n: u32| {
+        let js = coordinator_js.clone();
+        let subject = names.job_subject(tool);
+        async move {
+            let body =
+                json!({"job": n, "tenant_id": "acme", "arguments": {"customerId": "cust_001"}});
+            js.publish(subject, serde_json::to_vec(&body)?.into())
+                .await?
+                .await?;
+            anyhow::Ok(())
+        }
+    };
+    let next = format!(
+        "{WORKER_JS_API_PREFIX}.CONSUMER.MSG.NEXT.{}.{}",
+        names.jobs_stream(),
+        names.tool_consumer(tool)
+    );
+    let pull = json!({"batch": 1, "expires": 2_000_000_000u64}).to_string();
+
+    let worker = RoleConnection::open(&servers.nats, &worker_credentials()).await?;
+    let frontend = RoleConnection::open(&servers.nats, &frontend_credentials()).await?;
+    let mut snooping = frontend.client.subscribe("_INBOX_frontend.>").await?;
+    frontend.client.flush().await?;
+
+    // Into its own inbox, the worker gets its tool's job.
+    job(1).await?;
+    let mut own = worker.client.subscribe("_INBOX_worker.pulled").await?;
+    worker
+        .client
+        .publish_with_reply(next.clone(), "_INBOX_worker.pulled", pull.clone().into())
+        .await?;
+    let got = tokio::time::timeout(EVENT_WAIT, own.next())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("subscription closed"))?;
+    let body: Value = serde_json::from_slice(&got.payload)?;
+    assert_eq!(body["job"], json!(1), "{body}");
+
+    // Into a frontend's inbox, the next job goes nowhere the frontend hears.
+    job(2).await?;
+    worker
+        .client
+        .publish_with_reply(next, "_INBOX_frontend.stolen", pull.into())
+        .await?;
+    worker.client.flush().await?;
+    let heard = tokio::time::timeout(SILENCE * 2, snooping.next()).await;
+    assert!(
+        heard.is_err(),
+        "a job reached the frontend: {:?}",
+        heard.ok().flatten().map(|m| m.payload)
+    );
+    Ok(())
+}

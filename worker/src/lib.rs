@@ -77,7 +77,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_common::health::{connect_nats, start_process};
@@ -208,7 +207,7 @@ pub async fn run_set(
         None => return Ok(()),
     };
     health.set_phase("creating streams");
-    let js = jetstream::new(nats.clone());
+    let js = credentials.jetstream(nats.clone());
     let (jobs_stream, _) = ensure_streams(&js, &names).await?;
     // Cancelled turns: followed before any job is taken.
     let cancellations = cancel::follow_cancelled(&nats, &names).await?;

@@ -226,8 +226,12 @@ impl Serving {
             streams: Vec::new(),
             consumers,
         };
-        let check =
-            toolfleet_common::ready::readiness(self.shared.nats.clone(), self.redis.clone(), needs);
+        let check = toolfleet_common::ready::readiness(
+            self.shared.nats.clone(),
+            self.shared.js.clone(),
+            self.redis.clone(),
+            needs,
+        );
         self.health.set_readiness(self.refusals.guard(check));
         info!(
             tools = definitions.len(),

@@ -114,6 +114,10 @@ class Settings:
     nats_url: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_NATS_URL", "").strip() or "nats://127.0.0.1:4222")
     nats_user: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_NATS_USER", "").strip() or None)
     nats_password: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_NATS_PASSWORD", "").strip() or None)
+    # Replies on `_INBOX_<user>` when a user is set, as deploy/nats/auth.conf requires;
+    # the streams' API under the prefix the worker's account imports it at.
+    nats_inbox_prefix: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_NATS_INBOX_PREFIX", "").strip() or None)
+    nats_js_api_prefix: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_NATS_JS_API_PREFIX", "").strip() or None)
     redis_url: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_REDIS_URL", "").strip() or "redis://127.0.0.1:6379/")
     prefix: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_PREFIX", "").strip() or "fleet")
     worker_id: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_WORKER_ID", "").strip() or f"py-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")

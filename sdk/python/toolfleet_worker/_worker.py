@@ -328,11 +328,15 @@ class Worker:
                    "name": f"toolfleet-python-worker {self.s.worker_id}"}
         if self.s.nats_user:
             options.update(user=self.s.nats_user, password=self.s.nats_password)
+        inbox = self.s.nats_inbox_prefix or (f"_INBOX_{self.s.nats_user}" if self.s.nats_user else None)
+        if inbox:
+            options["inbox_prefix"] = inbox
         tls = self.s.nats_tls()
         if tls:
             options["tls"] = tls
         self.nc = await nats.connect(**options)
-        self.js = self.nc.jetstream()
+        self.js = (self.nc.jetstream(prefix=self.s.nats_js_api_prefix)
+                   if self.s.nats_js_api_prefix else self.nc.jetstream())
         await self.nc.subscribe(f"{self.s.prefix}.cancelled.*", cb=self._on_cancelled_cb)
         await self._ensure_stream(self.jobs_stream, f"{self.s.prefix}.jobs.>")
         await self._ensure_stream(f"{self.s.prefix.upper()}_RESULTS", f"{self.s.prefix}.results.>")
