@@ -55,6 +55,13 @@ pub mod tool;
 pub mod topology;
 pub mod turn;
 
+/// mimalloc serves every allocation of a process built with the `mimalloc` feature (the
+/// fleet's binaries): glibc `malloc` and `free` were a quarter of the coordinator's and
+/// the worker's CPU (docs/BENCHMARKS.md).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub use call::{CallError, CallResult, CallState, Summary, ToolCall};
 pub use client::FleetClient;
 pub use job::JobEnvelope;
