@@ -120,7 +120,7 @@ impl Names {
     /// Coordinators tell workers here that a turn was cancelled (core NATS, empty body):
     /// its running calls are told to stop and its jobs not yet started are skipped.
     pub fn turn_cancelled(&self, turn_id: &str) -> String {
-        format!("{}.cancelled.{turn_id}", self.prefix)
+        concat(&[&self.prefix, ".cancelled.", turn_id])
     }
 
     /// What workers subscribe to for cancelled turns.
@@ -147,7 +147,7 @@ impl Names {
 
     /// The subject one tool's jobs are published on.
     pub fn job_subject(&self, tool: &str) -> String {
-        format!("{}.jobs.{tool}", self.prefix)
+        concat(&[&self.prefix, ".jobs.", tool])
     }
 
     /// Wildcard covering every job subject (the jobs stream's subject).
@@ -159,13 +159,13 @@ impl Names {
     /// accepted, but NATS cannot confine it to the workers of the call's tool: workers
     /// publish on [`Names::tool_result_subject`].
     pub fn result_subject(&self, turn_id: &str) -> String {
-        format!("{}.results.{turn_id}", self.prefix)
+        concat(&[&self.prefix, ".results.", turn_id])
     }
 
     /// Workers publish a call of `tool`'s `CallResult` here (JetStream); a worker user's
     /// permissions name `<p>.results.*.<tool>` for each tool it serves.
     pub fn tool_result_subject(&self, turn_id: &str, tool: &str) -> String {
-        format!("{}.results.{turn_id}.{tool}", self.prefix)
+        concat(&[&self.prefix, ".results.", turn_id, ".", tool])
     }
 
     /// What the result subjects of `tool` look like in a worker user's permissions.
@@ -203,7 +203,7 @@ impl Names {
     /// worker running the call; a worker user's permissions name
     /// `<p>.progress.*.<tool>` for each tool it serves ([`Names::tool_progress_wildcard`]).
     pub fn tool_progress_subject(&self, turn_id: &str, tool: &str) -> String {
-        format!("{}.progress.{turn_id}.{tool}", self.prefix)
+        concat(&[&self.prefix, ".progress.", turn_id, ".", tool])
     }
 
     /// What the progress subjects of `tool` look like in a worker user's permissions.
@@ -213,7 +213,7 @@ impl Names {
 
     /// Every progress notice of one turn (any tool).
     pub fn turn_progress_wildcard(&self, turn_id: &str) -> String {
-        format!("{}.progress.{turn_id}.>", self.prefix)
+        concat(&[&self.prefix, ".progress.", turn_id, ".>"])
     }
 
     /// Wildcard covering every progress subject.
@@ -232,7 +232,7 @@ impl Names {
     /// Core NATS notice from the coordinator that ended a turn to the replica that owns
     /// it (only coordinators may publish here).
     pub fn ended_subject(&self, turn_id: &str) -> String {
-        format!("{}.ended.{turn_id}", self.prefix)
+        concat(&[&self.prefix, ".ended.", turn_id])
     }
 
     /// Wildcard covering every ended notice.
@@ -289,43 +289,48 @@ impl Names {
 
     // ----- Redis ---------------------------------------------------------------------
 
+    /// `<p>:turn:{<turn_id>}<suffix>`: one of a turn's keys, all in the turn id's slot.
+    fn turn_key(&self, turn_id: &str, suffix: &str) -> String {
+        concat(&[&self.prefix, ":turn:{", turn_id, "}", suffix])
+    }
+
     /// Hash of a turn's metadata. Shares the `{turn_id}` hash tag with the turn's other keys.
     pub fn turn_meta_key(&self, turn_id: &str) -> String {
-        format!("{}:turn:{{{turn_id}}}:meta", self.prefix)
+        self.turn_key(turn_id, ":meta")
     }
 
     /// Hash of a turn's results, field = call key, value = `CallResult` JSON.
     pub fn turn_results_key(&self, turn_id: &str) -> String {
-        format!("{}:turn:{{{turn_id}}}:results", self.prefix)
+        self.turn_key(turn_id, ":results")
     }
 
     /// Hash of a turn's calls, field = call key, value = call index and name.
     pub fn turn_calls_key(&self, turn_id: &str) -> String {
-        format!("{}:turn:{{{turn_id}}}:calls", self.prefix)
+        self.turn_key(turn_id, ":calls")
     }
 
     /// List of the events a turn's frontend was sent, in order: an event's `seq` is its
     /// position (1-based). Attaching replays it.
     pub fn turn_events_key(&self, turn_id: &str) -> String {
-        format!("{}:turn:{{{turn_id}}}:events", self.prefix)
+        self.turn_key(turn_id, ":events")
     }
 
     /// List of the keys of a paced turn's calls held back by its concurrency bound, in
     /// the model's order; a recorded result pops the next one.
     pub fn turn_queue_key(&self, turn_id: &str) -> String {
-        format!("{}:turn:{{{turn_id}}}:queue", self.prefix)
+        self.turn_key(turn_id, ":queue")
     }
 
     /// Hash of a paced turn's held-back jobs, field = call key, value = `JobEnvelope`
     /// JSON.
     pub fn turn_jobs_key(&self, turn_id: &str) -> String {
-        format!("{}:turn:{{{turn_id}}}:jobs", self.prefix)
+        self.turn_key(turn_id, ":jobs")
     }
 
     /// Set of the keys of a paced turn's released calls whose job publish is not yet
     /// confirmed.
     pub fn turn_dispatching_key(&self, turn_id: &str) -> String {
-        format!("{}:turn:{{{turn_id}}}:dispatching", self.prefix)
+        self.turn_key(turn_id, ":dispatching")
     }
 
     /// One bucket of the deadline index: a sorted set of open turns scored by deadline
@@ -388,7 +393,7 @@ impl Names {
     /// A cached tool result: `digest` identifies the arguments (and the context the tool
     /// reads). Keys of one tenant share the `{tenant}` hash tag.
     pub fn tool_cache_key(&self, tenant: &str, tool: &str, digest: &str) -> String {
-        format!("{}:cache:{{{tenant}}}:{tool}:{digest}", self.prefix)
+        concat(&[&self.prefix, ":cache:{", tenant, "}:", tool, ":", digest])
     }
 }
 
@@ -414,9 +419,50 @@ pub mod spans {
     pub const PUBLISH_RESULT: &str = "publish";
 }
 
+/// `parts` joined, allocated once: the names built for every turn and call.
+fn concat(parts: &[&str]) -> String {
+    let mut name = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        name.push_str(part);
+    }
+    name
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_turn_names_read_as_the_protocol_gives_them() {
+        let n = Names::new("fleet");
+        for (name, expected) in [
+            (n.turn_meta_key("t1"), "fleet:turn:{t1}:meta"),
+            (n.turn_results_key("t1"), "fleet:turn:{t1}:results"),
+            (n.turn_calls_key("t1"), "fleet:turn:{t1}:calls"),
+            (n.turn_events_key("t1"), "fleet:turn:{t1}:events"),
+            (n.turn_queue_key("t1"), "fleet:turn:{t1}:queue"),
+            (n.turn_jobs_key("t1"), "fleet:turn:{t1}:jobs"),
+            (n.turn_dispatching_key("t1"), "fleet:turn:{t1}:dispatching"),
+            (
+                n.tool_cache_key("acme", "crm.x", "d1"),
+                "fleet:cache:{acme}:crm.x:d1",
+            ),
+            (n.job_subject("crm.x"), "fleet.jobs.crm.x"),
+            (n.result_subject("t1"), "fleet.results.t1"),
+            (
+                n.tool_result_subject("t1", "crm.x"),
+                "fleet.results.t1.crm.x",
+            ),
+            (
+                n.tool_progress_subject("t1", "crm.x"),
+                "fleet.progress.t1.crm.x",
+            ),
+            (n.ended_subject("t1"), "fleet.ended.t1"),
+            (n.turn_cancelled("t1"), "fleet.cancelled.t1"),
+        ] {
+            assert_eq!(name, expected);
+        }
+    }
 
     #[test]
     fn keys_share_the_turn_hash_tag() {

@@ -237,20 +237,20 @@ fn publish_span(
 ) -> tracing::Span {
     let span = info_span!(
         "publish",
-        otel.name = %format!("{} {subject}", spans::PUBLISH),
+        otel.name = format!("{} {subject}", spans::PUBLISH).as_str(),
         otel.kind = "producer",
         messaging.system = "nats",
         messaging.operation.name = spans::PUBLISH,
         messaging.operation.type = "send",
-        messaging.destination.name = %subject,
-        messaging.message.id = %job.msg_id(),
+        messaging.destination.name = subject,
+        messaging.message.id = job.msg_id().as_str(),
         server.address = tracing::field::Empty,
         server.port = tracing::field::Empty,
-        gen_ai.tool.name = %job.call.name,
-        gen_ai.tool.call.id = %job.call.id,
-        toolfleet.tool.provider_name = %provider_tool_name(&job.call.name),
-        toolfleet.turn.id = %turn_id,
-        toolfleet.tenant.id = %job.tenant_id,
+        gen_ai.tool.name = job.call.name.as_str(),
+        gen_ai.tool.call.id = job.call.id.as_str(),
+        toolfleet.tool.provider_name = provider_tool_name(&job.call.name).as_str(),
+        toolfleet.turn.id = turn_id,
+        toolfleet.tenant.id = job.tenant_id.as_str(),
         error.type = tracing::field::Empty,
     );
     if let Some(trace) = trace {

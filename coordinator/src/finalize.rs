@@ -385,8 +385,8 @@ fn join_span(turn_id: &str, tenant: &str, reason: EndReason) -> tracing::Span {
         parent: None,
         "join",
         otel.name = spans::JOIN,
-        toolfleet.turn.id = %turn_id,
-        toolfleet.tenant.id = %tenant,
+        toolfleet.turn.id = turn_id,
+        toolfleet.tenant.id = tenant,
         toolfleet.turn.deadline_hit = reason.deadline_hit(),
         toolfleet.turn.outcome = reason.label(),
         toolfleet.summary.ok = tracing::field::Empty,
@@ -528,8 +528,8 @@ async fn narrate(
         .instrument(info_span!(
             "narrate",
             otel.name = spans::NARRATE,
-            toolfleet.turn.id = %turn_id,
-            toolfleet.tenant.id = %tenant,
+            toolfleet.turn.id = turn_id,
+            toolfleet.tenant.id = tenant,
         ))
         .await;
     match narration {

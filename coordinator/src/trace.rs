@@ -144,13 +144,13 @@ pub(crate) fn refused_call(
     let tool = canonical_tool_name(tool);
     let span = info_span!(
         "refuse_tool",
-        otel.name = %format!("{} {tool}", spans::REFUSE_TOOL),
+        otel.name = format!("{} {tool}", spans::REFUSE_TOOL).as_str(),
         otel.kind = "internal",
-        gen_ai.tool.name = %tool,
-        gen_ai.tool.call.id = %call_id,
-        toolfleet.tool.provider_name = %provider_tool_name(&tool),
-        toolfleet.turn.id = %turn_id,
-        toolfleet.tenant.id = %tenant,
+        gen_ai.tool.name = tool.as_str(),
+        gen_ai.tool.call.id = call_id,
+        toolfleet.tool.provider_name = provider_tool_name(&tool).as_str(),
+        toolfleet.turn.id = turn_id,
+        toolfleet.tenant.id = tenant,
         error.type = tracing::field::Empty,
     );
     if let Some(trace) = trace {
@@ -172,16 +172,16 @@ pub(crate) fn result_received(
         .map(|v| v.to_string());
     let span = info_span!(
         "process",
-        otel.name = %format!("{} {template}", spans::PROCESS),
+        otel.name = format!("{} {template}", spans::PROCESS).as_str(),
         otel.kind = "consumer",
         messaging.system = "nats",
         messaging.operation.name = spans::PROCESS,
         messaging.operation.type = "process",
-        messaging.destination.name = %subject,
-        messaging.destination.template = %template,
+        messaging.destination.name = subject,
+        messaging.destination.template = template,
         gen_ai.tool.call.id = tracing::field::Empty,
         gen_ai.tool.name = tracing::field::Empty,
-        toolfleet.turn.id = %turn_id,
+        toolfleet.turn.id = turn_id,
         toolfleet.tenant.id = tracing::field::Empty,
         toolfleet.result.outcome = tracing::field::Empty,
         error.type = tracing::field::Empty,
@@ -198,13 +198,13 @@ pub(crate) fn result_received(
 pub(crate) fn join_script(script: &'static str, turn_id: &str, tenant: &str) -> tracing::Span {
     info_span!(
         "redis",
-        otel.name = %format!("EVALSHA {script}"),
+        otel.name = format!("EVALSHA {script}").as_str(),
         otel.kind = "client",
         db.system.name = "redis",
         db.operation.name = "EVALSHA",
-        db.query.summary = %format!("EVALSHA {script}"),
-        toolfleet.turn.id = %turn_id,
-        toolfleet.tenant.id = %tenant,
+        db.query.summary = format!("EVALSHA {script}").as_str(),
+        toolfleet.turn.id = turn_id,
+        toolfleet.tenant.id = tenant,
         error.type = tracing::field::Empty,
     )
 }
