@@ -16,6 +16,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use crate::credentials::NatsCredentials;
+use crate::failover::Failover;
 use crate::names::{self, Names};
 use crate::tool::{CatalogFormat, CatalogRequest, CatalogResponse};
 use crate::turn::{
@@ -43,9 +44,6 @@ pub const FAILOVER_PAST_DEADLINE: Duration = Duration::from_secs(2);
 /// The deadline assumed for a turn whose request names none (the coordinators' default
 /// `TOOLFLEET_DEFAULT_DEADLINE_MS`).
 const ASSUMED_DEADLINE: Duration = Duration::from_secs(15);
-
-/// Least time between two moves of one client to another server.
-const FAILOVER_SPACING: Duration = Duration::from_secs(5);
 
 /// How long one cancel request waits for its answer.
 const CANCEL_TRY: Duration = Duration::from_secs(2);
@@ -467,42 +465,6 @@ struct Submission {
     subject: String,
     headers: HeaderMap,
     payload: Bytes,
-}
-
-/// Moves a client's connection to another server of a NATS cluster when the one it is on
-/// hears nothing from the coordinators (a server cut off from the rest keeps its client
-/// connections, and its stale routes swallow what they publish). Shared by every stream
-/// of a client; at most one move per [`FAILOVER_SPACING`], and never for a single server.
-#[derive(Debug, Clone)]
-struct Failover {
-    /// Whether another server is known: several URLs given, or a server that is part of
-    /// a cluster (its `INFO` names the cluster; a lone server's advertised URLs may list
-    /// several of its own addresses, so they do not count).
-    clustered: bool,
-    last: std::sync::Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
-}
-
-impl Failover {
-    fn of(nats: &async_nats::Client, several_urls: bool) -> Self {
-        Self {
-            clustered: several_urls || nats.server_info().cluster.is_some(),
-            last: Default::default(),
-        }
-    }
-
-    /// Whether a move may start now (another server is known, none started lately);
-    /// claims it when so.
-    fn claim(&self) -> bool {
-        if !self.clustered {
-            return false;
-        }
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|at| at.elapsed() < FAILOVER_SPACING) {
-            return false;
-        }
-        *last = Some(tokio::time::Instant::now());
-        true
-    }
 }
 
 /// The events of one submitted (or attached) turn, in `seq` order.

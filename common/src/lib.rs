@@ -8,6 +8,7 @@
 //! |---|---|
 //! | [`config`] | typed settings from environment variables |
 //! | [`deferred`] | spans whose ids and start are fixed early and exported by whoever ends the work |
+//! | [`failover`] | moving a NATS connection to another server of a cluster |
 //! | [`credentials`] | NATS user, password, inbox prefix and TLS files of one role |
 //! | [`metrics`] | the fleet's OpenTelemetry instruments and metric names |
 //! | [`names`] | every subject, stream, consumer, header and Redis key name |
@@ -33,6 +34,7 @@ pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod deferred;
+pub mod failover;
 pub mod headers;
 pub mod health;
 pub mod http;

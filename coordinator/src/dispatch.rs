@@ -22,7 +22,7 @@ use toolfleet_common::names::HEADER_TURN_TRACEPARENT;
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
-use tracing::{debug, info_span, warn, Instrument};
+use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::fault;
 use crate::join::{CallEntry, Released};
@@ -180,6 +180,10 @@ pub(crate) async fn dispatch(
     published
 }
 
+/// Failed publishes of one job after which its replica moves to another NATS server of
+/// a cluster (about 0.85 s of failing).
+const MOVE_AFTER_ATTEMPTS: usize = 3;
+
 /// Waits before publishing a job again after its publish or stream ack failed.
 const REPUBLISH_DELAYS: [Duration; 4] = [
     Duration::from_millis(100),
@@ -192,7 +196,10 @@ const REPUBLISH_DELAYS: [Duration; 4] = [
 /// acknowledges it (a copy that did arrive the first time is acknowledged as a
 /// duplicate and stored once) or the turn's deadline would pass: after the delays,
 /// once a second. This rides through a stream leader change (a new leader is elected
-/// within seconds on a cluster) or a short NATS restart.
+/// within seconds on a cluster) or a short NATS restart. When the publish still fails
+/// after [`MOVE_AFTER_ATTEMPTS`] tries on a cluster, the replica's connection moves to
+/// another server (`Failover`): its own may be cut off, or have rejoined with a
+/// JetStream that answers "no stream found" until it catches up.
 async fn publish_again(
     replica: &Replica,
     job: &JobEnvelope,
@@ -201,7 +208,17 @@ async fn publish_again(
     mut error: String,
 ) -> Result<(), String> {
     let last = REPUBLISH_DELAYS[REPUBLISH_DELAYS.len() - 1];
-    for delay in REPUBLISH_DELAYS.into_iter().chain(std::iter::repeat(last)) {
+    for (attempt, delay) in REPUBLISH_DELAYS
+        .into_iter()
+        .chain(std::iter::repeat(last))
+        .enumerate()
+    {
+        if attempt >= MOVE_AFTER_ATTEMPTS && replica.failover.claim() {
+            info!(turn_id = %job.turn_id, %error, "job publishes keep failing through this NATS server; moving to another");
+            if let Err(move_error) = replica.nats.force_reconnect().await {
+                warn!(error = %move_error, "could not move to another NATS server");
+            }
+        }
         let due = unix_ms() + u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
         if due >= job.deadline_unix_ms {
             break;

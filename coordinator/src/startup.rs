@@ -43,6 +43,8 @@ pub(crate) struct Replica {
     pub config: CoordinatorConfig,
     pub names: Names,
     pub nats: async_nats::Client,
+    /// Moves `nats` to another server of a cluster when job publishes keep failing.
+    pub failover: toolfleet_common::failover::Failover,
     pub js: jetstream::Context,
     /// The turns' calls and results in Redis.
     pub join: JoinStore,
@@ -116,6 +118,15 @@ pub async fn run_with_narrator(
         config: config.clone(),
         names: names.clone(),
         nats: nats.clone(),
+        failover: toolfleet_common::failover::Failover::of(
+            &nats,
+            config
+                .nats_url
+                .split(',')
+                .filter(|u| !u.trim().is_empty())
+                .count()
+                > 1,
+        ),
         js,
         registry,
         narrator,
