@@ -42,7 +42,13 @@ work="$(mktemp -d -t toolfleet-instructions-XXXXXX)"
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  sleep 1
+  # Processes under callgrind take a while to stop; at most 10 s, then SIGKILL.
+  for _ in $(seq 1 100); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
   for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
   if [ -n "$keep" ]; then
     mkdir -p "$keep" && cp "$work"/*.out* "$keep"/ 2>/dev/null || true
@@ -64,10 +70,10 @@ wait_port() {
 
 nats_port="$(free_port)"; redis_port="$(free_port)"; sink_port="$(free_port)"
 nats-server -a 127.0.0.1 -p "$nats_port" -js -sd "$work/js" >"$work/nats.log" 2>&1 &
-pids+=($!)
+pids+=($!); disown
 redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
   >"$work/redis.log" 2>&1 &
-pids+=($!)
+pids+=($!); disown
 wait_port "$nats_port"; wait_port "$redis_port"
 nats="nats://127.0.0.1:$nats_port"; redis="redis://127.0.0.1:$redis_port/"
 
@@ -88,7 +94,7 @@ class Sink(BaseHTTPRequestHandler):
         pass
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
 EOF
-  pids+=($!)
+  pids+=($!); disown
   wait_port "$sink_port"
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$sink_port"
   export OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf
@@ -102,10 +108,10 @@ export TOOLFLEET_HTTP_ADDR=off TOOLFLEET_RETENTION_MS=60000 RUST_LOG=warn
 callgrind() { echo "valgrind --tool=callgrind --callgrind-out-file=$work/$1.%p.out"; }
 $(callgrind coordinator) "$binary" --nats "$nats" --redis "$redis" --prefix "$prefix" coordinator \
   >"$work/coordinator.log" 2>&1 &
-coordinator=$!; pids+=($coordinator)
+coordinator=$!; pids+=($coordinator); disown
 TOOLFLEET_WORKER_ID="$prefix-worker" $(callgrind worker) "$binary" --nats "$nats" --redis "$redis" \
   --prefix "$prefix" worker --packs test >"$work/worker.log" 2>&1 &
-worker=$!; pids+=($worker)
+worker=$!; pids+=($worker); disown
 # The OTLP exporters of the processes under test stay out of the client.
 unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_PROTOCOL
 
