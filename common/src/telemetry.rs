@@ -462,16 +462,15 @@ pub fn traceparent(span: &tracing::Span) -> Option<String> {
 /// lost with its process (a coordinator killed before exporting) then leaves no
 /// consumer without its parent.
 pub fn set_consumer_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
+    let Some(headers) = headers else {
+        return;
+    };
+    let producer_cx = extract(Some(headers));
+    let producer = producer_cx.span().span_context().clone();
     let turn = headers
-        .and_then(|h| h.get(crate::names::HEADER_TURN_TRACEPARENT))
-        .map(|v| {
-            let mut only = HeaderMap::new();
-            only.insert(crate::names::HEADER_TRACEPARENT, v.clone());
-            extract(Some(&only))
-        })
+        .get(crate::names::HEADER_TURN_TRACEPARENT)
+        .map(|_| TraceContextPropagator::new().extract(&TurnExtractor(headers)))
         .filter(|cx| cx.span().span_context().is_valid());
-    let producer = extract(headers);
-    let producer = producer.span().span_context().clone();
     match turn {
         Some(turn) => {
             let _ = span.set_parent(turn);
@@ -479,7 +478,29 @@ pub fn set_consumer_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
                 span.add_link(producer);
             }
         }
-        None => set_remote_parent(span, headers),
+        None if producer.is_valid() => {
+            let _ = span.set_parent(producer_cx);
+        }
+        None => {}
+    }
+}
+
+/// The turn's context a message carries under [`crate::names::HEADER_TURN_TRACEPARENT`],
+/// read as if it were the message's `traceparent` (and without a `tracestate`).
+struct TurnExtractor<'a>(&'a HeaderMap);
+
+impl Extractor for TurnExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        if key != crate::names::HEADER_TRACEPARENT {
+            return None;
+        }
+        self.0
+            .get(crate::names::HEADER_TURN_TRACEPARENT)
+            .map(|v| v.as_str())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec![crate::names::HEADER_TRACEPARENT]
     }
 }
 
