@@ -522,7 +522,8 @@ impl TurnStream {
     /// the last `seq` it handed out (or, before acceptance, submits the same turn again).
     /// After `final` or `error` the stream is finished and further calls return a
     /// `Closed` error. An attach that finds an accepted turn gone (Redis lost it) ends the
-    /// stream with `turn_state_lost`.
+    /// stream with `turn_state_lost`; one answered `unavailable` (the turn store failing
+    /// over) is asked again, and that answer handed out only at the timeout.
     pub async fn next_event(&mut self, timeout: Duration) -> Result<TurnEvent, ClientError> {
         if self.finished {
             return Err(ClientError::new(
@@ -590,7 +591,7 @@ impl TurnStream {
             self.probe = PROBE_START;
             self.heard = tokio::time::Instant::now();
             match seq_of(&message.payload) {
-                None if self.is_retryable_refusal(&event) => self.refusal = Some(event),
+                None if Self::is_retryable_refusal(&event) => self.refusal = Some(event),
                 None => return Ok(self.unstored(event).await),
                 Some(seq) if seq < self.next_seq => continue,
                 Some(seq) if seq == self.next_seq => {
@@ -677,11 +678,14 @@ impl TurnStream {
             .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))
     }
 
-    /// Whether `event` refuses a submission not yet accepted for a passing reason (the
-    /// turn store unavailable): the request is then submitted again at the next probe.
-    fn is_retryable_refusal(&self, event: &TurnEvent) -> bool {
+    /// Whether `event` answers a submission or an attach with a passing reason (the
+    /// turn store unavailable): the request is then sent again at the next probe, and
+    /// the answer handed out only if nothing else comes before the caller's timeout. An
+    /// accepted turn goes on while its store fails over; an attach that finds the store
+    /// unavailable says nothing about how the turn ends.
+    fn is_retryable_refusal(event: &TurnEvent) -> bool {
         matches!(event, TurnEvent::Error { error, .. }
-            if self.submission.is_some() && error.retryable && error.code == turn_codes::UNAVAILABLE)
+            if error.retryable && error.code == turn_codes::UNAVAILABLE)
     }
 
     /// An event with no `seq`: the `error` of a request whose turn was never stored, or

@@ -31,6 +31,10 @@ pub struct Endpoints {
     pub redis_tls: crate::tls::TlsFiles,
     /// Subject and key prefix (`TOOLFLEET_PREFIX`).
     pub prefix: String,
+    /// Pairs of jobs and results streams the turns are spread over
+    /// (`TOOLFLEET_STREAM_PARTITIONS`, 1 to 64, default 1); the same in every process
+    /// of a fleet.
+    pub stream_partitions: u32,
 }
 
 impl Endpoints {
@@ -42,7 +46,13 @@ impl Endpoints {
             redis_url: DEFAULT_REDIS_URL.to_string(),
             redis_tls: crate::tls::TlsFiles::none(),
             prefix: crate::names::DEFAULT_PREFIX.to_string(),
+            stream_partitions: 1,
         }
+    }
+
+    /// The names of every subject, stream and key of the fleet these endpoints reach.
+    pub fn names(&self) -> crate::Names {
+        crate::Names::new(self.prefix.clone()).with_partitions(self.stream_partitions)
     }
 
     /// Reads the endpoints from the environment, [`Endpoints::local`] where unset.
@@ -60,6 +70,11 @@ impl Endpoints {
             redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
             redis_tls: crate::tls::TlsFiles::from_env(&crate::tls::REDIS_TLS)?,
             prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
+            stream_partitions: env_in(
+                crate::streams::STREAM_PARTITIONS_ENV,
+                d.stream_partitions,
+                crate::streams::STREAM_PARTITIONS_RANGE,
+            )?,
         })
     }
 }

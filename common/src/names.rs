@@ -37,10 +37,12 @@ pub const HEADER_TURN_TRACEPARENT: &str = "Fleet-Turn-Traceparent";
 /// The name of the explicit parallel meta-tool, flattened into its calls.
 pub const PARALLEL_TOOL: &str = "parallel";
 
-/// Names derived from one prefix.
+/// Names derived from one prefix, and the number of stream partitions their
+/// JetStream names are spread over.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Names {
     prefix: String,
+    partitions: u32,
 }
 
 impl Default for Names {
@@ -54,7 +56,25 @@ impl Names {
     pub fn new(prefix: impl Into<String>) -> Self {
         Self {
             prefix: prefix.into(),
+            partitions: 1,
         }
+    }
+
+    /// These names with their turns' jobs and results spread over `partitions` pairs
+    /// of streams (`TOOLFLEET_STREAM_PARTITIONS`; at least 1).
+    pub fn with_partitions(mut self, partitions: u32) -> Self {
+        self.partitions = partitions.max(1);
+        self
+    }
+
+    /// How many pairs of jobs and results streams the fleet has.
+    pub fn partitions(&self) -> u32 {
+        self.partitions
+    }
+
+    /// The stream partition of `turn_id`'s jobs and results.
+    pub fn partition_of(&self, turn_id: &str) -> u32 {
+        Self::stream_partition(turn_id, self.partitions)
     }
 
     /// The prefix these names hang off.
@@ -145,14 +165,72 @@ impl Names {
         format!("{}.catalog", self.prefix)
     }
 
-    /// The subject one tool's jobs are published on.
+    /// The subject one tool's jobs are published on (stream partition 0).
     pub fn job_subject(&self, tool: &str) -> String {
-        concat(&[&self.prefix, ".jobs.", tool])
+        self.job_subject_in(0, tool)
     }
 
-    /// Wildcard covering every job subject (the jobs stream's subject).
+    /// The subject one tool's jobs are published on in stream partition `partition`:
+    /// `<p>.jobs.<tool>` in partition 0, `<p>.p<k>.jobs.<tool>` in partition k.
+    pub fn job_subject_in(&self, partition: u32, tool: &str) -> String {
+        self.in_partition(partition, ".jobs.", &[tool])
+    }
+
+    /// Wildcard covering every job subject (the jobs stream's subject, partition 0).
     pub fn jobs_wildcard(&self) -> String {
-        format!("{}.jobs.>", self.prefix)
+        self.jobs_wildcard_in(0)
+    }
+
+    /// Wildcard covering the job subjects of stream partition `partition`.
+    pub fn jobs_wildcard_in(&self, partition: u32) -> String {
+        self.in_partition(partition, ".jobs.", &[">"])
+    }
+
+    /// The stream partition of a job subject, `None` when it is none.
+    pub fn job_subject_partition(&self, subject: &str) -> Option<u32> {
+        let (partition, rest) = self.split_partition(subject)?;
+        rest.strip_prefix(".jobs.")
+            .filter(|tool| !tool.is_empty())
+            .map(|_| partition)
+    }
+
+    /// `<p><kind><parts…>` in partition 0, `<p>.p<k><kind><parts…>` in partition k: each
+    /// partition's JetStream subjects have a root of their own, so no partition's stream
+    /// overlaps another's and partition 0 keeps the names of an unpartitioned fleet.
+    fn in_partition(&self, partition: u32, kind: &str, parts: &[&str]) -> String {
+        let index = if partition == 0 {
+            String::new()
+        } else {
+            format!(".p{partition}")
+        };
+        let root: [&str; 2] = [&self.prefix, &index];
+        let mut all: Vec<&str> = Vec::with_capacity(3 + parts.len());
+        all.extend_from_slice(&root);
+        all.push(kind);
+        all.extend_from_slice(parts);
+        concat(&all)
+    }
+
+    /// The partition of a partitioned subject and what follows its root (`.jobs.…`,
+    /// `.results.…`).
+    fn split_partition<'a>(&self, subject: &'a str) -> Option<(u32, &'a str)> {
+        let rest = subject.strip_prefix(self.prefix.as_str())?;
+        let Some(tail) = rest.strip_prefix(".p") else {
+            return Some((0, rest));
+        };
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        let partition: u32 = tail[..digits].parse().ok()?;
+        // `p0` and leading zeros are not partition roots: one spelling per partition.
+        if partition == 0 || tail.starts_with('0') {
+            return None;
+        }
+        Some((partition, &tail[digits..]))
+    }
+
+    /// The stream partition of `turn_id`'s jobs and results, of `partitions`: FNV-1a of
+    /// the id (as for the deadline buckets), so every coordinator picks the same one.
+    pub fn stream_partition(turn_id: &str, partitions: u32) -> u32 {
+        Self::deadline_bucket(turn_id, partitions)
     }
 
     /// A call's `CallResult` without its tool in the subject (JetStream). Still
@@ -165,7 +243,13 @@ impl Names {
     /// Workers publish a call of `tool`'s `CallResult` here (JetStream); a worker user's
     /// permissions name `<p>.results.*.<tool>` for each tool it serves.
     pub fn tool_result_subject(&self, turn_id: &str, tool: &str) -> String {
-        concat(&[&self.prefix, ".results.", turn_id, ".", tool])
+        self.tool_result_subject_in(0, turn_id, tool)
+    }
+
+    /// [`Names::tool_result_subject`] in stream partition `partition`: a worker publishes
+    /// a job's result in the partition it pulled the job from.
+    pub fn tool_result_subject_in(&self, partition: u32, turn_id: &str, tool: &str) -> String {
+        self.in_partition(partition, ".results.", &[turn_id, ".", tool])
     }
 
     /// What the result subjects of `tool` look like in a worker user's permissions.
@@ -178,9 +262,14 @@ impl Names {
         format!("{}.results.{{turn_id}}", self.prefix)
     }
 
-    /// Wildcard covering every result subject (the results stream's subject).
+    /// Wildcard covering every result subject (the results stream's subject, partition 0).
     pub fn results_wildcard(&self) -> String {
-        format!("{}.results.>", self.prefix)
+        self.results_wildcard_in(0)
+    }
+
+    /// Wildcard covering the result subjects of stream partition `partition`.
+    pub fn results_wildcard_in(&self, partition: u32) -> String {
+        self.in_partition(partition, ".results.", &[">"])
     }
 
     /// Extracts the turn id from a result subject.
@@ -188,11 +277,11 @@ impl Names {
         self.result_subject_parts(subject).map(|(turn, _)| turn)
     }
 
-    /// The turn id and, on a [`Names::tool_result_subject`], the tool of a result subject.
+    /// The turn id and, on a [`Names::tool_result_subject`], the tool of a result subject
+    /// of any stream partition.
     pub fn result_subject_parts<'a>(&self, subject: &'a str) -> Option<(&'a str, Option<&'a str>)> {
-        let rest = subject
-            .strip_prefix(self.prefix.as_str())?
-            .strip_prefix(".results.")?;
+        let (_, rest) = self.split_partition(subject)?;
+        let rest = rest.strip_prefix(".results.")?;
         Some(match rest.split_once('.') {
             Some((turn, tool)) => (turn, Some(tool)),
             None => (rest, None),
@@ -254,14 +343,36 @@ impl Names {
 
     // ----- JetStream -----------------------------------------------------------------
 
-    /// The work-queue stream holding every job.
+    /// The work-queue stream holding every job (of stream partition 0).
     pub fn jobs_stream(&self) -> String {
-        format!("{}_JOBS", self.prefix.to_uppercase())
+        self.jobs_stream_in(0)
     }
 
-    /// The work-queue stream holding results until a coordinator records them.
+    /// The jobs stream of stream partition `partition`: `<P>_JOBS`, `<P>_JOBS_P<k>`.
+    pub fn jobs_stream_in(&self, partition: u32) -> String {
+        self.stream_in(partition, "_JOBS")
+    }
+
+    /// The work-queue stream holding results until a coordinator records them (of
+    /// stream partition 0).
     pub fn results_stream(&self) -> String {
-        format!("{}_RESULTS", self.prefix.to_uppercase())
+        self.results_stream_in(0)
+    }
+
+    /// The results stream of stream partition `partition`: `<P>_RESULTS`,
+    /// `<P>_RESULTS_P<k>`.
+    pub fn results_stream_in(&self, partition: u32) -> String {
+        self.stream_in(partition, "_RESULTS")
+    }
+
+    fn stream_in(&self, partition: u32, kind: &str) -> String {
+        let mut name = self.prefix.to_uppercase();
+        name.push_str(kind);
+        if partition > 0 {
+            name.push_str("_P");
+            name.push_str(&partition.to_string());
+        }
+        name
     }
 
     /// The durable pull consumer shared by every coordinator replica on the results stream.
@@ -431,6 +542,52 @@ fn concat(parts: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stream_partitions_have_roots_of_their_own() {
+        let n = Names::new("fleet");
+        assert_eq!(n.job_subject_in(0, "crm.get"), "fleet.jobs.crm.get");
+        assert_eq!(n.job_subject_in(3, "crm.get"), "fleet.p3.jobs.crm.get");
+        assert_eq!(n.jobs_wildcard_in(0), "fleet.jobs.>");
+        assert_eq!(n.jobs_wildcard_in(12), "fleet.p12.jobs.>");
+        assert_eq!(n.results_wildcard_in(2), "fleet.p2.results.>");
+        assert_eq!(
+            n.tool_result_subject_in(2, "t1", "crm.get"),
+            "fleet.p2.results.t1.crm.get"
+        );
+        assert_eq!(n.jobs_stream_in(0), "FLEET_JOBS");
+        assert_eq!(n.jobs_stream_in(5), "FLEET_JOBS_P5");
+        assert_eq!(n.results_stream_in(5), "FLEET_RESULTS_P5");
+        for k in [0, 1, 7, 15] {
+            assert_eq!(
+                n.job_subject_partition(&n.job_subject_in(k, "a.b")),
+                Some(k)
+            );
+            assert_eq!(
+                n.result_subject_parts(&n.tool_result_subject_in(k, "t9", "a.b")),
+                Some(("t9", Some("a.b")))
+            );
+        }
+        for not_a_job in [
+            "fleet.p0.jobs.a",
+            "fleet.p01.jobs.a",
+            "fleet.px.jobs.a",
+            "fleet.jobs.",
+            "other.jobs.a",
+            "fleet.p3.results.t.a",
+        ] {
+            assert_eq!(n.job_subject_partition(not_a_job), None, "{not_a_job}");
+        }
+        // Every turn has one partition, and the turns spread over all of them.
+        let mut seen = [0u32; 4];
+        for i in 0..400 {
+            let k = Names::stream_partition(&format!("turn-{i}"), 4);
+            assert_eq!(k, Names::stream_partition(&format!("turn-{i}"), 4));
+            seen[k as usize] += 1;
+        }
+        assert!(seen.iter().all(|&c| c > 50), "{seen:?}");
+        assert_eq!(Names::stream_partition("anything", 1), 0);
+    }
 
     #[test]
     fn per_turn_names_read_as_the_protocol_gives_them() {

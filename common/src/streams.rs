@@ -1,5 +1,6 @@
-//! Creating the JetStream streams toolfleet uses. Coordinators and workers both call
-//! [`ensure_streams`]; whichever starts first creates them.
+//! Creating the JetStream streams toolfleet uses: a jobs and a results stream per
+//! stream partition. Coordinators and workers both call [`ensure_streams`]; whichever
+//! starts first creates them.
 //!
 //! Owns the streams' configuration (subjects, retention, duplicate window, limits) and
 //! the tool consumers' configuration. Never creates consumers: the coordinator creates
@@ -33,23 +34,45 @@ pub struct EnsureStreamsError {
     pub source: jetstream::context::CreateStreamError,
 }
 
-/// Creates the jobs and results streams when missing and returns them.
+/// The jobs and results streams of every stream partition, indexed by partition.
+#[derive(Debug)]
+pub struct Streams {
+    /// The jobs stream of each partition.
+    pub jobs: Vec<stream::Stream>,
+    /// The results stream of each partition.
+    pub results: Vec<stream::Stream>,
+}
+
+/// Creates the jobs and results streams of each of `names`' stream partitions when
+/// missing and returns them.
 pub async fn ensure_streams(
     js: &jetstream::Context,
     names: &Names,
-) -> Result<(stream::Stream, stream::Stream), EnsureStreamsError> {
-    let jobs = ensure(js, jobs_config(names)).await?;
-    let results = ensure(js, results_config(names)).await?;
-    Ok((jobs, results))
+) -> Result<Streams, EnsureStreamsError> {
+    let mut streams = Streams {
+        jobs: Vec::new(),
+        results: Vec::new(),
+    };
+    for partition in 0..names.partitions() {
+        streams
+            .jobs
+            .push(ensure(js, jobs_config(names, partition)).await?);
+        streams
+            .results
+            .push(ensure(js, results_config(names, partition)).await?);
+    }
+    Ok(streams)
 }
 
-/// The durable pull consumer of the tool `definition` on the jobs stream, with
+/// The durable pull consumer of the tool `definition` on the jobs stream of stream
+/// partition `partition` (one per partition, each with the same name), with
 /// `ack_wait`: `max_deliver` from the retry policy (2 for a tool that is not idempotent,
 /// so the second delivery reports the interruption instead of running the call). The
 /// coordinator creates it from the registry; a worker in `create` mode may too. Both use
 /// this one function, so they never disagree.
 pub fn tool_consumer_config(
     names: &Names,
+    partition: u32,
     definition: &crate::ToolDefinition,
     ack_wait: Duration,
 ) -> jetstream::consumer::pull::Config {
@@ -61,7 +84,7 @@ pub fn tool_consumer_config(
     };
     jetstream::consumer::pull::Config {
         durable_name: Some(names.tool_consumer(&definition.name)),
-        filter_subject: names.job_subject(&definition.name),
+        filter_subject: names.job_subject_in(partition, &definition.name),
         ack_policy: AckPolicy::Explicit,
         ack_wait,
         max_deliver,
@@ -74,15 +97,30 @@ pub fn tool_consumer_config(
 /// Jobs of one tool delivered and not yet acknowledged, across its workers.
 pub const TOOL_MAX_ACK_PENDING: i64 = 10_000;
 
-/// The jobs stream's configuration.
-pub fn jobs_config(names: &Names) -> stream::Config {
-    config(names.jobs_stream(), names.jobs_wildcard())
+/// The configuration of stream partition `partition`'s jobs stream.
+pub fn jobs_config(names: &Names, partition: u32) -> stream::Config {
+    config(
+        names.jobs_stream_in(partition),
+        names.jobs_wildcard_in(partition),
+    )
 }
 
-/// The results stream's configuration.
-pub fn results_config(names: &Names) -> stream::Config {
-    config(names.results_stream(), names.results_wildcard())
+/// The configuration of stream partition `partition`'s results stream.
+pub fn results_config(names: &Names, partition: u32) -> stream::Config {
+    config(
+        names.results_stream_in(partition),
+        names.results_wildcard_in(partition),
+    )
 }
+
+/// Pairs of jobs and results streams a fleet's turns are spread over
+/// (`TOOLFLEET_STREAM_PARTITIONS`, default 1): a turn's jobs and results all go to the
+/// partition of its id ([`Names::stream_partition`]), so each stream's leader carries
+/// its share of the turns. Every coordinator and worker of a fleet must use the same
+/// number; see docs/SCALING.md.
+pub const STREAM_PARTITIONS_ENV: &str = "TOOLFLEET_STREAM_PARTITIONS";
+/// Its allowed values.
+pub const STREAM_PARTITIONS_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
 
 /// Replicas of each stream (`TOOLFLEET_STREAM_REPLICAS`, 1 to 5, default 1; 3 on a
 /// 3-node JetStream cluster). A malformed value is refused when the process reads its

@@ -12,6 +12,7 @@ use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpo
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::tls::TlsFiles;
 use toolfleet_common::turn::normalize_tenant;
+use toolfleet_common::Names;
 
 /// Everything a coordinator needs to run.
 #[derive(Debug, Clone)]
@@ -29,6 +30,9 @@ pub struct CoordinatorConfig {
     pub redis_tls: TlsFiles,
     /// Subject and key prefix (`TOOLFLEET_PREFIX`).
     pub prefix: String,
+    /// Pairs of jobs and results streams the turns are spread over
+    /// (`TOOLFLEET_STREAM_PARTITIONS`, default 1); the same in every process of a fleet.
+    pub stream_partitions: u32,
     /// Deadline of a turn that names none (`TOOLFLEET_DEFAULT_DEADLINE_MS`).
     pub default_deadline: Duration,
     /// Longest deadline a turn may ask for (`TOOLFLEET_MAX_DEADLINE_MS`).
@@ -90,6 +94,11 @@ pub struct CoordinatorConfig {
 }
 
 impl CoordinatorConfig {
+    /// The names of every subject, stream and key of this coordinator's fleet.
+    pub fn names(&self) -> Names {
+        Names::new(self.prefix.clone()).with_partitions(self.stream_partitions)
+    }
+
     /// Defaults against local servers.
     pub fn local() -> Self {
         let Endpoints {
@@ -98,6 +107,7 @@ impl CoordinatorConfig {
             redis_url,
             redis_tls,
             prefix,
+            stream_partitions,
         } = Endpoints::local();
         Self {
             nats_url,
@@ -105,6 +115,7 @@ impl CoordinatorConfig {
             redis_url,
             redis_tls,
             prefix,
+            stream_partitions,
             default_deadline: Duration::from_secs(15),
             max_deadline: Duration::from_secs(300),
             max_calls: 16,
@@ -154,6 +165,7 @@ impl CoordinatorConfig {
             redis_url,
             redis_tls,
             prefix,
+            stream_partitions,
         } = Endpoints::from_env()?;
         let config = Self {
             nats_url,
@@ -161,6 +173,7 @@ impl CoordinatorConfig {
             redis_url,
             redis_tls,
             prefix,
+            stream_partitions,
             tenant_argument_keys: keys
                 .split(',')
                 .map(str::trim)

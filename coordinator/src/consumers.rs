@@ -1,4 +1,4 @@
-//! Every tool's durable consumer on the jobs stream, created and kept in line by the
+//! Every tool's durable consumer on the jobs stream of each stream partition, created and kept in line by the
 //! coordinators from the registry: a worker never needs to create or change one (the
 //! deploy/ NATS users let workers only bind, pull and ack), so no worker can stall a tool
 //! by giving its consumer a long ack wait or a single delivery.
@@ -46,18 +46,34 @@ pub(crate) async fn ensure_changed(replica: &Replica) {
     }
 }
 
-/// Creates `definition`'s consumer when missing or puts back its retry settings; the
-/// consumer's state as the server has it afterwards.
+/// Creates `definition`'s consumer in every stream partition when missing or puts back
+/// its retry settings; each partition's consumer state as the server has it afterwards.
 pub(crate) async fn ensure(
     replica: &Replica,
     definition: &ToolDefinition,
+) -> Result<Vec<consumer::Info>, String> {
+    let mut infos = Vec::with_capacity(replica.names.partitions() as usize);
+    for partition in 0..replica.names.partitions() {
+        infos.push(ensure_in(replica, partition, definition).await?);
+    }
+    if let Ok(mut ensured) = replica.consumers.0.lock() {
+        ensured.insert(definition.name.clone(), definition.clone());
+    }
+    Ok(infos)
+}
+
+/// [`ensure`] in stream partition `partition`.
+async fn ensure_in(
+    replica: &Replica,
+    partition: u32,
+    definition: &ToolDefinition,
 ) -> Result<consumer::Info, String> {
     let names = &replica.names;
-    let wanted = tool_consumer_config(names, definition, replica.config.tool_ack_wait);
+    let wanted = tool_consumer_config(names, partition, definition, replica.config.tool_ack_wait);
     let durable = names.tool_consumer(&definition.name);
     let stream = replica
         .js
-        .get_stream(names.jobs_stream())
+        .get_stream(names.jobs_stream_in(partition))
         .await
         .map_err(|e| e.to_string())?;
     let info = match stream.consumer_info(&durable).await {
@@ -95,9 +111,6 @@ pub(crate) async fn ensure(
         }
         Err(error) => return Err(error.to_string()),
     };
-    if let Ok(mut ensured) = replica.consumers.0.lock() {
-        ensured.insert(definition.name.clone(), definition.clone());
-    }
     Ok(info)
 }
 

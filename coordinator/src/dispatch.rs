@@ -136,7 +136,7 @@ pub(crate) async fn dispatch(
     let (address, port) = telemetry::server_of(&replica.config.nats_url);
     for (key, mut job) in jobs {
         job.dispatched_unix_ms = unix_ms();
-        let subject = replica.names.job_subject(&job.call.name);
+        let subject = job_subject(replica, &job);
         let span = publish_span(trace, turn_id, &job, &subject);
         span.record("server.address", address.as_str());
         span.record("server.port", port);
@@ -178,6 +178,12 @@ pub(crate) async fn dispatch(
         Box::pin(record_result(replica, turn_id, &tenant, &key, result)).await;
     }
     published
+}
+
+/// The subject `job` is published on: its tool's, in its turn's stream partition.
+fn job_subject(replica: &Replica, job: &JobEnvelope) -> String {
+    let names = &replica.names;
+    names.job_subject_in(names.partition_of(&job.turn_id), &job.call.name)
 }
 
 /// Failed publishes of one job after which its replica moves to another NATS server of
@@ -225,7 +231,7 @@ async fn publish_again(
         }
         debug!(turn_id = %job.turn_id, call = %job.call.id, %error, "job publish unconfirmed; publishing again");
         tokio::time::sleep(delay).await;
-        let subject = replica.names.job_subject(&job.call.name);
+        let subject = job_subject(replica, job);
         let ack = match publish_job(replica, job, subject, span, trace).await {
             Ok(ack) => ack,
             Err(e) => {

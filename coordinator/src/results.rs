@@ -87,14 +87,36 @@ pub(crate) fn results_consumer_config(durable: &str) -> jetstream::consumer::pul
     }
 }
 
-/// Pulls results until `shutdown`, handling up to `concurrency` at once.
-pub(crate) async fn consume(
+/// Pulls results from every stream partition's results consumer until `shutdown`,
+/// handling up to `concurrency` at once across them.
+pub(crate) async fn consume_all(
     replica: Arc<Replica>,
-    consumer: PullConsumer,
+    consumers: Vec<PullConsumer>,
     concurrency: usize,
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(concurrency));
+    let loops = consumers.into_iter().map(|consumer| {
+        consume(
+            Arc::clone(&replica),
+            consumer,
+            Arc::clone(&slots),
+            concurrency,
+            shutdown.clone(),
+        )
+    });
+    futures::future::join_all(loops).await;
+}
+
+/// Pulls results from one results consumer until `shutdown`, each handled once a slot
+/// of `slots` is free.
+async fn consume(
+    replica: Arc<Replica>,
+    consumer: PullConsumer,
+    slots: Arc<Semaphore>,
+    concurrency: usize,
+    shutdown: CancellationToken,
+) {
     while !shutdown.is_cancelled() {
         let mut messages = match consumer
             .stream()

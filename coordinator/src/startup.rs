@@ -90,7 +90,7 @@ pub async fn run_with_narrator(
     } = start_process("toolfleet-coordinator", config.http_addr)
         .await
         .map_err(CoordinatorError::Http)?;
-    let names = Names::new(config.prefix.clone());
+    let names = config.names();
     let connecting = connect_nats(
         &config.nats_url,
         &config.nats_credentials,
@@ -103,10 +103,14 @@ pub async fn run_with_narrator(
     };
     health.set_phase("creating streams");
     let js = config.nats_credentials.jetstream(nats.clone());
-    let (_, results_stream) = ensure_streams(&js, &names).await?;
-    let consumer = results::results_consumer(&results_stream, &names.results_consumer())
-        .await
-        .map_err(CoordinatorError::Consumer)?;
+    let streams = ensure_streams(&js, &names).await?;
+    let mut consumers = Vec::with_capacity(streams.results.len());
+    for results_stream in &streams.results {
+        let consumer = results::results_consumer(results_stream, &names.results_consumer())
+            .await
+            .map_err(CoordinatorError::Consumer)?;
+        consumers.push(consumer);
+    }
     health.set_phase("connecting to Redis");
     let mut redis = connect_redis(&config.redis_url, &config.redis_tls).await?;
     let registry = Registry::default();
@@ -141,7 +145,7 @@ pub async fn run_with_narrator(
         &replica,
         &background,
         &stop_background,
-        consumer,
+        consumers,
         redis.clone(),
     )
     .await?;
@@ -150,8 +154,12 @@ pub async fn run_with_narrator(
         replica.js.clone(),
         redis,
         toolfleet_common::ready::Needs {
-            streams: vec![names.jobs_stream()],
-            consumers: vec![(names.results_stream(), names.results_consumer())],
+            streams: (0..names.partitions())
+                .map(|k| names.jobs_stream_in(k))
+                .collect(),
+            consumers: (0..names.partitions())
+                .map(|k| (names.results_stream_in(k), names.results_consumer()))
+                .collect(),
         },
     ));
 
@@ -185,7 +193,7 @@ async fn spawn_background(
     replica: &Arc<Replica>,
     background: &TaskTracker,
     stop: &CancellationToken,
-    results: jetstream::consumer::PullConsumer,
+    results: Vec<jetstream::consumer::PullConsumer>,
     redis: RedisConnection,
 ) -> Result<(), CoordinatorError> {
     let (nats, names, health) = (&replica.nats, &replica.names, &replica.health);
@@ -207,7 +215,7 @@ async fn spawn_background(
     health.supervise(background, "catalog", stop, catalog);
     let sweep = deadline::sweep(Arc::clone(replica), stop.clone());
     health.supervise(background, "deadline_sweeper", stop, sweep);
-    let consume = results::consume(
+    let consume = results::consume_all(
         Arc::clone(replica),
         results,
         replica.config.result_concurrency,

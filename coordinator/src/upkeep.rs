@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::streams::{jobs_config, results_config};
@@ -24,14 +23,20 @@ use crate::startup::Replica;
 /// The JetStream objects the coordinator recreates when they disappear, streams first.
 pub(crate) fn needed(replica: &Replica) -> Vec<Needed> {
     let names = &replica.names;
-    vec![
-        Needed::Stream(jobs_config(names)),
-        Needed::Stream(results_config(names)),
+    let partitions = 0..names.partitions();
+    let streams = partitions.clone().flat_map(|k| {
+        [
+            Needed::Stream(jobs_config(names, k)),
+            Needed::Stream(results_config(names, k)),
+        ]
+    });
+    let consumers = partitions.map(|k| {
         Needed::Consumer(
-            names.results_stream(),
+            names.results_stream_in(k),
             results_consumer_config(&names.results_consumer()),
-        ),
-    ]
+        )
+    });
+    streams.chain(consumers).collect()
 }
 
 /// Every `period` until `stop`: the turns this replica owns and, for each tool in the
@@ -39,12 +44,10 @@ pub(crate) fn needed(replica: &Replica) -> Vec<Needed> {
 pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: CancellationToken) {
     loop {
         replica.metrics.turns_in_flight(replica.turns.count());
-        if let Ok(stream) = replica.js.get_stream(replica.names.jobs_stream()).await {
-            let snapshot = replica.registry.snapshot();
-            for tool in snapshot.sorted() {
-                if let Err(error) = sample_tool(&replica, &stream, &tool.definition).await {
-                    debug!(tool = %tool.definition.name, %error, "queue lag not sampled");
-                }
+        let snapshot = replica.registry.snapshot();
+        for tool in snapshot.sorted() {
+            if let Err(error) = sample_tool(&replica, &tool.definition).await {
+                debug!(tool = %tool.definition.name, %error, "queue lag not sampled");
             }
         }
         tokio::select! {
@@ -54,30 +57,37 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
     }
 }
 
-/// Ensures `definition`'s consumer (created when missing, retry settings put back) and
-/// samples its queue lag.
-async fn sample_tool(
-    replica: &Replica,
-    stream: &jetstream::stream::Stream,
-    definition: &ToolDefinition,
-) -> Result<(), String> {
+/// Ensures `definition`'s consumer in every stream partition (created when missing,
+/// retry settings put back) and samples its queue lag, summed over the partitions (the
+/// oldest job's age: the oldest of any).
+async fn sample_tool(replica: &Replica, definition: &ToolDefinition) -> Result<(), String> {
     let tool = definition.name.as_str();
-    let info = crate::consumers::ensure(replica, definition).await?;
+    let infos = crate::consumers::ensure(replica, definition).await?;
     let now_s = i64::try_from(unix_ms() / 1000).unwrap_or(i64::MAX);
-    let waiting = info.num_pending + u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX);
-    let oldest_age = match waiting {
-        0 => 0,
-        _ => stream
-            .get_first_raw_message_by_subject(replica.names.job_subject(tool), 0)
+    let (mut pending, mut ack_pending, mut oldest_age) = (0u64, 0u64, 0i64);
+    for (partition, info) in (0..).zip(&infos) {
+        let unacked = u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX);
+        pending = pending.saturating_add(info.num_pending);
+        ack_pending = ack_pending.saturating_add(unacked);
+        if info.num_pending + unacked == 0 {
+            continue;
+        }
+        let Ok(stream) = replica
+            .js
+            .get_stream(replica.names.jobs_stream_in(partition))
+            .await
+        else {
+            continue;
+        };
+        let age = stream
+            .get_first_raw_message_by_subject(replica.names.job_subject_in(partition, tool), 0)
             .await
             .map(|m| (now_s - m.time.unix_timestamp()).max(0))
-            .unwrap_or(0),
-    };
-    replica.metrics.queue_lag(
-        tool,
-        info.num_pending,
-        u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX),
-        oldest_age,
-    );
+            .unwrap_or(0);
+        oldest_age = oldest_age.max(age);
+    }
+    replica
+        .metrics
+        .queue_lag(tool, pending, ack_pending, oldest_age);
     Ok(())
 }

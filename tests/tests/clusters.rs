@@ -2,12 +2,15 @@
 //! Redis Cluster of 3 masters with a replica each, started by the harness on loopback.
 //! Every join script runs on the Redis Cluster (each touches one slot); turns run
 //! through the fleet while the stream leader's node is killed, while a Redis master is
-//! killed (its replica takes over), and while one NATS node is cut off from the other
-//! two for 5 s. In each: every turn ends with exactly one `final`, no call counted
+//! killed (its replica takes over), while a Redis master is cut off from the cluster
+//! bus (its replica takes over while it still answers its clients), and while one NATS
+//! node is cut off from the other two for 5 s. In each: every turn ends with exactly one `final`, no call counted
 //! twice, and a turn submitted during the fault is accepted or refused with a typed
 //! error, never silence. Real servers and processes; every wait bounded.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -327,6 +330,11 @@ impl ClusterFleet {
     }
 
     async fn start_placed(placement: Placement) -> Result<Self> {
+        Self::start_with(placement, 1).await
+    }
+
+    /// A fleet whose turns are spread over `partitions` pairs of streams.
+    async fn start_with(placement: Placement, partitions: u32) -> Result<Self> {
         toolfleet_tests::init_test_tracing();
         three_replicas();
         let (nats, redis) = tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
@@ -339,20 +347,18 @@ impl ClusterFleet {
         let names = Names::new(format!(
             "c{}",
             &uuid::Uuid::new_v4().simple().to_string()[..6]
-        ));
+        ))
+        .with_partitions(partitions);
         let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
         let mut nodes = Vec::new();
         for _ in 0..2 {
-            nodes.push(Running::coordinator(coordinator_settings(
-                process_urls.clone(),
-                redis.url(),
-                &names,
-            )));
+            let mut settings = coordinator_settings(process_urls.clone(), redis.url(), &names);
+            settings.stream_partitions = partitions;
+            nodes.push(Running::coordinator(settings));
         }
-        nodes.push(Running::worker(
-            worker_settings(process_urls.clone(), redis.url(), &names),
-            tools,
-        ));
+        let mut settings = worker_settings(process_urls.clone(), redis.url(), &names);
+        settings.stream_partitions = partitions;
+        nodes.push(Running::worker(settings, tools));
         let client = FleetClient::connect(&client_url, names.prefix()).await?;
         toolfleet_tests::fleet::wait_for_tools_on(&client, &["test.behave"]).await?;
         Ok(Self {
@@ -400,11 +406,16 @@ enum End {
 /// Follows `stream` to its `final` or `error`, then reads on for a moment: a second
 /// `final` with other content fails the test, as does a final that counts a call twice
 /// or misses one, or silence.
-async fn follow(mut stream: TurnStream, calls: usize) -> Result<End> {
+async fn follow(mut stream: TurnStream, calls: usize, accepted: Arc<AtomicUsize>) -> Result<End> {
     let give_up = tokio::time::Instant::now() + TURN_WAIT;
+    let mut first = true;
     loop {
         let left = give_up.saturating_duration_since(tokio::time::Instant::now());
-        match stream.next_event(left).await {
+        let event = stream.next_event(left).await;
+        if std::mem::take(&mut first) && !matches!(event, Ok(TurnEvent::Error { .. }) | Err(_)) {
+            accepted.fetch_add(1, Ordering::SeqCst);
+        }
+        match event {
             Ok(TurnEvent::Final(fin)) => {
                 let mut ids: Vec<&str> = fin
                     .results
@@ -440,13 +451,47 @@ async fn submit_all(
     calls: usize,
     sleep_ms: u64,
 ) -> Vec<tokio::task::JoinHandle<Result<End>>> {
+    submit_counted(client, tag, count, calls, sleep_ms, Arc::default())
+}
+
+/// Like [`submit_all`], then waits until every turn is accepted (its first event is
+/// not a refusal), so a fault that follows finds them all in flight.
+async fn submit_accepted(
+    client: &FleetClient,
+    tag: &str,
+    count: usize,
+    calls: usize,
+    sleep_ms: u64,
+) -> Result<Vec<tokio::task::JoinHandle<Result<End>>>> {
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let followers = submit_counted(client, tag, count, calls, sleep_ms, Arc::clone(&accepted));
+    let all_in = async {
+        while accepted.load(Ordering::SeqCst) < count {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), all_in)
+        .await
+        .with_context(|| format!("{tag}: not every turn accepted within 10 s"))?;
+    Ok(followers)
+}
+
+fn submit_counted(
+    client: &FleetClient,
+    tag: &str,
+    count: usize,
+    calls: usize,
+    sleep_ms: u64,
+    accepted: Arc<AtomicUsize>,
+) -> Vec<tokio::task::JoinHandle<Result<End>>> {
     let mut followers = Vec::new();
     for i in 0..count {
         let request = sleeping_turn(&format!("{tag}-{i}"), calls, sleep_ms);
         let client = client.clone();
+        let accepted = Arc::clone(&accepted);
         followers.push(tokio::spawn(async move {
             match tokio::time::timeout(Duration::from_secs(15), client.submit(request)).await {
-                Ok(Ok(stream)) => follow(stream, calls).await,
+                Ok(Ok(stream)) => follow(stream, calls, accepted).await,
                 Ok(Err(error)) => Ok(End::Refused(format!("{:?}", error.kind()))),
                 Err(_) => bail!("a submission neither accepted nor refused in 15 s"),
             }
@@ -534,8 +579,7 @@ async fn turns_survive_the_stream_leader_node_killed_with_20_in_flight() -> Resu
     // Before the fault: turns run on the clusters.
     all_done(&fleet.client, "before").await?;
 
-    let followers = submit_all(&fleet.client, "leader", 20, 3, 800).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let followers = submit_accepted(&fleet.client, "leader", 20, 3, 800).await?;
     let leader = fleet
         .nats
         .stream_leader(&fleet.names.jobs_stream())
@@ -552,11 +596,57 @@ async fn turns_survive_the_stream_leader_node_killed_with_20_in_flight() -> Resu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_spread_over_stream_partitions_and_survive_a_node_killed() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    const PARTITIONS: u32 = 4;
+    let mut fleet = ClusterFleet::start_with(Placement::Anywhere, PARTITIONS).await?;
+    let names = fleet.names.clone();
+    let ends_before = ends(submit_all(&fleet.client, "spread", 24, 3, 20).await).await?;
+    assert_eq!(
+        (ends_before.finals, ends_before.done),
+        (24, 72),
+        "{ends_before:?}"
+    );
+    // Every partition's pair of streams carried its turns' jobs and results, and the
+    // streams' leaders are not all on one node.
+    let js = async_nats::jetstream::new(fleet.nats.connect().await?);
+    let mut leaders = std::collections::BTreeSet::new();
+    for k in 0..PARTITIONS {
+        let expected = (0..24)
+            .filter(|i| names.partition_of(&format!("spread-{i}")) == k)
+            .count() as u64
+            * 3;
+        for stream in [names.jobs_stream_in(k), names.results_stream_in(k)] {
+            let info = js.get_stream(&stream).await?.info().await?.clone();
+            assert_eq!(info.config.num_replicas, 3, "{stream}");
+            assert_eq!(info.state.last_sequence, expected, "{stream}");
+            leaders.extend(fleet.nats.stream_leader(&stream).await?);
+        }
+    }
+    assert!(
+        leaders.len() > 1,
+        "every stream led by one node: {leaders:?}"
+    );
+    // The node leading partition 1's jobs stream dies with 20 turns in flight.
+    let followers = submit_accepted(&fleet.client, "spread-kill", 20, 3, 800).await?;
+    let leader = fleet
+        .nats
+        .stream_leader(&names.jobs_stream_in(1))
+        .await?
+        .context("partition 1's jobs stream has a leader")?;
+    fleet.nats.kill(leader).await;
+    in_flight_ended(&ends(followers).await?, 20);
+    fleet.nats.restart(leader).await?;
+    all_done(&fleet.client, "spread-after").await?;
+    fleet.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_survive_a_redis_master_killed_mid_turn() -> Result<()> {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
-    let followers = submit_all(&fleet.client, "master", 20, 3, 800).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let followers = submit_accepted(&fleet.client, "master", 20, 3, 800).await?;
     let victim = fleet
         .redis
         .master_of(&fleet.names.turn_meta_key("master-0"))
@@ -573,11 +663,52 @@ async fn turns_survive_a_redis_master_killed_mid_turn() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_survive_a_redis_master_partitioned() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut fleet = ClusterFleet::start().await?;
+    all_done(&fleet.client, "before").await?;
+    let followers = submit_accepted(&fleet.client, "cut", 20, 3, 800).await?;
+    // The master holding the first in-flight turn is cut off from the cluster bus (its
+    // clients still reach it): the others fail it over to its replica while it goes on
+    // answering until it sees it lost the majority.
+    let victim = fleet
+        .redis
+        .master_of(&fleet.names.turn_meta_key("cut-0"))
+        .await?;
+    fleet.redis.partition(victim)?;
+    let during = submit_all(&fleet.client, "during", 5, 2, 50).await;
+    // Held until the replica has taken over (node timeout 2 s), then for a while after.
+    let promoted = async {
+        while fleet.redis.role(victim).await.as_deref() == Some("master")
+            && fleet.redis.masters().await.len() < 4
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), promoted)
+        .await
+        .context("no replica took over the cut-off master's slots")?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    fleet.redis.heal(victim);
+    in_flight_ended(&ends(followers).await?, 20);
+    during_answered(&ends(during).await?, 5);
+    // The old master rejoins as a replica of its successor.
+    fleet.redis.wait_ok(Duration::from_secs(20)).await?;
+    let masters = fleet.redis.masters().await;
+    assert!(
+        !masters.contains(&victim),
+        "masters after the heal: {masters:?}"
+    );
+    recovers(&fleet.client, "after", Duration::from_secs(30)).await?;
+    fleet.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
-    let followers = submit_all(&fleet.client, "partition", 20, 3, 800).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let followers = submit_accepted(&fleet.client, "partition", 20, 3, 800).await?;
     let leader = fleet
         .nats
         .stream_leader(&fleet.names.results_stream())

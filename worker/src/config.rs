@@ -9,6 +9,7 @@ use std::time::Duration;
 use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::tls::TlsFiles;
+use toolfleet_common::Names;
 
 /// Everything a worker needs to run.
 #[derive(Debug, Clone)]
@@ -26,6 +27,10 @@ pub struct WorkerConfig {
     pub redis_tls: TlsFiles,
     /// Subject and key prefix (`TOOLFLEET_PREFIX`).
     pub prefix: String,
+    /// Pairs of jobs and results streams the turns are spread over
+    /// (`TOOLFLEET_STREAM_PARTITIONS`, default 1): this worker pulls each tool's jobs
+    /// from every partition. The same in every process of a fleet.
+    pub stream_partitions: u32,
     /// This worker's id (`TOOLFLEET_WORKER_ID`; generated when unset).
     pub worker_id: String,
     /// Calls of one tool this worker runs at once (`TOOLFLEET_WORKER_CONCURRENCY`).
@@ -79,6 +84,11 @@ impl ConsumerMode {
 }
 
 impl WorkerConfig {
+    /// The names of every subject, stream and key of this worker's fleet.
+    pub fn names(&self) -> Names {
+        Names::new(self.prefix.clone()).with_partitions(self.stream_partitions)
+    }
+
     /// Default settings against local servers.
     pub fn local() -> Self {
         Self::at(Endpoints::local())
@@ -92,6 +102,7 @@ impl WorkerConfig {
             redis_url: endpoints.redis_url,
             redis_tls: endpoints.redis_tls,
             prefix: endpoints.prefix,
+            stream_partitions: endpoints.stream_partitions,
             worker_id: default_worker_id(),
             concurrency: 8,
             heartbeat: Duration::from_secs(2),

@@ -32,7 +32,7 @@ pub(crate) struct Bound {
 impl Bound {
     /// The settings `tool`'s consumer is created with.
     pub fn wanted(names: &Names, tool: &Tool, ack_wait: Duration) -> Self {
-        Self::of(&config(names, tool, ack_wait).into_consumer_config())
+        Self::of(&config(names, 0, tool, ack_wait).into_consumer_config())
     }
 
     /// The settings of a consumer configuration.
@@ -48,20 +48,28 @@ impl Bound {
     }
 }
 
-/// The durable pull consumer of `tool` (also used to recreate it when it disappears).
-pub(crate) fn config(names: &Names, tool: &Tool, ack_wait: Duration) -> consumer::pull::Config {
-    toolfleet_common::streams::tool_consumer_config(names, tool.definition(), ack_wait)
+/// The durable pull consumer of `tool` in stream partition `partition` (also used to
+/// recreate it when it disappears).
+pub(crate) fn config(
+    names: &Names,
+    partition: u32,
+    tool: &Tool,
+    ack_wait: Duration,
+) -> consumer::pull::Config {
+    toolfleet_common::streams::tool_consumer_config(names, partition, tool.definition(), ack_wait)
 }
 
-/// Gets or creates `tool`'s consumer, checks it serves that tool and brings its delivery
+/// Gets or creates `tool`'s consumer on `jobs_stream` (stream partition `partition`'s),
+/// checks it serves that tool and brings its delivery
 /// settings in line with the definition; the consumer and the settings it is bound with.
 pub(crate) async fn bind(
     jobs_stream: &jetstream::stream::Stream,
     names: &Names,
+    partition: u32,
     tool: &Tool,
     ack_wait: Duration,
 ) -> Result<(consumer::PullConsumer, Bound), WorkerError> {
-    let create = config(names, tool, ack_wait);
+    let create = config(names, partition, tool, ack_wait);
     let wanted = create.clone().into_consumer_config();
     let durable = names.tool_consumer(&tool.definition().name);
     let failed = |message: String| WorkerError::Consumer {
@@ -104,10 +112,11 @@ pub(crate) const BIND_WAIT: Duration = Duration::from_secs(30);
 pub(crate) async fn wait_and_bind(
     jobs_stream: &jetstream::stream::Stream,
     names: &Names,
+    partition: u32,
     tool: &Tool,
 ) -> Result<(consumer::PullConsumer, Bound), WorkerError> {
     // The ack wait is the coordinator's to choose; compared without it.
-    let wanted = config(names, tool, Duration::ZERO).into_consumer_config();
+    let wanted = config(names, partition, tool, Duration::ZERO).into_consumer_config();
     let durable = names.tool_consumer(&tool.definition().name);
     let started = tokio::time::Instant::now();
     let mut last = String::from("it does not exist");

@@ -82,7 +82,6 @@ use tokio_util::task::TaskTracker;
 use toolfleet_common::health::{connect_nats, start_process};
 use toolfleet_common::streams::{ensure_streams, EnsureStreamsError};
 use toolfleet_common::tool::{validate_tool_name, ToolNameError};
-use toolfleet_common::Names;
 use tracing::{info, warn};
 
 pub use config::{ConsumerMode, WorkerConfig};
@@ -191,7 +190,7 @@ pub async fn run_set(
         .map_err(WorkerError::Http)?;
     let (health, metrics) = (started.health, started.metrics);
     let _stop_http_on_exit = started.guard;
-    let names = Names::new(config.prefix.clone());
+    let names = config.names();
     let name = format!("toolfleet-worker {}", config.worker_id);
     let credentials = &config.nats_credentials;
     let nats = match connect_nats(
@@ -208,7 +207,7 @@ pub async fn run_set(
     };
     health.set_phase("creating streams");
     let js = credentials.jetstream(nats.clone());
-    let (jobs_stream, _) = ensure_streams(&js, &names).await?;
+    let jobs_streams = ensure_streams(&js, &names).await?.jobs;
     // Cancelled turns: followed before any job is taken.
     let cancellations = cancel::follow_cancelled(&nats, &names).await?;
     health.set_phase("connecting to Redis");
@@ -244,7 +243,7 @@ pub async fn run_set(
         config.clone(),
         Arc::clone(&shared),
         health.clone(),
-        jobs_stream,
+        jobs_streams,
         redis,
         registration,
         shutdown.clone(),
@@ -292,7 +291,7 @@ fn checked(tool: Tool, config: &WorkerConfig) -> Result<ServedTool, WorkerError>
     })?;
     Ok(ServedTool {
         output,
-        bound: consumers::Bound::wanted(&Names::new(config.prefix.clone()), &tool, config.ack_wait),
+        bound: consumers::Bound::wanted(&config.names(), &tool, config.ack_wait),
         tool,
     })
 }

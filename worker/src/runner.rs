@@ -512,9 +512,15 @@ async fn finish(
         let published = match shared
             .js
             .publish_with_headers(
-                shared
-                    .names
-                    .tool_result_subject(&job.turn_id, &job.call.name),
+                // In the stream partition the job came from.
+                shared.names.tool_result_subject_in(
+                    shared
+                        .names
+                        .job_subject_partition(&message.subject)
+                        .unwrap_or(0),
+                    &job.turn_id,
+                    &job.call.name,
+                ),
                 headers,
                 body.clone(),
             )

@@ -43,7 +43,8 @@ pub(crate) struct Serving {
     config: WorkerConfig,
     shared: Arc<Shared>,
     health: Health,
-    jobs_stream: jetstream::stream::Stream,
+    /// The jobs stream of each stream partition: every tool is pulled from each.
+    jobs_streams: Vec<jetstream::stream::Stream>,
     /// For the readiness check.
     redis: toolfleet_common::redis_client::RedisConnection,
     registration: Registration,
@@ -67,7 +68,7 @@ impl Serving {
         config: WorkerConfig,
         shared: Arc<Shared>,
         health: Health,
-        jobs_stream: jetstream::stream::Stream,
+        jobs_streams: Vec<jetstream::stream::Stream>,
         redis: toolfleet_common::redis_client::RedisConnection,
         registration: Registration,
         shutdown: CancellationToken,
@@ -76,7 +77,7 @@ impl Serving {
             config,
             shared,
             health,
-            jobs_stream,
+            jobs_streams,
             redis,
             registration,
             refusals: Refusals::default(),
@@ -91,40 +92,61 @@ impl Serving {
     /// Checks `tool`, binds its consumer and starts its pull loop (not yet announced:
     /// see [`Serving::announce`]).
     pub async fn add(&mut self, tool: Tool) -> Result<(), WorkerError> {
-        let (served, consumer) = self.prepare(tool).await?;
-        self.start(served, consumer);
+        let (served, consumers) = self.prepare(tool).await?;
+        self.start(served, consumers);
         Ok(())
     }
 
-    /// Checks `tool` and binds its consumer (bringing the consumer's delivery settings
-    /// in line with the definition).
-    async fn prepare(&mut self, tool: Tool) -> Result<(ServedTool, PullConsumer), WorkerError> {
+    /// Checks `tool` and binds its consumer in every stream partition (bringing the
+    /// consumers' delivery settings in line with the definition); the consumers, by
+    /// partition.
+    async fn prepare(
+        &mut self,
+        tool: Tool,
+    ) -> Result<(ServedTool, Vec<PullConsumer>), WorkerError> {
         let mut served = crate::checked(tool, &self.config)?;
         let names = &self.shared.names;
-        let (consumer, bound) = match self.config.consumers {
-            ConsumerMode::Create => {
-                consumers::bind(&self.jobs_stream, names, &served.tool, self.config.ack_wait)
+        if self.config.consumers == ConsumerMode::Bind {
+            // The coordinator creates the consumers from the definition it reads.
+            self.registration
+                .write_definition(served.tool.definition())
+                .await?;
+            let _ = self
+                .shared
+                .nats
+                .publish(names.registry_changed(), bytes::Bytes::new())
+                .await;
+        }
+        let mut bound_consumers = Vec::with_capacity(self.jobs_streams.len());
+        for (partition, jobs_stream) in (0..).zip(&self.jobs_streams) {
+            let (consumer, bound) = match self.config.consumers {
+                ConsumerMode::Create => {
+                    consumers::bind(
+                        jobs_stream,
+                        names,
+                        partition,
+                        &served.tool,
+                        self.config.ack_wait,
+                    )
                     .await?
+                }
+                ConsumerMode::Bind => {
+                    consumers::wait_and_bind(jobs_stream, names, partition, &served.tool).await?
+                }
+            };
+            // Every partition's consumer has the same settings; the first one's rule.
+            if partition == 0 {
+                served.bound = bound;
             }
-            ConsumerMode::Bind => {
-                // The coordinator creates the consumer from the definition it reads.
-                self.registration
-                    .write_definition(served.tool.definition())
-                    .await?;
-                let _ = self
-                    .shared
-                    .nats
-                    .publish(names.registry_changed(), bytes::Bytes::new())
-                    .await;
-                consumers::wait_and_bind(&self.jobs_stream, names, &served.tool).await?
-            }
-        };
-        served.bound = bound;
-        Ok((served, consumer))
+            bound_consumers.push(consumer);
+        }
+        Ok((served, bound_consumers))
     }
 
-    /// Starts `served`'s pull loop and topology watch under a stop token of its own.
-    fn start(&mut self, served: ServedTool, consumer: PullConsumer) {
+    /// Starts `served`'s pull loops (one per stream partition, the tool's concurrency
+    /// split between them, at least one call each) and topology watch under a stop
+    /// token of its own.
+    fn start(&mut self, served: ServedTool, consumers: Vec<PullConsumer>) {
         let name = served.tool.definition().name.clone();
         let stop = self.shutdown.child_token();
         let served = Arc::new(served);
@@ -132,16 +154,19 @@ impl Serving {
         let (current, tool) = watch::channel(served);
         let concurrency = self.config.concurrency;
         self.shared.metrics.worker_capacity(&name, concurrency);
-        let serve = serve_tool(
-            Arc::clone(&self.shared),
-            tool,
-            consumer,
-            concurrency,
-            stop.clone(),
-            self.calls.clone(),
-        );
-        self.health
-            .supervise(&self.loops, "pull_loop", &stop, serve);
+        let each = concurrency.div_ceil(consumers.len().max(1)).max(1);
+        for consumer in consumers {
+            let serve = serve_tool(
+                Arc::clone(&self.shared),
+                tool.clone(),
+                consumer,
+                each,
+                stop.clone(),
+                self.calls.clone(),
+            );
+            self.health
+                .supervise(&self.loops, "pull_loop", &stop, serve);
+        }
         let running = Running {
             current,
             stop,
@@ -159,10 +184,14 @@ impl Serving {
             return watch_stop;
         }
         let names = &self.shared.names;
-        let needed = vec![Needed::Consumer(
-            names.jobs_stream(),
-            consumers::config(names, &served.tool, self.config.ack_wait),
-        )];
+        let needed = (0..names.partitions())
+            .map(|partition| {
+                Needed::Consumer(
+                    names.jobs_stream_in(partition),
+                    consumers::config(names, partition, &served.tool, self.config.ack_wait),
+                )
+            })
+            .collect();
         let watch = topology::watch(
             self.shared.js.clone(),
             needed,
@@ -178,7 +207,7 @@ impl Serving {
     /// Puts `tool` in place of the served tool of the same name: its consumer is bound
     /// again (settings updated) and the running pull loop hands every later job to it.
     async fn replace(&mut self, name: &str, tool: Tool) -> Result<(), WorkerError> {
-        let (served, _consumer) = self.prepare(tool).await?;
+        let (served, _consumers) = self.prepare(tool).await?;
         let Some(running) = self.running.get(name) else {
             return Ok(());
         };
@@ -220,7 +249,10 @@ impl Serving {
         let consumers = self
             .running
             .keys()
-            .map(|name| (names.jobs_stream(), names.tool_consumer(name)))
+            .flat_map(|name| {
+                (0..names.partitions())
+                    .map(|k| (names.jobs_stream_in(k), names.tool_consumer(name)))
+            })
             .collect();
         let needs = toolfleet_common::ready::Needs {
             streams: Vec::new(),
