@@ -52,6 +52,10 @@ pub enum AdminCommand {
         /// Pending jobs per worker replica above which KEDA adds one.
         #[arg(long, default_value_t = 10)]
         lag_threshold: u32,
+        /// The fleet's stream partitions (its `TOOLFLEET_STREAM_PARTITIONS`): a trigger
+        /// per tool and partition.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+        partitions: u32,
     },
 }
 
@@ -193,11 +197,12 @@ pub async fn run(database_url: &str, command: AdminCommand) -> Result<()> {
         AdminCommand::Keda {
             packs,
             lag_threshold,
+            partitions,
         } => {
             let names: Vec<&str> = packs.split(',').map(str::trim).collect();
             let tools = toolfleet_packs::tools_for(&names).map_err(anyhow::Error::msg)?;
             let tools: Vec<String> = tools.iter().map(|t| t.definition().name.clone()).collect();
-            let fleet = toolfleet_common::Names::default();
+            let fleet = toolfleet_common::Names::default().with_partitions(partitions);
             let yaml = toolfleet_packs::keda::scaled_object(&fleet, &packs, &tools, lag_threshold);
             print!("{yaml}");
             return Ok(());

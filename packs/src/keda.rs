@@ -28,14 +28,44 @@ pub fn scaled_object(names: &Names, packs: &str, tools: &[String], lag_threshold
          pollingInterval: 5\n  cooldownPeriod: 120\n  triggers:\n",
         stream = names.jobs_stream(),
     );
+    // A tool's jobs are spread evenly over the stream partitions, one consumer in each:
+    // each partition's trigger scales on its share of the threshold, so the fleet scales
+    // as it would on one stream.
+    let partitions = names.partitions();
+    let threshold = (lag_threshold / partitions).max(1);
     for tool in tools {
-        out.push_str(&format!(
-            "    - type: nats-jetstream\n      metadata:\n        natsServerMonitoringEndpoint: {MONITORING_ENDPOINT}\n        \
-             account: $G\n        stream: {stream}\n        consumer: {consumer}\n        \
-             lagThreshold: \"{lag_threshold}\"\n        activationLagThreshold: \"0\"\n",
-            stream = names.jobs_stream(),
-            consumer = names.tool_consumer(tool),
-        ));
+        for partition in 0..partitions {
+            out.push_str(&format!(
+                "    - type: nats-jetstream\n      metadata:\n        natsServerMonitoringEndpoint: {MONITORING_ENDPOINT}\n        \
+                 account: $G\n        stream: {stream}\n        consumer: {consumer}\n        \
+                 lagThreshold: \"{threshold}\"\n        activationLagThreshold: \"0\"\n",
+                stream = names.jobs_stream_in(partition),
+                consumer = names.tool_consumer(tool),
+            ));
+        }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trigger_per_tool_and_stream_partition_with_its_share_of_the_threshold() {
+        let tools = vec!["crm.a".to_string(), "crm.b".to_string()];
+        let one = scaled_object(&Names::default(), "demo", &tools, 10);
+        assert_eq!(one.matches("type: nats-jetstream").count(), 2);
+        assert_eq!(one.matches("lagThreshold: \"10\"").count(), 2);
+        let three = scaled_object(&Names::default().with_partitions(3), "demo", &tools, 10);
+        assert_eq!(three.matches("type: nats-jetstream").count(), 6);
+        assert_eq!(three.matches("lagThreshold: \"3\"").count(), 6);
+        for stream in ["FLEET_JOBS\n", "FLEET_JOBS_P1\n", "FLEET_JOBS_P2\n"] {
+            assert_eq!(
+                three.matches(&format!("stream: {stream}")).count(),
+                2,
+                "{stream}"
+            );
+        }
+    }
 }

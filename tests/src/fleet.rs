@@ -137,6 +137,7 @@ pub fn coordinator_settings(
         nats_url,
         redis_url,
         prefix: names.prefix().to_string(),
+        stream_partitions: names.partitions(),
         sweep_interval: Duration::from_millis(100),
         sweep_grace: Duration::from_millis(300),
         registry_refresh: Duration::from_millis(250),
@@ -154,6 +155,7 @@ pub fn worker_settings(nats_url: String, redis_url: String, names: &Names) -> Wo
         nats_url,
         redis_url,
         prefix: names.prefix().to_string(),
+        stream_partitions: names.partitions(),
         ..WorkerConfig::local()
     }
 }

@@ -352,13 +352,16 @@ impl ClusterFleet {
         let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
         let mut nodes = Vec::new();
         for _ in 0..2 {
-            let mut settings = coordinator_settings(process_urls.clone(), redis.url(), &names);
-            settings.stream_partitions = partitions;
-            nodes.push(Running::coordinator(settings));
+            nodes.push(Running::coordinator(coordinator_settings(
+                process_urls.clone(),
+                redis.url(),
+                &names,
+            )));
         }
-        let mut settings = worker_settings(process_urls.clone(), redis.url(), &names);
-        settings.stream_partitions = partitions;
-        nodes.push(Running::worker(settings, tools));
+        nodes.push(Running::worker(
+            worker_settings(process_urls.clone(), redis.url(), &names),
+            tools,
+        ));
         let client = FleetClient::connect(&client_url, names.prefix()).await?;
         toolfleet_tests::fleet::wait_for_tools_on(&client, &["test.behave"]).await?;
         Ok(Self {

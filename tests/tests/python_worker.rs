@@ -1,7 +1,8 @@
 //! A turn whose calls are served by a Rust worker and by the Python worker of
 //! `examples/python-worker/` (written with the Python SDK of `sdk/python/`) together;
 //! and a Python SDK worker whose tool's retry policy changed between two starts serves
-//! from a consumer updated to it.
+//! from a consumer updated to it; both workers serve a fleet whose turns are spread over
+//! three stream partitions.
 //! The SDK's packages (nats-py, redis-py) are installed by the test into a virtual
 //! environment of its own (`python::venv`) and the SDK is imported from the repository
 //! (`PYTHONPATH`), so the test always runs its current source; the machine needs only
@@ -13,7 +14,7 @@ use anyhow::{Context, Result};
 use futures::StreamExt;
 use serde_json::json;
 use toolfleet_common::CallState;
-use toolfleet_tests::fleet::{call, code_of, result_of, Fleet};
+use toolfleet_tests::fleet::{call, code_of, result_of, tool_calls, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 
@@ -79,6 +80,68 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
     let status = toolfleet_tests::python::terminate(&mut child).await?;
     assert!(status.success(), "{status}");
     fleet.wait_for_tool_gone("text.stats").await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_and_python_workers_serve_turns_spread_over_stream_partitions() -> Result<()> {
+    const PARTITIONS: u32 = 3;
+    let python =
+        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
+            .await?;
+    let mut fleet = Fleet::start().await?;
+    fleet.names = fleet.names.clone().with_partitions(PARTITIONS);
+    let (_c, _w) = fleet.start_default().await?;
+    let script = "examples/python-worker/worker.py";
+    let partitions = PARTITIONS.to_string();
+    let mut child = toolfleet_tests::python::worker(
+        &python,
+        &fleet,
+        &[script],
+        &[("TOOLFLEET_STREAM_PARTITIONS", &partitions)],
+    )?;
+    fleet.wait_for_tools(&["text.stats"]).await?;
+    // Two turns in each partition, each with a call for either worker.
+    let mut ids = Vec::new();
+    for k in 0..PARTITIONS {
+        ids.extend(
+            (0..)
+                .map(|i| format!("spread-{i}"))
+                .filter(|id| fleet.names.partition_of(id) == k)
+                .take(2),
+        );
+    }
+    for id in &ids {
+        let calls = vec![
+            call(
+                "rust",
+                "crm.getOpenInvoices",
+                json!({"customerId": "cust_001"}),
+            ),
+            call("python", "text.stats", json!({"text": "One. Two."})),
+        ];
+        let mut request = toolfleet_tests::fleet::turn("acme", tool_calls(calls));
+        request.turn_id = Some(id.clone());
+        let outcome = fleet.run(request, EVENT_WAIT).await?;
+        assert_eq!(
+            outcome.final_event.summary.ok, 2,
+            "{id}: {:?}",
+            outcome.final_event
+        );
+    }
+    // Each partition's streams carried exactly its turns' jobs and results.
+    let js = async_nats::jetstream::new(fleet.client.nats().clone());
+    for k in 0..PARTITIONS {
+        for stream in [
+            fleet.names.jobs_stream_in(k),
+            fleet.names.results_stream_in(k),
+        ] {
+            let info = js.get_stream(&stream).await?.info().await?.clone();
+            assert_eq!(info.state.last_sequence, 4, "{stream}");
+        }
+    }
+    let status = toolfleet_tests::python::terminate(&mut child).await?;
+    assert!(status.success(), "{status}");
     Ok(())
 }
 

@@ -268,11 +268,16 @@ impl Env {
     pub async fn cleanup(&self, prefix: &str) {
         let names = Names::new(prefix);
         let js = jetstream::new(self.nats.clone());
-        for stream in [
-            names.jobs_stream(),
-            names.results_stream(),
-            floor_stream(&names),
-        ] {
+        let partitions = toolfleet_common::config::env_in(
+            toolfleet_common::streams::STREAM_PARTITIONS_ENV,
+            1,
+            toolfleet_common::streams::STREAM_PARTITIONS_RANGE,
+        )
+        .unwrap_or(1);
+        let streams = (0..partitions)
+            .flat_map(|k| [names.jobs_stream_in(k), names.results_stream_in(k)])
+            .chain([floor_stream(&names)]);
+        for stream in streams {
             let _ = js.delete_stream(&stream).await;
         }
         let mut redis = self.redis.clone();

@@ -144,6 +144,10 @@ pub struct BenchArgs {
     /// Redis Cluster of 3 masters with a replica each instead of one server of each.
     #[arg(long, conflicts_with_all = ["given_servers", "attach"])]
     cluster: bool,
+    /// Spread the turns over this many pairs of jobs and results streams
+    /// (`TOOLFLEET_STREAM_PARTITIONS` of the fleets it starts).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    partitions: u32,
     /// Print each fleet's prefix and process ids.
     #[arg(long)]
     verbose: bool,
@@ -277,6 +281,11 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
     let phases = selected_phases(&args.phases);
     let modes = selected_modes(&args);
 
+    // The fleets' processes inherit it.
+    std::env::set_var(
+        toolfleet_common::streams::STREAM_PARTITIONS_ENV,
+        args.partitions.to_string(),
+    );
     // Kept until the end: dropping them stops the clusters.
     let mut _clusters = None;
     let servers = if args.cluster {

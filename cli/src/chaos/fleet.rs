@@ -41,6 +41,8 @@ pub struct FleetSpec {
     pub logs: Option<PathBuf>,
     /// Clusters instead of one server of each.
     pub cluster: bool,
+    /// Pairs of jobs and results streams the turns are spread over.
+    pub partitions: u32,
 }
 
 /// How long a Redis master's replica may take to take over, and the cluster to be
@@ -234,6 +236,7 @@ impl ChaosFleet {
         if spec.cluster {
             env.push(("TOOLFLEET_STREAM_REPLICAS", "3".to_string()));
         }
+        env.push(("TOOLFLEET_STREAM_PARTITIONS", spec.partitions.to_string()));
         let node =
             |label: String, (program, args): &(PathBuf, Vec<&'static str>)| -> Result<Proc> {
                 let mut env = env.clone();

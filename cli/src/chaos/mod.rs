@@ -165,6 +165,10 @@ pub struct ChaosArgs {
     /// Redis Cluster of 3 masters with a replica each, instead of one server of each.
     #[arg(long)]
     cluster: bool,
+    /// Spread the turns over this many pairs of jobs and results streams
+    /// (`TOOLFLEET_STREAM_PARTITIONS` of the fleet's processes).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    partitions: u32,
     /// How long turns are submitted under each fault (`40s`, `2m`).
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     each: Duration,
@@ -246,6 +250,7 @@ impl ChaosArgs {
             workers: self.workers.into(),
             logs: self.logs.clone(),
             cluster: self.cluster,
+            partitions: self.partitions,
         }
     }
 }

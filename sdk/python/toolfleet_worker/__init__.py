@@ -100,6 +100,13 @@ def _env_int(name, default):
         sys.exit(f"{name}={value!r} is not an integer")
 
 
+def _env_int_in(name, default, low, high):
+    value = _env_int(name, default)
+    if not low <= value <= high:
+        sys.exit(f"{name}={value} is out of range: allowed {low} to {high}")
+    return value
+
+
 def _env_file(name):
     value = os.environ.get(name, "").strip()
     if value and not os.path.isfile(value):
@@ -126,6 +133,9 @@ class Settings:
     ack_wait: float = field(default_factory=lambda: _env_int("TOOLFLEET_ACK_WAIT_MS", 5000) / 1000)
     max_result_bytes: int = field(default_factory=lambda: _env_int("TOOLFLEET_MAX_RESULT_BYTES", 512 * 1024))
     shutdown_grace: float = field(default_factory=lambda: _env_int("TOOLFLEET_SHUTDOWN_GRACE_MS", 10000) / 1000)
+    # Pairs of jobs and results streams the fleet's turns are spread over (1 to 64); the
+    # same number as every coordinator's.
+    stream_partitions: int = field(default_factory=lambda: _env_int_in("TOOLFLEET_STREAM_PARTITIONS", 1, 1, 64))
     # `create`: make or update the tools' consumers; `bind`: wait for the coordinator's.
     consumers: str = field(default_factory=lambda: (os.environ.get("TOOLFLEET_WORKER_CONSUMERS", "").strip() or "create").lower())
     # TLS (PEM files): the CA to trust and an optional client certificate, per server.

@@ -33,17 +33,31 @@ def _failure(base, state, code, message, retryable):
             "error": {"code": code, "message": message, "retryable": retryable}}
 
 
-class _Served:
-    """One tool with its names and the delivery settings of its bound consumer."""
+def _root(prefix, partition):
+    """2.1: the root of a stream partition's JetStream subjects."""
+    return prefix if partition == 0 else f"{prefix}.p{partition}"
 
-    def __init__(self, tool, prefix):
+
+def _stream(prefix, kind, partition):
+    """2.1: a stream partition's jobs or results stream."""
+    name = f"{prefix.upper()}_{kind}"
+    return name if partition == 0 else f"{name}_P{partition}"
+
+
+class _Served:
+    """One tool with its names and the delivery settings of its bound consumers (one per
+    stream partition, each with the same settings)."""
+
+    def __init__(self, tool, prefix, partitions):
         self.tool, self.definition = tool, tool.definition
         name = self.definition["name"]
         self.idempotent = self.definition["retry"]["idempotent"]
-        self.subject = f"{prefix}.jobs.{name}"
+        # (jobs stream, job subject) of each stream partition.
+        self.partitions = [(_stream(prefix, "JOBS", k), f"{_root(prefix, k)}.jobs.{name}")
+                           for k in range(partitions)]
         self.durable = "tool_" + "".join("_" if c in ".*>" or c.isspace() else c for c in name)
         self.workers_key = f"{prefix}:{{registry}}:workers:{name}"
-        self.max_deliver, self.ack_wait, self.sub = 1, 1.0, None
+        self.max_deliver, self.ack_wait, self.subs = 1, 1.0, []
 
 
 class Worker:
@@ -51,8 +65,7 @@ class Worker:
         if not tools:
             raise ValueError("no tools to serve")
         self.s = settings
-        self.served = [_Served(t, settings.prefix) for t in tools]
-        self.jobs_stream = f"{settings.prefix.upper()}_JOBS"
+        self.served = [_Served(t, settings.prefix, settings.stream_partitions) for t in tools]
         self.names_key = f"{settings.prefix}:{{registry}}:names"
         user = urllib.parse.urlsplit(settings.redis_url.split(",")[0].strip()).username
         self.registered_by = f"{user or 'default'}/{settings.worker_id}"
@@ -76,19 +89,24 @@ class Worker:
                 storage=StorageType.FILE, duplicate_window=120, max_age=3600))
 
     async def _bind(self, t):
+        """7.1 step 2, in every stream partition."""
+        for jobs_stream, subject in t.partitions:
+            t.subs.append(await self._bind_in(t, jobs_stream, subject))
+
+    async def _bind_in(self, t, jobs_stream, subject):
         """7.1 step 2: create the consumer, or update one whose settings drifted; in
         `bind` mode wait for the coordinator to create it, never creating one."""
         wanted = ConsumerConfig(
-            durable_name=t.durable, filter_subject=t.subject, ack_policy=AckPolicy.EXPLICIT,
+            durable_name=t.durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.s.ack_wait, max_ack_pending=10000,
             max_deliver=t.definition["retry"]["max_attempts"] if t.idempotent else 2)
         if self.s.consumers == "bind":
             deadline, last = time.monotonic() + 30, "it does not exist"
             while True:
                 try:
-                    info = await self.js.consumer_info(self.jobs_stream, t.durable)
+                    info = await self.js.consumer_info(jobs_stream, t.durable)
                     c = info.config
-                    if c.filter_subject == t.subject and c.max_deliver == wanted.max_deliver:
+                    if c.filter_subject == subject and c.max_deliver == wanted.max_deliver:
                         break
                     last = f"it serves {c.filter_subject} with max_deliver {c.max_deliver}"
                 except NotFoundError:
@@ -98,13 +116,12 @@ class Worker:
                                        f"settings after 30 s (TOOLFLEET_WORKER_CONSUMERS=bind): {last}")
                 await asyncio.sleep(0.2)
             t.max_deliver, t.ack_wait = info.config.max_deliver, info.config.ack_wait
-            t.sub = await self.js.pull_subscribe_bind(t.durable, self.jobs_stream)
-            return
+            return await self.js.pull_subscribe_bind(t.durable, jobs_stream)
         try:
-            info = await self.js.consumer_info(self.jobs_stream, t.durable)
+            info = await self.js.consumer_info(jobs_stream, t.durable)
             c = info.config
-            if c.filter_subject != t.subject:
-                raise RuntimeError(f"consumer {t.durable} serves {c.filter_subject}, not {t.subject}")
+            if c.filter_subject != subject:
+                raise RuntimeError(f"consumer {t.durable} serves {c.filter_subject}, not {subject}")
             drift = [f"{k} is {have} on the consumer, {want} in the definition"
                      for k, have, want in (("max_deliver", c.max_deliver, wanted.max_deliver),
                                            ("ack_wait", c.ack_wait, wanted.ack_wait),
@@ -112,14 +129,14 @@ class Worker:
                      if have != want]
             if drift:
                 self.log(f"updating consumer {t.durable}: {'; '.join(drift)}")
-                info = await self.js.add_consumer(self.jobs_stream, wanted)
+                info = await self.js.add_consumer(jobs_stream, wanted)
         except NotFoundError:
-            info = await self.js.add_consumer(self.jobs_stream, wanted)
+            info = await self.js.add_consumer(jobs_stream, wanted)
         if info.config.max_deliver != wanted.max_deliver:
             raise RuntimeError(f"consumer {t.durable}: max_deliver is {info.config.max_deliver}, "
                                f"the definition needs {wanted.max_deliver}")
         t.max_deliver, t.ack_wait = info.config.max_deliver, info.config.ack_wait
-        t.sub = await self.js.pull_subscribe_bind(t.durable, self.jobs_stream)
+        return await self.js.pull_subscribe_bind(t.durable, jobs_stream)
 
     def _write_definition(self, p, served):
         name = served.definition["name"]
@@ -166,10 +183,13 @@ class Worker:
         call_id = job["call"]["id"]
         headers = {"Nats-Msg-Id": f"{job['turn_id']}.{call_id}",
                    "Fleet-Turn-Id": job["turn_id"], "Fleet-Call-Id": call_id}
+        # The per-tool result subject (a worker user may publish only its own tools'), in
+        # the stream partition the job came from: the job subject's root.
+        name = job["call"]["name"]
+        root = msg.subject[:-len(f".jobs.{name}")] if msg.subject.endswith(f".jobs.{name}") else self.s.prefix
+        subject = f"{root}.results.{job['turn_id']}.{name}"
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
-                # The per-tool result subject: a worker user may publish only its own tools'.
-                subject = f"{self.s.prefix}.results.{job['turn_id']}.{job['call']['name']}"
                 await self.js.publish(subject, body, headers=headers)
                 await msg.ack()
                 return
@@ -292,9 +312,9 @@ class Worker:
                       duration_ms=int((time.monotonic() - start) * 1000))
         await self._publish(msg, job, result)
 
-    async def _pull(self, t, stop, in_flight):
-        """7.2: fetch no more jobs than free slots."""
-        slots = asyncio.Semaphore(self.s.concurrency)
+    async def _pull(self, t, sub, concurrency, stop, in_flight):
+        """7.2: fetch no more jobs than free slots, from one stream partition's consumer."""
+        slots = asyncio.Semaphore(concurrency)
 
         async def one(m):
             try:
@@ -305,11 +325,11 @@ class Worker:
         while not stop.is_set():
             await slots.acquire()
             free = 1
-            while free < self.s.concurrency and not slots.locked():
+            while free < concurrency and not slots.locked():
                 await slots.acquire()
                 free += 1
             try:
-                msgs = await t.sub.fetch(free, timeout=1)
+                msgs = await sub.fetch(free, timeout=1)
             except (NatsTimeoutError, asyncio.TimeoutError):
                 msgs = []
             except Exception as e:  # noqa: BLE001 - a failed pull is retried
@@ -338,8 +358,10 @@ class Worker:
         self.js = (self.nc.jetstream(prefix=self.s.nats_js_api_prefix)
                    if self.s.nats_js_api_prefix else self.nc.jetstream())
         await self.nc.subscribe(f"{self.s.prefix}.cancelled.*", cb=self._on_cancelled_cb)
-        await self._ensure_stream(self.jobs_stream, f"{self.s.prefix}.jobs.>")
-        await self._ensure_stream(f"{self.s.prefix.upper()}_RESULTS", f"{self.s.prefix}.results.>")
+        for k in range(self.s.stream_partitions):
+            root = _root(self.s.prefix, k)
+            await self._ensure_stream(_stream(self.s.prefix, "JOBS", k), f"{root}.jobs.>")
+            await self._ensure_stream(_stream(self.s.prefix, "RESULTS", k), f"{root}.results.>")
         self.redis = aioredis.from_url(self.s.redis_url, **self.s.redis_tls())
         if self.s.consumers == "bind":
             # The coordinator creates each consumer from the definition it reads.
@@ -366,7 +388,10 @@ class Worker:
 
         beats = asyncio.create_task(heartbeat())
         in_flight = set()
-        await asyncio.gather(*(self._pull(t, stop, in_flight) for t in self.served))
+        # A tool's concurrency is split between its partitions' pulls, at least 1 each.
+        each = max(-(-self.s.concurrency // self.s.stream_partitions), 1)
+        await asyncio.gather(*(self._pull(t, sub, each, stop, in_flight)
+                               for t in self.served for sub in t.subs))
         await self._shut_down(beats, in_flight)
 
     async def _shut_down(self, beats, in_flight):
