@@ -322,6 +322,9 @@ enum Placement {
     /// The coordinators and the worker get nodes 1 and 2 only; the client gets node 0
     /// only (it learns the others from the cluster's advertised URLs).
     ClientAloneOnNode0,
+    /// The coordinators and the client get nodes 1 and 2 only; the only worker gets
+    /// node 0 only.
+    WorkerAloneOnNode0,
 }
 
 impl ClusterFleet {
@@ -338,11 +341,11 @@ impl ClusterFleet {
         toolfleet_tests::init_test_tracing();
         three_replicas();
         let (nats, redis) = tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
-        let (process_urls, client_url) = match placement {
-            Placement::Anywhere => (nats.urls(), nats.urls()),
-            Placement::ClientAloneOnNode0 => {
-                (format!("{},{}", nats.url(1), nats.url(2)), nats.url(0))
-            }
+        let others = format!("{},{}", nats.url(1), nats.url(2));
+        let (process_urls, worker_url, client_url) = match placement {
+            Placement::Anywhere => (nats.urls(), nats.urls(), nats.urls()),
+            Placement::ClientAloneOnNode0 => (others.clone(), others, nats.url(0)),
+            Placement::WorkerAloneOnNode0 => (others.clone(), nats.url(0), others),
         };
         let names = Names::new(format!(
             "c{}",
@@ -359,7 +362,7 @@ impl ClusterFleet {
             )));
         }
         nodes.push(Running::worker(
-            worker_settings(process_urls.clone(), redis.url(), &names),
+            worker_settings(worker_url, redis.url(), &names),
             tools,
         ));
         let client = FleetClient::connect(&client_url, names.prefix()).await?;
@@ -752,6 +755,29 @@ async fn a_client_on_a_cut_off_nats_node_moves_to_another_and_its_turns_end() ->
     fleet.nats.heal(0);
     outcome?;
     assert!(moved, "the client still talks to the cut-off node");
+    fleet.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_a_cut_off_nats_node_moves_to_another_and_serves_again() -> Result<()> {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut fleet = ClusterFleet::start_placed(Placement::WorkerAloneOnNode0).await?;
+    all_done(&fleet.client, "before").await?;
+    // The only worker's node is cut off from the other two, where the coordinators and
+    // the client are; the worker's connection stays up but its pulls reach no consumer
+    // leader. Turns submitted now run only once the worker has moved to another node
+    // (it knows them from the cluster's advertised URLs).
+    fleet.nats.partition(0)?;
+    let outcome = async {
+        let ends = ends(submit_all(&fleet.client, "worker-cut-off", 3, 2, 50).await).await?;
+        assert_eq!((ends.finals, ends.done), (3, 6), "{ends:?}");
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    fleet.nats.heal(0);
+    outcome?;
+    all_done(&fleet.client, "after").await?;
     fleet.stop().await;
     Ok(())
 }

@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub abandon: CancellationToken,
     /// Turns their callers cancelled: running calls' tokens fire, later jobs are skipped.
     pub cancellations: crate::cancel::Cancellations,
+    /// Moves the connection to another server of a cluster when pulls go unanswered.
+    pub failover: toolfleet_common::failover::Failover,
 }
 
 /// A tool with its compiled output schema and the settings of the consumer it is served
@@ -77,6 +79,7 @@ pub(crate) async fn serve_tool(
 ) {
     let slots = Arc::new(Semaphore::new(concurrency));
     let mut failures = 0u32;
+    let mut silent_pulls = 0u32;
     while !shutdown.is_cancelled() {
         let mut reserved = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -114,7 +117,16 @@ pub(crate) async fn serve_tool(
         // worker, so they run (within the grace period) instead of waiting for redelivery.
         // A pull request the server lost (restarted, consumer recreated) never ends on its
         // own: past its expiry the batch is given up and a new one asked for.
-        while let Ok(Some(next)) = tokio::time::timeout(PULL_ABANDON, batch.next()).await {
+        let mut abandoned = false;
+        loop {
+            let next = match tokio::time::timeout(PULL_ABANDON, batch.next()).await {
+                Ok(Some(next)) => next,
+                Ok(None) => break,
+                Err(_) => {
+                    abandoned = true;
+                    break;
+                }
+            };
             match next {
                 Ok(message) => {
                     let Some(permit) = reserved.split(1) else {
@@ -135,8 +147,27 @@ pub(crate) async fn serve_tool(
                 }
             }
         }
+        // Pulls that no server answers, not even with their expiry, one after another:
+        // this worker's NATS server may be cut off from the cluster (it keeps the
+        // connection and swallows the requests). Move to another server of the cluster.
+        silent_pulls = if abandoned { silent_pulls + 1 } else { 0 };
+        if silent_pulls >= MOVE_AFTER_SILENT_PULLS && shared.failover.claim() {
+            info!(
+                tool = %tool.borrow().tool.definition().name,
+                silent_pulls,
+                "no NATS server answers this worker's pulls; moving to another server"
+            );
+            silent_pulls = 0;
+            if let Err(error) = shared.nats.force_reconnect().await {
+                warn!(%error, "could not move to another NATS server");
+            }
+        }
     }
 }
+
+/// Pull requests in a row that no server answered (each given up after
+/// [`PULL_ABANDON`]) after which a worker on a cluster moves to another NATS server.
+const MOVE_AFTER_SILENT_PULLS: u32 = 2;
 
 async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstream::Message) {
     let message = Arc::new(message);

@@ -333,6 +333,21 @@ impl ChaosFleet {
                 redis.kill(index).await;
                 Ok(Some(index))
             }
+            (Fault::RedisPartition, Servers::Cluster { redis, .. }) => {
+                let masters = redis.masters().await;
+                if masters.is_empty() {
+                    return Ok(None);
+                }
+                let index = masters[pick % masters.len()];
+                redis.partition(index)?;
+                // Held until its replica took over (the cut master still says it is
+                // one, so four nodes answer `master`); the fault's pause follows.
+                let until = tokio::time::Instant::now() + FAILOVER_TIMEOUT;
+                while redis.masters().await.len() < 4 && tokio::time::Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Ok(Some(index))
+            }
             _ => {
                 let procs = self.of_kind(fault);
                 if procs.is_empty() {
@@ -358,6 +373,10 @@ impl ChaosFleet {
             (Fault::Partition, Servers::Cluster { nats, .. }) => {
                 nats.heal(index);
                 Ok(())
+            }
+            (Fault::RedisPartition, Servers::Cluster { redis, .. }) => {
+                redis.heal(index);
+                redis.wait_ok(FAILOVER_TIMEOUT).await
             }
             (Fault::RedisMaster, Servers::Cluster { redis, .. }) => {
                 let until = tokio::time::Instant::now() + FAILOVER_TIMEOUT;

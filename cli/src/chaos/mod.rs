@@ -62,6 +62,10 @@ pub enum Fault {
     RedisMaster,
     /// `--cluster`: one NATS node cut off from the other two for 5 s.
     Partition,
+    /// `--cluster`: a Redis master cut off from the cluster bus (its clients still reach
+    /// it) until its replica has taken over, then 5 s more; healed, it rejoins as that
+    /// replica's replica.
+    RedisPartition,
 }
 
 impl Fault {
@@ -76,16 +80,21 @@ impl Fault {
             Self::NatsNode => "nats-node",
             Self::RedisMaster => "redis-master",
             Self::Partition => "partition",
+            Self::RedisPartition => "redis-partition",
         }
     }
 
     /// Whether the fault needs the clusters (`--cluster`).
     pub fn clustered(self) -> bool {
-        matches!(self, Self::NatsNode | Self::RedisMaster | Self::Partition)
+        matches!(
+            self,
+            Self::NatsNode | Self::RedisMaster | Self::Partition | Self::RedisPartition
+        )
     }
 }
 
-/// How long a `partition` fault cuts a NATS node off.
+/// How long a `partition` fault cuts a NATS node off (a `redis-partition` fault: how
+/// long it holds the cut after the replica took over).
 pub const PARTITION: Duration = Duration::from_secs(5);
 
 /// A range of milliseconds, `low..=high`.
@@ -158,7 +167,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 pub struct ChaosArgs {
     /// Kinds of process to kill, one fault after another (a `none` baseline runs first).
     /// Default: `worker,coordinator,redis,nats`; with `--cluster`,
-    /// `nats-node,redis-master,partition`.
+    /// `nats-node,redis-master,partition,redis-partition`.
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Option<Vec<Fault>>,
     /// Run on a local 3-node NATS JetStream cluster (streams with 3 replicas) and a
@@ -220,7 +229,12 @@ impl ChaosArgs {
     fn plan(&self) -> Vec<Fault> {
         let mut plan = vec![Fault::None];
         let default = if self.cluster {
-            vec![Fault::NatsNode, Fault::RedisMaster, Fault::Partition]
+            vec![
+                Fault::NatsNode,
+                Fault::RedisMaster,
+                Fault::Partition,
+                Fault::RedisPartition,
+            ]
         } else {
             vec![Fault::Worker, Fault::Coordinator, Fault::Redis, Fault::Nats]
         };
@@ -383,7 +397,7 @@ async fn inject(
             break;
         };
         kills += 1;
-        let down = if fault == Fault::Partition {
+        let down = if matches!(fault, Fault::Partition | Fault::RedisPartition) {
             PARTITION
         } else {
             args.down.pick(rng)
