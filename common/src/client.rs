@@ -160,7 +160,9 @@ impl FleetClient {
         credentials: &NatsCredentials,
     ) -> Result<Self, ClientError> {
         let nats = credentials
-            .apply(async_nats::ConnectOptions::new().name("toolfleet-client"))
+            .apply(crate::failover::prefer_another_server(
+                async_nats::ConnectOptions::new().name("toolfleet-client"),
+            ))
             .connect(crate::config::NatsUrls(url))
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Connect, e.to_string()))?;

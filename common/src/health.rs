@@ -206,7 +206,9 @@ pub async fn connect_nats(
     stop: &CancellationToken,
 ) -> Result<Option<async_nats::Client>, async_nats::ConnectError> {
     let options = credentials
-        .apply(async_nats::ConnectOptions::new())
+        .apply(crate::failover::prefer_another_server(
+            async_nats::ConnectOptions::new(),
+        ))
         .name(name)
         .retry_on_initial_connect();
     let nats = observe_nats(options, metrics)
