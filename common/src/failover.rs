@@ -113,7 +113,7 @@ mod tests {
         }
         // The others failed: back to the last one.
         let pool = [server(1, 0), server(2, 3), server(3, 1)];
-        *last.lock().unwrap() = Some(pool[0].addr.clone());
+        *last.lock().expect("lock") = Some(pool[0].addr.clone());
         assert_eq!(choose(&pool, &last).expect("a server").addr, pool[0].addr);
         // One server: always it.
         let one = [server(7, 0)];
