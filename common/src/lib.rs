@@ -9,6 +9,7 @@
 //! | [`config`] | typed settings from environment variables |
 //! | [`deferred`] | spans whose ids and start are fixed early and exported by whoever ends the work |
 //! | [`failover`] | moving a NATS connection to another server of a cluster |
+//! | [`keep_errors`] | head sampling that still exports every trace with a failed span |
 //! | [`credentials`] | NATS user, password, inbox prefix and TLS files of one role |
 //! | [`metrics`] | the fleet's OpenTelemetry instruments and metric names |
 //! | [`names`] | every subject, stream, consumer, header and Redis key name |
@@ -39,6 +40,7 @@ pub mod headers;
 pub mod health;
 pub mod http;
 pub mod job;
+pub mod keep_errors;
 #[cfg(feature = "mcp")]
 pub mod mcp;
 pub mod metrics;

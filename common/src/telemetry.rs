@@ -69,6 +69,12 @@ pub struct TelemetryConfig {
     /// Record spans (with trace ids) even when nothing is exported, so a program can
     /// show the trace id of what it did.
     pub always_trace: bool,
+    /// Export the traces the sampler drops after all when one of their spans failed
+    /// (`TOOLFLEET_TRACES_KEEP_ERRORS`, default `true`; `keep_errors.rs`).
+    pub keep_errors: bool,
+    /// The span that ends a trace in this process, for [`keep_errors`](Self::keep_errors)
+    /// (`turn` on a coordinator); `None`: a span with no parent in the process.
+    pub closing_span: Option<&'static str>,
 }
 
 /// Telemetry could not be set up.
@@ -103,8 +109,21 @@ impl TelemetryConfig {
             log_format,
             log_filter: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             always_trace: false,
+            keep_errors: env_choice(
+                "TOOLFLEET_TRACES_KEEP_ERRORS",
+                &[("true", KeepErrors::Yes), ("false", KeepErrors::No)],
+            )? == KeepErrors::Yes,
+            closing_span: None,
         })
     }
+}
+
+/// `TOOLFLEET_TRACES_KEEP_ERRORS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum KeepErrors {
+    #[default]
+    Yes,
+    No,
 }
 
 /// The choice `name` names among `choices`, the default when unset or empty; anything
@@ -213,7 +232,7 @@ pub fn tracer_provider(
     }
     let builder = SdkTracerProvider::builder()
         .with_id_generator(crate::deferred::PresetIdGenerator::default());
-    let builder = with_exporter(builder, config.protocol)?;
+    let builder = with_exporter(builder, config)?;
     Ok(Some(builder.with_resource(resource(config)).build()))
 }
 
@@ -237,13 +256,32 @@ fn span_exporter(
     built.map_err(|e| TelemetryError::Exporter(e.to_string()))
 }
 
-/// Adds the OTLP span exporter for `protocol` to `builder`.
+/// Adds the OTLP span exporter of `config` to `builder`: through [`KeepErrors`]
+/// (`keep_errors.rs`), with the sampler of `OTEL_TRACES_SAMPLER` recording what it
+/// drops, unless `keep_errors` is off.
 #[cfg(feature = "otlp")]
 fn with_exporter(
     builder: opentelemetry_sdk::trace::TracerProviderBuilder,
-    protocol: OtlpProtocol,
+    config: &TelemetryConfig,
 ) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, TelemetryError> {
-    Ok(builder.with_batch_exporter(span_exporter(protocol)?))
+    use crate::keep_errors::{KeepErrors, KeepErrorsConfig, RecordDropped};
+    let exporter = span_exporter(config.protocol)?;
+    if !config.keep_errors {
+        return Ok(builder.with_batch_exporter(exporter));
+    }
+    // The sampler the OTEL_TRACES_SAMPLER variables configure, as the SDK reads them.
+    let sampler = opentelemetry_sdk::trace::Config::default().sampler;
+    let batch = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter).build();
+    let keep = KeepErrors::new(
+        batch,
+        KeepErrorsConfig {
+            closing_span: config.closing_span,
+            ..KeepErrorsConfig::default()
+        },
+    );
+    Ok(builder
+        .with_sampler(RecordDropped(sampler))
+        .with_span_processor(keep))
 }
 
 /// Without the `otlp` feature there is no exporter: asking for export is an error, not a
@@ -251,7 +289,7 @@ fn with_exporter(
 #[cfg(not(feature = "otlp"))]
 fn with_exporter(
     _builder: opentelemetry_sdk::trace::TracerProviderBuilder,
-    _protocol: OtlpProtocol,
+    _config: &TelemetryConfig,
 ) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, TelemetryError> {
     Err(TelemetryError::Config(
         "OTEL_EXPORTER_OTLP_ENDPOINT is set but this build has no OTLP exporter: enable the \

@@ -8,7 +8,11 @@ use toolfleet_coordinator::CoordinatorConfig;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let telemetry = telemetry::init(&TelemetryConfig::from_env("toolfleet-coordinator")?)?;
+    let telemetry_config = TelemetryConfig {
+        closing_span: Some(toolfleet_common::names::spans::TURN),
+        ..TelemetryConfig::from_env("toolfleet-coordinator")?
+    };
+    let telemetry = telemetry::init(&telemetry_config)?;
     let config = CoordinatorConfig::from_env()?;
     let outcome = toolfleet_coordinator::run(config, shutdown::on_signal())
         .await

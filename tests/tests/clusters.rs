@@ -783,7 +783,8 @@ async fn a_worker_on_a_cut_off_nats_node_moves_to_another_and_serves_again() -> 
 }
 
 /// `toolfleet chaos --cluster`, built from this checkout, briefly: the partition fault
-/// (a NATS node cut off for 5 s) after the baseline, on clusters of its own.
+/// (a NATS node cut off for 5 s) and the redis-partition fault (a Redis master cut off
+/// from the cluster bus) after the baseline, on clusters of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn toolfleet_chaos_on_clusters_loses_no_turn() -> Result<()> {
     let _serial = ONE_AT_A_TIME.lock().await;
@@ -795,7 +796,7 @@ async fn toolfleet_chaos_on_clusters_loses_no_turn() -> Result<()> {
             "chaos",
             "--cluster",
             "--faults",
-            "partition",
+            "partition,redis-partition",
             "--each",
             "4s",
         ])
@@ -804,19 +805,20 @@ async fn toolfleet_chaos_on_clusters_loses_no_turn() -> Result<()> {
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .status();
-    let status = tokio::time::timeout(Duration::from_secs(120), status)
+    let status = tokio::time::timeout(Duration::from_secs(180), status)
         .await
         .context("toolfleet chaos --cluster did not finish in time")??;
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path)?)?;
     let faults = report["faults"].as_array().context("a faults array")?;
     let names: Vec<&str> = faults.iter().filter_map(|f| f["fault"].as_str()).collect();
-    assert_eq!(names, ["none", "partition"]);
+    assert_eq!(names, ["none", "partition", "redis-partition"]);
     for fault in faults {
         assert!(fault["turns"].as_u64().unwrap_or(0) > 0, "{fault}");
         assert_eq!(fault["lost"].as_u64(), Some(0), "{fault}");
         assert_eq!(fault["counted_twice"].as_u64(), Some(0), "{fault}");
     }
     assert!(faults[1]["kills"].as_u64().unwrap_or(0) > 0);
+    assert!(faults[2]["kills"].as_u64().unwrap_or(0) > 0);
     assert!(
         status.success(),
         "toolfleet chaos --cluster failed: {status}"

@@ -97,10 +97,23 @@ impl Traced {
         &self,
         request: TurnRequest,
     ) -> anyhow::Result<(toolfleet_common::client::TurnStream, String, String)> {
+        self.submit_flagged(request, true).await
+    }
+
+    /// [`Traced::submit`] with the frontend's `sampled` flag as given.
+    async fn submit_flagged(
+        &self,
+        request: TurnRequest,
+        sampled: bool,
+    ) -> anyhow::Result<(toolfleet_common::client::TurnStream, String, String)> {
         let trace = uuid::Uuid::new_v4().simple().to_string();
         let span = trace[..16].to_string();
+        let flags = if sampled { "01" } else { "00" };
         let mut headers = HeaderMap::new();
-        headers.insert(HEADER_TRACEPARENT, format!("00-{trace}-{span}-01").as_str());
+        headers.insert(
+            HEADER_TRACEPARENT,
+            format!("00-{trace}-{span}-{flags}").as_str(),
+        );
         let stream = self
             .fleet
             .client
@@ -563,5 +576,91 @@ async fn a_tool_timeout_is_not_the_turn_deadline_and_a_rejection_says_why() -> a
     assert!(!turn.status_message.is_empty());
 
     t.stop(&[worker, coordinator]).await?;
+    Ok(())
+}
+
+/// The frontend's trace is not sampled (`traceparent` flags `00`), so the fleet's
+/// parent-based sampler drops every turn of it: a turn whose calls all succeed exports
+/// nothing, while a turn with a failed call and one with a call past its deadline are
+/// exported whole by the coordinator that ended them and the worker that ran the
+/// failing call, so the SRE still finds every failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sampled_out_turn_is_exported_only_when_a_call_failed() -> anyhow::Result<()> {
+    let (mut t, coordinator, worker) = Traced::with_nodes().await?;
+    let turn_of = |calls: Vec<Value>, deadline_ms: u64| timed_turn("acme", deadline_ms, calls);
+    let (mut clean, clean_trace, _) = t
+        .submit_flagged(
+            turn_of(
+                vec![
+                    call("ok_1", "test.behave", json!({"sleep_ms": 5})),
+                    call("ok_2", "test.behave", json!({"sleep_ms": 5})),
+                ],
+                5000,
+            ),
+            false,
+        )
+        .await?;
+    let fin = read_final(&mut clean, EVENT_WAIT).await?;
+    assert_eq!(fin.summary.ok, 2, "{fin:?}");
+    let (mut failing, failing_trace, frontend) = t
+        .submit_flagged(
+            turn_of(
+                vec![
+                    call("fine", "test.behave", json!({"sleep_ms": 5})),
+                    call("broken", "test.behave", json!({"fail": "boom"})),
+                ],
+                5000,
+            ),
+            false,
+        )
+        .await?;
+    let fin = read_final(&mut failing, EVENT_WAIT).await?;
+    assert_eq!((fin.summary.ok, fin.summary.errors), (1, 1), "{fin:?}");
+    let (mut slow, slow_trace, _) = t
+        .submit_flagged(
+            turn_of(
+                vec![call("late", "test.behave", json!({"sleep_ms": 3000}))],
+                800,
+            ),
+            false,
+        )
+        .await?;
+    let fin = read_final(&mut slow, EVENT_WAIT).await?;
+    assert_eq!(fin.summary.timeouts, 1, "{fin:?}");
+
+    let spans = t
+        .spans_of(&failing_trace, "sampled-out-failure", |s| {
+            s.iter().any(|s| s.name == "join")
+                && s.iter().any(|s| {
+                    s.name.starts_with("execute_tool") && s.attr("error.type") == Some("boom")
+                })
+        })
+        .await?;
+    assert_no_missing_parent(&spans, &frontend);
+    let join = the(&spans, "join")?;
+    assert_eq!(join.status_code, STATUS_ERROR);
+    assert!(spans.iter().any(|s| s.name.starts_with("publish")));
+    let slow_spans = t
+        .spans_of(&slow_trace, "sampled-out-timeout", |s| {
+            s.iter().any(|s| s.name == "join")
+        })
+        .await?;
+    assert_eq!(
+        the(&slow_spans, "join")?.attr("error.type"),
+        Some("deadline_exceeded")
+    );
+    // Both processes flush on a graceful stop: nothing of the clean turn comes.
+    t.stop(&[coordinator, worker]).await?;
+    let clean_spans: Vec<ReceivedSpan> = t
+        .receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.trace_id == clean_trace)
+        .collect();
+    assert!(
+        clean_spans.is_empty(),
+        "spans of a sampled-out turn without failures: {:?}",
+        clean_spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
     Ok(())
 }

@@ -99,11 +99,12 @@ impl Env {
         verbose: bool,
         progress: Progress,
     ) -> Result<Self> {
-        let nats = async_nats::ConnectOptions::new()
-            .name("toolfleet-bench")
-            .connect(toolfleet_common::config::NatsUrls(nats_url))
-            .await
-            .with_context(|| format!("connecting to NATS at {nats_url}"))?;
+        let nats =
+            toolfleet_common::failover::prefer_another_server(async_nats::ConnectOptions::new())
+                .name("toolfleet-bench")
+                .connect(toolfleet_common::config::NatsUrls(nats_url))
+                .await
+                .with_context(|| format!("connecting to NATS at {nats_url}"))?;
         let redis = toolfleet_common::redis_client::connect(redis_url, Default::default())
             .await
             .with_context(|| format!("connecting to Redis at {redis_url}"))?;

@@ -261,12 +261,14 @@ impl ChaosFleet {
         let workers = (0..spec.workers)
             .map(|i| node(format!("worker-{i}"), &binaries.worker))
             .collect::<Result<Vec<_>>>()?;
-        let nats_client = async_nats::ConnectOptions::new()
-            .name("toolfleet-chaos")
-            .max_reconnects(None)
-            .connect(toolfleet_common::config::NatsUrls(&nats_url))
-            .await
-            .with_context(|| format!("connecting to {nats_url}"))?;
+        // Moves off a cut-off node land on another node, as a frontend's do.
+        let nats_client =
+            toolfleet_common::failover::prefer_another_server(async_nats::ConnectOptions::new())
+                .name("toolfleet-chaos")
+                .max_reconnects(None)
+                .connect(toolfleet_common::config::NatsUrls(&nats_url))
+                .await
+                .with_context(|| format!("connecting to {nats_url}"))?;
         let names = Names::new(prefix);
         let fleet = Self {
             nats_url,
