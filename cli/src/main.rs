@@ -217,6 +217,11 @@ async fn main() -> Result<()> {
         telemetry_config.log_filter = "warn".into();
     }
     telemetry_config.always_trace = !fleet_node;
+    // A process that runs a coordinator (`coordinator`, and the local fleets of `demo`,
+    // `submit --local`, `up`) ends a turn's trace with the `turn` span.
+    if !matches!(service, "toolfleet-worker" | "toolfleet-gateway") {
+        telemetry_config.closing_span = Some(toolfleet_common::names::spans::TURN);
+    }
     let telemetry = telemetry::init(&telemetry_config)?;
     let outcome = run(cli).await;
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;

@@ -9,9 +9,12 @@ use tokio_util::sync::CancellationToken;
 async fn main() -> anyhow::Result<()> {
     let role = std::env::args().nth(1).unwrap_or_default();
     let service = format!("toolfleet-{role}");
-    let telemetry = toolfleet_common::telemetry::init(
-        &toolfleet_common::telemetry::TelemetryConfig::from_env(&service)?,
-    )?;
+    let telemetry =
+        toolfleet_common::telemetry::init(&toolfleet_common::telemetry::TelemetryConfig {
+            // A coordinator's spans of a turn end with its `turn` span.
+            closing_span: (role == "coordinator").then_some(toolfleet_common::names::spans::TURN),
+            ..toolfleet_common::telemetry::TelemetryConfig::from_env(&service)?
+        })?;
     let shutdown = CancellationToken::new();
     {
         let shutdown = shutdown.clone();
