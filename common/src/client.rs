@@ -171,7 +171,7 @@ impl FleetClient {
             Some(user) => Self::new_as(nats, names, user),
             None => Self::new(nats, names),
         };
-        client.failover = Failover::of(&client.nats, url.split(',').count() > 1);
+        client.failover = Failover::for_urls(&client.nats, url);
         Ok(client)
     }
 

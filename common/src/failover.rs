@@ -36,6 +36,13 @@ impl Failover {
         }
     }
 
+    /// The mover of `nats`, connected to the servers of `urls` (`TOOLFLEET_NATS_URL`: one
+    /// URL or a comma-separated list).
+    pub fn for_urls(nats: &async_nats::Client, urls: &str) -> Self {
+        let several = urls.split(',').filter(|u| !u.trim().is_empty()).count() > 1;
+        Self::of(nats, several)
+    }
+
     /// Whether a move may start now (another server is known, none started lately);
     /// claims it when so.
     pub fn claim(&self) -> bool {

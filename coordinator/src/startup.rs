@@ -122,15 +122,7 @@ pub async fn run_with_narrator(
         config: config.clone(),
         names: names.clone(),
         nats: nats.clone(),
-        failover: toolfleet_common::failover::Failover::of(
-            &nats,
-            config
-                .nats_url
-                .split(',')
-                .filter(|u| !u.trim().is_empty())
-                .count()
-                > 1,
-        ),
+        failover: toolfleet_common::failover::Failover::for_urls(&nats, &config.nats_url),
         js,
         registry,
         narrator,

@@ -640,7 +640,10 @@ async fn a_sampled_out_turn_is_exported_only_when_a_call_failed() -> anyhow::Res
     let join = the(&spans, "join")?;
     assert_eq!(join.attr("toolfleet.summary.errors"), Some("1"));
     the(&spans, "turn")?;
-    let published = spans.iter().filter(|s| s.name.starts_with("publish")).count();
+    let published = spans
+        .iter()
+        .filter(|s| s.name.starts_with("publish"))
+        .count();
     assert_eq!(published, 2, "both calls' publish spans");
     let slow_spans = t
         .spans_of(&slow_trace, "sampled-out-timeout", |s| {

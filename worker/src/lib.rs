@@ -238,15 +238,7 @@ pub async fn run_set(
         metrics,
         abandon: CancellationToken::new(),
         cancellations: cancellations.clone(),
-        failover: toolfleet_common::failover::Failover::of(
-            &nats,
-            config
-                .nats_url
-                .split(',')
-                .filter(|u| !u.trim().is_empty())
-                .count()
-                > 1,
-        ),
+        failover: toolfleet_common::failover::Failover::for_urls(&nats, &config.nats_url),
     });
     let mut serving = Serving::new(
         config.clone(),
