@@ -503,7 +503,8 @@ mod tests {
                 Fault::None,
                 Fault::NatsNode,
                 Fault::RedisMaster,
-                Fault::Partition
+                Fault::Partition,
+                Fault::RedisPartition
             ]
         );
         let cli = Cli::parse_from(["x", "--cluster", "--faults", "partition,worker"]);
