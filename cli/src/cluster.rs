@@ -50,17 +50,30 @@ impl Drop for Folder {
     }
 }
 
-/// `n` distinct free loopback ports: every listener stays open until all are chosen, so
-/// the kernel cannot hand the same port out twice (a node's port equal to another's bus
-/// or route port would fail the cluster's start).
+/// Ports [`free_ports`] handed out in this process: a NATS and a Redis cluster started
+/// together (`tokio::try_join!`) draw at the same time, and a port one of them released
+/// could otherwise come back to the other before its server bound it.
+static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
+/// `n` distinct free loopback ports, none handed out before in this process: every
+/// listener stays open until all are chosen, so the kernel cannot hand the same port out
+/// twice (a node's port equal to another's bus or route port would fail the cluster's
+/// start).
 fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<Vec<_>>>()?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut held = Vec::new();
+    let mut ports = Vec::with_capacity(n);
+    while ports.len() < n {
+        ensure!(held.len() < 10 * n + 100, "no free loopback ports");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        if !handed_out.contains(&port) && !ports.contains(&port) {
+            ports.push(port);
+        }
+        held.push(listener);
+    }
+    handed_out.extend_from_slice(&ports);
+    Ok(ports)
 }
 
 fn find_binary(name: &str) -> Result<PathBuf> {
