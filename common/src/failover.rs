@@ -59,8 +59,8 @@ impl Failover {
 }
 
 /// `options` choosing the server of every connection and reconnection themselves: the
-/// one with the fewest failed attempts, and among those any but the server chosen last,
-/// at random. A forced move (`force_reconnect`) off a server that still accepts
+/// one with the fewest failed attempts; among those any but the server chosen last; among
+/// those a configured one before one the cluster advertised; at random. A forced move (`force_reconnect`) off a server that still accepts
 /// connections (one cut off from its cluster) thereby lands on another server of the
 /// pool instead of, as often as not, the same one; a server that went away is avoided
 /// as async-nats's own choice would (it failed), and with one server nothing changes.
@@ -83,6 +83,8 @@ fn choose(
         (
             s.failed_attempts,
             last.as_ref() == Some(&s.addr),
+            // The servers this process was told to use before the ones a server named.
+            s.is_discovered,
             order.hash_one(&s.addr),
         )
     })?;
@@ -122,6 +124,15 @@ mod tests {
         let pool = [server(1, 0), server(2, 3), server(3, 1)];
         *last.lock().expect("lock") = Some(pool[0].addr.clone());
         assert_eq!(choose(&pool, &last).expect("a server").addr, pool[0].addr);
+        // A configured server before an advertised one.
+        let mut advertised = server(9, 0);
+        advertised.is_discovered = true;
+        let pool = [server(8, 0), advertised];
+        *last.lock().expect("lock") = None;
+        for _ in 0..10 {
+            *last.lock().expect("lock") = None;
+            assert_eq!(choose(&pool, &last).expect("a server").addr, pool[0].addr);
+        }
         // One server: always it.
         let one = [server(7, 0)];
         assert_eq!(choose(&one, &last).expect("a server").addr, one[0].addr);

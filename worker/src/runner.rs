@@ -166,8 +166,9 @@ pub(crate) async fn serve_tool(
 }
 
 /// Pull requests in a row that no server answered (each given up after
-/// [`PULL_ABANDON`]) after which a worker on a cluster moves to another NATS server.
-const MOVE_AFTER_SILENT_PULLS: u32 = 2;
+/// [`PULL_ABANDON`]) after which a worker on a cluster moves to another NATS server: more
+/// than a consumer leader's change swallows (a request held by a leader that steps down).
+const MOVE_AFTER_SILENT_PULLS: u32 = 3;
 
 async fn handle_job(shared: Arc<Shared>, tool: Arc<ServedTool>, message: jetstream::Message) {
     let message = Arc::new(message);
