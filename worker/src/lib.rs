@@ -82,6 +82,7 @@ use tokio_util::task::TaskTracker;
 use toolfleet_common::health::{connect_nats, start_process};
 use toolfleet_common::streams::{ensure_streams, EnsureStreamsError};
 use toolfleet_common::tool::{validate_tool_name, ToolNameError};
+use toolfleet_common::Names;
 use tracing::{info, warn};
 
 pub use config::{ConsumerMode, WorkerConfig};
@@ -211,23 +212,7 @@ pub async fn run_set(
     // Cancelled turns: followed before any job is taken.
     let cancellations = cancel::follow_cancelled(&nats, &names).await?;
     health.set_phase("connecting to Redis");
-    let redis = toolfleet_common::redis_client::connect(
-        &config.redis_url,
-        toolfleet_common::redis_client::RedisOptions::with_tls(config.redis_tls.clone()),
-    )
-    .await
-    .map_err(redis::RedisError::from)?;
-    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
-    let registration = Registration::new(
-        redis.clone(),
-        names.clone(),
-        config.worker_id.clone(),
-        &toolfleet_common::redis_client::RedisTarget::parse(&config.redis_url)
-            .map(|target| target.username())
-            .unwrap_or_default(),
-        &[],
-        ttl_ms,
-    )?;
+    let (redis, registration) = connect_registry(&config, &names).await?;
     let shared = Arc::new(Shared {
         nats: nats.clone(),
         js,
@@ -267,6 +252,50 @@ pub async fn run_set(
     loops.wait().await;
     drain_calls(&shared, &calls, grace_ends).await;
     heartbeat_stop.cancel();
+    withdraw(heartbeat, &nats, &names).await;
+    info!("worker stopped");
+    Ok(())
+}
+
+/// The Redis connection of `config` and the worker's registration in the tool registry
+/// (its liveness entries live 3 heartbeats).
+async fn connect_registry(
+    config: &WorkerConfig,
+    names: &Names,
+) -> Result<
+    (
+        toolfleet_common::redis_client::RedisConnection,
+        Registration,
+    ),
+    WorkerError,
+> {
+    let redis = toolfleet_common::redis_client::connect(
+        &config.redis_url,
+        toolfleet_common::redis_client::RedisOptions::with_tls(config.redis_tls.clone()),
+    )
+    .await
+    .map_err(redis::RedisError::from)?;
+    let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
+    let registration = Registration::new(
+        redis.clone(),
+        names.clone(),
+        config.worker_id.clone(),
+        &toolfleet_common::redis_client::RedisTarget::parse(&config.redis_url)
+            .map(|target| target.username())
+            .unwrap_or_default(),
+        &[],
+        ttl_ms,
+    )?;
+    Ok((redis, registration))
+}
+
+/// Once the heartbeat task has stopped: removes this worker's liveness entries, tells
+/// the coordinators (`registry.changed`) and flushes the connection.
+async fn withdraw(
+    heartbeat: tokio::task::JoinHandle<Registration>,
+    nats: &async_nats::Client,
+    names: &Names,
+) {
     if let Ok(mut registration) = heartbeat.await {
         if let Err(error) = registration.withdraw().await {
             warn!(%error, "could not withdraw from the registry");
@@ -274,8 +303,6 @@ pub async fn run_set(
     }
     let _ = nats.publish(names.registry_changed(), "".into()).await;
     let _ = tokio::time::timeout(Duration::from_secs(2), nats.flush()).await;
-    info!("worker stopped");
-    Ok(())
 }
 
 /// Checks `tool` (name usable, output schema compiles) and pairs it with its compiled
