@@ -198,17 +198,19 @@ impl Names {
     /// partition's JetStream subjects have a root of their own, so no partition's stream
     /// overlaps another's and partition 0 keeps the names of an unpartitioned fleet.
     fn in_partition(&self, partition: u32, kind: &str, parts: &[&str]) -> String {
-        let index = if partition == 0 {
-            String::new()
-        } else {
-            format!(".p{partition}")
-        };
-        let root: [&str; 2] = [&self.prefix, &index];
-        let mut all: Vec<&str> = Vec::with_capacity(3 + parts.len());
-        all.extend_from_slice(&root);
-        all.push(kind);
-        all.extend_from_slice(parts);
-        concat(&all)
+        // One allocation: these are built for every job and every result.
+        let parts_len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut name = String::with_capacity(self.prefix.len() + 12 + kind.len() + parts_len);
+        name.push_str(&self.prefix);
+        if partition > 0 {
+            use std::fmt::Write as _;
+            let _ = write!(name, ".p{partition}");
+        }
+        name.push_str(kind);
+        for part in parts {
+            name.push_str(part);
+        }
+        name
     }
 
     /// The partition of a partitioned subject and what follows its root (`.jobs.…`,

@@ -71,9 +71,10 @@ async fn ensure_in(
     let names = &replica.names;
     let wanted = tool_consumer_config(names, partition, definition, replica.config.tool_ack_wait);
     let durable = names.tool_consumer(&definition.name);
+    // Run every topology period for every tool and partition: no STREAM.INFO request.
     let stream = replica
         .js
-        .get_stream(names.jobs_stream_in(partition))
+        .get_stream_no_info(names.jobs_stream_in(partition))
         .await
         .map_err(|e| e.to_string())?;
     let info = match stream.consumer_info(&durable).await {
@@ -115,7 +116,7 @@ async fn ensure_in(
 }
 
 async fn create(
-    stream: &async_nats::jetstream::stream::Stream,
+    stream: &async_nats::jetstream::stream::Stream<()>,
     config: consumer::pull::Config,
 ) -> Result<consumer::Info, String> {
     let name = config.durable_name.clone().unwrap_or_default();

@@ -74,7 +74,7 @@ async fn sample_tool(replica: &Replica, definition: &ToolDefinition) -> Result<(
         }
         let Ok(stream) = replica
             .js
-            .get_stream(replica.names.jobs_stream_in(partition))
+            .get_stream_no_info(replica.names.jobs_stream_in(partition))
             .await
         else {
             continue;
