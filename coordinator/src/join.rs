@@ -576,6 +576,22 @@ impl JoinStore {
         result: &CallResult,
         state_event: &str,
     ) -> Result<Recorded, JoinError> {
+        let body = encode(result)?;
+        self.record_encoded(turn_id, call_key, result, body.as_bytes(), state_event)
+            .await
+    }
+
+    /// Records `result` under `call_key`, storing `body` as its JSON: the bytes a worker
+    /// published, which decoded as `result`, are stored as they came instead of being
+    /// encoded again.
+    pub async fn record_encoded(
+        &self,
+        turn_id: &str,
+        call_key: &str,
+        result: &CallResult,
+        body: &[u8],
+        state_event: &str,
+    ) -> Result<Recorded, JoinError> {
         let mut invocation = self.record.prepare_invoke();
         for key in self
             .keys(turn_id)
@@ -586,7 +602,7 @@ impl JoinStore {
         }
         invocation
             .arg(call_key)
-            .arg(encode(result)?)
+            .arg(body)
             .arg(unix_ms())
             .arg(&result.name)
             .arg(state_event);

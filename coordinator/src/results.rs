@@ -206,7 +206,9 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
         span: &consumer,
         tenant: &tenant,
     };
-    match try_record(replica, &turn_id, &key, result, traced).await {
+    // The worker's bytes decoded as `result`: they are stored as they came.
+    let body = Some(&message.payload[..]);
+    match try_record(replica, &turn_id, &key, result, body, traced).await {
         Ok(()) => {
             if let Err(error) = message.ack().await {
                 debug!(%error, "result ack failed; a duplicate will be ignored");
@@ -252,7 +254,7 @@ pub(crate) async fn record_result(
         span: &span,
         tenant,
     };
-    if let Err(error) = try_record(replica, turn_id, key, result, traced).await {
+    if let Err(error) = try_record(replica, turn_id, key, result, None, traced).await {
         warn!(%turn_id, %error, "recording a result failed");
     }
 }
@@ -272,33 +274,45 @@ async fn try_record(
     turn_id: &str,
     key: &str,
     result: CallResult,
+    body: Option<&[u8]>,
     traced: Traced<'_>,
 ) -> Result<(), JoinError> {
     replica
         .turns
         .gated(turn_id, |gate| {
-            record_and_report(replica, gate, turn_id, key, result, traced)
+            record_and_report(replica, gate, turn_id, key, result, body, traced)
         })
         .await
 }
 
 /// Records one result and publishes what follows. Results of one turn are recorded
-/// concurrently; the gate keeps each call's state before the turn's `final`.
+/// concurrently; the gate keeps each call's state before the turn's `final`. `body` is
+/// the result's JSON as received, stored instead of encoding `result` again.
 async fn record_and_report(
     replica: &Arc<Replica>,
     gate: Arc<TurnGate>,
     turn_id: &str,
     key: &str,
     result: CallResult,
+    body: Option<&[u8]>,
     traced: Traced<'_>,
 ) -> Result<(), JoinError> {
     let recording = gate.recording.read().await;
     let span = traced.span;
     let script = span.in_scope(|| trace::join_script("RECORD", turn_id, traced.tenant));
     let state = events::encode(&events::result_state(turn_id, &result)).unwrap_or_default();
-    let outcome = replica
-        .join
-        .record(turn_id, key, &result, &state)
+    let recording_call = async {
+        match body {
+            Some(body) => {
+                replica
+                    .join
+                    .record_encoded(turn_id, key, &result, body, &state)
+                    .await
+            }
+            None => replica.join.record(turn_id, key, &result, &state).await,
+        }
+    };
+    let outcome = recording_call
         .instrument(script)
         .instrument(span.clone())
         .await?;

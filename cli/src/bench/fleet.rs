@@ -68,7 +68,13 @@ pub struct Spec {
     /// Runtime worker threads of each process (`TOKIO_WORKER_THREADS`); `None`: one per
     /// CPU.
     pub threads: Option<usize>,
+    /// A command line each process runs under (`valgrind --tool=callgrind …`); empty:
+    /// none. A fleet under one gets [`WRAPPED_START_FACTOR`] times as long to start.
+    pub wrap: Vec<String>,
 }
+
+/// How many times longer than [`START_TIMEOUT`] a fleet under a `wrap` may take to start.
+const WRAPPED_START_FACTOR: u32 = 6;
 
 /// One child process.
 pub struct Node {
@@ -138,7 +144,14 @@ impl Env {
     }
 
     fn spawn(&self, prefix: &str, role: &'static str, index: usize, spec: &Spec) -> Result<Node> {
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = match spec.wrap.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(&self.exe);
+                cmd
+            }
+            None => Command::new(&self.exe),
+        };
         cmd.arg("--nats")
             .arg(&self.nats_url)
             .arg("--redis")
@@ -203,7 +216,12 @@ impl Env {
                 fleet.coordinator.pid
             ));
         }
-        self.wait_ready(&fleet.client, &fleet.names, spec.workers)
+        let within = if spec.wrap.is_empty() {
+            START_TIMEOUT
+        } else {
+            START_TIMEOUT * WRAPPED_START_FACTOR
+        };
+        self.wait_ready_within(&fleet.client, &fleet.names, spec.workers, within)
             .await?;
         Ok(fleet)
     }
@@ -216,14 +234,26 @@ impl Env {
         names: &Names,
         workers: usize,
     ) -> Result<()> {
-        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        self.wait_ready_within(client, names, workers, START_TIMEOUT)
+            .await
+    }
+
+    /// [`Env::wait_ready`], for at most `within`.
+    async fn wait_ready_within(
+        &self,
+        client: &FleetClient,
+        names: &Names,
+        workers: usize,
+        within: Duration,
+    ) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + within;
         loop {
             if self.is_ready(client, names, workers).await {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
                 bail!(
-                    "the fleet under prefix {} did not list {TOOLS:?} with {workers} live workers within {START_TIMEOUT:?}",
+                    "the fleet under prefix {} did not list {TOOLS:?} with {workers} live workers within {within:?}",
                     names.prefix()
                 );
             }

@@ -21,6 +21,7 @@
 
 mod fleet;
 mod http;
+mod instructions;
 mod openai;
 mod phases;
 mod progress;
@@ -82,9 +83,12 @@ pub enum Phase {
     /// scripted model server that answers at once: what the loop adds per round; needs
     /// PostgreSQL like `http`.
     Openai,
+    /// Instructions per turn of the coordinator, the worker and the client (turns of
+    /// the overhead phase) under valgrind's callgrind; skipped without valgrind.
+    Instructions,
 }
 
-const ALL_PHASES: [Phase; 9] = [
+const ALL_PHASES: [Phase; 10] = [
     Phase::Floor,
     Phase::Overhead,
     Phase::Throughput,
@@ -94,6 +98,7 @@ const ALL_PHASES: [Phase; 9] = [
     Phase::Http,
     Phase::Cancel,
     Phase::Openai,
+    Phase::Instructions,
 ];
 
 /// Arguments of `toolfleet bench`.
@@ -245,6 +250,7 @@ struct ModeReport {
     memory: Option<Measured<Memory>>,
     http: Option<Measured<http::Http>>,
     openai: Option<Measured<openai::Openai>>,
+    instructions: Option<Measured<instructions::Instructions>>,
 }
 
 /// Whether one configuration exports traces.
@@ -595,7 +601,14 @@ impl Stage<'_> {
                 report.openai = Some(self.openai().await?);
                 progress.done();
             }
-            Phase::Scaling | Phase::Memory | Phase::Http | Phase::Openai => {
+            Phase::Instructions if !attach => {
+                match instructions::unavailable() {
+                    Some(why) => progress.note(format_args!("  skipped: {why}")),
+                    None => report.instructions = Some(self.instructions().await?),
+                }
+                progress.done();
+            }
+            Phase::Scaling | Phase::Memory | Phase::Http | Phase::Openai | Phase::Instructions => {
                 progress.note("  skipped: needs a fleet the bench starts");
             }
         }
@@ -777,6 +790,31 @@ impl Stage<'_> {
         self.retire(&prefix, fleet, outcome).await
     }
 
+    /// The instructions phase: a fleet under callgrind, driven by two client runs.
+    async fn instructions(&self) -> Result<Measured<instructions::Instructions>> {
+        let prefix = self.prefix("instr");
+        let dir = crate::local::tempdir::Dir::new("callgrind")
+            .context("creating a folder for callgrind's files")?;
+        // One worker of eight slots, as in the overhead phase.
+        let spec = self.spec(1, 8);
+        let counted = instructions::count(self.env, &prefix, &spec, dir.path());
+        let m = measured(self.sink, self.mode, counted).await;
+        self.env.cleanup(&prefix).await;
+        m
+    }
+
+    /// How to start a fleet of `workers` workers of `concurrency` slots each in this
+    /// configuration.
+    fn spec(&self, workers: usize, concurrency: usize) -> Spec {
+        Spec {
+            workers,
+            worker_concurrency: concurrency,
+            otlp: (self.mode == Mode::On).then(|| self.sink.endpoint()),
+            threads: self.plan.node_threads,
+            wrap: Vec::new(),
+        }
+    }
+
     /// A fresh prefix for `name` in this configuration, remembered for cleanup.
     fn prefix(&self, name: &str) -> String {
         self.env.prefix(&format!("{name}_{}", self.mode.tag()))
@@ -791,12 +829,7 @@ impl Stage<'_> {
         concurrency: usize,
     ) -> Result<(String, Fleet)> {
         let prefix = self.prefix(name);
-        let spec = Spec {
-            workers,
-            worker_concurrency: concurrency,
-            otlp: (self.mode == Mode::On).then(|| self.sink.endpoint()),
-            threads: self.plan.node_threads,
-        };
+        let spec = self.spec(workers, concurrency);
         let fleet = self.env.start(&prefix, &spec).await?;
         Ok((prefix, fleet))
     }

@@ -275,6 +275,62 @@ pub struct Overhead {
     pub last_done: Summary,
     /// `turn.p50_ms` over the floor's p50.
     pub floor_multiple_p50: f64,
+    /// Where the slowest turns lose their time, stage by stage.
+    pub tail: Tail,
+}
+
+/// The stages of a turn (submit → `ack`, `ack` → first `running`, → first terminal
+/// state, → last terminal state, → `final`), mean ms over the turns at or below the
+/// median and over the slowest 1 % (at or above p99): which stage the tail comes from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Tail {
+    /// The stages' names, in order.
+    pub stages: [&'static str; 5],
+    /// Mean ms of each stage over the turns at or below the median.
+    pub typical_ms: [f64; 5],
+    /// Mean ms of each stage over the turns at or above p99.
+    pub slowest_ms: [f64; 5],
+    /// How many turns each mean is over.
+    pub turns: [usize; 2],
+}
+
+impl Tail {
+    const STAGES: [&'static str; 5] = ["ack", "first running", "first done", "last done", "final"];
+
+    /// From each turn's event times since submit: ack, first running, first done, last
+    /// done, final.
+    fn from_turns(turns: &[[Duration; 5]]) -> Self {
+        let mut by_final: Vec<&[Duration; 5]> = turns.iter().collect();
+        by_final.sort_unstable_by_key(|t| t[4]);
+        let n = by_final.len();
+        let median = n.div_ceil(2);
+        let p99 = (n * 99)
+            .div_ceil(100)
+            .saturating_sub(1)
+            .min(n.saturating_sub(1));
+        let mean = |group: &[&[Duration; 5]]| -> [f64; 5] {
+            let mut out = [0.0; 5];
+            for (i, slot) in out.iter_mut().enumerate() {
+                let total: f64 = group
+                    .iter()
+                    .map(|t| {
+                        let before = if i == 0 { Duration::ZERO } else { t[i - 1] };
+                        t[i].saturating_sub(before).as_secs_f64() * 1000.0
+                    })
+                    .sum();
+                *slot = stats::round3(total / group.len().max(1) as f64);
+            }
+            out
+        };
+        let typical = &by_final[..median];
+        let slowest = &by_final[p99.min(n)..];
+        Self {
+            stages: Self::STAGES,
+            typical_ms: mean(typical),
+            slowest_ms: mean(slowest),
+            turns: [typical.len(), slowest.len()],
+        }
+    }
 }
 
 /// Runs `warmup` then up to `turns` turns one after another, for at most `cap`.
@@ -292,7 +348,9 @@ pub async fn overhead(
     let mut first_running = Latencies::default();
     let mut first_done = Latencies::default();
     let mut last_done = Latencies::default();
+    let mut events = Vec::with_capacity(turns);
     let failed = one_after_another(client, &decision, warmup, turns, Some(cap), progress, |t| {
+        events.push([t.ack, t.first_running, t.first_done, t.last_done, t.fin]);
         fin.push(t.fin);
         ack.push(t.ack);
         first_running.push(t.first_running);
@@ -317,6 +375,7 @@ pub async fn overhead(
         first_running: first_running.summary(),
         first_done: first_done.summary(),
         last_done: last_done.summary(),
+        tail: Tail::from_turns(&events),
     })
 }
 
@@ -344,6 +403,9 @@ pub struct Throughput {
     pub cpu_ms_per_turn: BTreeMap<String, f64>,
     /// CPUs busy on average inside the window, over every process watched.
     pub cpus_busy: f64,
+    /// Peak resident memory (`VmHWM`) of each kind of process at the end of the run,
+    /// the largest of a kind's processes, MiB.
+    pub peak_rss_mib: BTreeMap<String, f64>,
 }
 
 /// Processes whose CPU time is watched, by kind.
@@ -354,6 +416,17 @@ fn cpu_by_kind(probe: &Probe) -> BTreeMap<String, f64> {
     for (kind, pid) in probe {
         if let Some(s) = stats::cpu_seconds(*pid) {
             *out.entry(kind.clone()).or_insert(0.0) += s;
+        }
+    }
+    out
+}
+
+fn peak_rss_by_kind(probe: &Probe) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for (kind, pid) in probe {
+        if let Some(r) = stats::rss(*pid) {
+            let peak = out.entry(kind.clone()).or_insert(0.0_f64);
+            *peak = peak.max(r.hwm_mib);
         }
     }
     out
@@ -453,6 +526,7 @@ pub async fn closed_loop(
         turn: all.summary(),
         cpu_ms_per_turn,
         cpus_busy,
+        peak_rss_mib: peak_rss_by_kind(probe),
     })
 }
 
@@ -768,4 +842,22 @@ pub async fn memory(fleet: &Fleet, turns: usize, sleep_ms: u64) -> Result<Memory
         submit_seconds,
         failed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_is_split_into_stages() {
+        let ms = Duration::from_millis;
+        // 99 turns of 1 ms per stage, one turn whose dispatch (ack → running) took 20 ms.
+        let mut turns = vec![[ms(1), ms(2), ms(3), ms(4), ms(5)]; 99];
+        turns.push([ms(1), ms(21), ms(22), ms(23), ms(24)]);
+        let tail = Tail::from_turns(&turns);
+        // At or above p99 of 100 turns: the 99th (nearest rank) and the 100th.
+        assert_eq!(tail.turns, [50, 2]);
+        assert_eq!(tail.typical_ms, [1.0; 5]);
+        assert_eq!(tail.slowest_ms, [1.0, 10.5, 1.0, 1.0, 1.0]);
+    }
 }

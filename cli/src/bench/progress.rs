@@ -145,7 +145,11 @@ pub fn stages(phases: &[Phase], modes: &[Mode], plan: &Plan, attach: bool) -> u6
     let per_mode: usize = phases
         .iter()
         .map(|phase| match phase {
-            Phase::Scaling | Phase::Memory | Phase::Http | Phase::Openai if attach => 0,
+            Phase::Scaling | Phase::Memory | Phase::Http | Phase::Openai | Phase::Instructions
+                if attach =>
+            {
+                0
+            }
             Phase::Scaling => plan.scaling_workers.len(),
             _ => 1,
         })
@@ -187,10 +191,10 @@ mod tests {
     fn stages_count_phases_modes_and_worker_counts() {
         let plan = plan(&["--quick"]);
         let both = [Mode::Off, Mode::On];
-        // Nine phases, the scaling phase four times (1, 2, 4, 8 workers), in two modes.
-        assert_eq!(stages(&ALL_PHASES, &both, &plan, false), 24);
+        // Ten phases, the scaling phase four times (1, 2, 4, 8 workers), in two modes.
+        assert_eq!(stages(&ALL_PHASES, &both, &plan, false), 26);
         assert_eq!(stages(&[Phase::Overhead], &both, &plan, false), 2);
-        // Attached: one mode, and no scaling, memory, http or openai phase.
+        // Attached: one mode, and no scaling, memory, http, openai or instructions phase.
         assert_eq!(stages(&ALL_PHASES, &[Mode::Attached], &plan, true), 5);
         let plan = self::plan(&["--workers", "2,4"]);
         assert_eq!(stages(&[Phase::Scaling], &[Mode::On], &plan, false), 2);

@@ -7,6 +7,7 @@
 
 use serde::Serialize;
 
+use super::instructions::Instructions;
 use super::phases::{Floor, Memory, Overhead, Parallel, Throughput};
 use super::stats::{Machine, Summary};
 use super::{Measured, ModeReport, Plan};
@@ -54,8 +55,13 @@ struct Goal {
     bound: Bound,
 }
 
+/// Instructions per turn of the coordinator, the worker and the client together, traced,
+/// before the allocator and formatting changes (docs/BENCHMARKS.md): the yardstick's
+/// starting point.
+const INSTRUCTIONS_BEFORE: f64 = 2_968_792.0;
+
 /// The targets, in the order they are reported.
-const GOALS: [Goal; 9] = [
+const GOALS: [Goal; 10] = [
     Goal {
         target: "overhead p50 at concurrency 1 (3 no-op calls), ms",
         goal: "≤ 1 ms with tracing on",
@@ -119,6 +125,17 @@ const GOALS: [Goal; 9] = [
             })
         },
         bound: Bound::AtMost(0.0),
+    },
+    Goal {
+        target: "instructions per turn, coordinator + worker + client (3 no-op calls), millions",
+        goal: "≤ 1.930 (−35 % from 2.969)",
+        figure: |r| {
+            r.instructions
+                .as_ref()
+                .and_then(|m| m.figures.per_turn.get("all"))
+                .map(|all| (*all as f64 / 1_000.0).round() / 1_000.0)
+        },
+        bound: Bound::AtMost(INSTRUCTIONS_BEFORE * 0.65 / 1_000_000.0),
     },
 ];
 
@@ -308,6 +325,7 @@ fn figures_table(plan: &Plan, reports: &[ModeReport]) -> Table {
     memory_rows(&mut t, plan, reports);
     http_rows(&mut t, reports);
     openai_rows(&mut t, reports);
+    instructions_rows(&mut t, reports);
     row(
         &mut t,
         reports,
@@ -370,6 +388,18 @@ fn overhead_rows(t: &mut Table, reports: &[ModeReport]) {
                         ms(f.first_done.p50_ms),
                         ms(f.last_done.p50_ms)
                     )
+                },
+            ),
+            (
+                "stage ms, mean of turns ≤ p50 → of turns ≥ p99: ack / running / 1st done / last done / final",
+                |m| {
+                    let t = &m.figures.tail;
+                    t.typical_ms
+                        .iter()
+                        .zip(t.slowest_ms.iter())
+                        .map(|(a, b)| format!("{} → {}", ms(*a), ms(*b)))
+                        .collect::<Vec<_>>()
+                        .join(" / ")
                 },
             ),
             ("p50 as a multiple of the floor", |m| {
@@ -490,6 +520,10 @@ fn throughput_rows(t: &mut Table, plan: &Plan, reports: &[ModeReport]) {
                 "CPU ms per turn: coordinator / worker / nats-server / redis / bench client",
                 |m| cpu_per_turn(&m.figures),
             ),
+            (
+                "peak RSS MiB: coordinator / worker / nats-server / redis / bench client",
+                |m| per_process(&m.figures.peak_rss_mib, f1),
+            ),
             ("CPUs busy (of the processes above)", |m| {
                 format!("{:.2}", m.figures.cpus_busy)
             }),
@@ -506,7 +540,15 @@ fn throughput_rows(t: &mut Table, plan: &Plan, reports: &[ModeReport]) {
 
 /// CPU ms per turn of the coordinator, worker, nats-server, redis and bench client.
 fn cpu_per_turn(figures: &Throughput) -> String {
-    let cpu = &figures.cpu_ms_per_turn;
+    per_process(&figures.cpu_ms_per_turn, |v| format!("{v:.3}"))
+}
+
+/// A figure of the coordinator, worker, nats-server, redis and bench client, each
+/// written by `show`.
+fn per_process(
+    figures: &std::collections::BTreeMap<String, f64>,
+    show: fn(f64) -> String,
+) -> String {
     [
         "coordinator",
         "worker",
@@ -516,8 +558,9 @@ fn cpu_per_turn(figures: &Throughput) -> String {
     ]
     .iter()
     .map(|k| {
-        cpu.get(*k)
-            .map_or_else(|| "—".to_string(), |v| format!("{v:.3}"))
+        figures
+            .get(*k)
+            .map_or_else(|| "—".to_string(), |v| show(*v))
     })
     .collect::<Vec<_>>()
     .join(" / ")
@@ -628,6 +671,49 @@ fn memory_rows(t: &mut Table, plan: &Plan, reports: &[ModeReport]) {
     );
 }
 
+/// Adds the instructions phase's rows: instructions per turn of each process.
+fn instructions_rows(t: &mut Table, reports: &[ModeReport]) {
+    phase_rows::<Instructions>(
+        t,
+        reports,
+        "instructions: 3 × test.noop, concurrency 1, under callgrind",
+        |r| r.instructions.as_ref(),
+        &[
+            (
+                "instructions per turn: coordinator / worker / client / all",
+                |m| {
+                    ["coordinator", "worker", "client", "all"]
+                        .iter()
+                        .map(|k| {
+                            m.figures
+                                .per_turn
+                                .get(k)
+                                .map_or_else(|| "—".to_string(), |v| thousands(*v))
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" / ")
+                },
+            ),
+            ("turns of the short / long client run", |m| {
+                format!("{} / {}", m.figures.turns[0], m.figures.turns[1])
+            }),
+        ],
+    );
+}
+
+/// `n` with a comma between groups of three digits.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The table of the targets, each configuration's figure and whether it is met.
 fn targets_table(reports: &[ModeReport]) -> Table {
     let mut goals_header = header("target", "goal", reports);
@@ -654,6 +740,14 @@ fn targets_table(reports: &[ModeReport]) -> Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thousands_are_grouped() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(2_308_960), "2,308,960");
+    }
 
     #[test]
     fn tables_pad_columns() {
