@@ -26,7 +26,8 @@ use crate::turn::{
 
 /// Silence after which a stream asks again: it resubmits a turn not yet accepted, or
 /// attaches to an accepted one from the last `seq` it holds. Doubles up to
-/// [`PROBE_MAX`] while nothing arrives.
+/// [`PROBE_MAX`] while nothing arrives, and stays at this once an accepted turn is past
+/// its deadline (its `final` is due).
 pub const PROBE_START: Duration = Duration::from_millis(1000);
 
 /// Longest silence between two probes of a stream.
@@ -571,9 +572,13 @@ impl TurnStream {
                         // then wait longer before the next ask.
                         let moved = self.move_if_cut_off().await;
                         let _ = self.ask().await;
-                        self.probe = match moved {
-                            true => PROBE_START,
-                            false => (self.probe * 2).min(PROBE_MAX),
+                        // Silence is normal while calls run; past the deadline the
+                        // `final` is due, and a probe that found no route (a partition
+                        // healing) is repeated at once rather than 4 s later.
+                        self.probe = if moved || self.overdue() {
+                            PROBE_START
+                        } else {
+                            (self.probe * 2).min(PROBE_MAX)
                         };
                     }
                     continue;
@@ -608,6 +613,11 @@ impl TurnStream {
                 }
             }
         }
+    }
+
+    /// Whether the turn was accepted and its deadline has passed: its `final` is due.
+    fn overdue(&self) -> bool {
+        self.accepted() && self.started.elapsed() >= self.deadline
     }
 
     /// When the silence would have lasted longer than a healthy turn allows:

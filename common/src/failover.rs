@@ -16,6 +16,14 @@ use std::time::Duration;
 /// Least time between two moves of one connection to another server.
 pub const FAILOVER_SPACING: Duration = Duration::from_secs(5);
 
+/// How long [`Failover::claim_if_cut_off`] waits for the cluster to answer through this
+/// server.
+pub const CUT_OFF_PROBE: Duration = Duration::from_secs(1);
+
+/// How long an answer through this server keeps [`Failover::claim_if_cut_off`] from
+/// asking again.
+const ANSWER_HOLDS: Duration = Duration::from_secs(1);
+
 /// Grants moves of one connection: at most one per [`FAILOVER_SPACING`], and never when
 /// no other server is known. Clones share the spacing.
 #[derive(Debug, Clone)]
@@ -25,6 +33,9 @@ pub struct Failover {
     /// several of its own addresses, so they do not count).
     pub(crate) clustered: bool,
     last: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// When the cluster last answered a probe through this server; held while one
+    /// probe runs, so concurrent callers ask once.
+    answered: Arc<tokio::sync::Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl Failover {
@@ -33,6 +44,7 @@ impl Failover {
         Self {
             clustered: several_urls || nats.server_info().cluster.is_some(),
             last: Default::default(),
+            answered: Default::default(),
         }
     }
 
@@ -55,6 +67,86 @@ impl Failover {
         }
         *last = Some(tokio::time::Instant::now());
         true
+    }
+
+    /// Whether [`Failover::claim`] would grant a move now, without claiming it.
+    fn may_claim(&self) -> bool {
+        self.clustered
+            && !self
+                .last
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|at| at.elapsed() < FAILOVER_SPACING)
+    }
+
+    /// Claims a move when this server seems cut off from its cluster: JetStream through
+    /// it does not describe any of `streams` within [`CUT_OFF_PROBE`]. A failing publish
+    /// or a silent pull may instead be one stream's or consumer's leader being elected
+    /// again (the fault is then the same on every server, and moving would only drop
+    /// the connection's subscriptions for a while); any of the streams answering says
+    /// the server still reaches a majority. Concurrent callers share one probe, and an
+    /// answer holds for a second.
+    pub async fn claim_if_cut_off(
+        &self,
+        js: &async_nats::jetstream::Context,
+        streams: &[String],
+    ) -> bool {
+        if !self.may_claim() {
+            return false;
+        }
+        let mut answered = self.answered.lock().await;
+        if answered.is_some_and(|at| at.elapsed() < ANSWER_HOLDS) || !self.may_claim() {
+            return false;
+        }
+        if cluster_answers(js, streams).await {
+            *answered = Some(tokio::time::Instant::now());
+            return false;
+        }
+        self.claim()
+    }
+}
+
+/// Whether JetStream describes any of `streams` within [`CUT_OFF_PROBE`].
+async fn cluster_answers(js: &async_nats::jetstream::Context, streams: &[String]) -> bool {
+    if streams.is_empty() {
+        return false;
+    }
+    let asks = streams
+        .iter()
+        .map(|name| Box::pin(async move { js.get_stream(name).await.map(|_| ()).map_err(|_| ()) }));
+    matches!(
+        tokio::time::timeout(CUT_OFF_PROBE, futures::future::select_ok(asks)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Why [`publish_within`] sent nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishWithinError {
+    /// The connection's outgoing queue stayed full for this long: it is down
+    /// (reconnecting, or moving to another server).
+    #[error("the NATS connection took nothing for {0:?} (reconnecting)")]
+    QueueFull(Duration),
+    /// The client refused the message (an invalid subject, a payload over the limit).
+    #[error(transparent)]
+    Publish(#[from] async_nats::PublishError),
+}
+
+/// Publishes `payload` on `subject` unless the connection's outgoing queue stays full for
+/// `wait`. While a connection is down nothing drains that queue (2,048 commands), and a
+/// plain publish waits for the reconnection: seconds while a cut-off server is left.
+/// For best-effort sends that must not hold up their caller, such as a turn's events,
+/// which are stored before they are sent and replayed on attach. Nothing is sent when it
+/// gives up (a queued send is not taken back).
+pub async fn publish_within(
+    nats: &async_nats::Client,
+    subject: String,
+    payload: bytes::Bytes,
+    wait: Duration,
+) -> Result<(), PublishWithinError> {
+    match tokio::time::timeout(wait, nats.publish(subject, payload)).await {
+        Ok(sent) => Ok(sent?),
+        Err(_) => Err(PublishWithinError::QueueFull(wait)),
     }
 }
 

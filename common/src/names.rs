@@ -367,6 +367,13 @@ impl Names {
         self.stream_in(partition, "_RESULTS")
     }
 
+    /// Every stream of every partition: the jobs and the results stream of each.
+    pub fn all_streams(&self) -> Vec<String> {
+        (0..self.partitions())
+            .flat_map(|k| [self.jobs_stream_in(k), self.results_stream_in(k)])
+            .collect()
+    }
+
     fn stream_in(&self, partition: u32, kind: &str) -> String {
         let mut name = self.prefix.to_uppercase();
         name.push_str(kind);
@@ -560,6 +567,15 @@ mod tests {
         assert_eq!(n.jobs_stream_in(0), "FLEET_JOBS");
         assert_eq!(n.jobs_stream_in(5), "FLEET_JOBS_P5");
         assert_eq!(n.results_stream_in(5), "FLEET_RESULTS_P5");
+        assert_eq!(
+            Names::new("fleet").with_partitions(2).all_streams(),
+            [
+                "FLEET_JOBS",
+                "FLEET_RESULTS",
+                "FLEET_JOBS_P1",
+                "FLEET_RESULTS_P1"
+            ]
+        );
         for k in [0, 1, 7, 15] {
             assert_eq!(
                 n.job_subject_partition(&n.job_subject_in(k, "a.b")),

@@ -15,12 +15,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use toolfleet_common::turn::{
     turn_codes, valid_turn_id, CancelOutcome, CancelReply, CancelRequest,
 };
 use tracing::{debug, warn};
 
 use crate::callers::Caller;
+use crate::events;
 use crate::finalize::{finish, TurnEnd};
 use crate::join::Cancelled;
 use crate::startup::Replica;
@@ -57,7 +59,7 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
         Ok(Cancelled::Ended(closing)) => {
             // Workers first: running calls stop while the final is being built.
             let notice = replica.names.turn_cancelled(&turn_id);
-            if let Err(error) = replica.nats.publish(notice, "".into()).await {
+            if let Err(error) = events::send(&replica, notice, Bytes::new()).await {
                 debug!(%turn_id, %error, "cancel notice to workers not sent");
             }
             let end = TurnEnd::Cancelled {

@@ -203,9 +203,11 @@ const REPUBLISH_DELAYS: [Duration; 4] = [
 /// duplicate and stored once) or the turn's deadline would pass: after the delays,
 /// once a second. This rides through a stream leader change (a new leader is elected
 /// within seconds on a cluster) or a short NATS restart. When the publish still fails
-/// after [`MOVE_AFTER_ATTEMPTS`] tries on a cluster, the replica's connection moves to
-/// another server (`Failover`): its own may be cut off, or have rejoined with a
-/// JetStream that answers "no stream found" until it catches up.
+/// after [`MOVE_AFTER_ATTEMPTS`] tries on a cluster and no stream is described through
+/// the replica's server either, its connection moves to another server (`Failover`):
+/// its own may be cut off, or have rejoined with a JetStream that answers "no stream
+/// found" until it catches up. A publish failing while the other streams answer is one
+/// stream electing a leader, and moving would not help.
 async fn publish_again(
     replica: &Replica,
     job: &JobEnvelope,
@@ -219,7 +221,12 @@ async fn publish_again(
         .chain(std::iter::repeat(last))
         .enumerate()
     {
-        if attempt >= MOVE_AFTER_ATTEMPTS && replica.failover.claim() {
+        if attempt >= MOVE_AFTER_ATTEMPTS
+            && replica
+                .failover
+                .claim_if_cut_off(&replica.js, &replica.names.all_streams())
+                .await
+        {
             info!(turn_id = %job.turn_id, %error, "job publishes keep failing through this NATS server; moving to another");
             if let Err(move_error) = replica.nats.force_reconnect().await {
                 warn!(error = %move_error, "could not move to another NATS server");

@@ -7,12 +7,20 @@
 //! for notices) and the small constructors of events several steps send. Every event of
 //! a stored turn is stored in the turn's event list before it is sent (`join.rs`), so a
 //! publish that is lost is only a gap the frontend fills by attaching; sending is core
-//! NATS, fire-and-forget, and never changes a turn's state.
+//! NATS, fire-and-forget, and never changes a turn's state. Nor does it hold a turn up:
+//! while the NATS connection is down its outgoing queue fills and a publish would wait
+//! for the reconnection; an event that finds no room within [`PUBLISH_WAIT`] is dropped
+//! (logged) and the step that sent it goes on, so a turn's `final` is stored on time
+//! and any coordinator can replay it.
 //!
 //! Never decides *what* to say or *when*: the step that owns the moment does (`intake`
 //! the ack, `results` a call's state, `progress` a relayed `running`, `finalize` the
 //! narration and `final`, `attach` a replay). Never publishes a job (`dispatch.rs` does).
 
+use std::time::Duration;
+
+use bytes::Bytes;
+use toolfleet_common::failover::{publish_within, PublishWithinError};
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::turn::with_seq;
 use toolfleet_common::{CallError, CallResult, CallState, TurnEvent};
@@ -20,6 +28,21 @@ use tracing::warn;
 
 use crate::join::Emitted;
 use crate::startup::Replica;
+
+/// The longest an event or notice waits for room in the connection's outgoing queue.
+/// The queue (2,048 commands) drains in microseconds while the connection is up; it
+/// fills only while the connection is down.
+pub(crate) const PUBLISH_WAIT: Duration = Duration::from_millis(250);
+
+/// Publishes `body` on `subject`, waiting at most [`PUBLISH_WAIT`] for the connection
+/// to take it.
+pub(crate) async fn send(
+    replica: &Replica,
+    subject: String,
+    body: Bytes,
+) -> Result<(), PublishWithinError> {
+    publish_within(&replica.nats, subject, body, PUBLISH_WAIT).await
+}
 
 /// The JSON an event is stored and sent as (without its `seq`); `None` (logged) if it
 /// does not serialize.
@@ -42,7 +65,7 @@ pub(crate) async fn publish_stored(
 ) {
     for (seq, event) in (first_seq..).zip(events) {
         let body = with_seq(event.as_bytes(), seq);
-        if let Err(error) = replica.nats.publish(reply.to_string(), body.into()).await {
+        if let Err(error) = send(replica, reply.to_string(), body.into()).await {
             warn!(%error, seq, "event publish failed; the frontend fills the gap by attaching");
         }
     }
@@ -51,7 +74,7 @@ pub(crate) async fn publish_stored(
 /// Sends the `error` of a request whose turn was never stored (no `seq`).
 pub(crate) async fn publish_unstored(replica: &Replica, reply: &str, event: &TurnEvent) {
     let Some(body) = encode(event) else { return };
-    if let Err(error) = replica.nats.publish(reply.to_string(), body.into()).await {
+    if let Err(error) = send(replica, reply.to_string(), body.into()).await {
         warn!(%error, kind = event.kind(), "event publish failed");
     }
 }
@@ -83,7 +106,7 @@ pub(crate) async fn emit(
 pub(crate) async fn notify_ended(replica: &Replica, turn_id: &str) {
     if let Ok(body) = serde_json::to_vec(&ProgressNotice::Ended) {
         let subject = replica.names.ended_subject(turn_id);
-        if let Err(error) = replica.nats.publish(subject, body.into()).await {
+        if let Err(error) = send(replica, subject, body.into()).await {
             warn!(%error, %turn_id, "progress notice publish failed");
         }
     }

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use futures::StreamExt;
 use serde_json::json;
 use toolfleet_tests::fleet::{call, Fleet};
 use toolfleet_tests::{free_port, http_get, metric_value, wait_http_status};
@@ -85,5 +86,99 @@ async fn the_fleet_serves_again_after_nats_restarts_with_an_empty_store() -> Res
         &["kind=\"consumer\""],
     );
     assert!(recreated.unwrap_or(0.0) >= 1.0, "{text}");
+    Ok(())
+}
+
+/// A best-effort publish (a turn's events) never waits for a reconnection: while the
+/// connection is down its outgoing queue fills, and `publish_within` gives up after its
+/// bound instead of waiting as a plain publish does; once the server is back it sends
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_publish_gives_up_while_the_connection_is_down() -> Result<()> {
+    use toolfleet_common::failover::{publish_within, PublishWithinError};
+    use toolfleet_tests::NatsServer;
+
+    let mut nats = NatsServer::start().await?;
+    let client = async_nats::connect(nats.url()).await?;
+    let wait = Duration::from_millis(100);
+    let body = bytes::Bytes::from_static(b"event");
+    publish_within(&client, "bounded.x".into(), body.clone(), wait).await?;
+
+    nats.kill().await;
+    // Queued at once until the queue is full, then one that gives up after `wait`.
+    let mut gave_up = None;
+    for queued in 0..20_000 {
+        let started = Instant::now();
+        match publish_within(&client, "bounded.x".into(), body.clone(), wait).await {
+            Ok(()) => continue,
+            Err(PublishWithinError::QueueFull(bound)) => {
+                gave_up = Some((queued, started.elapsed(), bound));
+                break;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    let (queued, took, bound) = gave_up.context("the queue never filled while NATS was down")?;
+    assert_eq!(bound, wait);
+    assert!(queued > 0, "the first publishes are queued");
+    assert!(
+        took >= wait && took < wait + Duration::from_secs(1),
+        "gave up after {took:?}, bound {wait:?}"
+    );
+
+    nats.restart().await?;
+    let listener = async_nats::connect(nats.url()).await?;
+    let mut heard = listener.subscribe("bounded.back").await?;
+    listener.flush().await?;
+    let back = async {
+        loop {
+            let _ = publish_within(&client, "bounded.back".into(), body.clone(), wait).await;
+            if let Ok(Some(_)) =
+                tokio::time::timeout(Duration::from_millis(200), heard.next()).await
+            {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), back)
+        .await
+        .context("publishes did not reach the server after it came back")?;
+    Ok(())
+}
+
+/// A process moves off its NATS server only when JetStream through it describes none of
+/// the fleet's streams: a stream that answers says the server still reaches the
+/// cluster, and the failure was one stream's or consumer's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_is_claimed_only_when_no_stream_is_described_through_the_server() -> Result<()> {
+    use toolfleet_common::failover::Failover;
+    use toolfleet_tests::NatsServer;
+
+    let nats = NatsServer::start().await?;
+    let client = async_nats::connect(nats.url()).await?;
+    let js = async_nats::jetstream::new(client.clone());
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: "PROBED".into(),
+        subjects: vec!["probed.>".into()],
+        ..Default::default()
+    })
+    .await?;
+    // As if several servers were configured: moves may be claimed.
+    let failover = Failover::of(&client, true);
+    let some = ["GONE".to_string(), "PROBED".to_string()];
+    assert!(
+        !failover.claim_if_cut_off(&js, &some).await,
+        "one stream answers: no move"
+    );
+    let none = ["GONE".to_string(), "NEVER".to_string()];
+    tokio::time::sleep(Duration::from_millis(1100)).await; // past the held answer
+    assert!(
+        failover.claim_if_cut_off(&js, &none).await,
+        "no stream answers: a move"
+    );
+    assert!(
+        !failover.claim_if_cut_off(&js, &none).await,
+        "moves are spaced"
+    );
     Ok(())
 }

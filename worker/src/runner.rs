@@ -149,9 +149,16 @@ pub(crate) async fn serve_tool(
         }
         // Pulls that no server answers, not even with their expiry, one after another:
         // this worker's NATS server may be cut off from the cluster (it keeps the
-        // connection and swallows the requests). Move to another server of the cluster.
+        // connection and swallows the requests). Move to another server of the cluster,
+        // unless the streams are still described through it (the consumer's leader is
+        // being elected again: every server would be as silent).
         silent_pulls = if abandoned { silent_pulls + 1 } else { 0 };
-        if silent_pulls >= MOVE_AFTER_SILENT_PULLS && shared.failover.claim() {
+        if silent_pulls >= MOVE_AFTER_SILENT_PULLS
+            && shared
+                .failover
+                .claim_if_cut_off(&shared.js, &shared.names.all_streams())
+                .await
+        {
             info!(
                 tool = %tool.borrow().tool.definition().name,
                 silent_pulls,

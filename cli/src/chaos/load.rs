@@ -73,8 +73,16 @@ pub enum Ending {
         second_final: JoinHandle<bool>,
     },
     /// Neither `final` nor `error` by deadline + patience.
-    Lost,
+    Lost {
+        /// Reads the turn's events for [`LOST_WATCH`] more; submit → the `final` or
+        /// `error` that came after all, if one did.
+        later: JoinHandle<Option<Duration>>,
+    },
 }
+
+/// How long a lost turn's events are still read, to tell a turn whose `final` came
+/// after the patience from one that never got it.
+pub const LOST_WATCH: Duration = Duration::from_secs(30);
 
 /// One turn's record.
 #[derive(Debug)]
@@ -218,7 +226,24 @@ async fn follow(
     TurnRecord {
         turn_id,
         acked,
-        ending: Ending::Lost,
+        ending: Ending::Lost {
+            later: tokio::spawn(ended_later(stream, submitted)),
+        },
+    }
+}
+
+/// Reads a lost turn's events for [`LOST_WATCH`]; submit → its `final` or `error`, if
+/// one comes.
+async fn ended_later(mut stream: TurnStream, submitted: Instant) -> Option<Duration> {
+    let until = Instant::now() + LOST_WATCH;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match stream.next_event(left).await {
+            Ok(TurnEvent::Final(_) | TurnEvent::Error { .. }) => return Some(submitted.elapsed()),
+            Ok(_) => {}
+            Err(error) if error.kind() == ClientErrorKind::Decode => {}
+            Err(_) => return None,
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::load::{Ending, TurnRecord};
+use super::load::{Ending, TurnRecord, LOST_WATCH};
 use super::Fault;
 use crate::bench::stats::{round3, Latencies, Summary};
 
@@ -37,6 +37,11 @@ pub struct FaultReport {
     pub finals: usize,
     /// Turns with neither `final` nor `error` by deadline + patience.
     pub lost: usize,
+    /// Of the lost turns, those whose `final` or `error` came within the following
+    /// 30 s (`LOST_WATCH`): late beyond the patience rather than never ended.
+    pub lost_then_ended: usize,
+    /// Submit → that late `final` or `error` of each such turn, ms.
+    pub lost_ended_after_ms: Vec<u64>,
     /// Turns whose `final` came later than deadline + the late threshold.
     pub late: usize,
     /// Submissions that failed, or turns whose `error` said unavailable or retryable.
@@ -88,9 +93,14 @@ impl FaultReport {
                 Ending::Error { code } => {
                     *report.errors_by_code.entry(code).or_default() += 1;
                 }
-                Ending::Lost => {
+                Ending::Lost { later } => {
                     report.lost += 1;
                     push_id(&mut report.lost_turn_ids, &record.turn_id);
+                    let ended = tokio::time::timeout(LOST_WATCH + SECOND_FINAL_WAIT, later).await;
+                    if let Ok(Ok(Some(after))) = ended {
+                        report.lost_then_ended += 1;
+                        report.lost_ended_after_ms.push(after.as_millis() as u64);
+                    }
                 }
                 Ending::Final {
                     latency,
@@ -134,17 +144,18 @@ fn push_id(ids: &mut Vec<String>, id: &str) {
 pub fn table(reports: &[FaultReport], late_after: Duration) -> String {
     let late = format!("late (> deadline + {} s)", late_after.as_secs_f64());
     let mut out = format!(
-        "| fault | kills | turns | accepted | lost | {late} | refused at submit | counted twice | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "| fault | kills | turns | accepted | lost (ended within 30 s more) | {late} | refused at submit | counted twice | p50 ms | p99 ms |\n|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for r in reports {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.1} |",
+            "| {} | {} | {} | {} | {} ({}) | {} | {} | {} | {:.1} | {:.1} |",
             r.fault,
             r.kills,
             r.turns,
             r.accepted,
             r.lost,
+            r.lost_then_ended,
             r.late,
             r.refused,
             r.counted_twice,
