@@ -106,14 +106,26 @@ impl Failover {
     }
 }
 
-/// Whether JetStream describes any of `streams` within [`CUT_OFF_PROBE`].
+/// A replica of a stream not heard from by its leader for this long is not counted as
+/// reached (its Raft group sends heartbeats every second).
+const PEER_SILENT: Duration = Duration::from_secs(3);
+
+/// Whether JetStream describes any of `streams` within [`CUT_OFF_PROBE`] with a leader
+/// that reaches a majority of the stream's copies. A server cut off from its cluster
+/// may still lead a stream and describe it (nats-server 2.9 keeps a minority leader),
+/// but its replicas then go unheard.
 async fn cluster_answers(js: &async_nats::jetstream::Context, streams: &[String]) -> bool {
     if streams.is_empty() {
         return false;
     }
-    let asks = streams
-        .iter()
-        .map(|name| Box::pin(async move { js.get_stream(name).await.map(|_| ()).map_err(|_| ()) }));
+    let asks = streams.iter().map(|name| {
+        Box::pin(async move {
+            match js.get_stream(name).await {
+                Ok(stream) if leads_a_majority(stream.cached_info().cluster.as_ref()) => Ok(()),
+                _ => Err(()),
+            }
+        })
+    });
     matches!(
         tokio::time::timeout(CUT_OFF_PROBE, futures::future::select_ok(asks)).await,
         Ok(Ok(_))
@@ -148,6 +160,25 @@ pub async fn publish_within(
         Ok(sent) => Ok(sent?),
         Err(_) => Err(PublishWithinError::QueueFull(wait)),
     }
+}
+
+/// Whether a stream's leader reaches more than half of its copies (itself included):
+/// a replica counts when it is current, not offline and heard from within
+/// [`PEER_SILENT`]. A stream of one copy (or a server outside a cluster) always does.
+fn leads_a_majority(cluster: Option<&async_nats::jetstream::stream::ClusterInfo>) -> bool {
+    let Some(cluster) = cluster else { return true };
+    if cluster.replicas.is_empty() {
+        return true;
+    }
+    if cluster.leader.is_none() {
+        return false;
+    }
+    let reached = cluster
+        .replicas
+        .iter()
+        .filter(|p| p.current && !p.offline && p.active < PEER_SILENT)
+        .count();
+    (1 + reached) * 2 > 1 + cluster.replicas.len()
 }
 
 /// `options` choosing the server of every connection and reconnection themselves: the
@@ -191,6 +222,35 @@ fn choose(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cluster(json: serde_json::Value) -> async_nats::jetstream::stream::ClusterInfo {
+        serde_json::from_value(json).expect("cluster info")
+    }
+
+    #[test]
+    fn a_leader_counts_only_with_a_majority_of_replicas_heard_from() {
+        let peer = |current: bool, active_ms: u64| serde_json::json!({"name": "n", "current": current, "active": active_ms * 1_000_000});
+        // Leader and both replicas heard: majority; one replica heard: 2 of 3.
+        let both =
+            cluster(serde_json::json!({"leader": "a", "replicas": [peer(true, 5), peer(true, 9)]}));
+        assert!(leads_a_majority(Some(&both)));
+        let one = cluster(
+            serde_json::json!({"leader": "a", "replicas": [peer(true, 5), peer(true, 60_000)]}),
+        );
+        assert!(leads_a_majority(Some(&one)));
+        // A leader cut off from both replicas (unheard for a minute, or not current).
+        let cut = cluster(
+            serde_json::json!({"leader": "a", "replicas": [peer(true, 60_000), peer(false, 5)]}),
+        );
+        assert!(!leads_a_majority(Some(&cut)));
+        // No leader; a single copy; a server outside a cluster.
+        let leaderless = cluster(serde_json::json!({"replicas": [peer(true, 5), peer(true, 5)]}));
+        assert!(!leads_a_majority(Some(&leaderless)));
+        assert!(leads_a_majority(Some(&cluster(
+            serde_json::json!({"leader": "a"})
+        ))));
+        assert!(leads_a_majority(None));
+    }
 
     fn server(port: u16, failed_attempts: usize) -> async_nats::Server {
         async_nats::Server {
