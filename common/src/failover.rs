@@ -80,12 +80,12 @@ impl Failover {
     }
 
     /// Claims a move when this server seems cut off from its cluster: JetStream through
-    /// it does not describe any of `streams` within [`CUT_OFF_PROBE`]. A failing publish
-    /// or a silent pull may instead be one stream's or consumer's leader being elected
-    /// again (the fault is then the same on every server, and moving would only drop
-    /// the connection's subscriptions for a while); any of the streams answering says
-    /// the server still reaches a majority. Concurrent callers share one probe, and an
-    /// answer holds for a second.
+    /// it describes none of `streams` within [`CUT_OFF_PROBE`] with a leader that
+    /// reaches a majority of the stream's replicas. A failing publish or a silent pull
+    /// may instead be one stream's or consumer's leader being elected again (the fault
+    /// is then the same on every server, and moving would only drop the connection's
+    /// subscriptions for a while). Concurrent callers share one probe, and an answer
+    /// holds for a second.
     pub async fn claim_if_cut_off(
         &self,
         js: &async_nats::jetstream::Context,

@@ -65,8 +65,16 @@ pub(crate) async fn publish_stored(
 ) {
     for (seq, event) in (first_seq..).zip(events) {
         let body = with_seq(event.as_bytes(), seq);
-        if let Err(error) = send(replica, reply.to_string(), body.into()).await {
-            warn!(%error, seq, "event publish failed; the frontend fills the gap by attaching");
+        match send(replica, reply.to_string(), body.into()).await {
+            Ok(()) => {}
+            // The connection is down: the events after it would wait as long.
+            Err(error @ PublishWithinError::QueueFull(_)) => {
+                warn!(%error, seq, "event publish failed; the frontend fills the gap by attaching");
+                return;
+            }
+            Err(error) => {
+                warn!(%error, seq, "event publish failed; the frontend fills the gap by attaching");
+            }
         }
     }
 }
