@@ -132,12 +132,14 @@ async fn client_run(
     }
     let status = cmd.status().await.context("running the client")?;
     if !status.success() {
-        let tail = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = tail.lines().rev().take(10).collect();
-        bail!(
-            "the {name} client run failed ({status}): {}",
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        );
+        // The client's own error line, not the backtrace after it.
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let error = text
+            .lines()
+            .find(|l| l.starts_with("Error:"))
+            .or_else(|| text.lines().find(|l| !l.trim().is_empty()))
+            .unwrap_or("no output");
+        bail!("the {name} client run failed ({status}): {error}");
     }
     let turns = turns_in(&report)?;
     let client = summary(&single_file(dir, &tag)?)?;

@@ -308,7 +308,12 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
         let servers = Servers::external(nats.urls(), redis.url(), started);
         _clusters = Some((nats, redis));
         servers
-    } else if args.given_servers || args.attach {
+    } else if args.attach {
+        // The attached fleet is on these servers: never private ones in their place
+        // (a slow answer would measure nothing); the connections below fail if they are
+        // down.
+        Servers::external(nats_url.to_string(), redis_url.to_string(), Vec::new())
+    } else if args.given_servers {
         Servers::start(nats_url, redis_url).await?
     } else {
         Servers::private().await?
