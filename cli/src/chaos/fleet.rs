@@ -24,8 +24,9 @@ use toolfleet_cli::cluster::{NatsCluster, RedisCluster};
 
 /// The tool the chaos turns call.
 pub const TOOL: &str = "test.behave";
-/// How long a fleet may take to list the tool with every worker alive.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a fleet may take to list the tool with every worker alive (a fresh pair of
+/// clusters and a debug build on two busy cores have taken over 30 s).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a restarted server may take to listen again.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -287,12 +288,16 @@ impl ChaosFleet {
         let mut redis =
             toolfleet_common::redis_client::connect(redis_url, Default::default()).await?;
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-        while live_workers(&mut redis, names, TOOL)
-            .await
-            .is_none_or(|n| n < workers)
-        {
+        loop {
+            let alive = live_workers(&mut redis, names, TOOL).await;
+            if alive.is_some_and(|n| n >= workers) {
+                break;
+            }
             if tokio::time::Instant::now() >= deadline {
-                bail!("{workers} workers did not come alive within {START_TIMEOUT:?}");
+                let seen = alive.map_or("none readable".to_string(), |n| n.to_string());
+                bail!(
+                    "{workers} workers did not come alive within {START_TIMEOUT:?} (alive: {seen})"
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
