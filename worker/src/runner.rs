@@ -98,7 +98,7 @@ pub(crate) async fn serve_tool(
             .expires(PULL_EXPIRES)
             .messages()
             .await;
-        let mut batch = match batch {
+        let batch = match batch {
             Ok(b) => {
                 failures = 0;
                 b
@@ -115,61 +115,74 @@ pub(crate) async fn serve_tool(
         };
         // A batch is read to its end even after shutdown: its jobs were handed to this
         // worker, so they run (within the grace period) instead of waiting for redelivery.
-        // A pull request the server lost (restarted, consumer recreated) never ends on its
-        // own: past its expiry the batch is given up and a new one asked for.
-        let mut abandoned = false;
-        loop {
-            let next = match tokio::time::timeout(PULL_ABANDON, batch.next()).await {
-                Ok(Some(next)) => next,
-                Ok(None) => break,
-                Err(_) => {
-                    abandoned = true;
-                    break;
-                }
-            };
-            match next {
-                Ok(message) => {
-                    let Some(permit) = reserved.split(1) else {
-                        warn!("job beyond the requested batch size; handing it back");
-                        let _ = message.ack_with(AckKind::Nak(None)).await;
-                        continue;
-                    };
-                    let shared = Arc::clone(&shared);
-                    let tool = Arc::clone(&tool.borrow());
-                    tracker.spawn(async move {
-                        handle_job(shared, tool, message).await;
-                        drop(permit);
-                    });
-                }
-                Err(error) => {
-                    debug!(%error, "batch ended with an error");
-                    break;
-                }
-            }
-        }
-        // Pulls that no server answers, not even with their expiry, one after another:
-        // this worker's NATS server may be cut off from the cluster (it keeps the
-        // connection and swallows the requests). Move to another server of the cluster,
-        // unless the streams are still described through it (the consumer's leader is
-        // being elected again: every server would be as silent).
+        let abandoned = run_batch(&shared, &tool, batch, reserved, &tracker).await;
         silent_pulls = if abandoned { silent_pulls + 1 } else { 0 };
-        if silent_pulls >= MOVE_AFTER_SILENT_PULLS
-            && shared
-                .failover
-                .claim_if_cut_off(&shared.js, &shared.names.all_streams())
-                .await
-        {
-            info!(
-                tool = %tool.borrow().tool.definition().name,
-                silent_pulls,
-                "no NATS server answers this worker's pulls; moving to another server"
-            );
+        if silent_pulls >= MOVE_AFTER_SILENT_PULLS && move_if_cut_off(&shared, &tool).await {
             silent_pulls = 0;
-            if let Err(error) = shared.nats.force_reconnect().await {
-                warn!(%error, "could not move to another NATS server");
+        }
+    }
+}
+
+/// Hands every job of `batch` to a task of its own on `tracker`, each with one permit of
+/// `reserved`, until the batch ends. A pull request the server lost (restarted, consumer
+/// recreated) never ends on its own: past [`PULL_ABANDON`] the batch is given up.
+/// Whether it was given up so (no server answered the pull, not even with its expiry).
+async fn run_batch(
+    shared: &Arc<Shared>,
+    tool: &watch::Receiver<Arc<ServedTool>>,
+    mut batch: async_nats::jetstream::consumer::pull::Batch,
+    mut reserved: tokio::sync::OwnedSemaphorePermit,
+    tracker: &TaskTracker,
+) -> bool {
+    loop {
+        let next = match tokio::time::timeout(PULL_ABANDON, batch.next()).await {
+            Ok(Some(next)) => next,
+            Ok(None) => return false,
+            Err(_) => return true,
+        };
+        match next {
+            Ok(message) => {
+                let Some(permit) = reserved.split(1) else {
+                    warn!("job beyond the requested batch size; handing it back");
+                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    continue;
+                };
+                let shared = Arc::clone(shared);
+                let tool = Arc::clone(&tool.borrow());
+                tracker.spawn(async move {
+                    handle_job(shared, tool, message).await;
+                    drop(permit);
+                });
+            }
+            Err(error) => {
+                debug!(%error, "batch ended with an error");
+                return false;
             }
         }
     }
+}
+
+/// After pulls that no server answered, one after another: this worker's NATS server
+/// may be cut off from the cluster (it keeps the connection and swallows the requests).
+/// Moves the connection to another server of the cluster, unless the streams are still
+/// described through it (the consumer's leader is being elected again: every server
+/// would be as silent). Whether it moved.
+async fn move_if_cut_off(shared: &Shared, tool: &watch::Receiver<Arc<ServedTool>>) -> bool {
+    if !shared
+        .failover
+        .claim_if_cut_off(&shared.js, &shared.names.all_streams())
+        .await
+    {
+        return false;
+    }
+    info!(
+        tool = %tool.borrow().tool.definition().name,
+        "no NATS server answers this worker's pulls; moving to another server"
+    );
+    if let Err(error) = shared.nats.force_reconnect().await {
+        warn!(%error, "could not move to another NATS server");
+    }
+    true
 }
 
 /// Pull requests in a row that no server answered (each given up after
