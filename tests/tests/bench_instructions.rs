@@ -13,8 +13,21 @@ use toolfleet_tests::fleet::checkout_cli;
 /// Bound of the whole run: a fleet starting under callgrind and two client runs.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Whether `program` is an executable on `PATH`.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bench_counts_instructions_per_turn_of_each_process() -> Result<()> {
+    // Without valgrind the bench skips the phase; say what to install instead.
+    for program in ["valgrind", "callgrind_control"] {
+        anyhow::ensure!(
+            on_path(program),
+            "{program} is needed for the bench's instruction counts: apt-get install -y valgrind"
+        );
+    }
     let toolfleet = checkout_cli().await?;
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("bench.json");
