@@ -45,6 +45,8 @@ pub mod keep_errors;
 pub mod mcp;
 pub mod metrics;
 pub mod names;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod oversize;
 #[cfg(feature = "redis")]
 pub mod ready;

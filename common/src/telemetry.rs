@@ -236,24 +236,69 @@ pub fn tracer_provider(
     Ok(Some(builder.with_resource(resource(config)).build()))
 }
 
-/// The OTLP span exporter for `protocol`.
+/// The OTLP span exporter for `protocol`: HTTP/protobuf through [`crate::otlp`] (bodies
+/// written straight from the spans), gRPC through `opentelemetry-otlp`.
 #[cfg(feature = "otlp")]
-fn span_exporter(
-    protocol: OtlpProtocol,
-) -> Result<opentelemetry_otlp::SpanExporter, TelemetryError> {
-    let builder = opentelemetry_otlp::SpanExporter::builder();
-    let built = match protocol {
-        OtlpProtocol::HttpProtobuf => builder.with_http().build(),
-        #[cfg(feature = "otlp-grpc")]
-        OtlpProtocol::Grpc => builder.with_tonic().build(),
-        #[cfg(not(feature = "otlp-grpc"))]
-        OtlpProtocol::Grpc => {
-            return Err(TelemetryError::Config(
-                "OTLP over gRPC needs the otlp-grpc feature".into(),
-            ))
+fn span_exporter(protocol: OtlpProtocol) -> Result<SpanExport, TelemetryError> {
+    match protocol {
+        OtlpProtocol::HttpProtobuf => {
+            crate::otlp::HttpSpanExporter::new(crate::otlp::HttpExportConfig::from_env())
+                .map(SpanExport::Http)
+                .map_err(|e| TelemetryError::Exporter(e.to_string()))
         }
-    };
-    built.map_err(|e| TelemetryError::Exporter(e.to_string()))
+        #[cfg(feature = "otlp-grpc")]
+        OtlpProtocol::Grpc => opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+            .map(SpanExport::Grpc)
+            .map_err(|e| TelemetryError::Exporter(e.to_string())),
+        #[cfg(not(feature = "otlp-grpc"))]
+        OtlpProtocol::Grpc => Err(TelemetryError::Config(
+            "OTLP over gRPC needs the otlp-grpc feature".into(),
+        )),
+    }
+}
+
+/// The span exporter of the configured OTLP transport.
+#[cfg(feature = "otlp")]
+#[derive(Debug)]
+enum SpanExport {
+    Http(crate::otlp::HttpSpanExporter),
+    #[cfg(feature = "otlp-grpc")]
+    Grpc(opentelemetry_otlp::SpanExporter),
+}
+
+#[cfg(feature = "otlp")]
+impl opentelemetry_sdk::trace::SpanExporter for SpanExport {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        match self {
+            Self::Http(e) => e.export(batch).await,
+            #[cfg(feature = "otlp-grpc")]
+            Self::Grpc(e) => e.export(batch).await,
+        }
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        match self {
+            Self::Http(e) => e.shutdown_with_timeout(timeout),
+            #[cfg(feature = "otlp-grpc")]
+            Self::Grpc(e) => e.shutdown_with_timeout(timeout),
+        }
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        match self {
+            Self::Http(e) => e.set_resource(resource),
+            #[cfg(feature = "otlp-grpc")]
+            Self::Grpc(e) => e.set_resource(resource),
+        }
+    }
 }
 
 /// Adds the OTLP span exporter of `config` to `builder`: through [`KeepErrors`]
@@ -336,6 +381,10 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             .with_location(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
+            // Parents and trace context are taken from the tracing spans themselves;
+            // nothing reads `opentelemetry::Context::current()`, so entering a span
+            // does not attach its context.
+            .with_context_activation(false)
             .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
     });
     let meter_provider = meter_provider(config)?;
