@@ -16,8 +16,9 @@
 use std::fmt;
 
 use async_nats::HeaderMap;
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider as _,
+};
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -472,37 +473,110 @@ pub fn render_prometheus(registry: &prometheus::Registry) -> String {
 
 // ----- trace context in NATS headers ------------------------------------------------
 
-struct HeaderInjector<'a>(&'a mut HeaderMap);
+fn traceparent_name() -> async_nats::header::HeaderName {
+    async_nats::header::HeaderName::from_static(crate::names::HEADER_TRACEPARENT)
+}
 
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        // The propagator's keys are fixed names (`traceparent`, `tracestate`).
-        if let Ok(value) = value.parse::<async_nats::header::HeaderValue>() {
-            if let Ok(name) = key.parse::<async_nats::header::HeaderName>() {
-                self.0.insert(name, value);
-            }
-        }
+fn tracestate_name() -> async_nats::header::HeaderName {
+    async_nats::header::HeaderName::from_static(crate::names::HEADER_TRACESTATE)
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 0xf)] as char);
     }
 }
 
-struct HeaderExtractor<'a>(&'a HeaderMap);
+/// The W3C `traceparent` value (version `00`) of `sc`: only the sampled flag is kept.
+fn traceparent_value(sc: &SpanContext) -> String {
+    let mut out = String::with_capacity(55);
+    out.push_str("00-");
+    push_hex(&mut out, &sc.trace_id().to_bytes());
+    out.push('-');
+    push_hex(&mut out, &sc.span_id().to_bytes());
+    out.push('-');
+    push_hex(
+        &mut out,
+        &[(sc.trace_flags() & TraceFlags::SAMPLED).to_u8()],
+    );
+    out
+}
 
-impl Extractor for HeaderExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(|v| v.as_str())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.iter().map(|(k, _)| k.as_ref()).collect()
+fn hex_value(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
     }
 }
 
-/// Writes `span`'s W3C trace context (`traceparent`, `tracestate`) into `headers`.
-/// Does nothing when the span is not recorded by OpenTelemetry.
+/// Lowercase hex digits into bytes.
+fn parse_hex<const N: usize>(hex: &[u8]) -> Option<[u8; N]> {
+    if hex.len() != N * 2 {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in hex.chunks_exact(2).enumerate() {
+        out[i] = hex_value(pair[0])? << 4 | hex_value(pair[1])?;
+    }
+    Some(out)
+}
+
+/// Parses a W3C `traceparent` (trace context level 1): `version-trace_id-parent_id-flags`
+/// in lowercase hex, version `ff` invalid, version `00` exactly 55 characters, a later
+/// version at least 55 with a `-` after the flags; an all-zero trace or span id is
+/// invalid. Flags other than sampled are dropped.
+pub fn parse_traceparent(value: &str) -> Option<(TraceId, SpanId, TraceFlags)> {
+    let b = value.trim().as_bytes();
+    if b.len() < 55 || b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+        return None;
+    }
+    let [version] = parse_hex::<1>(&b[..2])?;
+    match version {
+        0xff => return None,
+        0 if b.len() != 55 => return None,
+        _ if b.len() > 55 && b[55] != b'-' => return None,
+        _ => {}
+    }
+    let trace = TraceId::from_bytes(parse_hex::<16>(&b[3..35])?);
+    let span = SpanId::from_bytes(parse_hex::<8>(&b[36..52])?);
+    let [flags] = parse_hex::<1>(&b[53..55])?;
+    if trace == TraceId::INVALID || span == SpanId::INVALID {
+        return None;
+    }
+    Some((trace, span, TraceFlags::new(flags) & TraceFlags::SAMPLED))
+}
+
+/// The remote context a `traceparent` (and `tracestate`) describe, if valid.
+fn remote_context(traceparent: &str, tracestate: Option<&str>) -> Option<opentelemetry::Context> {
+    let (trace, span, flags) = parse_traceparent(traceparent)?;
+    let state = tracestate
+        .filter(|s| !s.trim().is_empty())
+        .and_then(|s| s.parse::<TraceState>().ok())
+        .unwrap_or_default();
+    let sc = SpanContext::new(trace, span, flags, true, state);
+    Some(opentelemetry::Context::new().with_remote_span_context(sc))
+}
+
+/// Writes `span`'s W3C trace context (`traceparent`, and `tracestate` when it has
+/// entries) into `headers`. Does nothing when the span is not recorded by
+/// OpenTelemetry.
 pub fn inject_span(span: &tracing::Span, headers: &mut HeaderMap) {
     let cx = span.context();
-    if cx.span().span_context().is_valid() {
-        TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
+    let otel_span = cx.span();
+    let sc = otel_span.span_context();
+    if !sc.is_valid() {
+        return;
+    }
+    headers.insert(traceparent_name(), traceparent_value(sc));
+    let state = sc.trace_state().header();
+    if !state.is_empty() {
+        if let Ok(value) = state.parse::<async_nats::header::HeaderValue>() {
+            headers.insert(tracestate_name(), value);
+        }
     }
 }
 
@@ -511,12 +585,15 @@ pub fn inject_current(headers: &mut HeaderMap) {
     inject_span(&tracing::Span::current(), headers);
 }
 
-/// The remote parent carried in `headers` (an empty context when absent).
+/// The remote parent carried in `headers` (an empty context when absent or invalid).
 pub fn extract(headers: Option<&HeaderMap>) -> opentelemetry::Context {
-    match headers {
-        Some(h) => TraceContextPropagator::new().extract(&HeaderExtractor(h)),
-        None => opentelemetry::Context::new(),
-    }
+    headers
+        .and_then(|h| {
+            let parent = h.get(traceparent_name())?;
+            let state = h.get(tracestate_name()).map(|v| v.as_str());
+            remote_context(parent.as_str(), state)
+        })
+        .unwrap_or_default()
 }
 
 /// Parents `span` under the context carried in `headers`, when there is one.
@@ -536,11 +613,10 @@ pub fn trace_id(span: &tracing::Span) -> Option<String> {
 
 /// The W3C `traceparent` of `span`, when it is recorded.
 pub fn traceparent(span: &tracing::Span) -> Option<String> {
-    let mut headers = HeaderMap::new();
-    inject_span(span, &mut headers);
-    headers
-        .get(crate::names::HEADER_TRACEPARENT)
-        .map(|v| v.to_string())
+    let cx = span.context();
+    let otel_span = cx.span();
+    let sc = otel_span.span_context();
+    sc.is_valid().then(|| traceparent_value(sc))
 }
 
 /// Parents the consumer span `span` of a message: under the turn span named in
@@ -555,9 +631,10 @@ pub fn set_consumer_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
     let producer_cx = extract(Some(headers));
     let producer = producer_cx.span().span_context().clone();
     let turn = headers
-        .get(crate::names::HEADER_TURN_TRACEPARENT)
-        .map(|_| TraceContextPropagator::new().extract(&TurnExtractor(headers)))
-        .filter(|cx| cx.span().span_context().is_valid());
+        .get(async_nats::header::HeaderName::from_static(
+            crate::names::HEADER_TURN_TRACEPARENT,
+        ))
+        .and_then(|v| remote_context(v.as_str(), None));
     match turn {
         Some(turn) => {
             let _ = span.set_parent(turn);
@@ -569,25 +646,6 @@ pub fn set_consumer_parent(span: &tracing::Span, headers: Option<&HeaderMap>) {
             let _ = span.set_parent(producer_cx);
         }
         None => {}
-    }
-}
-
-/// The turn's context a message carries under [`crate::names::HEADER_TURN_TRACEPARENT`],
-/// read as if it were the message's `traceparent` (and without a `tracestate`).
-struct TurnExtractor<'a>(&'a HeaderMap);
-
-impl Extractor for TurnExtractor<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        if key != crate::names::HEADER_TRACEPARENT {
-            return None;
-        }
-        self.0
-            .get(crate::names::HEADER_TURN_TRACEPARENT)
-            .map(|v| v.as_str())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        vec![crate::names::HEADER_TRACEPARENT]
     }
 }
 
@@ -645,12 +703,11 @@ pub fn record_exception(span: &tracing::Span, kind: &str, message: &str) {
     );
 }
 
-/// Parents `span` under a stored `traceparent`.
+/// Parents `span` under a stored `traceparent` (an invalid one parents nothing).
 pub fn set_parent_from_traceparent(span: &tracing::Span, traceparent: &str) {
-    let mut headers = HeaderMap::new();
-    // A stored value with a line break (a poisoned turn) parents nothing.
-    crate::headers::set(&mut headers, crate::names::HEADER_TRACEPARENT, traceparent);
-    set_remote_parent(span, Some(&headers));
+    if let Some(cx) = remote_context(traceparent, None) {
+        let _ = span.set_parent(cx);
+    }
 }
 
 // ----- JSON log lines with trace ids ------------------------------------------------
@@ -879,5 +936,79 @@ mod tests {
             "4bf92f3577b34da6a3ce929d0e0e4736"
         );
         assert!(!extract(None).span().span_context().is_valid());
+    }
+
+    #[test]
+    fn traceparent_parsing_follows_the_w3c_rules_as_the_sdk_does() {
+        use opentelemetry::propagation::TextMapPropagator;
+        let sdk = |tp: &str, ts: Option<&str>| {
+            let mut map = std::collections::HashMap::new();
+            map.insert("traceparent".to_string(), tp.to_string());
+            if let Some(ts) = ts {
+                map.insert("tracestate".to_string(), ts.to_string());
+            }
+            let cx = TraceContextPropagator::new().extract(&map);
+            let sc = cx.span().span_context().clone();
+            sc.is_valid().then_some(sc)
+        };
+        let ours = |tp: &str, ts: Option<&str>| {
+            remote_context(tp, ts).map(|cx| cx.span().span_context().clone())
+        };
+        for tp in [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09",
+            " 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 ",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-the-future-holds",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e47zz-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "",
+        ] {
+            for ts in [None, Some("vendor=abc,other=x-1"), Some("")] {
+                assert_eq!(ours(tp, ts), sdk(tp, ts), "{tp:?} {ts:?}");
+            }
+        }
+        // The SDK accepts ids and flags shorter than the standard's; they are refused here.
+        assert!(ours("00-4bf92f-00f067aa0ba902b7-01", None).is_none());
+        assert!(ours(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0\r",
+            None
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn injected_context_is_the_span_context_and_reads_back() {
+        use opentelemetry::trace::TracerProvider as _;
+        use tracing_subscriber::layer::SubscriberExt;
+        let provider = SdkTracerProvider::builder().build();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("producer");
+            let mut headers = HeaderMap::new();
+            inject_span(&span, &mut headers);
+            let cx = span.context();
+            let otel_span = cx.span();
+            let sc = otel_span.span_context();
+            let expected = format!("00-{}-{}-01", sc.trace_id(), sc.span_id());
+            assert_eq!(
+                headers
+                    .get(crate::names::HEADER_TRACEPARENT)
+                    .map(|v| v.as_str()),
+                Some(expected.as_str())
+            );
+            assert_eq!(traceparent(&span).as_deref(), Some(expected.as_str()));
+            // An empty trace state is not sent.
+            assert!(headers.get(crate::names::HEADER_TRACESTATE).is_none());
+            let back = extract(Some(&headers));
+            assert_eq!(back.span().span_context().span_id(), sc.span_id());
+            assert!(back.span().span_context().is_remote());
+        });
     }
 }
