@@ -18,11 +18,17 @@ use crate::JobEnvelope;
 pub fn set(headers: &mut HeaderMap, name: &'static str, value: &str) -> bool {
     match value.parse::<HeaderValue>() {
         Ok(value) => {
-            headers.insert(name, value);
+            headers.insert(self::name(name), value);
             true
         }
         Err(_) => false,
     }
+}
+
+/// A header name from a constant, without the validation and copy a `&str` name costs
+/// at every lookup.
+pub fn name(name: &'static str) -> async_nats::header::HeaderName {
+    async_nats::header::HeaderName::from_static(name)
 }
 
 /// The ids a job and its result carry: turn, call, message id and tenant.

@@ -43,7 +43,7 @@ impl JobEnvelope {
 
 /// The JetStream de-duplication id of a call's job.
 pub fn job_msg_id(turn_id: &str, call_id: &str) -> String {
-    format!("{turn_id}.{call_id}")
+    crate::names::concat(&[turn_id, ".", call_id])
 }
 
 /// A core NATS notice on `<prefix>.progress.<turn_id>`.

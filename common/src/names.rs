@@ -404,7 +404,7 @@ impl Names {
                 c => c,
             })
             .collect();
-        format!("tool_{safe}")
+        concat(&["tool_", &safe])
     }
 
     // ----- Redis ---------------------------------------------------------------------
@@ -540,7 +540,8 @@ pub mod spans {
 }
 
 /// `parts` joined, allocated once: the names built for every turn and call.
-fn concat(parts: &[&str]) -> String {
+/// `parts` joined into one allocation (cheaper than `format!` on hot paths).
+pub fn concat(parts: &[&str]) -> String {
     let mut name = String::with_capacity(parts.iter().map(|p| p.len()).sum());
     for part in parts {
         name.push_str(part);

@@ -267,7 +267,7 @@ fn publish_span(
 ) -> tracing::Span {
     let span = info_span!(
         "publish",
-        otel.name = format!("{} {subject}", spans::PUBLISH).as_str(),
+        otel.name = toolfleet_common::names::concat(&[spans::PUBLISH, " ", subject]).as_str(),
         otel.kind = "producer",
         messaging.system = "nats",
         messaging.operation.name = spans::PUBLISH,

@@ -66,7 +66,7 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
         let turn_id = message
             .headers
             .as_ref()
-            .and_then(|h| h.get(HEADER_TURN_ID))
+            .and_then(|h| h.get(toolfleet_common::headers::name(HEADER_TURN_ID)))
             .map(|v| v.to_string());
         let message = format!(
             "this coordinator follows {max} turns, its limit (TOOLFLEET_MAX_TURNS_IN_PROGRESS); nothing was stored, retry after {OVERLOADED_RETRY_MS} ms"
@@ -131,7 +131,7 @@ fn decode(
     let mut request: TurnRequest = serde_json::from_slice(&message.payload).map_err(|error| {
         let headers = message.headers.as_ref();
         let turn_id = headers
-            .and_then(|h| h.get(HEADER_TURN_ID))
+            .and_then(|h| h.get(toolfleet_common::headers::name(HEADER_TURN_ID)))
             .map(|v| v.to_string());
         (turn_id, invalid(format!("not a turn request: {error}")))
     })?;

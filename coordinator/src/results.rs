@@ -199,7 +199,7 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
     let tenant = message
         .headers
         .as_ref()
-        .and_then(|h| h.get(HEADER_TENANT_ID))
+        .and_then(|h| h.get(toolfleet_common::headers::name(HEADER_TENANT_ID)))
         .map(|v| v.to_string())
         .unwrap_or_default();
     let traced = Traced {

@@ -16,7 +16,7 @@ use opentelemetry::trace::{SpanKind, Status};
 use opentelemetry::KeyValue;
 use serde::{Deserialize, Serialize};
 use toolfleet_common::deferred::DeferredSpan;
-use toolfleet_common::names::{spans, HEADER_TENANT_ID};
+use toolfleet_common::names::{concat, spans, HEADER_TENANT_ID};
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::{canonical_tool_name, provider_tool_name};
 use toolfleet_common::{CallError, Summary};
@@ -168,11 +168,11 @@ pub(crate) fn result_received(
     turn_id: &str,
 ) -> tracing::Span {
     let tenant = headers
-        .and_then(|h| h.get(HEADER_TENANT_ID))
+        .and_then(|h| h.get(toolfleet_common::headers::name(HEADER_TENANT_ID)))
         .map(|v| v.to_string());
     let span = info_span!(
         "process",
-        otel.name = format!("{} {template}", spans::PROCESS).as_str(),
+        otel.name = concat(&[spans::PROCESS, " ", template]).as_str(),
         otel.kind = "consumer",
         messaging.system = "nats",
         messaging.operation.name = spans::PROCESS,
@@ -196,13 +196,14 @@ pub(crate) fn result_received(
 /// A CLIENT span around one of the join's Lua scripts (`CREATE`, `RECORD`,
 /// `FINALIZE`), a child of the current span.
 pub(crate) fn join_script(script: &'static str, turn_id: &str, tenant: &str) -> tracing::Span {
+    let name = concat(&["EVALSHA ", script]);
     info_span!(
         "redis",
-        otel.name = format!("EVALSHA {script}").as_str(),
+        otel.name = name.as_str(),
         otel.kind = "client",
         db.system.name = "redis",
         db.operation.name = "EVALSHA",
-        db.query.summary = format!("EVALSHA {script}").as_str(),
+        db.query.summary = name.as_str(),
         toolfleet.turn.id = turn_id,
         toolfleet.tenant.id = tenant,
         error.type = tracing::field::Empty,

@@ -20,7 +20,7 @@ use tokio_util::task::TaskTracker;
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::metrics::FleetMetrics;
-use toolfleet_common::names::{spans, HEADER_TURN_TRACEPARENT};
+use toolfleet_common::names::{concat, spans, HEADER_TURN_TRACEPARENT};
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names};
@@ -233,7 +233,7 @@ fn process_span(
 ) -> tracing::Span {
     let span = info_span!(
         "process",
-        otel.name = format!("{} {}", spans::PROCESS, message.subject).as_str(),
+        otel.name = concat(&[spans::PROCESS, " ", &message.subject]).as_str(),
         otel.kind = "consumer",
         messaging.system = "nats",
         messaging.operation.name = spans::PROCESS,
@@ -478,7 +478,7 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 fn execute_span(def: &toolfleet_common::ToolDefinition, job: &JobEnvelope) -> tracing::Span {
     let span = info_span!(
         "execute_tool",
-        otel.name = format!("{} {}", spans::EXECUTE_TOOL, def.name).as_str(),
+        otel.name = concat(&[spans::EXECUTE_TOOL, " ", &def.name]).as_str(),
         otel.kind = "internal",
         gen_ai.operation.name = spans::EXECUTE_TOOL,
         gen_ai.tool.name = def.name.as_str(),
@@ -557,7 +557,9 @@ async fn finish(
     let job_headers = message.headers.as_ref();
     for attempt in 1..=RESULT_PUBLISH_ATTEMPTS {
         let mut headers = toolfleet_common::headers::call_headers(job);
-        if let Some(turn) = job_headers.and_then(|h| h.get(HEADER_TURN_TRACEPARENT)) {
+        if let Some(turn) = job_headers
+            .and_then(|h| h.get(toolfleet_common::headers::name(HEADER_TURN_TRACEPARENT)))
+        {
             toolfleet_common::headers::set(&mut headers, HEADER_TURN_TRACEPARENT, turn.as_str());
         }
         telemetry::inject_current(&mut headers);

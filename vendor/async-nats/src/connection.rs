@@ -867,17 +867,23 @@ pub(crate) fn parse_header_block(
         let name = HeaderName::from_str(name)
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
 
-        // Read the header value, which might have been split into multiple lines
-        // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
-        let mut value = value.trim_start().to_owned();
-        while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
-            value.push_str(v);
-        }
-        value.truncate(value.trim_end().len());
+        // Read the header value, which might have been split into multiple lines; the
+        // common single-line value is validated and copied once.
+        let value = value.trim_start();
+        let continued = |s: &&str| s.starts_with(char::is_whitespace);
+        let value = if lines.peek().is_some_and(continued) {
+            let mut joined = value.to_owned();
+            while let Some(v) = lines.next_if(continued) {
+                joined.push_str(v);
+            }
+            HeaderValue::from_str(joined.trim_end())
+        } else {
+            HeaderValue::from_str(value.trim_end())
+        };
 
         // `FromStr`, not `From<String>`: a lone carriage return inside a value is an
         // error here, where the infallible conversion would panic.
-        let value = HeaderValue::from_str(&value).map_err(|_| {
+        let value = value.map_err(|_| {
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "header value holds a line break",

@@ -196,16 +196,10 @@ impl HeaderMap {
     /// headers.append("Key", "Value");
     /// headers.append("Key", "Another");
     pub fn append<K: IntoHeaderName, V: IntoHeaderValue>(&mut self, name: K, value: V) {
-        let key = name.into_header_name();
-        let v = self.inner.get_mut(&key);
-        match v {
-            Some(v) => {
-                v.push(value.into_header_value());
-            }
-            None => {
-                self.insert(key, value.into_header_value());
-            }
-        }
+        self.inner
+            .entry(name.into_header_name())
+            .or_default()
+            .push(value.into_header_value());
     }
 
     /// Gets a value for a given key. If key is not found, [Option::None] is returned.
@@ -439,7 +433,7 @@ impl fmt::Display for ParseHeaderValueError {
 impl std::error::Error for ParseHeaderValueError {}
 
 fn validate_header_value(s: &str) -> Result<(), ParseHeaderValueError> {
-    if s.contains(['\r', '\n']) {
+    if s.bytes().any(|b| b == b'\r' || b == b'\n') {
         Err(ParseHeaderValueError)
     } else {
         Ok(())
@@ -834,7 +828,7 @@ impl std::fmt::Display for ParseHeaderNameError {
 impl std::error::Error for ParseHeaderNameError {}
 
 fn validate_header_name(s: &str) -> Result<(), ParseHeaderNameError> {
-    if s.contains(|c: char| !c.is_ascii_graphic() || c == ':') {
+    if s.bytes().any(|b| !b.is_ascii_graphic() || b == b':') {
         Err(ParseHeaderNameError)
     } else {
         Ok(())
