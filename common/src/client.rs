@@ -591,7 +591,7 @@ impl TurnStream {
             }
             // Only coordinators answer on a turn's inbox; anything else that reaches it
             // (a job a worker had delivered there) is not an event and is dropped.
-            let Ok(event) = serde_json::from_slice::<TurnEvent>(&message.payload) else {
+            let Ok(event) = crate::turn::decode_event(&message.payload) else {
                 tracing::debug!(subject = %message.subject, "a message that is not a turn event was dropped");
                 continue;
             };

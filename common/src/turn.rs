@@ -114,14 +114,112 @@ pub fn seq_of(payload: &[u8]) -> Option<u64> {
     struct Seq {
         seq: Option<u64>,
     }
+    // A coordinator writes `seq` first (`with_seq`): read it without decoding the rest.
+    if let Some(rest) = payload.strip_prefix(b"{\"seq\":") {
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if (1..=19).contains(&digits) && matches!(rest.get(digits), Some(b',' | b'}')) {
+            return std::str::from_utf8(&rest[..digits]).ok()?.parse().ok();
+        }
+    }
     serde_json::from_slice::<Seq>(payload).ok()?.seq
+}
+
+/// Decodes a published event; the same as `serde_json::from_slice::<TurnEvent>`, without
+/// first buffering the whole object to find its `type` when `type` is the first member
+/// after an optional `seq` (as a coordinator writes events).
+pub fn decode_event(payload: &[u8]) -> serde_json::Result<TurnEvent> {
+    #[derive(Deserialize)]
+    struct Ack {
+        turn_id: String,
+        text: String,
+        calls: Vec<AckCall>,
+    }
+    #[derive(Deserialize)]
+    struct ToolState {
+        turn_id: String,
+        tool_call_id: String,
+        name: String,
+        state: CallState,
+        #[serde(default)]
+        error: Option<CallError>,
+    }
+    #[derive(Deserialize)]
+    struct Narration {
+        turn_id: String,
+        text: String,
+    }
+    #[derive(Deserialize)]
+    struct Error {
+        #[serde(default)]
+        turn_id: Option<String>,
+        error: CallError,
+    }
+    let mut rest = payload.strip_prefix(b"{").unwrap_or_default();
+    if let Some(after) = rest.strip_prefix(b"\"seq\":") {
+        let digits = after.iter().take_while(|b| b.is_ascii_digit()).count();
+        rest = after
+            .get(digits..)
+            .and_then(|r| r.strip_prefix(b","))
+            .unwrap_or_default();
+    }
+    let kind = rest
+        .strip_prefix(b"\"type\":\"")
+        .and_then(|r| r.iter().position(|&b| b == b'"').map(|end| &r[..end]));
+    Ok(match kind {
+        Some(b"ack") => {
+            let e: Ack = serde_json::from_slice(payload)?;
+            TurnEvent::Ack {
+                turn_id: e.turn_id,
+                text: e.text,
+                calls: e.calls,
+            }
+        }
+        Some(b"tool_state") => {
+            let e: ToolState = serde_json::from_slice(payload)?;
+            TurnEvent::ToolState {
+                turn_id: e.turn_id,
+                tool_call_id: e.tool_call_id,
+                name: e.name,
+                state: e.state,
+                error: e.error,
+            }
+        }
+        Some(b"narration") => {
+            let e: Narration = serde_json::from_slice(payload)?;
+            TurnEvent::Narration {
+                turn_id: e.turn_id,
+                text: e.text,
+            }
+        }
+        Some(b"final") => TurnEvent::Final(serde_json::from_slice(payload)?),
+        Some(b"error") => {
+            let e: Error = serde_json::from_slice(payload)?;
+            TurnEvent::Error {
+                turn_id: e.turn_id,
+                error: e.error,
+            }
+        }
+        _ => serde_json::from_slice(payload)?,
+    })
 }
 
 /// `event` (a JSON object) with `"seq": seq` as its first member, without decoding it.
 pub fn with_seq(event: &[u8], seq: u64) -> Vec<u8> {
     let rest = event.strip_prefix(b"{").unwrap_or(event);
     let mut out = Vec::with_capacity(event.len() + 24);
-    out.extend_from_slice(format!("{{\"seq\":{seq}").as_bytes());
+    out.extend_from_slice(b"{\"seq\":");
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = seq;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
     if rest.first() != Some(&b'}') {
         out.push(b',');
     }
@@ -317,6 +415,50 @@ mod tests {
     }
 
     #[test]
+    fn events_decode_as_the_derived_decoder_decodes_them() {
+        let call = |id: &str| {
+            json!({"tool_call_id": id, "name": "weather.get", "ok": true, "state": "done",
+                   "result": {"t": 3}, "duration_ms": 2, "attempts": 1})
+        };
+        let events = [
+            json!({"type": "ack", "turn_id": "t", "text": "on it",
+                   "calls": [{"tool_call_id": "c1", "name": "weather.get"}]}),
+            json!({"type": "tool_state", "turn_id": "t", "tool_call_id": "c1",
+                   "name": "weather.get", "state": "running"}),
+            json!({"type": "tool_state", "turn_id": "t", "tool_call_id": "c1",
+                   "name": "weather.get", "state": "error",
+                   "error": {"code": "boom", "message": "no", "retryable": false}}),
+            json!({"type": "narration", "turn_id": "t", "text": "hi"}),
+            json!({"type": "final", "turn_id": "t", "text": "done", "results": [call("c1")],
+                   "summary": {"total": 1, "ok": 1, "errors": 0, "timeouts": 0, "skipped": 0},
+                   "history": {"openai": [{"role": "tool"}], "anthropic": []}}),
+            json!({"type": "error", "error": {"code": "invalid_request", "message": "m"}}),
+            json!({"type": "error", "turn_id": "t",
+                   "error": {"code": "unknown_turn", "message": "m"}}),
+            json!({"type": "narration", "turn_id": "t"}),
+            json!({"type": "nonsense", "turn_id": "t"}),
+            json!({"turn_id": "t", "type": "narration", "text": "type not first"}),
+        ];
+        let mut decoded = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            let plain = serde_json::to_vec(e).unwrap_or_default();
+            for bytes in [plain.clone(), with_seq(&plain, i as u64 + 1)] {
+                let derived = serde_json::from_slice::<TurnEvent>(&bytes).ok();
+                let ours = decode_event(&bytes).ok();
+                assert_eq!(ours, derived, "{}", String::from_utf8_lossy(&bytes));
+                decoded.push(ours.is_some());
+            }
+        }
+        // Every well-formed event decodes (twice each: without and with `seq`); the
+        // narration without text and the unknown type do not.
+        let expected = [true, true, true, true, true, true, true, false, false, true];
+        let expected: Vec<bool> = expected.iter().flat_map(|&b| [b, b]).collect();
+        assert_eq!(decoded, expected);
+        assert!(decode_event(b"not json").is_err());
+        assert!(decode_event(br#"{"type":"ack""#).is_err());
+    }
+
+    #[test]
     fn seq_goes_first_and_reads_back() {
         let event = br#"{"type":"narration","turn_id":"t","text":"hi"}"#;
         let stamped = with_seq(event, 7);
@@ -328,6 +470,18 @@ mod tests {
         });
         assert_eq!(back.kind(), "narration");
         assert_eq!(with_seq(b"{}", 1), br#"{"seq":1}"#);
+        assert_eq!(with_seq(b"{}", 0), br#"{"seq":0}"#);
+        let max = with_seq(b"{}", u64::MAX);
+        assert_eq!(max, format!("{{\"seq\":{}}}", u64::MAX).as_bytes());
+        assert_eq!(seq_of(&max), Some(u64::MAX));
+        assert_eq!(seq_of(&with_seq(event, 1_234_567)), Some(1_234_567));
+        // Not first, spaced, or not a whole number: read by the full decoder.
+        assert_eq!(seq_of(br#"{"type":"ack","seq":12}"#), Some(12));
+        assert_eq!(seq_of(br#"{ "seq" : 5 }"#), Some(5));
+        assert_eq!(seq_of(br#"{"seq":5.5}"#), None);
+        assert_eq!(seq_of(br#"{"seq":-1,"type":"ack"}"#), None);
+        assert_eq!(seq_of(br#"{"seq":99999999999999999999}"#), None);
+        assert_eq!(seq_of(br#"{"seq":null}"#), None);
     }
 
     #[test]
