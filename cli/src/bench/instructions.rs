@@ -139,7 +139,13 @@ async fn client_run(
             .find(|l| l.starts_with("Error:"))
             .or_else(|| text.lines().find(|l| !l.trim().is_empty()))
             .unwrap_or("no output");
-        bail!("the {name} client run failed ({status}): {error}");
+        // The first failed turn's reason, when turns failed.
+        let first = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("a turn failed"))
+            .map(|l| format!(" ({})", l.trim()))
+            .unwrap_or_default();
+        bail!("the {name} client run failed ({status}): {error}{first}");
     }
     let turns = turns_in(&report)?;
     let client = summary(&single_file(dir, &tag)?)?;
