@@ -752,8 +752,13 @@ async fn a_client_on_a_cut_off_nats_node_moves_to_another_and_its_turns_end() ->
     let outcome = async {
         let during = submit_all(&fleet.client, "cut-off", 3, 2, 50).await;
         let ends = ends(during).await?;
-        assert_eq!((ends.finals, ends.done), (3, 6), "{ends:?}");
-        Ok::<_, anyhow::Error>(())
+        // Each turn ends with its final and every call with a terminal state. A call may
+        // fail `dispatch_failed` when a stream's leader was on the cut node and its
+        // election outlasts the coordinator's tries.
+        assert_eq!((ends.finals, ends.done + ends.not_done), (3, 6), "{ends:?}");
+        // Through the node it moved to, the client's turns are then served in full
+        // while the cut holds.
+        recovers(&fleet.client, "moved", Duration::from_secs(30)).await
     }
     .await;
     let moved = fleet.client.nats().server_info().port != fleet.nats.port(0);
