@@ -328,12 +328,21 @@ fn message(buf: &mut Vec<u8>, field: u32, body: impl FnOnce(&mut Vec<u8>)) {
         buf[at] = len as u8;
         return;
     }
-    let mut prefix = Vec::with_capacity(10);
-    varint(&mut prefix, len as u64);
+    // The length's varint, on the stack (a u64 takes at most 10 bytes).
+    let mut prefix = [0u8; 10];
+    let mut n = 0;
+    let mut v = len as u64;
+    while v >= 0x80 {
+        prefix[n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    prefix[n] = v as u8;
+    let prefix = &prefix[..=n];
     let extra = prefix.len() - 1;
     buf.resize(buf.len() + extra, 0);
     buf.copy_within(at + 1..at + 1 + len, at + 1 + extra);
-    buf[at..at + prefix.len()].copy_from_slice(&prefix);
+    buf[at..at + prefix.len()].copy_from_slice(prefix);
 }
 
 fn nanos(t: SystemTime) -> u64 {
