@@ -285,6 +285,7 @@ fn go_share_of_cores(nodes: usize) -> Vec<(String, String)> {
 pub struct NatsCluster {
     nodes: Vec<Node>,
     route_ports: Vec<u16>,
+    monitor_ports: Vec<u16>,
     partitions: Vec<Option<Rules>>,
     _folder: Folder,
 }
@@ -297,7 +298,8 @@ impl NatsCluster {
         ensure!(size >= 1, "a cluster needs a node");
         let binary = find_binary("nats-server")?;
         let folder = Folder::new("nats-cluster")?;
-        let mut ports = free_ports(2 * size)?;
+        let mut ports = free_ports(3 * size)?;
+        let monitor_ports = ports.split_off(2 * size);
         let route_ports = ports.split_off(size);
         let client_ports = ports;
         let mut nodes = Vec::with_capacity(size);
@@ -312,10 +314,12 @@ impl NatsCluster {
                 .collect::<Vec<_>>()
                 .join(", ");
             let config = format!(
-                "server_name: n{i}\nlisten: \"127.0.0.1:{client}\"\nmax_payload: 8MB\n\
+                "server_name: n{i}\nlisten: \"127.0.0.1:{client}\"\n\
+                 http: \"127.0.0.1:{monitor}\"\nmax_payload: 8MB\n\
                  jetstream {{ store_dir: \"{store}\" }}\n\
                  cluster {{\n  name: toolfleet\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n",
                 client = client_ports[i],
+                monitor = monitor_ports[i],
                 store = dir.join("jetstream").display(),
                 route = route_ports[i],
             );
@@ -339,6 +343,7 @@ impl NatsCluster {
             partitions: (0..size).map(|_| None).collect(),
             nodes,
             route_ports,
+            monitor_ports,
             _folder: folder,
         };
         for node in &mut cluster.nodes {
@@ -369,6 +374,12 @@ impl NatsCluster {
     /// Node `i`'s client port.
     pub fn port(&self, i: usize) -> u16 {
         self.nodes[i].port
+    }
+
+    /// Node `i`'s monitoring endpoint (`/routez`, `/subsz`, `/jsz`, ...), for reading
+    /// what a node believes during a fault.
+    pub fn monitor_url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.monitor_ports[i])
     }
 
     /// Node `i`'s server name (`n<i>`), as JetStream names leaders.

@@ -735,6 +735,22 @@ async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
     // while (its publishes answer "no stream found" until that node's JetStream has
     // caught up): those calls fail `dispatch_failed`, their turns still end once.
     recovers(&fleet.client, "after", Duration::from_secs(45)).await?;
+    // The healed node is routed to both others again, as they are to it (within 10 s).
+    for node in 0..fleet.nats.size() {
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let routez: serde_json::Value =
+                reqwest::get(format!("{}/routez", fleet.nats.monitor_url(node)))
+                    .await?
+                    .json()
+                    .await?;
+            if routez["num_routes"] == 2 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < until, "node {node}: {routez}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     fleet.stop().await;
     Ok(())
 }

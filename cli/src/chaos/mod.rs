@@ -397,6 +397,7 @@ async fn inject(
             break;
         };
         kills += 1;
+        tracing::info!(fault = fault.name(), target = index, "fault begins");
         let down = if matches!(fault, Fault::Partition | Fault::RedisPartition) {
             PARTITION
         } else {
@@ -404,6 +405,7 @@ async fn inject(
         };
         pause(down, interrupt).await;
         fleet.restart(fault, index).await?;
+        tracing::info!(fault = fault.name(), target = index, "fault ends");
     }
     pause(until.saturating_duration_since(Instant::now()), interrupt).await;
     Ok(kills)
