@@ -16,8 +16,14 @@ use toolfleet_tests::fleet::{
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 
+/// The burst of 10,000 turns loads the shared servers and both cores for seconds; a turn
+/// of another test beside it could miss its deadline. The burst holds this for writing,
+/// every other test for reading.
+static BURST: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_too_large_for_the_server_fails_alone() -> anyhow::Result<()> {
+    let _beside_the_burst = BURST.read().await;
     let fleet = Fleet::start_with_nats_config("max_payload: 1MB").await?;
     assert_eq!(fleet.client.nats().server_info().max_payload, 1024 * 1024);
     let _nodes = fleet.start_default().await?;
@@ -53,6 +59,7 @@ async fn a_call_too_large_for_the_server_fails_alone() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_context_over_the_limit_refuses_its_turn() -> anyhow::Result<()> {
+    let _beside_the_burst = BURST.read().await;
     let fleet = Fleet::start().await?;
     let mut config = fleet.coordinator_config();
     config.max_context_bytes = 4096;
@@ -95,6 +102,7 @@ enum Ending {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_the_bound_is_refused_with_overloaded() -> anyhow::Result<()> {
+    let _alone = BURST.write().await;
     const TURNS: usize = 10_000;
     const BOUND: usize = 200;
     let fleet = Fleet::start().await?;
@@ -157,6 +165,7 @@ async fn a_burst_beyond_the_bound_is_refused_with_overloaded() -> anyhow::Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_streams_on_the_server_are_bounded_and_refuse_new_messages_when_full(
 ) -> anyhow::Result<()> {
+    let _beside_the_burst = BURST.read().await;
     use async_nats::jetstream::stream::DiscardPolicy;
     use toolfleet_common::streams::{MAX_BYTES, MAX_MESSAGE_SIZE};
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
@@ -173,6 +182,7 @@ async fn the_streams_on_the_server_are_bounded_and_refuse_new_messages_when_full
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_type_decision_cannot_take_another_turns_id() -> anyhow::Result<()> {
+    let _beside_the_burst = BURST.read().await;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let calls = vec![call("a", "test.behave", json!({"value": 1}))];
     let first = fleet
