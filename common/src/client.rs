@@ -8,6 +8,7 @@
 //! or JetStream, and never holds a turn's state: the coordinator does.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -41,6 +42,18 @@ pub const FAILOVER_UNACCEPTED: Duration = Duration::from_millis(2500);
 /// For an accepted turn, how long past its deadline a silent stream waits before taking
 /// its client to another server (the turn must have ended by then).
 pub const FAILOVER_PAST_DEADLINE: Duration = Duration::from_secs(2);
+
+/// How long making the standby connection may take before a stream gives up on it for
+/// now (and asks through its own connection alone).
+const STANDBY_CONNECT: Duration = Duration::from_secs(1);
+
+/// Least time between two attempts to make the standby connection, and between two
+/// moves of it off the server the client's own connection is on.
+const STANDBY_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a `final` heard through the standby connection alone waits for its copy
+/// through the client's own connection before that connection counts as cut off.
+const OWN_COPY_WAIT: Duration = Duration::from_millis(250);
 
 /// The deadline assumed for a turn whose request names none (the coordinators' default
 /// `TOOLFLEET_DEFAULT_DEADLINE_MS`).
@@ -113,6 +126,8 @@ pub struct FleetClient {
     attach_subject: String,
     /// Where this client cancels its turns (`<p>.turns.cancel[.<user>]`).
     cancel_subject: String,
+    /// On a cluster: the second connection silent turns also ask through.
+    standby: Option<Arc<Standby>>,
 }
 
 impl FleetClient {
@@ -129,6 +144,7 @@ impl FleetClient {
             submit_subject,
             attach_subject,
             cancel_subject,
+            standby: None,
         }
     }
 
@@ -145,6 +161,7 @@ impl FleetClient {
             submit_subject,
             attach_subject,
             cancel_subject,
+            standby: None,
         }
     }
 
@@ -173,7 +190,26 @@ impl FleetClient {
             None => Self::new(nats, names),
         };
         client.failover = Failover::for_urls(&client.nats, url);
+        if client.failover.clustered {
+            client = client.with_standby(url, credentials.clone());
+        }
         Ok(client)
+    }
+
+    /// Gives the client a standby connection to the NATS servers of `urls`, made with
+    /// `credentials` the first time a turn goes silent too long, on another server than
+    /// the client's own. A silent turn then asks through both connections and hears its
+    /// events on whichever server reaches a coordinator: one server cut off from its
+    /// cluster (it keeps its clients and swallows what they publish) no longer silences
+    /// the turn until the client's connection moves. The client's own connection still
+    /// moves when a turn stays silent longer.
+    pub fn with_standby(mut self, urls: &str, credentials: NatsCredentials) -> Self {
+        self.standby = Some(Arc::new(Standby {
+            urls: urls.to_string(),
+            credentials,
+            conn: Default::default(),
+        }));
+        self
     }
 
     /// The underlying NATS client.
@@ -364,7 +400,11 @@ impl FleetClient {
             failover: self.failover.clone(),
             started: tokio::time::Instant::now(),
             heard: tokio::time::Instant::now(),
+            heard_own: tokio::time::Instant::now(),
+            heard_through_standby: false,
             deadline: ASSUMED_DEADLINE,
+            standby: self.standby.clone(),
+            backup: None,
         })
     }
 
@@ -462,6 +502,81 @@ impl TurnOutcome {
     }
 }
 
+/// A clustered client's second NATS connection, shared by its streams: made on first
+/// need, kept on another server than the client's own connection.
+#[derive(Debug)]
+struct Standby {
+    /// The servers to connect to (the client's own list).
+    urls: String,
+    /// The client's own credentials: the standby reads the same inboxes.
+    credentials: NatsCredentials,
+    conn: tokio::sync::Mutex<StandbyConn>,
+}
+
+/// The standby connection once made, and when it was last tried or moved.
+#[derive(Debug, Default)]
+struct StandbyConn {
+    client: Option<async_nats::Client>,
+    tried: Option<tokio::time::Instant>,
+    moved: Option<tokio::time::Instant>,
+}
+
+impl Standby {
+    /// The standby connection, made now if it was not yet (within [`STANDBY_CONNECT`],
+    /// at most once per [`STANDBY_RETRY`]); none while it cannot be made. One on the
+    /// same server as `own` is moved to another (it avoids its last server).
+    async fn client(&self, own: &async_nats::Client) -> Option<async_nats::Client> {
+        let mut conn = self.conn.lock().await;
+        let now = tokio::time::Instant::now();
+        if conn.client.is_none() {
+            if conn.tried.is_some_and(|at| now - at < STANDBY_RETRY) {
+                return None;
+            }
+            conn.tried = Some(now);
+            let connect = self
+                .credentials
+                .apply(crate::failover::prefer_another_server(
+                    async_nats::ConnectOptions::new().name("toolfleet-client-standby"),
+                ))
+                .connect(crate::config::NatsUrls(&self.urls));
+            match tokio::time::timeout(STANDBY_CONNECT, connect).await {
+                Ok(Ok(client)) => conn.client = Some(client),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "the standby NATS connection could not be made");
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+        let client = conn.client.clone()?;
+        let on_own = || client.server_info().server_id == own.server_info().server_id;
+        if on_own() && conn.moved.is_none_or(|at| now - at >= STANDBY_RETRY) {
+            conn.moved = Some(now);
+            let _ = client.force_reconnect().await;
+            // What is sent before the move lands would go to the server the standby is
+            // there to avoid: wait for the next server's `INFO`.
+            let landed = async {
+                while on_own() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            if tokio::time::timeout(STANDBY_CONNECT, landed).await.is_err() {
+                tracing::debug!("the standby NATS connection did not move off the client's server");
+            }
+        }
+        Some(client)
+    }
+}
+
+/// A stream's subscription to its inbox through the standby connection.
+#[derive(Debug)]
+struct Backup {
+    nats: async_nats::Client,
+    subscriber: async_nats::Subscriber,
+    /// When the stream called the standby in.
+    since: tokio::time::Instant,
+}
+
 /// A turn request as published, kept to publish it again while no acceptance arrives.
 #[derive(Debug, Clone)]
 struct Submission {
@@ -500,6 +615,15 @@ pub struct TurnStream {
     started: tokio::time::Instant,
     /// When a coordinator was last heard (an event or a refusal).
     heard: tokio::time::Instant,
+    /// When anything last arrived through the client's own connection.
+    heard_own: tokio::time::Instant,
+    /// Whether an event reached the stream through the standby before any copy of it
+    /// through the client's own connection.
+    heard_through_standby: bool,
+    /// The client's standby connection, when it has one.
+    standby: Option<Arc<Standby>>,
+    /// The inbox's subscription through the standby, once the turn went silent too long.
+    backup: Option<Backup>,
     /// The turn's deadline (the request's, else the coordinators' default).
     deadline: Duration,
 }
@@ -518,6 +642,13 @@ impl TurnStream {
     /// The last `seq` handed out (0 before any).
     pub fn last_seq(&self) -> u64 {
         self.next_seq - 1
+    }
+
+    /// Whether an event of this turn reached the stream through the client's standby
+    /// connection before (or without) its copy through the client's own: the turn was
+    /// silent too long on the client's own server ([`FleetClient::with_standby`]).
+    pub fn heard_through_standby(&self) -> bool {
+        self.heard_through_standby
     }
 
     /// The next event in `seq` order, waiting at most `timeout`. Duplicates are dropped;
@@ -551,16 +682,30 @@ impl TurnStream {
                 ));
             }
             let mut wait = self.probe.min(until - now);
-            // Wake when the silence would make this server look cut off.
+            // Wake when the silence would make this server look cut off, or call for
+            // the standby connection.
             if self.failover.clustered {
-                let due = self.failover_due();
-                if due > now + Duration::from_millis(10) {
-                    wait = wait.min(due - now);
+                let standby_due = self.standby_wanted().then(|| self.standby_due());
+                for due in std::iter::once(self.failover_due()).chain(standby_due) {
+                    if due > now + Duration::from_millis(10) {
+                        wait = wait.min(due - now);
+                    }
                 }
             }
-            let message = match tokio::time::timeout(wait, self.subscriber.next()).await {
-                Ok(Some(message)) => message,
-                Ok(None) => {
+            let next = next_of(&mut self.subscriber, self.backup.as_mut());
+            let (message, through_backup) = match tokio::time::timeout(wait, next).await {
+                Ok((Some(message), through_backup)) => {
+                    if !through_backup {
+                        self.heard_own = tokio::time::Instant::now();
+                    }
+                    (message, through_backup)
+                }
+                Ok((None, true)) => {
+                    // The standby's subscription ended: the stream goes on with its own.
+                    self.backup = None;
+                    continue;
+                }
+                Ok((None, false)) => {
                     return Err(ClientError::new(
                         ClientErrorKind::Closed,
                         "subscription closed",
@@ -568,8 +713,10 @@ impl TurnStream {
                 }
                 Err(_) => {
                     if tokio::time::Instant::now() < until {
-                        // A silent turn: move away from a cut-off server, ask again,
-                        // then wait longer before the next ask.
+                        // A silent turn: call in the standby connection, move away from
+                        // a cut-off server, ask again, then wait longer before the next
+                        // ask.
+                        self.back_up_if_due().await;
                         let moved = self.move_if_cut_off().await;
                         let _ = self.ask().await;
                         // Silence is normal while calls run; past the deadline the
@@ -597,7 +744,11 @@ impl TurnStream {
             };
             self.probe = PROBE_START;
             self.heard = tokio::time::Instant::now();
-            match seq_of(&message.payload) {
+            let seq = seq_of(&message.payload);
+            if seq.is_none_or(|seq| seq >= self.next_seq) {
+                self.heard_through_standby |= through_backup;
+            }
+            match seq {
                 None if Self::is_retryable_refusal(&event) => self.refusal = Some(event),
                 None => return Ok(self.unstored(event).await),
                 Some(seq) if seq < self.next_seq => continue,
@@ -631,6 +782,54 @@ impl TurnStream {
         }
     }
 
+    /// Whether the stream would call in the client's standby connection once silent long
+    /// enough: the client is on a cluster, has a standby and does not use it yet.
+    fn standby_wanted(&self) -> bool {
+        self.failover.clustered && self.standby.is_some() && self.backup.is_none()
+    }
+
+    /// When the silence calls in the standby connection: a probe period after the last
+    /// word before acceptance (any live coordinator acknowledges at once), or after the
+    /// deadline (the `final` is due) and a probe period of silence. Ahead of
+    /// [`TurnStream::failover_due`], so a turn whose own server is cut off is heard
+    /// through the standby before the client's connection moves.
+    fn standby_due(&self) -> tokio::time::Instant {
+        match self.accepted() {
+            false => self.heard + PROBE_START,
+            true => (self.started + self.deadline + PROBE_START).max(self.heard + PROBE_START),
+        }
+    }
+
+    /// Subscribes the turn's inbox through the client's standby connection too, when
+    /// the silence has lasted [`TurnStream::standby_due`]; from then on the stream asks
+    /// through both connections and reads both (duplicates are dropped by `seq`).
+    async fn back_up_if_due(&mut self) {
+        if !self.standby_wanted() || tokio::time::Instant::now() < self.standby_due() {
+            return;
+        }
+        let Some(standby) = self.standby.clone() else {
+            return;
+        };
+        let Some(nats) = standby.client(&self.nats).await else {
+            return;
+        };
+        match nats.subscribe(self.inbox.clone()).await {
+            Ok(subscriber) => {
+                tracing::debug!(
+                    turn_id = %self.turn_id,
+                    silent_ms = self.heard.elapsed().as_millis() as u64,
+                    "no coordinator heard; asking through the standby NATS connection too"
+                );
+                self.backup = Some(Backup {
+                    nats,
+                    subscriber,
+                    since: tokio::time::Instant::now(),
+                });
+            }
+            Err(error) => tracing::debug!(%error, "could not subscribe through the standby"),
+        }
+    }
+
     /// Takes the client to another server of its cluster when no coordinator has been
     /// heard for longer than a healthy turn allows ([`TurnStream::failover_due`]). The
     /// reconnect is queued before the next probe, so that probe goes out through the new
@@ -651,19 +850,63 @@ impl TurnStream {
         true
     }
 
+    /// At the turn's last event: when nothing at all came through the client's own
+    /// connection since the standby was called in, and the event's copy does not come
+    /// through it within [`OWN_COPY_WAIT`] either, the client's own server is cut off
+    /// (a reply reaches both subscriptions) and the connection moves to another server,
+    /// at once rather than after [`TurnStream::failover_due`]'s silence on the next turn.
+    async fn move_if_heard_through_standby_alone(&mut self) {
+        let Some(backup) = &self.backup else {
+            return;
+        };
+        if self.heard_own >= backup.since {
+            return;
+        }
+        if let Ok(Some(_)) = tokio::time::timeout(OWN_COPY_WAIT, self.subscriber.next()).await {
+            return;
+        }
+        if !self.failover.claim() {
+            return;
+        }
+        tracing::info!(
+            turn_id = %self.turn_id,
+            "the turn was heard through the standby NATS connection alone; moving to another server"
+        );
+        if let Err(error) = self.nats.force_reconnect().await {
+            tracing::warn!(%error, "could not move to another NATS server");
+        }
+    }
+
     /// Publishes the turn request again while it is not accepted, else an attach from
     /// the last `seq` handed out.
     async fn ask(&mut self) -> Result<(), ClientError> {
+        // Through the standby first: the client's own connection may be the one that
+        // is down, and its flush would hold the ask up until it reconnects.
+        if let Some(backup) = &self.backup {
+            let through = backup.nats.clone();
+            match tokio::time::timeout(STANDBY_CONNECT, self.ask_through(&through)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "could not ask through the standby connection")
+                }
+                Err(_) => tracing::debug!("the standby connection took no ask in time"),
+            }
+        }
+        let own = self.nats.clone();
+        self.ask_through(&own).await
+    }
+
+    /// Publishes the ask of [`TurnStream::ask`] through `nats` and flushes it.
+    async fn ask_through(&self, nats: &async_nats::Client) -> Result<(), ClientError> {
         let publish = match &self.submission {
             Some(s) => {
-                self.nats
-                    .publish_with_reply_and_headers(
-                        s.subject.clone(),
-                        self.inbox.clone(),
-                        s.headers.clone(),
-                        s.payload.clone(),
-                    )
-                    .await
+                nats.publish_with_reply_and_headers(
+                    s.subject.clone(),
+                    self.inbox.clone(),
+                    s.headers.clone(),
+                    s.payload.clone(),
+                )
+                .await
             }
             None => {
                 let request = AttachRequest {
@@ -674,18 +917,16 @@ impl TurnStream {
                 let body = serde_json::to_vec(&request).map_err(|e| {
                     ClientError::new(ClientErrorKind::InvalidRequest, e.to_string())
                 })?;
-                self.nats
-                    .publish_with_reply(
-                        self.attach_subject.clone(),
-                        self.inbox.clone(),
-                        body.into(),
-                    )
-                    .await
+                nats.publish_with_reply(
+                    self.attach_subject.clone(),
+                    self.inbox.clone(),
+                    body.into(),
+                )
+                .await
             }
         };
         publish.map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))?;
-        self.nats
-            .flush()
+        nats.flush()
             .await
             .map_err(|e| ClientError::new(ClientErrorKind::Publish, e.to_string()))
     }
@@ -724,8 +965,27 @@ impl TurnStream {
     async fn hand_out(&mut self, event: TurnEvent) -> TurnEvent {
         if event.is_last() {
             self.finished = true;
+            self.move_if_heard_through_standby_alone().await;
             let _ = self.subscriber.unsubscribe().await;
+            if let Some(mut backup) = self.backup.take() {
+                let _ = backup.subscriber.unsubscribe().await;
+            }
         }
         event
+    }
+}
+
+/// The next message on `own` or, when there is one, on `backup`: whichever comes
+/// first, and whether it came through `backup`. `None` when that subscription ended.
+async fn next_of(
+    own: &mut async_nats::Subscriber,
+    backup: Option<&mut Backup>,
+) -> (Option<async_nats::Message>, bool) {
+    match backup {
+        Some(backup) => tokio::select! {
+            message = own.next() => (message, false),
+            message = backup.subscriber.next() => (message, true),
+        },
+        None => (own.next().await, false),
     }
 }

@@ -786,6 +786,65 @@ async fn a_client_on_a_cut_off_nats_node_moves_to_another_and_its_turns_end() ->
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_on_a_cut_off_nats_node_hears_its_final_through_its_standby() -> Result<()> {
+    const DEADLINE_MS: u64 = 6000;
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut fleet = ClusterFleet::start_placed(Placement::ClientAloneOnNode0).await?;
+    all_done(&fleet.client, "before").await?;
+    let mut request = sleeping_turn("standby", 2, 500);
+    request.deadline_ms = Some(DEADLINE_MS);
+    let mut stream = fleet.client.submit(request).await?;
+    let ack = stream.next_event(Duration::from_secs(10)).await?;
+    assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
+    // Accepted; now the client's node is cut off from the two others, where the
+    // coordinators and the worker are. The calls end there and the final is stored,
+    // but nothing reaches node 0. A probe period past the deadline the stream asks
+    // through the client's standby connection (on another node) and hears its final
+    // there, a probe period before the silence would move the client's own connection.
+    fleet.nats.partition(0)?;
+    let outcome = async {
+        let fin = loop {
+            match stream.next_event(TURN_WAIT).await? {
+                TurnEvent::Final(fin) => break fin,
+                TurnEvent::Error { error, .. } => bail!("the turn failed: {error:?}"),
+                _ => {}
+            }
+        };
+        // Heard through the standby alone, the client's own connection moves on.
+        let moved = async {
+            while fleet.client.nats().server_info().port == fleet.nats.port(0) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let moved = tokio::time::timeout(Duration::from_secs(5), moved)
+            .await
+            .is_ok();
+        Ok::<_, anyhow::Error>((fin, moved))
+    }
+    .await;
+    fleet.nats.heal(0);
+    let (fin, moved) = outcome?;
+    // Every call ends (`done`, or `timeout` when a stream's leader was on the cut node
+    // and its election outlasted the deadline).
+    let s = &fin.summary;
+    assert_eq!(
+        (s.total, s.ok + s.errors + s.timeouts + s.skipped),
+        (2, 2),
+        "{fin:?}"
+    );
+    assert!(
+        stream.heard_through_standby(),
+        "the final came through the client's own connection, not its standby"
+    );
+    assert!(
+        moved,
+        "the client's own connection stayed on the cut-off node"
+    );
+    fleet.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_on_a_cut_off_nats_node_moves_to_another_and_serves_again() -> Result<()> {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start_placed(Placement::WorkerAloneOnNode0).await?;

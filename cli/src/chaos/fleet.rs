@@ -271,9 +271,14 @@ impl ChaosFleet {
                 .await
                 .with_context(|| format!("connecting to {nats_url}"))?;
         let names = Names::new(prefix);
+        // A frontend's standby connection, as `FleetClient::connect` gives one.
+        let client = FleetClient::new(nats_client, names.clone()).with_standby(
+            &nats_url,
+            toolfleet_common::credentials::NatsCredentials::none(),
+        );
         let fleet = Self {
             nats_url,
-            client: FleetClient::new(nats_client, names.clone()),
+            client,
             servers,
             coordinators,
             workers,

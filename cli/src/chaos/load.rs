@@ -68,6 +68,9 @@ pub enum Ending {
         counted_twice: bool,
         /// The calls' terminal states (`done`, `timeout`, …) and error codes.
         call_states: Vec<String>,
+        /// Whether an event reached the frontend through its standby connection first
+        /// (`TurnStream::heard_through_standby`).
+        through_standby: bool,
         /// Reads the turn's events for a while after the `final`; `true` when a second,
         /// different `final` arrived.
         second_final: JoinHandle<bool>,
@@ -208,6 +211,7 @@ async fn follow(
                 latency: submitted.elapsed(),
                 counted_twice: counted_twice(&fin, call_ids),
                 call_states: call_states(&fin),
+                through_standby: stream.heard_through_standby(),
                 second_final: tokio::spawn(second_final(stream, fin)),
             },
             TurnEvent::Error { error, .. } => turn_error(&error),

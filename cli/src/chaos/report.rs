@@ -44,6 +44,9 @@ pub struct FaultReport {
     pub lost_ended_after_ms: Vec<u64>,
     /// Turns whose `final` came later than deadline + the late threshold.
     pub late: usize,
+    /// Turns that ended with a `final` after an event reached the frontend through its
+    /// standby connection first (its own NATS server was silent too long).
+    pub heard_through_standby: usize,
     /// Submissions that failed, or turns whose `error` said unavailable or retryable.
     pub refused: usize,
     /// Turns with two different `final`s, or a `final` that miscounts the calls.
@@ -106,9 +109,11 @@ impl FaultReport {
                     latency,
                     counted_twice,
                     call_states,
+                    through_standby,
                     second_final,
                 } => {
                     report.finals += 1;
+                    report.heard_through_standby += usize::from(through_standby);
                     latencies.push(latency);
                     report.late += usize::from(latency > deadline + late_after);
                     let second = tokio::time::timeout(SECOND_FINAL_WAIT, second_final)
@@ -164,6 +169,13 @@ pub fn table(reports: &[FaultReport], late_after: Duration) -> String {
         );
     }
     for r in reports {
+        if r.heard_through_standby > 0 {
+            let _ = writeln!(
+                out,
+                "{}: {} turns heard through the frontend's standby connection",
+                r.fault, r.heard_through_standby
+            );
+        }
         if !r.errors_by_code.is_empty() {
             let _ = writeln!(out, "{} errors by code: {:?}", r.fault, r.errors_by_code);
         }
