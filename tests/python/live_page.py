@@ -32,7 +32,7 @@ def main() -> None:
             page.select_option("#example", example)
         page.fill("#context", '{"customerId": "cust_002"}')
         page.click("#submit")
-        page.wait_for_selector("#status[data-done='true']", timeout=15_000)
+        page.wait_for_selector("#status[data-done='true']", timeout=60_000)
         page.wait_for_timeout(200)
         rows = page.eval_on_selector_all(
             "#calls tbody tr",

@@ -126,7 +126,7 @@ async fn the_live_page_shows_every_call_of_a_turn_in_chromium() -> Result<()> {
             .arg(&key)
             .arg(THREE_CALLS)
             .arg(&screenshot),
-        Duration::from_secs(90),
+        Duration::from_secs(150),
     )
     .await?;
     let report: Value = serde_json::from_str(stdout.trim())?;
