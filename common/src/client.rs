@@ -681,29 +681,20 @@ impl TurnStream {
                     format!("no event for turn {} within {timeout:?}", self.turn_id),
                 ));
             }
-            let mut wait = self.probe.min(until - now);
-            // Wake when the silence would make this server look cut off, or call for
-            // the standby connection.
-            if self.failover.clustered {
-                let standby_due = self.standby_wanted().then(|| self.standby_due());
-                for due in std::iter::once(self.failover_due()).chain(standby_due) {
-                    if due > now + Duration::from_millis(10) {
-                        wait = wait.min(due - now);
-                    }
-                }
-            }
+            let wait = self.wait_from(now, until);
             let next = next_of(&mut self.subscriber, self.backup.as_mut());
-            let (message, through_backup) = match tokio::time::timeout(wait, next).await {
+            match tokio::time::timeout(wait, next).await {
                 Ok((Some(message), through_backup)) => {
                     if !through_backup {
                         self.heard_own = tokio::time::Instant::now();
                     }
-                    (message, through_backup)
+                    if let Some(event) = self.receive(message, through_backup).await {
+                        return Ok(event);
+                    }
                 }
                 Ok((None, true)) => {
                     // The standby's subscription ended: the stream goes on with its own.
                     self.backup = None;
-                    continue;
                 }
                 Ok((None, false)) => {
                     return Err(ClientError::new(
@@ -711,57 +702,86 @@ impl TurnStream {
                         "subscription closed",
                     ))
                 }
-                Err(_) => {
-                    if tokio::time::Instant::now() < until {
-                        // A silent turn: call in the standby connection, move away from
-                        // a cut-off server, ask again, then wait longer before the next
-                        // ask.
-                        self.back_up_if_due().await;
-                        let moved = self.move_if_cut_off().await;
-                        let _ = self.ask().await;
-                        // Silence is normal while calls run; past the deadline the
-                        // `final` is due, and a probe that found no route (a partition
-                        // healing) is repeated at once rather than 4 s later.
-                        self.probe = if moved || self.overdue() {
-                            PROBE_START
-                        } else {
-                            (self.probe * 2).min(PROBE_MAX)
-                        };
-                    }
-                    continue;
-                }
-            };
-            if message.status.is_some() {
-                // NATS answered for the coordinators (no responders while none listens):
-                // the next probe asks again.
-                continue;
+                Err(_) if tokio::time::Instant::now() < until => self.on_silence().await,
+                Err(_) => {}
             }
-            // Only coordinators answer on a turn's inbox; anything else that reaches it
-            // (a job a worker had delivered there) is not an event and is dropped.
-            let Ok(event) = crate::turn::decode_event(&message.payload) else {
-                tracing::debug!(subject = %message.subject, "a message that is not a turn event was dropped");
-                continue;
-            };
-            self.probe = PROBE_START;
-            self.heard = tokio::time::Instant::now();
-            let seq = seq_of(&message.payload);
-            if seq.is_none_or(|seq| seq >= self.next_seq) {
-                self.heard_through_standby |= through_backup;
+        }
+    }
+
+    /// How long to wait for the next message from `now`: until the next probe or
+    /// `until`, and, on a cluster, no later than the silence would make this server
+    /// look cut off or call for the standby connection.
+    fn wait_from(&self, now: tokio::time::Instant, until: tokio::time::Instant) -> Duration {
+        let mut wait = self.probe.min(until - now);
+        if self.failover.clustered {
+            let standby_due = self.standby_wanted().then(|| self.standby_due());
+            for due in std::iter::once(self.failover_due()).chain(standby_due) {
+                if due > now + Duration::from_millis(10) {
+                    wait = wait.min(due - now);
+                }
             }
-            match seq {
-                None if Self::is_retryable_refusal(&event) => self.refusal = Some(event),
-                None => return Ok(self.unstored(event).await),
-                Some(seq) if seq < self.next_seq => continue,
-                Some(seq) if seq == self.next_seq => {
-                    self.next_seq += 1;
-                    self.submission = None;
-                    return Ok(self.hand_out(event).await);
-                }
-                Some(seq) => {
-                    self.submission = None;
-                    self.early.insert(seq, event);
-                    let _ = self.ask().await;
-                }
+        }
+        wait
+    }
+
+    /// A silent turn: calls in the standby connection, moves away from a cut-off
+    /// server, asks again, then waits longer before the next ask.
+    async fn on_silence(&mut self) {
+        self.back_up_if_due().await;
+        let moved = self.move_if_cut_off().await;
+        let _ = self.ask().await;
+        // Silence is normal while calls run; past the deadline the `final` is due, and a
+        // probe that found no route (a partition healing) is repeated at once rather
+        // than 4 s later.
+        self.probe = if moved || self.overdue() {
+            PROBE_START
+        } else {
+            (self.probe * 2).min(PROBE_MAX)
+        };
+    }
+
+    /// Takes in one message of the inbox (`through_backup`: it came through the
+    /// standby): the event to hand out now, if it is one; duplicates are dropped, early
+    /// events held (and the gap attached for), a retryable refusal kept for the timeout.
+    async fn receive(
+        &mut self,
+        message: async_nats::Message,
+        through_backup: bool,
+    ) -> Option<TurnEvent> {
+        if message.status.is_some() {
+            // NATS answered for the coordinators (no responders while none listens): the
+            // next probe asks again.
+            return None;
+        }
+        // Only coordinators answer on a turn's inbox; anything else that reaches it (a
+        // job a worker had delivered there) is not an event and is dropped.
+        let Ok(event) = crate::turn::decode_event(&message.payload) else {
+            tracing::debug!(subject = %message.subject, "a message that is not a turn event was dropped");
+            return None;
+        };
+        self.probe = PROBE_START;
+        self.heard = tokio::time::Instant::now();
+        let seq = seq_of(&message.payload);
+        if seq.is_none_or(|seq| seq >= self.next_seq) {
+            self.heard_through_standby |= through_backup;
+        }
+        match seq {
+            None if Self::is_retryable_refusal(&event) => {
+                self.refusal = Some(event);
+                None
+            }
+            None => Some(self.unstored(event).await),
+            Some(seq) if seq < self.next_seq => None,
+            Some(seq) if seq == self.next_seq => {
+                self.next_seq += 1;
+                self.submission = None;
+                Some(self.hand_out(event).await)
+            }
+            Some(seq) => {
+                self.submission = None;
+                self.early.insert(seq, event);
+                let _ = self.ask().await;
+                None
             }
         }
     }
