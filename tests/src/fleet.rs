@@ -147,11 +147,13 @@ pub fn coordinator_settings(
 }
 
 /// Worker settings for the servers at `nats_url` and `redis_url` under `names`, with a
-/// short ack wait so redelivery is quick.
+/// short ack wait so redelivery is quick, and a `started` notice for every call, instant
+/// ones included (tests read the notices to count how often a call ran).
 pub fn worker_settings(nats_url: String, redis_url: String, names: &Names) -> WorkerConfig {
     WorkerConfig {
         heartbeat: Duration::from_millis(500),
         ack_wait: Duration::from_millis(1000),
+        running_after: Duration::ZERO,
         nats_url,
         redis_url,
         prefix: names.prefix().to_string(),

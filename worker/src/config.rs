@@ -43,6 +43,12 @@ pub struct WorkerConfig {
     pub ack_wait: Duration,
     /// Largest result a tool may return, in bytes (`TOOLFLEET_MAX_RESULT_BYTES`).
     pub max_result_bytes: usize,
+    /// How long a call runs before its worker announces it started
+    /// (`TOOLFLEET_RUNNING_AFTER_MS`, default 2; 0 announces every call as it starts). A
+    /// call that ends sooner sends no `started` notice: its frontend sees `pending`, then
+    /// the terminal state, and the fleet is spared a notice, a relay and an event for
+    /// a state nobody could have seen.
+    pub running_after: Duration,
     /// How long in-flight calls may run on after a shutdown request
     /// (`TOOLFLEET_SHUTDOWN_GRACE_MS`).
     pub shutdown_grace: Duration,
@@ -108,6 +114,7 @@ impl WorkerConfig {
             heartbeat: Duration::from_secs(2),
             ack_wait: Duration::from_secs(5),
             max_result_bytes: 512 * 1024,
+            running_after: Duration::from_millis(2),
             shutdown_grace: Duration::from_secs(10),
             topology_check: Duration::from_secs(1),
             http_addr: None,
@@ -131,6 +138,11 @@ impl WorkerConfig {
                 "TOOLFLEET_MAX_RESULT_BYTES",
                 d.max_result_bytes,
                 ranges::RESULT_BYTES,
+            )?,
+            running_after: env_ms_in(
+                "TOOLFLEET_RUNNING_AFTER_MS",
+                d.running_after,
+                ranges::RUNNING_AFTER_MS,
             )?,
             shutdown_grace: env_ms_in(
                 "TOOLFLEET_SHUTDOWN_GRACE_MS",
@@ -163,6 +175,8 @@ pub mod ranges {
     pub const ACK_WAIT_MS: RangeInclusive<u64> = 500..=600_000;
     /// Largest result, in bytes.
     pub const RESULT_BYTES: RangeInclusive<usize> = 1024..=8 * 1024 * 1024;
+    /// Delay of the `started` notice, in ms (0: at the call's start).
+    pub const RUNNING_AFTER_MS: RangeInclusive<u64> = 0..=60_000;
     /// Shutdown grace, in ms (0: hand in-flight calls back at once).
     pub const SHUTDOWN_GRACE_MS: RangeInclusive<u64> = 0..=600_000;
     /// Topology checks, in ms.

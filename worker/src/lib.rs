@@ -220,6 +220,7 @@ pub async fn run_set(
         worker_id: config.worker_id.clone(),
         server: toolfleet_common::telemetry::server_of(&config.nats_url),
         max_result_bytes: config.max_result_bytes,
+        running_after: config.running_after,
         metrics,
         abandon: CancellationToken::new(),
         cancellations: cancellations.clone(),

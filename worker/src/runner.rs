@@ -47,6 +47,8 @@ pub(crate) struct Shared {
     /// `server.address` and `server.port` of the NATS server, for spans.
     pub server: (String, i64),
     pub max_result_bytes: usize,
+    /// How long a call runs before its `started` notice is sent (zero: at its start).
+    pub running_after: Duration,
     pub metrics: FleetMetrics,
     /// Cancelled when the shutdown grace ran out: running calls stop and their jobs are
     /// handed back (NAK) for another worker.
@@ -297,8 +299,6 @@ async fn run_job(
         let _ = message.ack().await;
         return;
     };
-    notify_started(&shared, &job, attempt).await;
-
     // Keeps the job alive until its result is published; aborted when dropped, even
     // if this task unwinds.
     let keepalive = {
@@ -368,6 +368,7 @@ async fn execute(
     shared.metrics.in_flight(&def.name, 1);
     let arguments = std::mem::take(&mut job.call.arguments);
     let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
+    let run = announced(shared, job, attempt, run);
     let outcome = tokio::select! {
         outcome = tokio::time::timeout(budget, run).instrument(execute.clone()) => outcome,
         _ = shared.abandon.cancelled() => {
@@ -495,6 +496,31 @@ fn execute_span(def: &toolfleet_common::ToolDefinition, job: &JobEnvelope) -> tr
         span.record("toolfleet.session.id", session.as_str());
     }
     span
+}
+
+/// Runs `call`, sending the call's `started` notice once it has run for
+/// [`Shared::running_after`] (at once when that is zero). A call that ends sooner sends
+/// none: the notice would only race its own result to the coordinator, which relays a
+/// `running` only for a call without a result.
+async fn announced<F: std::future::Future>(
+    shared: &Shared,
+    job: &JobEnvelope,
+    attempt: u32,
+    call: F,
+) -> F::Output {
+    if shared.running_after.is_zero() {
+        notify_started(shared, job, attempt).await;
+        return call.await;
+    }
+    let mut call = std::pin::pin!(call);
+    tokio::select! {
+        biased;
+        output = &mut call => output,
+        () = tokio::time::sleep(shared.running_after) => {
+            notify_started(shared, job, attempt).await;
+            call.await
+        }
+    }
 }
 
 async fn notify_started(shared: &Shared, job: &JobEnvelope, attempt: u32) {

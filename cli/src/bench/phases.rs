@@ -97,7 +97,9 @@ async fn timed_turn(client: &FleetClient, request: TurnRequest) -> Result<Timing
                 }
                 return Ok(Timing {
                     ack: ack.unwrap_or(elapsed),
-                    first_running: first_running.unwrap_or(elapsed),
+                    // A call that ends within the worker's `running` delay has no
+                    // `running`: its dispatch stage ends with its terminal state.
+                    first_running: first_running.or(first_done).unwrap_or(elapsed),
                     first_done: first_done.unwrap_or(elapsed),
                     last_done: last_done.unwrap_or(elapsed),
                     fin: elapsed,
@@ -270,7 +272,8 @@ pub struct Overhead {
     pub turn: Summary,
     /// Submit → `ack`.
     pub ack: Summary,
-    /// Submit → the first `running` state.
+    /// Submit → the first `running` state (the first terminal state of a turn whose calls
+    /// all ended before their worker's `running` delay).
     pub first_running: Summary,
     /// Submit → the first terminal state of a call.
     pub first_done: Summary,

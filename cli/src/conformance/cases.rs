@@ -219,7 +219,8 @@ fn naked(watch: &Watch) -> bool {
         .any(|(_, _, r)| matches!(r, Reply::Nak { .. }))
 }
 
-/// `echo`: answered once, done, the value back, a `started` notice (§7.5).
+/// `echo`: answered once, done, the value back. An instant call needs no `started`
+/// notice (§7.5): `keepalive` checks it on a long call.
 async fn echo(probe: &Probe, timeout: Duration) -> Case {
     let mut case = Case::new("echo");
     let value = uuid::Uuid::new_v4().simple().to_string();
@@ -250,12 +251,6 @@ async fn echo(probe: &Probe, timeout: Duration) -> Case {
                 format!("attempts is {}, the delivery count is 1", result.attempts),
             );
         }
-    }
-    if watch.started().next().is_none() {
-        case.warn(
-            "no_started_notice",
-            "no started notice on the turn's progress subject (PROTOCOL §7.5)",
-        );
     }
     if naked(&watch) {
         case.fail("unexpected_nak", "a job that succeeded was NAKed");
@@ -371,6 +366,12 @@ async fn keepalive(probe: &Probe, timeout: Duration) -> Case {
         .replies()
         .filter(|(_, _, r)| **r == Reply::Progress)
         .count();
+    if watch.started().next().is_none() {
+        case.warn(
+            "no_started_notice",
+            format!("no started notice on the turn's progress subject during a {sleep:?} call (PROTOCOL §7.5)"),
+        );
+    }
     if progress == 0 {
         case.fail(
             "no_keepalive",
