@@ -301,7 +301,13 @@ pub struct Tail {
 }
 
 impl Tail {
-    const STAGES: [&'static str; 5] = ["ack", "first running", "first done", "last done", "final"];
+    const STAGES: [&'static str; 5] = [
+        "ack",
+        "first running or done",
+        "first done",
+        "last done",
+        "final",
+    ];
 
     /// From each turn's event times since submit: ack, first running, first done, last
     /// done, final.

@@ -393,7 +393,7 @@ fn overhead_rows(t: &mut Table, reports: &[ModeReport]) {
                 format!("{} / {} / {}", ms(s.p50_ms), ms(s.p99_ms), ms(s.p999_ms))
             }),
             (
-                "p50 ms submit → ack / 1st running / 1st done / last done",
+                "p50 ms submit → ack / 1st running or done / 1st done / last done",
                 |m| {
                     let f = &m.figures;
                     format!(
@@ -406,7 +406,7 @@ fn overhead_rows(t: &mut Table, reports: &[ModeReport]) {
                 },
             ),
             (
-                "stage ms, mean of turns ≤ p50 → of turns ≥ p99: ack / running / 1st done / last done / final",
+                "stage ms, mean of turns ≤ p50 → of turns ≥ p99: ack / running or done / 1st done / last done / final",
                 |m| {
                     let t = &m.figures.tail;
                     t.typical_ms
