@@ -64,6 +64,7 @@ impl Endpoints {
             1,
             crate::streams::STREAM_REPLICAS_RANGE,
         )?;
+        crate::streams::parse_storage(&env_string(crate::streams::STREAM_STORAGE_ENV, "file"))?;
         Ok(Self {
             nats_url: env_string("TOOLFLEET_NATS_URL", &d.nats_url),
             nats_credentials: crate::credentials::NatsCredentials::from_env()?,

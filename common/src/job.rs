@@ -50,7 +50,8 @@ pub fn job_msg_id(turn_id: &str, call_id: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ProgressNotice {
-    /// A worker started executing the call.
+    /// A worker has been executing the call for its running delay (at once when the
+    /// delay is zero); never sent for a call that ended sooner.
     Started {
         /// The call id.
         tool_call_id: String,

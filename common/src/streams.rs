@@ -136,13 +136,42 @@ pub const STREAM_REPLICAS_ENV: &str = "TOOLFLEET_STREAM_REPLICAS";
 /// Its allowed values (JetStream's own limit is 5).
 pub const STREAM_REPLICAS_RANGE: std::ops::RangeInclusive<usize> = 1..=5;
 
+/// Where the jobs and results streams keep their messages when they are created
+/// (`TOOLFLEET_STREAM_STORAGE`: `file`, the default, or `memory`). `memory` spares the
+/// server its store writes but trades durability: a restarted nats-server has lost every
+/// queued job and every result not yet recorded, so those calls end as `timeout` at their
+/// turn's deadline (the turn still gets its one `final`, from Redis). A malformed value
+/// is refused when the process reads its endpoints (`config::Endpoints::from_env`). A
+/// stream that exists keeps its storage: JetStream cannot change it, so delete the
+/// stream while it is empty and let the fleet create it again.
+pub fn stream_storage() -> stream::StorageType {
+    parse_storage(&crate::config::env_string(STREAM_STORAGE_ENV, "file"))
+        .unwrap_or(stream::StorageType::File)
+}
+
+/// The setting of [`stream_storage`].
+pub const STREAM_STORAGE_ENV: &str = "TOOLFLEET_STREAM_STORAGE";
+
+/// `file` or `memory` (any case) as a storage type.
+pub fn parse_storage(value: &str) -> Result<stream::StorageType, crate::config::ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "file" => Ok(stream::StorageType::File),
+        "memory" => Ok(stream::StorageType::Memory),
+        _ => Err(crate::config::ConfigError {
+            name: STREAM_STORAGE_ENV.into(),
+            value: value.into(),
+            reason: "must be file or memory".into(),
+        }),
+    }
+}
+
 fn config(name: String, subject: String) -> stream::Config {
     stream::Config {
         num_replicas: stream_replicas(),
         name,
         subjects: vec![subject],
         retention: stream::RetentionPolicy::WorkQueue,
-        storage: stream::StorageType::File,
+        storage: stream_storage(),
         duplicate_window: DUPLICATE_WINDOW,
         max_age: MAX_AGE,
         max_bytes: MAX_BYTES,
@@ -165,5 +194,21 @@ async fn ensure(
             stream: name,
             source,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_is_file_or_memory_and_nothing_else() {
+        assert_eq!(parse_storage("file").ok(), Some(stream::StorageType::File));
+        assert_eq!(
+            parse_storage(" Memory ").ok(),
+            Some(stream::StorageType::Memory)
+        );
+        let error = parse_storage("disk").err();
+        assert_eq!(error.map(|e| e.name), Some(STREAM_STORAGE_ENV.to_string()));
     }
 }

@@ -148,7 +148,8 @@ pub fn coordinator_settings(
 
 /// Worker settings for the servers at `nats_url` and `redis_url` under `names`, with a
 /// short ack wait so redelivery is quick, and a `started` notice for every call, instant
-/// ones included (tests read the notices to count how often a call ran).
+/// ones included (tests read the notices to count how often a call ran). Worker
+/// processes a test spawns keep the default running delay.
 pub fn worker_settings(nats_url: String, redis_url: String, names: &Names) -> WorkerConfig {
     WorkerConfig {
         heartbeat: Duration::from_millis(500),

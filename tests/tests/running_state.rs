@@ -37,7 +37,7 @@ async fn only_a_call_that_outlives_the_delay_is_announced_running() -> anyhow::R
         call(
             "slow",
             "test.behave",
-            json!({"sleep_ms": 300, "value": "v"}),
+            json!({"sleep_ms": 1000, "value": "v"}),
         ),
     ];
     let mut stream = fleet.client.submit(turn("acme", tool_calls(calls))).await?;

@@ -455,7 +455,11 @@ async fn resources_name_the_instance_and_numbers_are_integers() -> anyhow::Resul
     read_final(&mut stream, EVENT_WAIT).await?;
     let spans = t
         .spans_of(&trace, "resources", |s| {
-            s.iter().any(|s| s.service == "toolfleet-worker") && s.iter().any(|s| s.name == "join")
+            // The worker's `process` span ends after its `execute_tool` (once the result
+            // is published) and may come in a later export batch.
+            s.iter()
+                .any(|s| s.service == "toolfleet-worker" && s.kind == CONSUMER)
+                && s.iter().any(|s| s.name == "join")
         })
         .await?;
     for s in &spans {

@@ -517,8 +517,9 @@ async fn announced<F: std::future::Future>(
         biased;
         output = &mut call => output,
         () = tokio::time::sleep(shared.running_after) => {
-            notify_started(shared, job, attempt).await;
-            call.await
+            // The call goes on while the notice is handed to the connection.
+            let ((), output) = tokio::join!(notify_started(shared, job, attempt), call);
+            output
         }
     }
 }

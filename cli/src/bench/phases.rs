@@ -98,8 +98,13 @@ async fn timed_turn(client: &FleetClient, request: TurnRequest) -> Result<Timing
                 return Ok(Timing {
                     ack: ack.unwrap_or(elapsed),
                     // A call that ends within the worker's `running` delay has no
-                    // `running`: its dispatch stage ends with its terminal state.
-                    first_running: first_running.or(first_done).unwrap_or(elapsed),
+                    // `running`: the dispatch stage ends with the first call state
+                    // after `pending`, whichever it is.
+                    first_running: first_running
+                        .into_iter()
+                        .chain(first_done)
+                        .min()
+                        .unwrap_or(elapsed),
                     first_done: first_done.unwrap_or(elapsed),
                     last_done: last_done.unwrap_or(elapsed),
                     fin: elapsed,
