@@ -75,6 +75,19 @@ async fn zero_and_huge_settings_are_refused_naming_the_variable() -> Result<()> 
             "1 to 65536",
         ),
         ("worker", "TOOLFLEET_ACK_WAIT_MS", "0", "500 to 600000"),
+        ("worker", "TOOLFLEET_RUNNING_AFTER_MS", &huge, "0 to 60000"),
+        (
+            "coordinator",
+            "TOOLFLEET_STREAM_STORAGE",
+            "disk",
+            "file or memory",
+        ),
+        (
+            "worker",
+            "TOOLFLEET_STREAM_STORAGE",
+            "disk",
+            "file or memory",
+        ),
     ];
     for (role, name, value, range) in cases {
         let (ok, stderr) = start_with(role, name, value).await?;
