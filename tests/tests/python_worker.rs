@@ -25,7 +25,9 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
             .await?;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let script = "examples/python-worker/worker.py";
-    let mut child = toolfleet_tests::python::worker(&python, &fleet, &[script], &[])?;
+    // A notice for every call, the instant `text.stats` included (no running delay).
+    let announce_all = [("TOOLFLEET_RUNNING_AFTER_MS", "0")];
+    let mut child = toolfleet_tests::python::worker(&python, &fleet, &[script], &announce_all)?;
     fleet.wait_for_tools(&["text.stats"]).await?;
     // Progress notices are what the Python worker must send; whether the owner's
     // `running` relay beats the `done` of an instant tool is a race, so the notice

@@ -107,6 +107,13 @@ def _env_int_in(name, default, low, high):
     return value
 
 
+def _env_choice(name, default, choices):
+    value = (os.environ.get(name, "").strip() or default).lower()
+    if value not in choices:
+        sys.exit(f"{name}={value!r} must be one of {', '.join(choices)}")
+    return value
+
+
 def _env_file(name):
     value = os.environ.get(name, "").strip()
     if value and not os.path.isfile(value):
@@ -133,6 +140,12 @@ class Settings:
     ack_wait: float = field(default_factory=lambda: _env_int("TOOLFLEET_ACK_WAIT_MS", 5000) / 1000)
     max_result_bytes: int = field(default_factory=lambda: _env_int("TOOLFLEET_MAX_RESULT_BYTES", 512 * 1024))
     shutdown_grace: float = field(default_factory=lambda: _env_int("TOOLFLEET_SHUTDOWN_GRACE_MS", 10000) / 1000)
+    # 7.5: a call is announced `started` once it has run this long (0: as it starts); one
+    # that ends sooner goes from `pending` to its terminal state.
+    running_after: float = field(default_factory=lambda: _env_int_in("TOOLFLEET_RUNNING_AFTER_MS", 2, 0, 60000) / 1000)
+    # Storage of the jobs and results streams when this worker creates them: `file`, or
+    # `memory` (opt-in: a restarted nats-server loses queued jobs and unrecorded results).
+    stream_storage: str = field(default_factory=lambda: _env_choice("TOOLFLEET_STREAM_STORAGE", "file", ("file", "memory")))
     # Pairs of jobs and results streams the fleet's turns are spread over (1 to 64); the
     # same number as every coordinator's.
     stream_partitions: int = field(default_factory=lambda: _env_int_in("TOOLFLEET_STREAM_PARTITIONS", 1, 1, 64))

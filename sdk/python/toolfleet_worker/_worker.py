@@ -86,7 +86,7 @@ class Worker:
         except NotFoundError:
             await self.js.add_stream(StreamConfig(
                 name=name, subjects=[subject], retention=RetentionPolicy.WORK_QUEUE,
-                storage=StorageType.FILE, duplicate_window=120, max_age=3600))
+                storage=StorageType(self.s.stream_storage), duplicate_window=120, max_age=3600))
 
     async def _bind(self, t):
         """7.1 step 2, in every stream partition."""
@@ -283,13 +283,25 @@ class Worker:
 
     async def _run(self, t, msg, job, attempt, base, cancelled):
         call = job["call"]
-        notice = {"kind": "started", "tool_call_id": call["id"], "name": call["name"],
-                  "attempt": attempt, "worker_id": self.s.worker_id}
-        try:  # 7.5, best effort
-            await self.nc.publish(f"{self.s.prefix}.progress.{job['turn_id']}.{call['name']}",
-                                  json.dumps(notice).encode())
-        except Exception as e:  # noqa: BLE001
-            self.log(f"started notice not sent: {e}")
+
+        async def announce():  # 7.5, best effort, once the call has run `running_after`
+            notice = {"kind": "started", "tool_call_id": call["id"], "name": call["name"],
+                      "attempt": attempt, "worker_id": self.s.worker_id}
+            try:
+                await self.nc.publish(f"{self.s.prefix}.progress.{job['turn_id']}.{call['name']}",
+                                      json.dumps(notice).encode())
+            except Exception as e:  # noqa: BLE001
+                self.log(f"started notice not sent: {e}")
+
+        async def announce_later():
+            await asyncio.sleep(self.s.running_after)
+            await announce()
+
+        announcer = None
+        if self.s.running_after > 0:
+            announcer = asyncio.create_task(announce_later())
+        else:
+            await announce()
 
         async def keepalive():  # 7.6: every ack_wait / 3, never more often than 50 ms
             while True:
@@ -302,6 +314,8 @@ class Worker:
             result = await self._execute(t, job, attempt, base, cancelled)
         finally:
             ka.cancel()
+            if announcer is not None:
+                announcer.cancel()
         if cancelled.is_set():  # the turn's final is out; nobody waits for this result
             await msg.ack()
             return
