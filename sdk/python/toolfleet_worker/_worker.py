@@ -284,7 +284,9 @@ class Worker:
     async def _run(self, t, msg, job, attempt, base, cancelled):
         call = job["call"]
 
-        async def announce():  # 7.5, best effort, once the call has run `running_after`
+        async def announce(delay):  # 7.5, best effort, once the call has run `delay`
+            if delay > 0:
+                await asyncio.sleep(delay)
             notice = {"kind": "started", "tool_call_id": call["id"], "name": call["name"],
                       "attempt": attempt, "worker_id": self.s.worker_id}
             try:
@@ -293,15 +295,11 @@ class Worker:
             except Exception as e:  # noqa: BLE001
                 self.log(f"started notice not sent: {e}")
 
-        async def announce_later():
-            await asyncio.sleep(self.s.running_after)
-            await announce()
-
         announcer = None
         if self.s.running_after > 0:
-            announcer = asyncio.create_task(announce_later())
+            announcer = asyncio.create_task(announce(self.s.running_after))
         else:
-            await announce()
+            await announce(0)
 
         async def keepalive():  # 7.6: every ack_wait / 3, never more often than 50 ms
             while True:
