@@ -2,7 +2,7 @@
 # Instructions per turn of the coordinator, the worker and the client, counted by
 # valgrind's callgrind: a yardstick that does not move with the machine's load.
 #
-#   scripts/instructions.sh [--tracing on|off] [--out FILE] [--keep DIR] [BINARY]
+#   scripts/instructions.sh [--tracing on|off] [--redis] [--out FILE] [--keep DIR] [BINARY]
 #
 # BINARY is a release build of the CLI (default target/release/toolfleet). The script
 # starts its own nats-server -js and redis-server on free loopback ports, runs a
@@ -14,19 +14,24 @@
 # coordinator and the worker export every span over OTLP/HTTP to a sink the script runs.
 # `--keep DIR` keeps the callgrind files there (`callgrind_annotate` reads them; the
 # long run's window of each server process is its `.out.2` dump). Everything it starts
-# is stopped when it exits; it takes a minute or two.
+# is stopped when it exits; it takes a minute or two. `--redis` runs redis-server under
+# callgrind too and reports its instructions per turn apart (`redis`, not in `all`): the
+# join's scripts, read on a stable number. It slows every Redis round trip many times,
+# so the other processes' figures of such a run are not compared with a run without it.
 set -euo pipefail
 
 tracing=off
 out=""
 keep=""
 binary=""
+redis_counted=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --tracing) tracing="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --keep) keep="$2"; shift 2 ;;
-    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
+    --redis) redis_counted=1; shift ;;
+    -h|--help) sed -n 2,23p "$0"; exit 0 ;;
     *) binary="$1"; shift ;;
   esac
 done
@@ -71,9 +76,13 @@ wait_port() {
 nats_port="$(free_port)"; redis_port="$(free_port)"; sink_port="$(free_port)"
 nats-server -a 127.0.0.1 -p "$nats_port" -js -sd "$work/js" >"$work/nats.log" 2>&1 &
 pids+=($!); disown
-redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+redis_under=()
+if [ "$redis_counted" = 1 ]; then
+  redis_under=(valgrind --tool=callgrind --callgrind-out-file="$work/redis.%p.out")
+fi
+"${redis_under[@]}" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
   >"$work/redis.log" 2>&1 &
-pids+=($!); disown
+redis_pid=$!; pids+=($redis_pid); disown
 wait_port "$nats_port"; wait_port "$redis_port"
 nats="nats://127.0.0.1:$nats_port"; redis="redis://127.0.0.1:$redis_port/"
 
@@ -128,6 +137,7 @@ run() {
   local name="$1"; shift
   callgrind_control -z "$coordinator" >/dev/null 2>&1
   callgrind_control -z "$worker" >/dev/null 2>&1
+  [ "$redis_counted" = 1 ] && callgrind_control -z "$redis_pid" >/dev/null 2>&1
   $(callgrind "client-$name") "$binary" --nats "$nats" --redis "$redis" --prefix "$prefix" \
     bench --attach --given-servers --phases overhead --out "$work/$name.json" "$@" \
     >"$work/$name.log" 2>&1 || { cat "$work/$name.log" >&2; exit 1; }
@@ -139,12 +149,16 @@ o = d['modes'][0]['overhead']
 print(d['plan']['overhead_warmup'] + o['turn']['count'] + o['failed'])" "$work/$name.json")"
   local client
   client="$(awk '/^summary:/ {print $2}' "$work"/client-"$name".*.out)"
-  echo "$name $turns $(counted "$coordinator") $(counted "$worker") $client"
+  local redis=0
+  [ "$redis_counted" = 1 ] && redis="$(counted "$redis_pid")"
+  echo "$name $turns $(counted "$coordinator") $(counted "$worker") $client $redis"
 }
 
 echo "counting instructions (tracing $tracing); this takes a few minutes" >&2
 # Callgrind dumps: every process must be up before the first zeroing.
-for pid in "$coordinator" "$worker"; do
+watched=("$coordinator" "$worker")
+[ "$redis_counted" = 1 ] && watched+=("$redis_pid")
+for pid in "${watched[@]}"; do
   for _ in $(seq 1 600); do
     callgrind_control "$pid" >/dev/null 2>&1 && break
     sleep 0.1
@@ -169,12 +183,18 @@ for i, role in enumerate(["coordinator", "worker", "client"], start=2):
     report["per_turn"][role] = round(per_turn)
     report["fixed"][role] = round(a - per_turn * n1)
 report["per_turn"]["all"] = sum(report["per_turn"].values())
+if int(long[5]) > 0:
+    a, b = int(short[5]), int(long[5])
+    report["redis"] = {"per_turn": round((b - a) / (n2 - n1)),
+                       "fixed": round(a - (b - a) / (n2 - n1) * n1)}
 print(f"instructions per turn of three test.noop calls, tracing {tracing} "
       f"(callgrind, runs of {n1} and {n2} turns):")
 print("| process | instructions per turn |")
 print("|---|---|")
 for role, count in report["per_turn"].items():
     print(f"| {role} | {count:,} |")
+if "redis" in report:
+    print(f"| redis-server (apart) | {report['redis']['per_turn']:,} |")
 if out:
     with open(out, "w") as f:
         json.dump(report, f, indent=2)

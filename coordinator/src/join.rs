@@ -46,21 +46,35 @@ end
 redis.call('HSET', KEYS[1], 'state', ARGV[11], 'total', ARGV[2], 'reply', ARGV[3],
   'tenant', ARGV[4], 'deadline', ARGV[5], 'paced', ARGV[6], 'created', ARGV[7],
   'traceparent', ARGV[8], 'trace', ARGV[9], 'caller', ARGV[10], 'late', 0, 'duplicates', 0)
+local written = {KEYS[1]}
 local i = 12
 local n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]); i = i + 2 end
+if n > 0 then
+  redis.call('HSET', KEYS[2], unpack(ARGV, i, i + 2 * n - 1)); written[#written + 1] = KEYS[2]
+end
+i = i + 2 * n
 n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]); i = i + 2 end
+if n > 0 then
+  redis.call('HSET', KEYS[3], unpack(ARGV, i, i + 2 * n - 1)); written[#written + 1] = KEYS[3]
+end
+i = i + 2 * n
 n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do redis.call('RPUSH', KEYS[4], ARGV[i]); i = i + 1 end
+if n > 0 then
+  redis.call('RPUSH', KEYS[4], unpack(ARGV, i, i + n - 1)); written[#written + 1] = KEYS[4]
+end
+i = i + n
 if ARGV[11] == 'final' then
   redis.call('HSET', KEYS[1], 'ended', 'no_tools', 'final_seq', n, 'published', 0)
 end
 n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  redis.call('RPUSH', KEYS[5], ARGV[i]); redis.call('HSET', KEYS[6], ARGV[i], ARGV[i + 1]); i = i + 2
+if n > 0 then
+  local keys = {}
+  for k = i, i + 2 * n - 1, 2 do keys[#keys + 1] = ARGV[k] end
+  redis.call('RPUSH', KEYS[5], unpack(keys))
+  redis.call('HSET', KEYS[6], unpack(ARGV, i, i + 2 * n - 1))
+  written[#written + 1] = KEYS[5]; written[#written + 1] = KEYS[6]
 end
-for k = 1, #KEYS do redis.call('PEXPIRE', KEYS[k], ARGV[1]) end
+for _, key in ipairs(written) do redis.call('PEXPIRE', key, ARGV[1]) end
 return {1}
 "#;
 
@@ -78,7 +92,9 @@ return {1}
 /// between releasing and publishing is covered by the redelivery of the result that
 /// released them (publishing again is safe: the job's message id de-duplicates it).
 const RECORD: &str = r#"
-local state = redis.call('HGET', KEYS[1], 'state')
+local meta = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'reply', 'paced', 'total',
+  'created', 'traceparent', 'trace')
+local state = meta[1]
 if not state then return {'unknown'} end
 local entry = redis.call('HGET', KEYS[2], ARGV[1])
 if not entry then return {'unknown_call'} end
@@ -95,10 +111,10 @@ if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
       end
     end
   end
-  local trace = #again > 0 and redis.call('HGET', KEYS[1], 'trace') or ''
+  local trace = #again > 0 and meta[8] or ''
   return {'duplicate', trace or '', again}
 end
-local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline'))
+local deadline = tonumber(meta[2])
 if state ~= 'open' or (deadline and tonumber(ARGV[3]) >= deadline) then
   redis.call('HINCRBY', KEYS[1], 'late', 1)
   return {'late'}
@@ -108,14 +124,13 @@ if redis.call('PTTL', KEYS[3]) < 0 then
   redis.call('PEXPIRE', KEYS[3], math.max(redis.call('PTTL', KEYS[1]), 1000))
 end
 local seq = redis.call('RPUSH', KEYS[4], ARGV[5])
-local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'total', 'created', 'traceparent', 'trace')
-if redis.call('HLEN', KEYS[3]) >= tonumber(meta[3]) then
+if redis.call('HLEN', KEYS[3]) >= tonumber(meta[5]) then
   redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete')
-  return {'complete', meta[1], meta[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
-    meta[4] or '0', meta[5] or '', meta[6] or '', seq}
+  return {'complete', meta[3], meta[4], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
+    meta[6] or '0', meta[7] or '', meta[8] or '', seq}
 end
 local released = {}
-if meta[2] == '1' then
+if meta[4] == '1' then
   local k = redis.call('LPOP', KEYS[5])
   if k then
     local queued = redis.call('HGET', KEYS[2], k)
@@ -127,7 +142,7 @@ if meta[2] == '1' then
     released = {k, redis.call('HGET', KEYS[6], k) or ''}
   end
 end
-return {'recorded', meta[1], meta[2], seq, #released > 0 and (meta[6] or '') or '', released}
+return {'recorded', meta[3], meta[4], seq, #released > 0 and (meta[8] or '') or '', released}
 "#;
 
 /// Ends a turn unless it already ended. KEYS: meta, calls, results. ARGV: reason.
@@ -166,25 +181,25 @@ return {'cancelled', m[1], m[2], redis.call('HGETALL', KEYS[2]), redis.call('HGE
 /// Stores a turn's closing events (the last call states, the narration, `final` last)
 /// unless a `final` is stored already. KEYS: meta, events. ARGV: event*.
 const STORE_FINAL: &str = r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown'} end
-if redis.call('HEXISTS', KEYS[1], 'final_seq') == 1 then return {'stored_before'} end
+local meta = redis.call('HMGET', KEYS[1], 'state', 'final_seq', 'reply')
+if not meta[1] then return {'unknown'} end
+if meta[2] then return {'stored_before'} end
 local last = redis.call('RPUSH', KEYS[2], unpack(ARGV))
 redis.call('HSET', KEYS[1], 'final_seq', last, 'published', 0)
-return {'stored', redis.call('HGET', KEYS[1], 'reply'), last - #ARGV + 1}
+return {'stored', meta[3], last - #ARGV + 1}
 "#;
 
 /// Stores events of a turn that has not ended, and (with a call key) whose call has no
 /// result yet, so a `running` never follows the call's terminal state.
 /// KEYS: meta, events, results. ARGV: call key ('' for none), event*.
 const EMIT: &str = r#"
-if redis.call('HEXISTS', KEYS[1], 'final_seq') == 1 then return {'ended'} end
+local meta = redis.call('HMGET', KEYS[1], 'final_seq', 'reply')
+if meta[1] then return {'ended'} end
 if ARGV[1] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return {'ended'} end
-local reply = redis.call('HGET', KEYS[1], 'reply')
+local reply = meta[2]
 if not reply then return {'unknown'} end
-local events = {}
-for i = 2, #ARGV do events[#events + 1] = ARGV[i] end
-local last = redis.call('RPUSH', KEYS[2], unpack(events))
-return {'emitted', reply, last - #events + 1}
+local last = redis.call('RPUSH', KEYS[2], unpack(ARGV, 2))
+return {'emitted', reply, last - (#ARGV - 1) + 1}
 "#;
 
 /// Sends a turn's later events to a new reply subject and returns the stored events

@@ -2,7 +2,9 @@
 //! `examples/python-worker/` (written with the Python SDK of `sdk/python/`) together;
 //! and a Python SDK worker whose tool's retry policy changed between two starts serves
 //! from a consumer updated to it; both workers serve a fleet whose turns are spread over
-//! three stream partitions.
+//! three stream partitions; and a Python SDK worker that starts first creates the
+//! streams with every process's settings, replicas included, on a 3-node JetStream
+//! cluster.
 //! The SDK's packages (nats-py, redis-py) are installed by the test into a virtual
 //! environment of its own (`python::venv`) and the SDK is imported from the repository
 //! (`PYTHONPATH`), so the test always runs its current source; the machine needs only
@@ -233,5 +235,60 @@ async fn a_python_tool_sees_its_turn_cancelled() -> Result<()> {
     }
     toolfleet_tests::python::terminate(&mut worker).await?;
     coordinator.stop().await;
+    Ok(())
+}
+
+/// A Python SDK worker that starts first creates the jobs and results streams with the
+/// settings every coordinator and worker uses (PROTOCOL 2.3), its replicas
+/// (`TOOLFLEET_STREAM_REPLICAS`) included: three on a 3-node JetStream cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_worker_creates_the_streams_as_every_process_does() -> Result<()> {
+    use async_nats::jetstream::stream::{DiscardPolicy, RetentionPolicy, StorageType};
+    use toolfleet_common::streams;
+
+    let python =
+        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
+            .await?;
+    let fleet = Fleet::start().await?;
+    let cluster = toolfleet_cli::cluster::NatsCluster::start(3).await?;
+    cluster.wait_jetstream(Duration::from_secs(20)).await?;
+    let urls = cluster.urls();
+    let mut child = toolfleet_tests::python::worker(
+        &python,
+        &fleet,
+        &["examples/python-worker/worker.py"],
+        &[
+            ("TOOLFLEET_NATS_URL", &urls),
+            ("TOOLFLEET_STREAM_REPLICAS", "3"),
+        ],
+    )?;
+    let js = async_nats::jetstream::new(cluster.connect().await?);
+    let names = [
+        fleet.names.jobs_stream_in(0),
+        fleet.names.results_stream_in(0),
+    ];
+    let deadline = tokio::time::Instant::now() + EVENT_WAIT;
+    for name in names {
+        let config = loop {
+            if let Ok(mut stream) = js.get_stream(&name).await {
+                break stream.info().await?.config.clone();
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{name} was not created"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(config.num_replicas, 3, "{name}");
+        assert_eq!(config.retention, RetentionPolicy::WorkQueue, "{name}");
+        assert_eq!(config.storage, StorageType::File, "{name}");
+        assert_eq!(config.duplicate_window, streams::DUPLICATE_WINDOW, "{name}");
+        assert_eq!(config.max_age, streams::MAX_AGE, "{name}");
+        assert_eq!(config.max_bytes, streams::MAX_BYTES, "{name}");
+        assert_eq!(config.max_message_size, streams::MAX_MESSAGE_SIZE, "{name}");
+        assert_eq!(config.discard, DiscardPolicy::New, "{name}");
+    }
+    let status = toolfleet_tests::python::terminate(&mut child).await?;
+    assert!(status.success(), "{status}");
     Ok(())
 }

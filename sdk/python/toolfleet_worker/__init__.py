@@ -146,6 +146,9 @@ class Settings:
     # Storage of the jobs and results streams when this worker creates them: `file`, or
     # `memory` (opt-in: a restarted nats-server loses queued jobs and unrecorded results).
     stream_storage: str = field(default_factory=lambda: _env_choice("TOOLFLEET_STREAM_STORAGE", "file", ("file", "memory")))
+    # Replicas of each stream when this worker creates them (1 to 5; 3 on a 3-node
+    # JetStream cluster), as every coordinator's.
+    stream_replicas: int = field(default_factory=lambda: _env_int_in("TOOLFLEET_STREAM_REPLICAS", 1, 1, 5))
     # Pairs of jobs and results streams the fleet's turns are spread over (1 to 64); the
     # same number as every coordinator's.
     stream_partitions: int = field(default_factory=lambda: _env_int_in("TOOLFLEET_STREAM_PARTITIONS", 1, 1, 64))

@@ -17,7 +17,8 @@ import urllib.parse
 import nats
 import redis.asyncio as aioredis
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import (AckPolicy, ConsumerConfig, DiscardPolicy, RetentionPolicy, StorageType,
+                         StreamConfig)
 from nats.js.errors import NotFoundError
 
 from toolfleet_worker import Context, Output, ToolError, now_ms, rfc3339
@@ -84,9 +85,12 @@ class Worker:
         try:
             await self.js.stream_info(name)
         except NotFoundError:
+            # 2.3: the settings every coordinator and worker creates the streams with.
             await self.js.add_stream(StreamConfig(
                 name=name, subjects=[subject], retention=RetentionPolicy.WORK_QUEUE,
-                storage=StorageType(self.s.stream_storage), duplicate_window=120, max_age=3600))
+                storage=StorageType(self.s.stream_storage), num_replicas=self.s.stream_replicas,
+                duplicate_window=120, max_age=3600, max_bytes=256 * 1024 * 1024,
+                max_msg_size=8 * 1024 * 1024, discard=DiscardPolicy.NEW))
 
     async def _bind(self, t):
         """7.1 step 2, in every stream partition."""
