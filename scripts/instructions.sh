@@ -16,7 +16,8 @@
 # long run's window of each server process is its `.out.2` dump). Everything it starts
 # is stopped when it exits; it takes a minute or two. `--redis` runs redis-server under
 # callgrind too and reports its instructions per turn apart (`redis`, not in `all`): the
-# join's scripts, read on a stable number. It slows every Redis round trip many times,
+# join's scripts, read on a stable number (Redis's own timer, ten times a second, adds a
+# little in proportion to the run's length). It slows every Redis round trip many times,
 # so the other processes' figures of such a run are not compared with a run without it.
 set -euo pipefail
 
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --keep) keep="$2"; shift 2 ;;
     --redis) redis_counted=1; shift ;;
-    -h|--help) sed -n 2,23p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,21p "$0"; exit 0 ;;
     *) binary="$1"; shift ;;
   esac
 done
@@ -80,7 +81,7 @@ redis_under=()
 if [ "$redis_counted" = 1 ]; then
   redis_under=(valgrind --tool=callgrind --callgrind-out-file="$work/redis.%p.out")
 fi
-"${redis_under[@]}" redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
+${redis_under[@]+"${redis_under[@]}"} redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no \
   >"$work/redis.log" 2>&1 &
 redis_pid=$!; pids+=($redis_pid); disown
 wait_port "$nats_port"; wait_port "$redis_port"
@@ -149,9 +150,9 @@ o = d['modes'][0]['overhead']
 print(d['plan']['overhead_warmup'] + o['turn']['count'] + o['failed'])" "$work/$name.json")"
   local client
   client="$(awk '/^summary:/ {print $2}' "$work"/client-"$name".*.out)"
-  local redis=0
-  [ "$redis_counted" = 1 ] && redis="$(counted "$redis_pid")"
-  echo "$name $turns $(counted "$coordinator") $(counted "$worker") $client $redis"
+  local redis_count=0
+  [ "$redis_counted" = 1 ] && redis_count="$(counted "$redis_pid")"
+  echo "$name $turns $(counted "$coordinator") $(counted "$worker") $client $redis_count"
 }
 
 echo "counting instructions (tracing $tracing); this takes a few minutes" >&2

@@ -37,7 +37,27 @@ pub const DEFAULT_DEADLINE_BUCKETS: u32 = 16;
 /// created `final` (no tools) has its `final` stored with it. Returns {1} when created,
 /// {0, same caller and tenant (1/0)} when the id exists: a frontend serving several
 /// tenants (the HTTP gateway) never attaches one tenant to another's turn.
-const CREATE: &str = r#"
+/// The Lua helper the scripts write a run of values with: `put(command, key, list, first,
+/// last)` sends `command key list[first..last]` in slices of 1,000 values, as Redis's Lua
+/// unpacks at most about 8,000 (a decision may hold 10,000 calls); an even slice keeps
+/// field-value pairs together. Returns the last slice's reply.
+macro_rules! put_lua {
+    () => {
+        r#"
+local function put(command, key, list, first, last)
+  local reply
+  for s = first, last, 1000 do
+    reply = redis.call(command, key, unpack(list, s, math.min(s + 999, last)))
+  end
+  return reply
+end
+"#
+    };
+}
+
+const CREATE: &str = concat!(
+    put_lua!(),
+    r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local owner = redis.call('HMGET', KEYS[1], 'caller', 'tenant')
   local same = (owner[1] or '') == ARGV[10] and owner[2] == ARGV[4]
@@ -49,19 +69,13 @@ redis.call('HSET', KEYS[1], 'state', ARGV[11], 'total', ARGV[2], 'reply', ARGV[3
 local written = {KEYS[1]}
 local i = 12
 local n = tonumber(ARGV[i]); i = i + 1
-if n > 0 then
-  redis.call('HSET', KEYS[2], unpack(ARGV, i, i + 2 * n - 1)); written[#written + 1] = KEYS[2]
-end
+if n > 0 then put('HSET', KEYS[2], ARGV, i, i + 2 * n - 1); written[#written + 1] = KEYS[2] end
 i = i + 2 * n
 n = tonumber(ARGV[i]); i = i + 1
-if n > 0 then
-  redis.call('HSET', KEYS[3], unpack(ARGV, i, i + 2 * n - 1)); written[#written + 1] = KEYS[3]
-end
+if n > 0 then put('HSET', KEYS[3], ARGV, i, i + 2 * n - 1); written[#written + 1] = KEYS[3] end
 i = i + 2 * n
 n = tonumber(ARGV[i]); i = i + 1
-if n > 0 then
-  redis.call('RPUSH', KEYS[4], unpack(ARGV, i, i + n - 1)); written[#written + 1] = KEYS[4]
-end
+if n > 0 then put('RPUSH', KEYS[4], ARGV, i, i + n - 1); written[#written + 1] = KEYS[4] end
 i = i + n
 if ARGV[11] == 'final' then
   redis.call('HSET', KEYS[1], 'ended', 'no_tools', 'final_seq', n, 'published', 0)
@@ -70,13 +84,14 @@ n = tonumber(ARGV[i]); i = i + 1
 if n > 0 then
   local keys = {}
   for k = i, i + 2 * n - 1, 2 do keys[#keys + 1] = ARGV[k] end
-  redis.call('RPUSH', KEYS[5], unpack(keys))
-  redis.call('HSET', KEYS[6], unpack(ARGV, i, i + 2 * n - 1))
+  put('RPUSH', KEYS[5], keys, 1, #keys)
+  put('HSET', KEYS[6], ARGV, i, i + 2 * n - 1)
   written[#written + 1] = KEYS[5]; written[#written + 1] = KEYS[6]
 end
 for _, key in ipairs(written) do redis.call('PEXPIRE', key, ARGV[1]) end
 return {1}
-"#;
+"#
+);
 
 /// Records one result, write-once per call key, and stores its call's terminal state
 /// event. A result recorded at or after the turn's deadline is late even while the turn
@@ -179,28 +194,35 @@ return {'cancelled', m[1], m[2], redis.call('HGETALL', KEYS[2]), redis.call('HGE
 "#;
 
 /// Stores a turn's closing events (the last call states, the narration, `final` last)
-/// unless a `final` is stored already. KEYS: meta, events. ARGV: event*.
-const STORE_FINAL: &str = r#"
+/// unless a `final` is stored already. KEYS: meta, events. ARGV: event*. A meta hash
+/// without a `state` (written to after the turn's keys expired) is an unknown turn.
+const STORE_FINAL: &str = concat!(
+    put_lua!(),
+    r#"
 local meta = redis.call('HMGET', KEYS[1], 'state', 'final_seq', 'reply')
 if not meta[1] then return {'unknown'} end
 if meta[2] then return {'stored_before'} end
-local last = redis.call('RPUSH', KEYS[2], unpack(ARGV))
+local last = put('RPUSH', KEYS[2], ARGV, 1, #ARGV)
 redis.call('HSET', KEYS[1], 'final_seq', last, 'published', 0)
 return {'stored', meta[3], last - #ARGV + 1}
-"#;
+"#
+);
 
 /// Stores events of a turn that has not ended, and (with a call key) whose call has no
 /// result yet, so a `running` never follows the call's terminal state.
 /// KEYS: meta, events, results. ARGV: call key ('' for none), event*.
-const EMIT: &str = r#"
+const EMIT: &str = concat!(
+    put_lua!(),
+    r#"
 local meta = redis.call('HMGET', KEYS[1], 'final_seq', 'reply')
 if meta[1] then return {'ended'} end
 if ARGV[1] ~= '' and redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return {'ended'} end
 local reply = meta[2]
 if not reply then return {'unknown'} end
-local last = redis.call('RPUSH', KEYS[2], unpack(ARGV, 2))
+local last = put('RPUSH', KEYS[2], ARGV, 2, #ARGV)
 return {'emitted', reply, last - (#ARGV - 1) + 1}
-"#;
+"#
+);
 
 /// Sends a turn's later events to a new reply subject and returns the stored events
 /// after a seq, in one step, so nothing falls between the two. KEYS: meta, events.

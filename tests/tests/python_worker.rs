@@ -260,6 +260,7 @@ async fn a_python_worker_creates_the_streams_as_every_process_does() -> Result<(
         &[
             ("TOOLFLEET_NATS_URL", &urls),
             ("TOOLFLEET_STREAM_REPLICAS", "3"),
+            ("TOOLFLEET_STREAM_STORAGE", "file"),
         ],
     )?;
     let js = async_nats::jetstream::new(cluster.connect().await?);
