@@ -7,7 +7,7 @@
 use anyhow::{bail, Result};
 use serde_json::json;
 use toolfleet_common::call::unix_ms;
-use toolfleet_common::redis_client;
+use toolfleet_common::redis_client::{self, RedisConnection};
 use toolfleet_common::{CallResult, JobEnvelope, Names, ToolCall};
 use toolfleet_coordinator::join::{CallEntry, Created, Emitted, JoinStore, NewTurn, StoredFinal};
 
@@ -21,6 +21,11 @@ fn call(id: &str) -> ToolCall {
         arguments: json!({}),
         parent_id: None,
     }
+}
+
+/// `command key` (`HLEN`, `LLEN`) on `conn`.
+async fn size(conn: &mut RedisConnection, command: &str, key: String) -> Result<usize> {
+    Ok(redis::cmd(command).arg(key).query_async(conn).await?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,23 +102,10 @@ async fn a_turn_of_ten_thousand_values_is_created_and_ended() -> Result<()> {
     assert_eq!(store.create(new).await?, Created::New);
 
     let mut conn = redis;
-    let count = |cmd: &str, key: String| {
-        let mut c = redis::cmd(cmd);
-        c.arg(key);
-        c
-    };
-    let calls: usize = count("HLEN", names.turn_calls_key(turn_id))
-        .query_async(&mut conn)
-        .await?;
-    let results: usize = count("HLEN", names.turn_results_key(turn_id))
-        .query_async(&mut conn)
-        .await?;
-    let events: usize = count("LLEN", names.turn_events_key(turn_id))
-        .query_async(&mut conn)
-        .await?;
-    let queue: usize = count("LLEN", names.turn_queue_key(turn_id))
-        .query_async(&mut conn)
-        .await?;
+    let calls = size(&mut conn, "HLEN", names.turn_calls_key(turn_id)).await?;
+    let results = size(&mut conn, "HLEN", names.turn_results_key(turn_id)).await?;
+    let events = size(&mut conn, "LLEN", names.turn_events_key(turn_id)).await?;
+    let queue = size(&mut conn, "LLEN", names.turn_queue_key(turn_id)).await?;
     assert_eq!(
         (calls, results, events, queue),
         (CALLS, CALLS / 2, CALLS + 1, CALLS / 2)
@@ -137,9 +129,7 @@ async fn a_turn_of_ten_thousand_values_is_created_and_ended() -> Result<()> {
         }
         other => bail!("STORE_FINAL: {other:?}"),
     }
-    let events: usize = count("LLEN", names.turn_events_key(turn_id))
-        .query_async(&mut conn)
-        .await?;
+    let events = size(&mut conn, "LLEN", names.turn_events_key(turn_id)).await?;
     assert_eq!(events, CALLS + 1 + 2 * 9_000);
     Ok(())
 }
