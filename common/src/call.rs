@@ -291,9 +291,37 @@ pub fn now_rfc3339() -> String {
     rfc3339(time::OffsetDateTime::now_utc())
 }
 
-/// Formats `t` as RFC 3339 with millisecond precision, in UTC.
+/// Formats `t` as RFC 3339 with millisecond precision, in UTC
+/// (`2026-01-20T14:00:00.500Z`). Written digit by digit: every call and every result
+/// carries two timestamps, and the general formatter costs ten times as much.
 pub fn rfc3339(t: time::OffsetDateTime) -> String {
     let t = t.to_offset(time::UtcOffset::UTC);
+    let year = t.year();
+    let Ok(year) = u32::try_from(year) else {
+        return rfc3339_formatted(t);
+    };
+    if year > 9999 {
+        return rfc3339_formatted(t);
+    }
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut value: u32| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+    };
+    put(0, 4, year);
+    put(5, 2, u32::from(u8::from(t.month())));
+    put(8, 2, u32::from(t.day()));
+    put(11, 2, u32::from(t.hour()));
+    put(14, 2, u32::from(t.minute()));
+    put(17, 2, u32::from(t.second()));
+    put(20, 3, u32::from(t.millisecond()));
+    String::from_utf8(out.to_vec()).unwrap_or_default()
+}
+
+/// [`rfc3339`] through `time`'s formatter, for years outside 0000-9999.
+fn rfc3339_formatted(t: time::OffsetDateTime) -> String {
     let fmt = time::macros::format_description!(
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
     );
@@ -425,5 +453,30 @@ mod tests {
     fn timestamps_are_rfc3339() {
         let t = time::macros::datetime!(2026-01-20 14:00:00.5 UTC);
         assert_eq!(rfc3339(t), "2026-01-20T14:00:00.500Z");
+    }
+
+    #[test]
+    fn timestamps_match_the_general_formatter() {
+        // Every day of four centuries (leap days and century years included), at a
+        // time of day that moves through hours, minutes, seconds and milliseconds,
+        // plus the ends of the range the digit writer covers and the years past it.
+        let start = time::OffsetDateTime::from_unix_timestamp(-2_208_988_800).unwrap();
+        for day in 0..146_097i64 {
+            let t = start
+                + time::Duration::days(day)
+                + time::Duration::milliseconds((day * 7_919_993) % 86_400_000);
+            assert_eq!(rfc3339(t), rfc3339_formatted(t), "{t}");
+        }
+        for t in [
+            time::macros::datetime!(0000-01-01 00:00:00.000 UTC),
+            time::macros::datetime!(9999-12-31 23:59:59.999 UTC),
+            time::macros::datetime!(1970-01-01 00:00:00.0009 UTC),
+        ] {
+            assert_eq!(rfc3339(t), rfc3339_formatted(t), "{t}");
+        }
+        let east = time::macros::datetime!(2026-01-20 16:00:00.500 +02:00);
+        assert_eq!(rfc3339(east), "2026-01-20T14:00:00.500Z");
+        let past = time::macros::datetime!(-0001-06-01 00:00:00 UTC);
+        assert_eq!(rfc3339(past), rfc3339_formatted(past));
     }
 }
