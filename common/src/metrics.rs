@@ -6,7 +6,7 @@
 //! value that can grow without bound (tool names come from the registry, codes are
 //! stable); callers map unknown tools to one label.
 
-use opentelemetry::metrics::{Counter, Gauge, Histogram, UpDownCounter};
+use opentelemetry::metrics::{Counter, Gauge, Histogram};
 use opentelemetry::KeyValue;
 
 /// Metric names.
@@ -189,7 +189,6 @@ pub struct FleetMetrics {
     cancel_duration: Histogram<f64>,
     late: Counter<u64>,
     duplicates: Counter<u64>,
-    in_flight: UpDownCounter<i64>,
     counters: Vec<(&'static str, Counter<u64>)>,
     gauges: Vec<(&'static str, Gauge<i64>)>,
 }
@@ -274,6 +273,7 @@ const GAUGES: [(&str, &str, &str); 6] = [
 impl FleetMetrics {
     /// Instruments on the global meter provider.
     pub fn new() -> Self {
+        in_flight::register();
         let meter = opentelemetry::global::meter("toolfleet");
         let counter = |name: &'static str, description: &'static str| {
             meter
@@ -311,10 +311,6 @@ impl FleetMetrics {
             ),
             late: counter(names::LATE_RESULTS, "Results after their turn ended"),
             duplicates: counter(names::DUPLICATE_RESULTS, "Results ignored as duplicates"),
-            in_flight: meter
-                .i64_up_down_counter(names::JOBS_IN_FLIGHT)
-                .with_description("Calls executing on this worker")
-                .build(),
             counters: LABELLED_COUNTERS
                 .iter()
                 .map(|(name, description)| (*name, counter(name, description)))
@@ -536,10 +532,60 @@ impl FleetMetrics {
 
     /// A call started (`+1`) or stopped (`-1`) executing on this worker.
     pub fn in_flight(&self, tool: &str, delta: i64) {
-        self.in_flight.add(
-            delta,
-            &[KeyValue::new("gen_ai.tool.name", tool.to_string())],
-        );
+        in_flight::add(tool, delta);
+    }
+}
+
+/// `toolfleet.jobs.in_flight`: a count per tool in this process, moved by each call's
+/// start and end without building an attribute set, and reported by a callback at each
+/// collection (a non-monotonic sum, as an up-down counter is).
+mod in_flight {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::{Arc, Once, RwLock};
+
+    use opentelemetry::KeyValue;
+
+    /// The count of every tool that has run in this process.
+    static COUNTS: RwLock<Option<HashMap<String, Arc<AtomicI64>>>> = RwLock::new(None);
+
+    /// Moves `tool`'s count by `delta`; the first call of a tool also adds its count.
+    pub(super) fn add(tool: &str, delta: i64) {
+        if let Some(count) = COUNTS
+            .read()
+            .ok()
+            .and_then(|counts| counts.as_ref()?.get(tool).cloned())
+        {
+            count.fetch_add(delta, Ordering::Relaxed);
+            return;
+        }
+        if let Ok(mut counts) = COUNTS.write() {
+            counts
+                .get_or_insert_with(HashMap::new)
+                .entry(tool.to_string())
+                .or_default()
+                .fetch_add(delta, Ordering::Relaxed);
+        }
+    }
+
+    /// Registers the instrument on the global meter provider, once per process.
+    pub(super) fn register() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            let _in_flight = opentelemetry::global::meter("toolfleet")
+                .i64_observable_up_down_counter(super::names::JOBS_IN_FLIGHT)
+                .with_description("Calls executing on this worker")
+                .with_callback(|observer| {
+                    let Ok(counts) = COUNTS.read() else { return };
+                    for (tool, count) in counts.iter().flatten() {
+                        observer.observe(
+                            count.load(Ordering::Relaxed),
+                            &[KeyValue::new(super::TOOL, tool.clone())],
+                        );
+                    }
+                })
+                .build();
+        });
     }
 }
 
@@ -568,6 +614,7 @@ impl std::fmt::Debug for ChatMetrics {
 impl ChatMetrics {
     /// Instruments on the global meter provider.
     pub fn new() -> Self {
+        in_flight::register();
         let meter = opentelemetry::global::meter("toolfleet");
         let counter = |name: &'static str, description: &'static str| {
             meter
