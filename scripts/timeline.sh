@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# Where one turn's time goes, hop by hop, read off the spans the fleet exports.
+#
+#   scripts/timeline.sh [--keep DIR] [BINARY]
+#
+# BINARY is a release build of the CLI (default target/release/toolfleet). The script
+# starts its own nats-server -js (with its monitoring port, for message counts) and
+# redis-server on free loopback ports, a coordinator and a worker (test pack) exporting
+# every span over OTLP/HTTP to a sink of its own that decodes them, and drives them with
+# `toolfleet bench --attach --phases overhead` (its 4,000 turns of three test.noop calls
+# at concurrency 1, after its warm-up). It then groups the spans by
+# trace and prints, per step of a turn, the median over the turns of that step's
+# duration, with the messages nats-server handled per turn. All timestamps come from
+# one host's clock (both processes run here). `--keep DIR` keeps the decoded spans
+# (`spans.jsonl`, one span per line) and the bench's report. Everything it starts is
+# stopped when it exits; it takes about a minute.
+set -euo pipefail
+
+keep=""
+binary=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --keep) keep="$2"; shift 2 ;;
+    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    *) binary="$1"; shift ;;
+  esac
+done
+cd "$(dirname "$0")/.."
+binary="${binary:-${CARGO_TARGET_DIR:-target}/release/toolfleet}"
+[ -x "$binary" ] || { echo "no executable at $binary (cargo build --release -p toolfleet-cli)" >&2; exit 2; }
+for tool in nats-server redis-server python3; do
+  command -v "$tool" >/dev/null || { echo "$tool is needed (apt-get install -y nats-server redis-server python3)" >&2; exit 2; }
+done
+
+work="$(mktemp -d -t toolfleet-timeline-XXXXXX)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for _ in $(seq 1 50); do
+    alive=0
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  if [ -n "$keep" ]; then
+    mkdir -p "$keep" && cp "$work"/spans.jsonl "$work"/bench.json "$keep"/ 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+wait_port() {
+  for _ in $(seq 1 100); do
+    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "nothing listens on port $1" >&2; exit 1
+}
+
+nats_port="$(free_port)"; monitor_port="$(free_port)"; redis_port="$(free_port)"; sink_port="$(free_port)"
+nats-server -a 127.0.0.1 -p "$nats_port" -m "$monitor_port" -js -sd "$work/js" >"$work/nats.log" 2>&1 &
+pids+=($!); disown
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no >"$work/redis.log" 2>&1 &
+pids+=($!); disown
+
+# An OTLP/HTTP sink that decodes each trace export (protobuf, read field by field: only
+# the resource's service.name and each span's ids, name and times) into spans.jsonl.
+python3 - "$sink_port" "$work/spans.jsonl" >"$work/sink.log" 2>&1 <<'EOF' &
+import json, struct, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+def fields(buf):
+    """(field number, wire type, value) of each field of one protobuf message."""
+    i, n = 0, len(buf)
+    def varint():
+        nonlocal i
+        shift = value = 0
+        while True:
+            b = buf[i]; i += 1
+            value |= (b & 0x7F) << shift
+            if b < 0x80:
+                return value
+            shift += 7
+    while i < n:
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            yield number, wire, varint()
+        elif wire == 1:
+            yield number, wire, struct.unpack_from("<Q", buf, i)[0]; i += 8
+        elif wire == 2:
+            length = varint()
+            yield number, wire, buf[i:i + length]; i += length
+        elif wire == 5:
+            yield number, wire, struct.unpack_from("<I", buf, i)[0]; i += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+
+def service_of(resource):
+    for number, _, kv in fields(resource):
+        if number != 1:
+            continue
+        key = value = None
+        for n, _, v in fields(kv):
+            if n == 1:
+                key = v.decode()
+            elif n == 2:
+                for an, _, av in fields(v):
+                    if an == 1:
+                        value = av.decode()
+        if key == "service.name":
+            return value
+    return ""
+
+def spans_of(body):
+    for number, _, resource_spans in fields(body):
+        if number != 1:
+            continue
+        service, scopes = "", []
+        for n, _, v in fields(resource_spans):
+            if n == 1:
+                service = service_of(v)
+            elif n == 2:
+                scopes.append(v)
+        for scope in scopes:
+            for n, _, span in fields(scope):
+                if n != 2:
+                    continue
+                s = {"service": service}
+                for f, _, v in fields(span):
+                    if f == 1: s["trace"] = v.hex()
+                    elif f == 2: s["id"] = v.hex()
+                    elif f == 4: s["parent"] = v.hex()
+                    elif f == 5: s["name"] = v.decode()
+                    elif f == 7: s["start"] = v
+                    elif f == 8: s["end"] = v
+                yield s
+
+out = open(sys.argv[2], "a")
+class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path.endswith("/v1/traces"):
+            for span in spans_of(body):
+                out.write(json.dumps(span) + "\n")
+            out.flush()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+EOF
+pids+=($!); disown
+wait_port "$nats_port"; wait_port "$redis_port"; wait_port "$sink_port"; wait_port "$monitor_port"
+nats="nats://127.0.0.1:$nats_port"; redis="redis://127.0.0.1:$redis_port/"
+
+prefix="tft$$"
+export TOOLFLEET_HTTP_ADDR=off TOOLFLEET_RETENTION_MS=60000 RUST_LOG=warn
+export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$sink_port" OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf
+"$binary" --nats "$nats" --redis "$redis" --prefix "$prefix" coordinator >"$work/coordinator.log" 2>&1 &
+coordinator=$!; pids+=($coordinator); disown
+TOOLFLEET_WORKER_ID="$prefix-worker" "$binary" --nats "$nats" --redis "$redis" --prefix "$prefix" \
+  worker --packs test >"$work/worker.log" 2>&1 &
+worker=$!; pids+=($worker); disown
+unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_PROTOCOL
+
+varz() { python3 -c "
+import json, sys, urllib.request
+v = json.load(urllib.request.urlopen('http://127.0.0.1:$monitor_port/varz'))
+print(v['in_msgs'], v['out_msgs'])"; }
+before="$(varz)"
+"$binary" --nats "$nats" --redis "$redis" --prefix "$prefix" bench --attach --given-servers \
+  --phases overhead --out "$work/bench.json" >"$work/bench.log" 2>&1 \
+  || { cat "$work/bench.log" >&2; exit 1; }
+after="$(varz)"
+# The batch span processors export at least every few seconds: wait for the last batch.
+sleep 6
+kill "$coordinator" "$worker" 2>/dev/null || true
+for _ in $(seq 1 50); do
+  kill -0 "$coordinator" 2>/dev/null || kill -0 "$worker" 2>/dev/null || break
+  sleep 0.1
+done
+
+python3 - "$work/spans.jsonl" "$work/bench.json" "$before" "$after" <<'EOF'
+import collections, json, statistics, sys
+
+spans_file, bench_file, before, after = sys.argv[1:5]
+traces = collections.defaultdict(list)
+for line in open(spans_file):
+    s = json.loads(line)
+    traces[s.get("trace")].append(s)
+
+def starting(spans, prefix, service=None):
+    return sorted((s for s in spans if s.get("name", "").startswith(prefix)
+                   and (service is None or s["service"] == service)), key=lambda s: s["start"])
+
+steps = collections.defaultdict(list)
+whole = 0
+for spans in traces.values():
+    turn = starting(spans, "turn")
+    create = starting(spans, "EVALSHA CREATE")
+    jobs = starting(spans, "publish ", "toolfleet-coordinator")
+    delivered = starting(spans, "process ", "toolfleet-worker")
+    executed = starting(spans, "execute_tool ")
+    received = starting(spans, "process ", "toolfleet-coordinator")
+    recorded = starting(spans, "EVALSHA RECORD")
+    join = starting(spans, "join")
+    narrate = starting(spans, "narrate")
+    if not (turn and create and join and narrate) or len(jobs) != 3 or len(delivered) != 3 \
+            or len(executed) != 3 or len(received) != 3 or len(recorded) != 3:
+        continue
+    whole += 1
+    first_exec = min(executed, key=lambda s: s["end"])
+    first_result = received[0]
+    last_record_end = max(s["end"] for s in recorded)
+    ms = lambda a, b: (b - a) / 1e6
+    add = lambda name, a, b: steps[name].append(ms(a, b))
+    t = turn[0]
+    add("1 take the request (decode, validate, plan) until CREATE", t["start"], create[0]["start"])
+    add("2 CREATE round trip to Redis", create[0]["start"], create[0]["end"])
+    add("3 ack sent and the first job published after CREATE", create[0]["end"], jobs[0]["start"])
+    add("4 first job: publish until its stream ack", jobs[0]["start"], jobs[0]["end"])
+    add("5 first job: publish until the worker takes it (JetStream)", jobs[0]["start"], delivered[0]["start"])
+    add("6 worker: first job taken until its tool runs", delivered[0]["start"], executed[0]["start"])
+    add("7 tool (test.noop)", first_exec["start"], first_exec["end"])
+    add("8 first result: tool end until the coordinator takes it (JetStream)", first_exec["end"], first_result["start"])
+    add("9 first result: RECORD round trip to Redis", recorded[0]["start"], recorded[0]["end"])
+    add("10 worker: first to third job taken", delivered[0]["start"], delivered[2]["start"])
+    add("11 coordinator: first to third result taken", received[0]["start"], received[2]["start"])
+    add("12 last RECORD answered until the turn is joined", last_record_end, join[0]["start"])
+    add("13 narration (template narrator)", narrate[0]["start"], narrate[0]["end"])
+    add("14 narration end until the join ends (STORE_FINAL, events, mark sent)", narrate[0]["end"], join[0]["end"])
+    add("turn span, first to last instant", t["start"], t["end"])
+
+bench = json.load(open(bench_file))["modes"][0]["overhead"]
+(in0, out0), (in1, out1) = (map(int, x.split()) for x in (before, after))
+driven = bench["turn"]["count"] + bench["failed"] + json.load(open(bench_file))["plan"]["overhead_warmup"]
+print(f"turns of three test.noop calls at concurrency 1, tracing on: {whole} with every span")
+print(f"client p50 ms: ack {bench['ack']['p50_ms']:.3f}, first done {bench['first_done']['p50_ms']:.3f}, "
+      f"last done {bench['last_done']['p50_ms']:.3f}, final {bench['turn']['p50_ms']:.3f}")
+print(f"nats-server messages per turn: {(in1 - in0) / driven:.1f} in, {(out1 - out0) / driven:.1f} out")
+print()
+print("| step | p50 ms | p90 ms |")
+print("|---|---|---|")
+for name in sorted(steps, key=lambda k: (not k[0].isdigit(), int(k.split()[0]) if k[0].isdigit() else 0)):
+    v = sorted(steps[name])
+    print(f"| {name} | {statistics.median(v):.3f} | {v[int(len(v) * 0.9)]:.3f} |")
+EOF
