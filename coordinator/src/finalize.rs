@@ -466,28 +466,26 @@ async fn publish_final(
     } = ending;
     let chunks = narrate(replica, turn_id, tenant, &results).await;
     let limit = final_limit(replica);
-    let event = TurnEvent::Final(fit_final(
-        FinalEvent {
-            turn_id: turn_id.to_string(),
-            text: chunks.join(" "),
-            summary: Summary::of(&results),
-            history: render_history(&results),
-            results,
-            deadline_hit,
-        },
-        limit,
-    ));
+    let text = chunks.join(" ");
     let narration = chunks.into_iter().map(|text| TurnEvent::Narration {
         turn_id: turn_id.to_string(),
         text,
     });
-    let closing: Vec<String> = missing
+    let mut closing: Vec<String> = missing
         .iter()
         .map(|r| events::result_state(turn_id, r))
         .chain(narration)
-        .chain(std::iter::once(event))
         .filter_map(|e| events::encode(&e))
         .collect();
+    let event = FinalEvent {
+        turn_id: turn_id.to_string(),
+        text,
+        summary: Summary::of(&results),
+        history: render_history(&results),
+        results,
+        deadline_hit,
+    };
+    closing.extend(fit_final(event, limit));
     match replica.join.store_final(turn_id, &closing).await {
         Ok(StoredFinal::Stored { reply, first_seq }) => {
             fault::point(fault::EXIT_AFTER_FINAL_STORED);
@@ -560,45 +558,60 @@ const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 /// Bytes kept free below `max_payload` for the `seq` member and headers.
 const FINAL_HEADROOM: usize = 4096;
 
-/// `event` made to fit in `limit` bytes: the largest result bodies, one by one, are
-/// replaced by a `result_too_large` error of their call (every call id stays, in order),
-/// and the summary and history follow.
-fn fit_final(mut event: FinalEvent, limit: usize) -> FinalEvent {
-    let size = |e: &FinalEvent| serde_json::to_vec(e).map(|v| v.len()).unwrap_or(usize::MAX);
-    while size(&event) > limit {
-        let largest = event
-            .results
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.result.is_some())
-            .max_by_key(|(_, r)| r.result.as_ref().map(|v| v.to_string().len()));
-        let Some((index, _)) = largest else { break };
-        let original = &event.results[index];
-        let bytes = original
-            .result
-            .as_ref()
-            .map(|v| v.to_string().len())
-            .unwrap_or(0);
-        let call = ToolCall {
-            id: original.tool_call_id.clone(),
-            name: original.name.clone(),
-            arguments: serde_json::Value::Null,
-            parent_id: original.parent_id.clone(),
+/// The `final` event of `event`, encoded and made to fit in `limit` bytes: the largest
+/// result bodies, one by one, are replaced by a `result_too_large` error of their call
+/// (every call id stays, in order), and the summary and history follow. Encoded once
+/// when it fits, as nearly every `final` does.
+fn fit_final(event: FinalEvent, limit: usize) -> Option<String> {
+    let mut event = TurnEvent::Final(event);
+    loop {
+        let json = events::encode(&event)?;
+        let TurnEvent::Final(event) = &mut event else {
+            return Some(json);
         };
-        let message =
-            format!("the result ({bytes} bytes) was left out: the final must fit in {limit} bytes");
-        let mut replaced = CallResult::failure(
-            &call,
-            CallState::Error,
-            CallError::fatal(codes::RESULT_TOO_LARGE, message),
-        );
-        replaced.worker_id.clone_from(&original.worker_id);
-        replaced.attempts = original.attempts;
-        event.results[index] = replaced;
-        event.summary = Summary::of(&event.results);
-        event.history = render_history(&event.results);
+        if json.len() <= limit || !shrink_final(event, limit) {
+            return Some(json);
+        }
     }
-    event
+}
+
+/// Replaces the largest result body of `event` by a `result_too_large` error of its
+/// call; false when no result body is left.
+fn shrink_final(event: &mut FinalEvent, limit: usize) -> bool {
+    let largest = event
+        .results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.result.is_some())
+        .max_by_key(|(_, r)| r.result.as_ref().map(|v| v.to_string().len()));
+    let Some((index, _)) = largest else {
+        return false;
+    };
+    let original = &event.results[index];
+    let bytes = original
+        .result
+        .as_ref()
+        .map(|v| v.to_string().len())
+        .unwrap_or(0);
+    let call = ToolCall {
+        id: original.tool_call_id.clone(),
+        name: original.name.clone(),
+        arguments: serde_json::Value::Null,
+        parent_id: original.parent_id.clone(),
+    };
+    let message =
+        format!("the result ({bytes} bytes) was left out: the final must fit in {limit} bytes");
+    let mut replaced = CallResult::failure(
+        &call,
+        CallState::Error,
+        CallError::fatal(codes::RESULT_TOO_LARGE, message),
+    );
+    replaced.worker_id.clone_from(&original.worker_id);
+    replaced.attempts = original.attempts;
+    event.results[index] = replaced;
+    event.summary = Summary::of(&event.results);
+    event.history = render_history(&event.results);
+    true
 }
 
 /// The result of a call that has none at the end: `cancelled` when the caller cancelled
@@ -656,5 +669,56 @@ mod tests {
         assert_eq!(code(false).as_deref(), Some(codes::TOOL_TIMEOUT));
         assert_eq!(code(true).as_deref(), Some(codes::DEADLINE_EXCEEDED));
         assert!(join_error(&[], false).is_none());
+    }
+
+    #[test]
+    fn a_final_is_encoded_once_as_it_is_or_fitted_to_the_limit() {
+        let call = |id: &str| ToolCall {
+            id: id.into(),
+            name: "t".into(),
+            arguments: serde_json::Value::Null,
+            parent_id: None,
+        };
+        let results = vec![
+            CallResult::success(&call("small"), serde_json::json!({"n": 1})),
+            CallResult::success(&call("large"), serde_json::json!({"text": "x".repeat(8_000)})),
+            CallResult::success(&call("medium"), serde_json::json!({"text": "y".repeat(3_000)})),
+        ];
+        let event = FinalEvent {
+            turn_id: "turn".into(),
+            text: "done".into(),
+            summary: Summary::of(&results),
+            history: render_history(&results),
+            results,
+            deadline_hit: false,
+        };
+        // Fits: the encoding is the event's, unchanged.
+        let whole = events::encode(&TurnEvent::Final(event.clone()));
+        assert_eq!(fit_final(event.clone(), 1 << 20), whole);
+
+        // Over the limit: the largest body goes first, then the next, until it fits.
+        let fits = |limit: usize| {
+            let json = fit_final(event.clone(), limit).expect("encodes");
+            assert!(json.len() <= limit, "{} > {limit}", json.len());
+            let Ok(TurnEvent::Final(fitted)) = serde_json::from_str(&json) else {
+                panic!("not a final: {json}");
+            };
+            let ids: Vec<_> = fitted.results.iter().map(|r| r.tool_call_id.clone()).collect();
+            assert_eq!(ids, ["small", "large", "medium"]);
+            let left_out: Vec<_> = fitted
+                .results
+                .iter()
+                .filter(|r| r.error.as_ref().is_some_and(|e| e.code == codes::RESULT_TOO_LARGE))
+                .map(|r| r.tool_call_id.clone())
+                .collect();
+            assert_eq!(fitted.summary, Summary::of(&fitted.results));
+            left_out
+        };
+        assert_eq!(fits(whole.as_ref().map_or(0, String::len) - 100), ["large"]);
+        assert_eq!(fits(4_000), ["large", "medium"]);
+
+        // Nothing left to leave out: the smallest encoding there is.
+        let tight = fit_final(event, 10).expect("encodes");
+        assert!(tight.contains(codes::RESULT_TOO_LARGE));
     }
 }
