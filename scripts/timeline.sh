@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
 # Where one turn's time goes, hop by hop, read off the spans the fleet exports.
 #
-#   scripts/timeline.sh [--keep DIR] [BINARY]
+#   scripts/timeline.sh [--phase overhead|parallel] [--keep DIR] [BINARY]
 #
 # BINARY is a release build of the CLI (default target/release/toolfleet). The script
 # starts its own nats-server -js (with its monitoring port, for message counts) and
 # redis-server on free loopback ports, a coordinator and a worker (test pack) exporting
 # every span over OTLP/HTTP to a sink of its own that decodes them, and drives them with
 # `toolfleet bench --attach --phases overhead` (its 4,000 turns of three test.noop calls
-# at concurrency 1, after its warm-up). It then groups the spans by
-# trace and prints, per step of a turn, the median over the turns of that step's
-# duration, with the messages nats-server handled per turn. All timestamps come from
+# at concurrency 1, after its warm-up); `--phase parallel` drives the parallel phase
+# instead (turns of three 50 ms test.behave calls, each followed by three test.noop
+# calls after 50 ms idle). It then groups the spans by trace and prints, per tool and
+# step of a turn, the median over the turns of that step's duration, with the messages
+# nats-server handled per turn. All timestamps come from
 # one host's clock (both processes run here). `--keep DIR` keeps the decoded spans
 # (`spans.jsonl`, one span per line) and the bench's report. Everything it starts is
 # stopped when it exits; it takes about a minute.
 set -euo pipefail
 
 keep=""
+phase=overhead
 binary=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --keep) keep="$2"; shift 2 ;;
-    -h|--help) sed -n 2,16p "$0"; exit 0 ;;
+    --phase) phase="$2"; shift 2 ;;
+    -h|--help) sed -n 2,19p "$0"; exit 0 ;;
     *) binary="$1"; shift ;;
   esac
 done
 cd "$(dirname "$0")/.."
 binary="${binary:-${CARGO_TARGET_DIR:-target}/release/toolfleet}"
+case "$phase" in overhead|parallel) ;; *) echo "--phase takes overhead or parallel" >&2; exit 2 ;; esac
 [ -x "$binary" ] || { echo "no executable at $binary (cargo build --release -p toolfleet-cli)" >&2; exit 2; }
 for tool in nats-server redis-server python3; do
   command -v "$tool" >/dev/null || { echo "$tool is needed (apt-get install -y nats-server redis-server python3)" >&2; exit 2; }
@@ -177,7 +182,7 @@ v = json.load(urllib.request.urlopen('http://127.0.0.1:$monitor_port/varz'))
 print(v['in_msgs'], v['out_msgs'])"; }
 before="$(varz)"
 "$binary" --nats "$nats" --redis "$redis" --prefix "$prefix" bench --attach --given-servers \
-  --phases overhead --out "$work/bench.json" >"$work/bench.log" 2>&1 \
+  --phases "$phase" --out "$work/bench.json" >"$work/bench.log" 2>&1 \
   || { cat "$work/bench.log" >&2; exit 1; }
 after="$(varz)"
 # The batch span processors export at least every few seconds: wait for the last batch.
@@ -221,7 +226,8 @@ for spans in traces.values():
     first_result = received[0]
     last_record_end = max(s["end"] for s in recorded)
     ms = lambda a, b: (b - a) / 1e6
-    add = lambda name, a, b: steps[name].append(ms(a, b))
+    tool = executed[0]["name"].split()[-1]
+    add = lambda name, a, b: steps[(tool, name)].append(ms(a, b))
     t = turn[0]
     add("1 take the request (decode, validate, plan) until CREATE", t["start"], create[0]["start"])
     add("2 CREATE round trip to Redis", create[0]["start"], create[0]["end"])
@@ -229,7 +235,7 @@ for spans in traces.values():
     add("4 first job: publish until its stream ack", jobs[0]["start"], jobs[0]["end"])
     add("5 first job: publish until the worker takes it (JetStream)", jobs[0]["start"], delivered[0]["start"])
     add("6 worker: first job taken until its tool runs", delivered[0]["start"], executed[0]["start"])
-    add("7 tool (test.noop)", first_exec["start"], first_exec["end"])
+    add("7 tool", first_exec["start"], first_exec["end"])
     add("8 first result: tool end until the coordinator takes it (JetStream)", first_exec["end"], first_result["start"])
     add("9 first result: RECORD round trip to Redis", recorded[0]["start"], recorded[0]["end"])
     add("10 worker: first to third job taken", delivered[0]["start"], delivered[2]["start"])
@@ -239,17 +245,23 @@ for spans in traces.values():
     add("14 narration end until the join ends (STORE_FINAL, events, mark sent)", narrate[0]["end"], join[0]["end"])
     add("turn span, first to last instant", t["start"], t["end"])
 
-bench = json.load(open(bench_file))["modes"][0]["overhead"]
 (in0, out0), (in1, out1) = (map(int, x.split()) for x in (before, after))
-driven = bench["turn"]["count"] + bench["failed"] + json.load(open(bench_file))["plan"]["overhead_warmup"]
-print(f"turns of three test.noop calls at concurrency 1, tracing on: {whole} with every span")
-print(f"client p50 ms: ack {bench['ack']['p50_ms']:.3f}, first done {bench['first_done']['p50_ms']:.3f}, "
-      f"last done {bench['last_done']['p50_ms']:.3f}, final {bench['turn']['p50_ms']:.3f}")
-print(f"nats-server messages per turn: {(in1 - in0) / driven:.1f} in, {(out1 - out0) / driven:.1f} out")
+print(f"turns of three calls, tracing on: {whole} with every span")
+overhead = json.load(open(bench_file))["modes"][0].get("overhead")
+if overhead:
+    print(f"client p50 ms: ack {overhead['ack']['p50_ms']:.3f}, first done "
+          f"{overhead['first_done']['p50_ms']:.3f}, last done {overhead['last_done']['p50_ms']:.3f}, "
+          f"final {overhead['turn']['p50_ms']:.3f}")
+print(f"nats-server messages per turn: {(in1 - in0) / max(len(traces), 1):.1f} in, "
+      f"{(out1 - out0) / max(len(traces), 1):.1f} out")
 print()
-print("| step | p50 ms | p90 ms |")
-print("|---|---|---|")
-for name in sorted(steps, key=lambda k: (not k[0].isdigit(), int(k.split()[0]) if k[0].isdigit() else 0)):
-    v = sorted(steps[name])
-    print(f"| {name} | {statistics.median(v):.3f} | {v[int(len(v) * 0.9)]:.3f} |")
+def order(key):
+    tool, name = key
+    head = name.split()[0]
+    return (tool, not head.isdigit(), int(head) if head.isdigit() else 0)
+print("| tool | step | p50 ms | p90 ms |")
+print("|---|---|---|---|")
+for key in sorted(steps, key=order):
+    v = sorted(steps[key])
+    print(f"| {key[0]} | {key[1]} | {statistics.median(v):.3f} | {v[int(len(v) * 0.9)]:.3f} |")
 EOF
