@@ -681,8 +681,14 @@ mod tests {
         };
         let results = vec![
             CallResult::success(&call("small"), serde_json::json!({"n": 1})),
-            CallResult::success(&call("large"), serde_json::json!({"text": "x".repeat(8_000)})),
-            CallResult::success(&call("medium"), serde_json::json!({"text": "y".repeat(3_000)})),
+            CallResult::success(
+                &call("large"),
+                serde_json::json!({"text": "x".repeat(8_000)}),
+            ),
+            CallResult::success(
+                &call("medium"),
+                serde_json::json!({"text": "y".repeat(3_000)}),
+            ),
         ];
         let event = FinalEvent {
             turn_id: "turn".into(),
@@ -703,12 +709,20 @@ mod tests {
             let Ok(TurnEvent::Final(fitted)) = serde_json::from_str(&json) else {
                 panic!("not a final: {json}");
             };
-            let ids: Vec<_> = fitted.results.iter().map(|r| r.tool_call_id.clone()).collect();
+            let ids: Vec<_> = fitted
+                .results
+                .iter()
+                .map(|r| r.tool_call_id.clone())
+                .collect();
             assert_eq!(ids, ["small", "large", "medium"]);
             let left_out: Vec<_> = fitted
                 .results
                 .iter()
-                .filter(|r| r.error.as_ref().is_some_and(|e| e.code == codes::RESULT_TOO_LARGE))
+                .filter(|r| {
+                    r.error
+                        .as_ref()
+                        .is_some_and(|e| e.code == codes::RESULT_TOO_LARGE)
+                })
                 .map(|r| r.tool_call_id.clone())
                 .collect();
             assert_eq!(fitted.summary, Summary::of(&fitted.results));

@@ -92,6 +92,35 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
         "{worker_metrics}"
     );
 
+    // Calls running now, by tool: one while a call sleeps, none once it ended.
+    let in_flight = |text: &str| {
+        metric_value(
+            text,
+            "toolfleet_jobs_in_flight",
+            &["gen_ai_tool_name=\"test.behave\""],
+        )
+    };
+    assert_eq!(in_flight(&worker_metrics), Some(0.0), "{worker_metrics}");
+    let running = vec![call("slow", "test.behave", json!({"sleep_ms": 1500}))];
+    let watch = async {
+        let until = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (_, text) = http_get(worker_port, "/metrics").await?;
+            if in_flight(&text) == Some(1.0) || tokio::time::Instant::now() >= until {
+                return anyhow::Ok(in_flight(&text));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (outcome, seen) = tokio::join!(
+        fleet.run_calls("acme", running, Duration::from_secs(10)),
+        watch
+    );
+    assert_eq!(outcome?.final_event.summary.ok, 1);
+    assert_eq!(seen?, Some(1.0));
+    let (_, worker_metrics) = http_get(worker_port, "/metrics").await?;
+    assert_eq!(in_flight(&worker_metrics), Some(0.0), "{worker_metrics}");
+
     // Readiness follows Redis; liveness does not.
     fleet.redis.stop().await;
     wait_status(coordinator_port, "/readyz", 503).await?;
