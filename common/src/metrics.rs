@@ -542,7 +542,7 @@ impl FleetMetrics {
 mod in_flight {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicI64, Ordering};
-    use std::sync::{Arc, Once, RwLock};
+    use std::sync::{Arc, Once, PoisonError, RwLock};
 
     use opentelemetry::KeyValue;
 
@@ -551,24 +551,28 @@ mod in_flight {
 
     /// Moves `tool`'s count by `delta`; the first call of a tool also adds its count.
     pub(super) fn add(tool: &str, delta: i64) {
-        if let Some(count) = COUNTS
+        // Only counts are kept under the lock, so one poisoned by a panic is still whole.
+        let known = COUNTS
             .read()
-            .ok()
-            .and_then(|counts| counts.as_ref()?.get(tool).cloned())
-        {
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .and_then(|counts| counts.get(tool).cloned());
+        if let Some(count) = known {
             count.fetch_add(delta, Ordering::Relaxed);
             return;
         }
-        if let Ok(mut counts) = COUNTS.write() {
-            counts
-                .get_or_insert_with(HashMap::new)
-                .entry(tool.to_string())
-                .or_default()
-                .fetch_add(delta, Ordering::Relaxed);
-        }
+        COUNTS
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(HashMap::new)
+            .entry(tool.to_string())
+            .or_default()
+            .fetch_add(delta, Ordering::Relaxed);
     }
 
-    /// Registers the instrument on the global meter provider, once per process.
+    /// Registers the instrument on the global meter provider, once per process: the
+    /// provider installed then (the binaries install theirs before any `FleetMetrics`)
+    /// reports it, as it does the process metrics.
     pub(super) fn register() {
         static ONCE: Once = Once::new();
         ONCE.call_once(|| {
@@ -576,7 +580,7 @@ mod in_flight {
                 .i64_observable_up_down_counter(super::names::JOBS_IN_FLIGHT)
                 .with_description("Calls executing on this worker")
                 .with_callback(|observer| {
-                    let Ok(counts) = COUNTS.read() else { return };
+                    let counts = COUNTS.read().unwrap_or_else(PoisonError::into_inner);
                     for (tool, count) in counts.iter().flatten() {
                         observer.observe(
                             count.load(Ordering::Relaxed),

@@ -154,6 +154,8 @@ impl Serving {
         let (current, tool) = watch::channel(served);
         let concurrency = self.config.concurrency;
         self.shared.metrics.worker_capacity(&name, concurrency);
+        // The tool's running-call count exists from now on, at 0 until a call runs.
+        self.shared.metrics.in_flight(&name, 0);
         let each = concurrency.div_ceil(consumers.len().max(1)).max(1);
         for consumer in consumers {
             let serve = serve_tool(
