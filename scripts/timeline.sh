@@ -55,16 +55,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-wait_port() {
-  for _ in $(seq 1 100); do
-    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2; exit 1
-}
+# shellcheck source=scripts/ports.sh
+. scripts/ports.sh
 
 nats_port="$(free_port)"; monitor_port="$(free_port)"; redis_port="$(free_port)"; sink_port="$(free_port)"
 nats-server -a 127.0.0.1 -p "$nats_port" -m "$monitor_port" -js -sd "$work/js" >"$work/nats.log" 2>&1 &
