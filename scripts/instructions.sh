@@ -81,21 +81,7 @@ nats="nats://127.0.0.1:$nats_port"; redis="redis://127.0.0.1:$redis_port/"
 
 if [ "$tracing" = on ]; then
   # An OTLP/HTTP sink that accepts every export (an empty protobuf response is success).
-  python3 - "$sink_port" >"$work/sink.log" 2>&1 <<'EOF' &
-import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class Sink(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-    def log_message(self, *args):
-        pass
-ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
-EOF
+  python3 scripts/otlp_sink.py "$sink_port" >"$work/sink.log" 2>&1 &
   pids+=($!); disown
   wait_port "$sink_port"
   export OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:$sink_port"
