@@ -546,10 +546,10 @@ mod in_flight {
 
     use opentelemetry::KeyValue;
 
-    /// The count of every tool that has run in this process.
+    /// The count of every tool this process serves or has run.
     static COUNTS: RwLock<Option<HashMap<String, Arc<AtomicI64>>>> = RwLock::new(None);
 
-    /// Moves `tool`'s count by `delta`; the first call of a tool also adds its count.
+    /// Moves `tool`'s count by `delta`, adding the tool at its first mention.
     pub(super) fn add(tool: &str, delta: i64) {
         // Only counts are kept under the lock, so one poisoned by a panic is still whole.
         let known = COUNTS
@@ -618,7 +618,6 @@ impl std::fmt::Debug for ChatMetrics {
 impl ChatMetrics {
     /// Instruments on the global meter provider.
     pub fn new() -> Self {
-        in_flight::register();
         let meter = opentelemetry::global::meter("toolfleet");
         let counter = |name: &'static str, description: &'static str| {
             meter
