@@ -32,6 +32,7 @@ use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::startup::Replica;
 use crate::trace::{self, TurnOutcome, TurnTrace};
+use crate::turns::Ready;
 
 /// Longest a narrator may take before the template narration is used instead.
 pub const NARRATE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -235,20 +236,12 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, rea
         (None, Some(traceparent)) => telemetry::set_parent_from_traceparent(&span, traceparent),
         (None, None) => {}
     }
-    let turn_seconds = unix_ms().saturating_sub(closing.created_unix_ms) as f64 / 1000.0;
+    let created_unix_ms = closing.created_unix_ms;
     let (summary, error, stored) = async {
         let (ordered, missing) = complete_results(closing, reason);
         let summary = Summary::of(&ordered);
         let error = join_error(&ordered, deadline_hit);
-        let current = tracing::Span::current();
-        current.record("toolfleet.summary.ok", summary.ok as i64);
-        current.record("toolfleet.summary.errors", summary.errors as i64);
-        current.record("toolfleet.summary.timeouts", summary.timeouts as i64);
-        current.record("toolfleet.summary.skipped", summary.skipped as i64);
-        current.record("toolfleet.summary.cancelled", summary.cancelled as i64);
-        if let Some(error) = &error {
-            telemetry::set_error(&current, &error.code, &error.message);
-        }
+        record_summary(&tracing::Span::current(), &summary, error.as_ref());
         let ending = Ending {
             turn_id,
             tenant: &tenant,
@@ -269,21 +262,177 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, rea
         replica.turns.release(turn_id);
         return;
     }
-    if let Some(trace) = &trace {
+    let ended = Ended {
+        turn_id,
+        reason,
+        summary: &summary,
+        error: error.as_ref(),
+        created_unix_ms,
+    };
+    turn_ended(replica, trace.as_ref(), ended).await;
+}
+
+/// A turn whose `final` this replica stored and sent.
+struct Ended<'a> {
+    turn_id: &'a str,
+    reason: EndReason,
+    summary: &'a Summary,
+    /// What the `join` span reports as its error.
+    error: Option<&'a CallError>,
+    /// When the turn was taken, Unix milliseconds.
+    created_unix_ms: u64,
+}
+
+/// After a turn's `final` went out from here: ends the turn span, counts the turn,
+/// tells the replica that took the turn when that is another one, and forgets it.
+async fn turn_ended(replica: &Arc<Replica>, trace: Option<&TurnTrace>, ended: Ended<'_>) {
+    let Ended {
+        turn_id,
+        reason,
+        summary,
+        error,
+        created_unix_ms,
+    } = ended;
+    let deadline_hit = reason.deadline_hit();
+    if let Some(trace) = trace {
         trace.end(&TurnOutcome {
             turn_id,
             outcome: reason.label(),
-            summary: Some(&summary),
+            summary: Some(summary),
             deadline_hit,
-            error: error.as_ref().filter(|_| deadline_hit),
+            error: error.filter(|_| deadline_hit),
         });
     }
+    let turn_seconds = unix_ms().saturating_sub(created_unix_ms) as f64 / 1000.0;
     replica.metrics.turn_ended(reason.label(), turn_seconds);
     // Another replica that took the turn is told; this one forgets it at once.
     if !replica.turns.owns(turn_id) {
         events::notify_ended(replica, turn_id).await;
     }
     replica.turns.release(turn_id);
+}
+
+/// The `join` span's summary attributes and its error.
+fn record_summary(span: &tracing::Span, summary: &Summary, error: Option<&CallError>) {
+    span.record("toolfleet.summary.ok", summary.ok as i64);
+    span.record("toolfleet.summary.errors", summary.errors as i64);
+    span.record("toolfleet.summary.timeouts", summary.timeouts as i64);
+    span.record("toolfleet.summary.skipped", summary.skipped as i64);
+    span.record("toolfleet.summary.cancelled", summary.cancelled as i64);
+    if let Some(error) = error {
+        telemetry::set_error(span, &error.code, &error.message);
+    }
+}
+
+/// The closing events of an owned turn, built before its last result is recorded
+/// (`results.rs`), with what ending the turn reports.
+pub(crate) struct ClosedAhead {
+    /// The narration chunks and the `final`, last.
+    pub events: Vec<String>,
+    /// Each other call's key and the fingerprint of its result in the `final`.
+    pub checks: Vec<(String, String)>,
+    summary: Summary,
+    error: Option<CallError>,
+    created_unix_ms: u64,
+    trace: Option<TurnTrace>,
+}
+
+/// Builds the closing events of an owned turn from `ready` (every call's result, the
+/// one being recorded included), when the narrator narrates ahead: under a `narrate`
+/// span, a child of the current span (the completing result's). `None` when the
+/// narrator narrates only after the join.
+pub(crate) fn close_ahead(
+    replica: &Replica,
+    turn_id: &str,
+    tenant: &str,
+    ready: Ready,
+) -> Option<ClosedAhead> {
+    if !replica.narrator.narrates_ahead() {
+        return None;
+    }
+    let Ready {
+        results,
+        checks,
+        created_unix_ms,
+        trace,
+    } = ready;
+    let chunks = {
+        let registry = replica.registry.snapshot();
+        let input = NarrationInput {
+            user_message: None,
+            results: &results,
+            tools: results
+                .iter()
+                .map(|r| registry.get(&r.name).map(|t| &t.definition))
+                .collect(),
+        };
+        let _narrating = narrate_span(turn_id, tenant).entered();
+        match replica.narrator.narrate_ahead(&input)? {
+            chunks if chunks.is_empty() => vec![FALLBACK.to_string()],
+            chunks => chunks,
+        }
+    };
+    let summary = Summary::of(&results);
+    let error = join_error(&results, false);
+    let events = closing_events(replica, turn_id, chunks, results, &[], false);
+    Some(ClosedAhead {
+        events,
+        checks,
+        summary,
+        error,
+        created_unix_ms,
+        trace,
+    })
+}
+
+/// Ends a turn whose completing `RECORD` stored `closed`'s events after the call's
+/// `state` (at `seq`): sends them, marks the `final` sent and ends the turn, under a
+/// `join` span as [`close_turn`] does.
+pub(crate) async fn send_closed_ahead(
+    replica: &Arc<Replica>,
+    turn_id: &str,
+    reply: &str,
+    seq: u64,
+    state: String,
+    closed: ClosedAhead,
+) {
+    let ClosedAhead {
+        events: closing,
+        summary,
+        error,
+        created_unix_ms,
+        trace,
+        ..
+    } = closed;
+    let tenant = trace
+        .as_ref()
+        .map(|t| t.tenant.as_str())
+        .unwrap_or_default();
+    let span = join_span(turn_id, tenant, EndReason::Complete);
+    if let Some(trace) = &trace {
+        trace.parent(&span);
+    }
+    record_summary(&span, &summary, error.as_ref());
+    async {
+        fault::point(fault::EXIT_AFTER_FINAL_STORED);
+        let mut stored = Vec::with_capacity(closing.len() + 1);
+        stored.push(state);
+        stored.extend(closing);
+        events::publish_stored(replica, reply, seq, &stored).await;
+        if let Err(error) = replica.join.mark_published(turn_id).await {
+            warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
+        }
+    }
+    .instrument(span)
+    .await;
+    let ended = Ended {
+        turn_id,
+        reason: EndReason::Complete,
+        summary: &summary,
+        error: error.as_ref(),
+        created_unix_ms,
+    };
+    turn_ended(replica, trace.as_ref(), ended).await;
 }
 
 /// Sends every stored event of an ended turn again and marks its `final` sent.
@@ -465,7 +614,36 @@ async fn publish_final(
         deadline_hit,
     } = ending;
     let chunks = narrate(replica, turn_id, tenant, &results).await;
-    let limit = final_limit(replica);
+    let closing = closing_events(replica, turn_id, chunks, results, missing, deadline_hit);
+    match replica.join.store_final(turn_id, &closing).await {
+        Ok(StoredFinal::Stored { reply, first_seq }) => {
+            fault::point(fault::EXIT_AFTER_FINAL_STORED);
+            events::publish_stored(replica, &reply, first_seq, &closing).await;
+            if let Err(error) = replica.join.mark_published(turn_id).await {
+                warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
+            }
+            true
+        }
+        Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => false,
+        Err(error) => {
+            replica.metrics.redis_error("store_final");
+            warn!(%turn_id, %error, "could not store the final; the sweeper ends the turn");
+            false
+        }
+    }
+}
+
+/// A turn's closing events: the states of the calls that never answered (`missing`),
+/// the narration `chunks`, and the `final` holding `results`, fitted to the largest
+/// message the NATS server takes.
+fn closing_events(
+    replica: &Replica,
+    turn_id: &str,
+    chunks: Vec<String>,
+    results: Vec<CallResult>,
+    missing: &[CallResult],
+    deadline_hit: bool,
+) -> Vec<String> {
     let text = chunks.join(" ");
     let narration = chunks.into_iter().map(|text| TurnEvent::Narration {
         turn_id: turn_id.to_string(),
@@ -485,23 +663,18 @@ async fn publish_final(
         results,
         deadline_hit,
     };
-    closing.extend(fit_final(event, limit));
-    match replica.join.store_final(turn_id, &closing).await {
-        Ok(StoredFinal::Stored { reply, first_seq }) => {
-            fault::point(fault::EXIT_AFTER_FINAL_STORED);
-            events::publish_stored(replica, &reply, first_seq, &closing).await;
-            if let Err(error) = replica.join.mark_published(turn_id).await {
-                warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
-            }
-            true
-        }
-        Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => false,
-        Err(error) => {
-            replica.metrics.redis_error("store_final");
-            warn!(%turn_id, %error, "could not store the final; the sweeper ends the turn");
-            false
-        }
-    }
+    closing.extend(fit_final(event, final_limit(replica)));
+    closing
+}
+
+/// The `narrate` span of a turn.
+fn narrate_span(turn_id: &str, tenant: &str) -> tracing::Span {
+    info_span!(
+        "narrate",
+        otel.name = spans::NARRATE,
+        toolfleet.turn.id = turn_id,
+        toolfleet.tenant.id = tenant,
+    )
 }
 
 /// The narration of `results`: the narrator's chunks, or the templates' when it fails
@@ -523,12 +696,7 @@ async fn narrate(
         tools,
     };
     let narration = tokio::time::timeout(NARRATE_TIMEOUT, replica.narrator.narrate(&input))
-        .instrument(info_span!(
-            "narrate",
-            otel.name = spans::NARRATE,
-            toolfleet.turn.id = turn_id,
-            toolfleet.tenant.id = tenant,
-        ))
+        .instrument(narrate_span(turn_id, tenant))
         .await;
     match narration {
         Ok(Ok(chunks)) if !chunks.is_empty() => chunks,

@@ -37,7 +37,7 @@ use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
 use crate::startup::Replica;
 use crate::trace::{self, TurnTrace};
-use crate::turns::OwnedTurn;
+use crate::turns::{Ahead, OwnedTurn};
 use crate::validate::{plan, Limits, PlannedCall, Verdict};
 
 /// Metric label of calls whose tool is not in the registry (model-written names would
@@ -262,16 +262,23 @@ async fn take_turn(
     }
 
     let timer = CancellationToken::new();
+    let tools = layout
+        .calls
+        .iter()
+        .map(|(_, call)| (call.id.clone(), call.name.clone()))
+        .collect();
+    let ahead = if replica.narrator.narrates_ahead() {
+        Ahead::new(layout.calls, &refused, now)
+    } else {
+        None
+    };
     let owned = OwnedTurn {
         reply,
         trace: trace.clone(),
         timer: timer.clone(),
         ended_calls: Default::default(),
-        tools: layout
-            .calls
-            .iter()
-            .map(|(_, call)| (call.id.clone(), call.name.clone()))
-            .collect(),
+        tools,
+        ahead,
     };
     replica.turns.own(turn_id.clone(), owned);
     deadline::arm(&replica, turn_id.clone(), deadline, timer);

@@ -106,7 +106,17 @@ return {1}
 /// result hands back the released calls still unconfirmed, so a replica that died
 /// between releasing and publishing is covered by the redelivery of the result that
 /// released them (publishing again is safe: the job's message id de-duplicates it).
-const RECORD: &str = r#"
+///
+/// ARGV 6 on, when given: n_checks, (key, fingerprint)*, event*: the turn's closing
+/// events built ahead (narration, `final` last) from the results whose fingerprints
+/// (`sha1hex` of the stored body) are given for every other call. When this result
+/// completes the turn and every other stored result matches, the events are stored
+/// after the call's state (seq + 1, …) and the `final` marked stored, in this one step
+/// (`complete_stored`); otherwise the turn is handed back to be closed after the join
+/// (`complete`), as without them.
+const RECORD: &str = concat!(
+    put_lua!(),
+    r#"
 local meta = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'reply', 'paced', 'total',
   'created', 'traceparent', 'trace')
 local state = meta[1]
@@ -140,6 +150,24 @@ if redis.call('PTTL', KEYS[3]) < 0 then
 end
 local seq = redis.call('RPUSH', KEYS[4], ARGV[5])
 if redis.call('HLEN', KEYS[3]) >= tonumber(meta[5]) then
+  local n = tonumber(ARGV[6] or '-1')
+  if n >= 0 and n + 1 == tonumber(meta[5]) then
+    local same = true
+    for i = 7, 6 + 2 * n, 2 do
+      local stored = redis.call('HGET', KEYS[3], ARGV[i])
+      if ARGV[i] == ARGV[1] or not stored or redis.sha1hex(stored) ~= ARGV[i + 1] then
+        same = false
+        break
+      end
+    end
+    local first = 7 + 2 * n
+    if same and first <= #ARGV then
+      local last = put('RPUSH', KEYS[4], ARGV, first, #ARGV)
+      redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete', 'final_seq', last,
+        'published', 0)
+      return {'complete_stored', meta[3], meta[4], seq}
+    end
+  end
   redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete')
   return {'complete', meta[3], meta[4], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
     meta[6] or '0', meta[7] or '', meta[8] or '', seq}
@@ -158,7 +186,8 @@ if meta[4] == '1' then
   end
 end
 return {'recorded', meta[3], meta[4], seq, #released > 0 and (meta[8] or '') or '', released}
-"#;
+"#
+);
 
 /// Ends a turn unless it already ended. KEYS: meta, calls, results. ARGV: reason.
 /// For a turn that ended before, says whether its `final` is stored and published; one
@@ -299,6 +328,14 @@ pub enum Recorded {
         /// The queued call this result's slot released, to publish now.
         released: Option<Released>,
     },
+    /// Recorded, it was the last one, and the closing events built ahead are stored
+    /// after its state, `final` last: this caller sends them and ends the turn.
+    CompleteStored {
+        /// Where the turn's events go.
+        reply: String,
+        /// The seq of the call's stored state event; the closing events follow it.
+        seq: u64,
+    },
     /// Recorded, and it was the last one: this caller finalizes the turn.
     Complete {
         /// The turn's calls and results.
@@ -320,9 +357,20 @@ impl Recorded {
             Self::Duplicate { .. } => "duplicate",
             Self::Late => "late",
             Self::Recorded { .. } => "recorded",
-            Self::Complete { .. } => "complete",
+            Self::Complete { .. } | Self::CompleteStored { .. } => "complete",
         }
     }
+}
+
+/// Closing events built before a result that may complete its turn is recorded
+/// ([`JoinStore::record_encoded`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ClosingAhead<'a> {
+    /// Each other call's key and the fingerprint (SHA-1 hex) of the stored result the
+    /// events were built from.
+    pub checks: &'a [(String, String)],
+    /// The closing events: the narration, `final` last.
+    pub events: &'a [String],
 }
 
 /// A queued call of a paced turn released by a freed slot: publish its job, then
@@ -614,13 +662,21 @@ impl JoinStore {
         state_event: &str,
     ) -> Result<Recorded, JoinError> {
         let body = encode(result)?;
-        self.record_encoded(turn_id, call_key, result, body.as_bytes(), state_event)
-            .await
+        self.record_encoded(
+            turn_id,
+            call_key,
+            result,
+            body.as_bytes(),
+            state_event,
+            None,
+        )
+        .await
     }
 
     /// Records `result` under `call_key`, storing `body` as its JSON: the bytes a worker
     /// published, which decoded as `result`, are stored as they came instead of being
-    /// encoded again.
+    /// encoded again. With `ahead`, a result that completes the turn stores its closing
+    /// events too when they match ([`Recorded::CompleteStored`]).
     pub async fn record_encoded(
         &self,
         turn_id: &str,
@@ -628,6 +684,7 @@ impl JoinStore {
         result: &CallResult,
         body: &[u8],
         state_event: &str,
+        ahead: Option<ClosingAhead<'_>>,
     ) -> Result<Recorded, JoinError> {
         let mut invocation = self.record.prepare_invoke();
         for key in self
@@ -643,6 +700,15 @@ impl JoinStore {
             .arg(unix_ms())
             .arg(&result.name)
             .arg(state_event);
+        if let Some(ahead) = ahead.filter(|a| !a.events.is_empty()) {
+            invocation.arg(ahead.checks.len());
+            for (key, print) in ahead.checks {
+                invocation.arg(key).arg(print);
+            }
+            for event in ahead.events {
+                invocation.arg(event);
+            }
+        }
         let mut redis = self.redis.clone();
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         let tag = string_at(&reply, 0)?;
@@ -661,6 +727,10 @@ impl JoinStore {
                 released: released_from(&string_at(&reply, 4)?, reply.get(5))?
                     .into_iter()
                     .next(),
+            },
+            "complete_stored" => Recorded::CompleteStored {
+                reply: string_at(&reply, 1)?,
+                seq: number_at(&reply, 3)?,
             },
             "complete" => Recorded::Complete {
                 paced: string_at(&reply, 2)? == "1",
@@ -953,6 +1023,12 @@ impl JoinStore {
             .await?;
         Ok(())
     }
+}
+
+/// The fingerprint `RECORD` compares a stored result with ([`ClosingAhead::checks`]):
+/// the SHA-1 of its bytes in lowercase hex, as Lua's `redis.sha1hex` gives it.
+pub fn fingerprint(body: &[u8]) -> String {
+    sha1_smol::Sha1::from(body).digest().to_string()
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<String, JoinError> {

@@ -50,6 +50,20 @@ pub trait Narrator: Send + Sync {
         &'a self,
         input: &'a NarrationInput<'a>,
     ) -> BoxFuture<'a, Result<Vec<String>, NarrateError>>;
+
+    /// Whether [`Narrator::narrate_ahead`] narrates: then a turn's closing events are
+    /// built before its last result is recorded and stored by the same script
+    /// (`join.rs`, `RECORD`). `false` (the default, and right for any narrator that
+    /// calls out) narrates after the join.
+    fn narrates_ahead(&self) -> bool {
+        false
+    }
+
+    /// The narration of `input` at once, without I/O and without waiting, when
+    /// [`Narrator::narrates_ahead`]; `None` otherwise.
+    fn narrate_ahead(&self, _input: &NarrationInput<'_>) -> Option<Vec<String>> {
+        None
+    }
 }
 
 /// Successful results in call order (each tool's own summary when it gave one), then the
@@ -139,6 +153,14 @@ impl Narrator for TemplateNarrator {
         input: &'a NarrationInput<'a>,
     ) -> BoxFuture<'a, Result<Vec<String>, NarrateError>> {
         Box::pin(async move { Ok(Self::chunks(input)) })
+    }
+
+    fn narrates_ahead(&self) -> bool {
+        true
+    }
+
+    fn narrate_ahead(&self, input: &NarrationInput<'_>) -> Option<Vec<String>> {
+        Some(Self::chunks(input))
     }
 }
 

@@ -15,6 +15,11 @@
 //! replica owns the turn; a duplicate result publishes again the released calls whose
 //! publish was never confirmed (their releaser died).
 //!
+//! A result that may complete a turn this replica owns carries the turn's closing
+//! events, built ahead by `finalize.rs` from the results known here (`turns.rs`), into
+//! its `RECORD`, which stores them when it completes the turn and every other stored
+//! result is the one they hold (`join.rs`).
+//!
 //! Never builds the `final` (`finalize.rs` does). Next: `finalize.rs`, for the result
 //! that completes the turn.
 
@@ -32,8 +37,8 @@ use tracing::{debug, warn, Instrument};
 
 use crate::dispatch::dispatch_released;
 use crate::events;
-use crate::finalize::{finish, TurnEnd};
-use crate::join::{JoinError, Recorded};
+use crate::finalize::{close_ahead, finish, send_closed_ahead, TurnEnd};
+use crate::join::{ClosingAhead, JoinError, Recorded};
 use crate::startup::Replica;
 use crate::trace;
 use crate::turns::TurnGate;
@@ -299,20 +304,28 @@ async fn record_and_report(
 ) -> Result<(), JoinError> {
     let recording = gate.recording.read().await;
     let span = traced.span;
-    let script = span.in_scope(|| trace::join_script("RECORD", turn_id, traced.tenant));
     let state = events::encode(&events::result_state(turn_id, &result)).unwrap_or_default();
-    let recording_call = async {
-        match body {
-            Some(body) => {
-                replica
-                    .join
-                    .record_encoded(turn_id, key, &result, body, &state)
-                    .await
-            }
-            None => replica.join.record(turn_id, key, &result, &state).await,
+    let encoded;
+    let body = match body {
+        Some(body) => body,
+        None => {
+            encoded = serde_json::to_vec(&result).map_err(|e| JoinError::Decode(e.to_string()))?;
+            &encoded[..]
         }
     };
-    let outcome = recording_call
+    // When this result may complete a turn owned here, its closing events go with it.
+    let ahead = replica
+        .turns
+        .note_result(turn_id, key, &result, body)
+        .and_then(|ready| span.in_scope(|| close_ahead(replica, turn_id, traced.tenant, ready)));
+    let closing = ahead.as_ref().map(|a| ClosingAhead {
+        checks: &a.checks,
+        events: &a.events,
+    });
+    let script = span.in_scope(|| trace::join_script("RECORD", turn_id, traced.tenant));
+    let outcome = replica
+        .join
+        .record_encoded(turn_id, key, &result, body, &state, closing)
         .instrument(script)
         .instrument(span.clone())
         .await?;
@@ -355,6 +368,23 @@ async fn record_and_report(
             drop(recording);
             if let Some(released) = released {
                 dispatch_released(replica, turn_id, vec![released]).await;
+            }
+        }
+        Recorded::CompleteStored { reply, seq } => {
+            let label = replica.registry.snapshot().label(&result.name);
+            replica.metrics.call_result(&label, &result);
+            drop(recording);
+            let _ending = gate.recording.write().await;
+            let _publishing = gate.publishing.lock().await;
+            match ahead {
+                Some(closed) => {
+                    Box::pin(send_closed_ahead(
+                        replica, turn_id, &reply, seq, state, closed,
+                    ))
+                    .await
+                }
+                // Only a `RECORD` given closing events stores them.
+                None => warn!(%turn_id, "closing events stored without being built here"),
             }
         }
         Recorded::Complete { closing, seq, .. } => {

@@ -2,7 +2,8 @@
 //!
 //! Owns [`OwnedTurns`]: the in-memory table of turns this replica took and has not seen
 //! end (reply subject, turn span identity, deadline timer, calls whose terminal state
-//! went out), and the per-turn [`TurnGate`]. Only the owner relays `running`; any
+//! went out, the results known here for closing the turn ahead: [`Ahead`]), and the
+//! per-turn [`TurnGate`]. Only the owner relays `running`; any
 //! replica may release a paced turn's next call (the queue is in Redis) or end a turn.
 //!
 //! Never the source of truth about a turn's state: the join in Redis is (`join.rs`). A
@@ -15,8 +16,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio_util::sync::CancellationToken;
+use toolfleet_common::CallResult;
 
+use crate::join::{fingerprint, CallEntry};
 use crate::trace::TurnTrace;
+
+/// Most calls of a turn whose closing events are built ahead (see [`Ahead`]).
+pub(crate) const AHEAD_MAX_CALLS: usize = 64;
+
+/// Most bytes of results an owned turn keeps to build its closing events ahead; a turn
+/// past it closes after the join.
+pub(crate) const AHEAD_MAX_BYTES: usize = 64 * 1024;
 
 /// A turn this replica took.
 pub(crate) struct OwnedTurn {
@@ -33,6 +43,79 @@ pub(crate) struct OwnedTurn {
     /// Each dispatched call's tool, by call id: a `started` notice is relayed only for a
     /// call of the tool its subject names.
     pub tools: HashMap<String, String>,
+    /// What building the turn's closing events ahead needs, when the narrator narrates
+    /// ahead and the turn is small enough.
+    pub ahead: Option<Ahead>,
+}
+
+/// What an owned turn keeps so that the result completing it can carry the turn's
+/// closing events into the same `RECORD` script (`join.rs`): every call, and each
+/// result recorded or being recorded here (or refused up front) with the fingerprint of
+/// its stored body. The script stores the events only if every other call's stored
+/// result has the fingerprint the events were built from; a result stored by another
+/// replica with other bytes (a job run twice) fails the check, and the turn closes after
+/// the join as before.
+pub(crate) struct Ahead {
+    /// Every call by key, in the model's order.
+    pub calls: Vec<(String, CallEntry)>,
+    /// Results known here by call key, each with the fingerprint of its stored body.
+    pub known: HashMap<String, (CallResult, String)>,
+    /// Bytes of the known results' bodies.
+    pub bytes: usize,
+    /// When the turn was taken, Unix milliseconds.
+    pub created_unix_ms: u64,
+}
+
+impl Ahead {
+    /// Keeps `calls` (the turn's, in the model's order) and the results refused up
+    /// front (`refused`, as the join stored them); `None` for a turn too large to keep.
+    pub(crate) fn new(
+        calls: Vec<(String, CallEntry)>,
+        refused: &[(String, CallResult)],
+        created_unix_ms: u64,
+    ) -> Option<Self> {
+        if calls.len() > AHEAD_MAX_CALLS {
+            return None;
+        }
+        let mut ahead = Self {
+            calls,
+            known: HashMap::new(),
+            bytes: 0,
+            created_unix_ms,
+        };
+        for (key, result) in refused {
+            let body = serde_json::to_vec(result).ok()?;
+            if !ahead.know(key, result, &body) {
+                return None;
+            }
+        }
+        Some(ahead)
+    }
+
+    /// Notes `result`, stored (or being stored) as `body`; `false` when the turn keeps
+    /// too many bytes of results to go on.
+    fn know(&mut self, key: &str, result: &CallResult, body: &[u8]) -> bool {
+        self.bytes += body.len();
+        if self.bytes > AHEAD_MAX_BYTES {
+            return false;
+        }
+        let print = fingerprint(body);
+        self.known.insert(key.to_string(), (result.clone(), print));
+        true
+    }
+}
+
+/// An owned turn whose every other result is known here: its results in the model's
+/// order, to build the closing events from, and what the script checks.
+pub(crate) struct Ready {
+    /// Every call's result, in the model's order.
+    pub results: Vec<CallResult>,
+    /// Each other call's key and the fingerprint of the result the events hold.
+    pub checks: Vec<(String, String)>,
+    /// When the turn was taken, Unix milliseconds.
+    pub created_unix_ms: u64,
+    /// The turn span's identity, when traced.
+    pub trace: Option<TurnTrace>,
 }
 
 /// How one replica orders what it publishes about a turn while it records the turn's
@@ -122,6 +205,46 @@ impl OwnedTurns {
         lock(&self.owned).len()
     }
 
+    /// Notes `result` of call `key` of `turn_id`, about to be recorded as `body`. When
+    /// this replica owns the turn, keeps it ahead and now knows a result of every call,
+    /// returns what the closing events are built from.
+    pub(crate) fn note_result(
+        &self,
+        turn_id: &str,
+        key: &str,
+        result: &CallResult,
+        body: &[u8],
+    ) -> Option<Ready> {
+        let mut owned = lock(&self.owned);
+        let turn = owned.get_mut(turn_id)?;
+        let ahead = turn.ahead.as_mut()?;
+        if !ahead.calls.iter().any(|(k, _)| k == key) {
+            return None;
+        }
+        if !ahead.know(key, result, body) {
+            turn.ahead = None;
+            return None;
+        }
+        if ahead.known.len() < ahead.calls.len() {
+            return None;
+        }
+        let mut results = Vec::with_capacity(ahead.calls.len());
+        let mut checks = Vec::with_capacity(ahead.calls.len() - 1);
+        for (k, _) in &ahead.calls {
+            let (result, print) = ahead.known.get(k)?;
+            results.push(result.clone());
+            if k != key {
+                checks.push((k.clone(), print.clone()));
+            }
+        }
+        Some(Ready {
+            results,
+            checks,
+            created_unix_ms: ahead.created_unix_ms,
+            trace: turn.trace.clone(),
+        })
+    }
+
     /// Notes that this replica published the terminal state of `call_id`.
     pub(crate) fn mark_ended(&self, turn_id: &str, call_id: &str) {
         if let Some(turn) = lock(&self.owned).get_mut(turn_id) {
@@ -163,5 +286,97 @@ impl OwnedTurns {
             gates.remove(turn_id);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use toolfleet_common::ToolCall;
+
+    fn entry(index: usize) -> (String, CallEntry) {
+        let id = format!("c{index}");
+        let entry = CallEntry {
+            index,
+            id: id.clone(),
+            name: "test.noop".to_string(),
+            parent_id: None,
+            queued: false,
+        };
+        (id, entry)
+    }
+
+    fn result(id: &str, value: serde_json::Value) -> CallResult {
+        let call = ToolCall {
+            id: id.to_string(),
+            name: "test.noop".to_string(),
+            arguments: json!({}),
+            parent_id: None,
+        };
+        CallResult::success(&call, value)
+    }
+
+    fn owning(turns: &OwnedTurns, ahead: Option<Ahead>) {
+        let turn = OwnedTurn {
+            reply: "reply".to_string(),
+            trace: None,
+            timer: CancellationToken::new(),
+            ended_calls: HashSet::new(),
+            tools: HashMap::new(),
+            ahead,
+        };
+        turns.own("t".to_string(), turn);
+    }
+
+    fn note(turns: &OwnedTurns, id: &str, value: serde_json::Value) -> Option<Ready> {
+        let r = result(id, value);
+        let body = serde_json::to_vec(&r).unwrap_or_default();
+        turns.note_result("t", id, &r, &body)
+    }
+
+    #[test]
+    fn a_turn_is_ready_to_close_ahead_once_every_result_is_known() {
+        let turns = OwnedTurns::default();
+        let refused = result("c1", json!("refused"));
+        let calls = (0..3).map(entry).collect();
+        owning(&turns, Ahead::new(calls, &[("c1".to_string(), refused)], 7));
+        assert!(note(&turns, "c2", json!(2)).is_none());
+        // A key the turn does not have is not counted.
+        assert!(note(&turns, "c9", json!(9)).is_none());
+        let ready = note(&turns, "c0", json!(0)).expect("every result known");
+        let values: Vec<_> = ready.results.iter().map(|r| r.result.clone()).collect();
+        assert_eq!(
+            values,
+            [Some(json!(0)), Some(json!("refused")), Some(json!(2))]
+        );
+        let keys: Vec<_> = ready.checks.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["c1", "c2"]);
+        let c2 = serde_json::to_vec(&result("c2", json!(2))).unwrap_or_default();
+        assert_eq!(ready.checks[1].1, fingerprint(&c2));
+        assert_eq!(ready.created_unix_ms, 7);
+    }
+
+    #[test]
+    fn a_turn_past_the_bounds_closes_after_the_join() {
+        let turns = OwnedTurns::default();
+        let many = (0..=AHEAD_MAX_CALLS).map(entry).collect();
+        assert!(Ahead::new(many, &[], 0).is_none());
+        owning(&turns, Ahead::new((0..2).map(entry).collect(), &[], 0));
+        let large = json!("x".repeat(AHEAD_MAX_BYTES));
+        assert!(note(&turns, "c0", large).is_none());
+        assert!(note(&turns, "c1", json!(1)).is_none());
+        // A turn not owned here is never closed ahead.
+        assert!(OwnedTurns::default()
+            .note_result("t", "c0", &result("c0", json!(0)), b"{}")
+            .is_none());
+    }
+
+    #[test]
+    fn fingerprints_are_lowercase_sha1_hex() {
+        assert_eq!(
+            fingerprint(b"abc"),
+            "a9993e364706816aba3e25717850c26c9cd0d89d"
+        );
     }
 }

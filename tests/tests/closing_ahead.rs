@@ -1,0 +1,304 @@
+//! A turn's closing events built ahead ride on the `RECORD` of the result that
+//! completes the turn, and are stored only when every other stored result is the one
+//! they were built from: on a real Redis, the join's scripts store them once, refuse
+//! them for a result recorded with other bytes, and ignore them for a result that does
+//! not complete the turn.
+
+use anyhow::{bail, Result};
+use serde_json::json;
+use toolfleet_common::call::unix_ms;
+use toolfleet_common::redis_client::{self, RedisConnection};
+use toolfleet_common::{CallResult, Names, ToolCall};
+use toolfleet_coordinator::join::{
+    fingerprint, CallEntry, ClosingAhead, Created, Finalized, JoinStore, NewTurn, Recorded,
+    StoredFinal,
+};
+
+const TOOL: &str = "test.noop";
+
+fn call(id: &str) -> ToolCall {
+    ToolCall {
+        id: id.to_string(),
+        name: TOOL.to_string(),
+        arguments: json!({}),
+        parent_id: None,
+    }
+}
+
+fn result(id: &str, value: i64) -> CallResult {
+    CallResult::success(&call(id), json!({ "value": value }))
+}
+
+fn body(result: &CallResult) -> Result<Vec<u8>> {
+    Ok(serde_json::to_vec(result)?)
+}
+
+/// A store on a fresh Redis and an open turn of `calls` calls keyed `c0`, `c1`, ….
+async fn open_turn(
+    server: &toolfleet_tests::RedisServer,
+    turn_id: &str,
+    calls: usize,
+) -> Result<(JoinStore, RedisConnection, Names)> {
+    let redis = redis_client::connect(&server.url(), Default::default()).await?;
+    let names = Names::new("ahead");
+    let store = JoinStore::new(redis.clone(), names.clone());
+    let entries = (0..calls)
+        .map(|index| {
+            let id = format!("c{index}");
+            let entry = CallEntry {
+                index,
+                id: id.clone(),
+                name: TOOL.to_string(),
+                parent_id: None,
+                queued: false,
+            };
+            (id, entry)
+        })
+        .collect();
+    let new = NewTurn {
+        turn_id,
+        reply: "reply.subject",
+        tenant: "acme",
+        deadline_unix_ms: unix_ms() + 60_000,
+        paced: false,
+        calls: entries,
+        results: Vec::new(),
+        ttl_ms: 120_000,
+        created_unix_ms: unix_ms(),
+        traceparent: "",
+        trace: "",
+        caller: "frontend",
+        events: vec![json!({"type": "ack"}).to_string()],
+        ended: false,
+        queued: Vec::new(),
+    };
+    assert_eq!(store.create(new).await?, Created::New);
+    Ok((store, redis, names))
+}
+
+async fn events_of(
+    conn: &mut RedisConnection,
+    names: &Names,
+    turn_id: &str,
+) -> Result<Vec<String>> {
+    Ok(redis::cmd("LRANGE")
+        .arg(names.turn_events_key(turn_id))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await?)
+}
+
+fn closing() -> Vec<String> {
+    vec![
+        json!({"type": "narration", "text": "done"}).to_string(),
+        json!({"type": "final", "text": "done"}).to_string(),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_completing_result_stores_the_closing_events_built_ahead() -> Result<()> {
+    let server = toolfleet_tests::RedisServer::start().await?;
+    let turn_id = "turn-ahead";
+    let (store, mut conn, names) = open_turn(&server, turn_id, 2).await?;
+    let first = result("c0", 0);
+    let first_body = body(&first)?;
+    match store
+        .record_encoded(turn_id, "c0", &first, &first_body, "{\"s\":0}", None)
+        .await?
+    {
+        Recorded::Recorded { seq: 2, .. } => {}
+        other => bail!("first RECORD: {other:?}"),
+    }
+    let last = result("c1", 1);
+    let checks = vec![("c0".to_string(), fingerprint(&first_body))];
+    let events = closing();
+    let ahead = ClosingAhead {
+        checks: &checks,
+        events: &events,
+    };
+    match store
+        .record_encoded(
+            turn_id,
+            "c1",
+            &last,
+            &body(&last)?,
+            "{\"s\":1}",
+            Some(ahead),
+        )
+        .await?
+    {
+        Recorded::CompleteStored { reply, seq } => {
+            assert_eq!((reply.as_str(), seq), ("reply.subject", 3));
+        }
+        other => bail!("completing RECORD: {other:?}"),
+    }
+    let stored = events_of(&mut conn, &names, turn_id).await?;
+    assert_eq!(stored.len(), 5);
+    assert_eq!(&stored[2], "{\"s\":1}");
+    assert_eq!(&stored[3..], &events[..]);
+    // The turn ended with its `final` stored and not yet sent: nobody stores another,
+    // and a sweeper finding it sends the stored one.
+    assert_eq!(
+        store.store_final(turn_id, &closing()).await?,
+        StoredFinal::StoredBefore
+    );
+    match store.finalize(turn_id, "deadline").await? {
+        Finalized::AlreadyEnded { published: false } => {}
+        other => bail!("FINALIZE: {other:?}"),
+    }
+    store.mark_published(turn_id).await?;
+    match store.finalize(turn_id, "deadline").await? {
+        Finalized::AlreadyEnded { published: true } => {}
+        other => bail!("FINALIZE after the final was sent: {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_call_turn_stores_its_closing_events_with_its_result() -> Result<()> {
+    let server = toolfleet_tests::RedisServer::start().await?;
+    let turn_id = "turn-single";
+    let (store, mut conn, names) = open_turn(&server, turn_id, 1).await?;
+    let only = result("c0", 0);
+    let events = closing();
+    let ahead = ClosingAhead {
+        checks: &[],
+        events: &events,
+    };
+    match store
+        .record_encoded(
+            turn_id,
+            "c0",
+            &only,
+            &body(&only)?,
+            "{\"s\":0}",
+            Some(ahead),
+        )
+        .await?
+    {
+        Recorded::CompleteStored { seq: 2, .. } => {}
+        other => bail!("RECORD: {other:?}"),
+    }
+    assert_eq!(events_of(&mut conn, &names, turn_id).await?.len(), 4);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_events_built_from_other_bytes_are_not_stored() -> Result<()> {
+    let server = toolfleet_tests::RedisServer::start().await?;
+    let turn_id = "turn-other-bytes";
+    let (store, mut conn, names) = open_turn(&server, turn_id, 2).await?;
+    // Another replica recorded the first call's result with other bytes (its job ran
+    // twice); the closing events here were built from the first run's.
+    let stored_first = result("c0", 7);
+    store
+        .record_encoded(
+            turn_id,
+            "c0",
+            &stored_first,
+            &body(&stored_first)?,
+            "{\"s\":0}",
+            None,
+        )
+        .await?;
+    let assumed = body(&result("c0", 0))?;
+    let checks = vec![("c0".to_string(), fingerprint(&assumed))];
+    let events = closing();
+    let ahead = ClosingAhead {
+        checks: &checks,
+        events: &events,
+    };
+    let last = result("c1", 1);
+    let closing_from_join = match store
+        .record_encoded(
+            turn_id,
+            "c1",
+            &last,
+            &body(&last)?,
+            "{\"s\":1}",
+            Some(ahead),
+        )
+        .await?
+    {
+        Recorded::Complete { closing, seq, .. } => {
+            assert_eq!(seq, 3);
+            closing
+        }
+        other => bail!("completing RECORD: {other:?}"),
+    };
+    // The turn is handed back whole, with the result that is stored, and no closing
+    // event went in: the caller closes it after the join.
+    assert_eq!(closing_from_join.results.get("c0"), Some(&stored_first));
+    assert_eq!(events_of(&mut conn, &names, turn_id).await?.len(), 3);
+    match store.store_final(turn_id, &closing()).await? {
+        StoredFinal::Stored { first_seq: 4, .. } => {}
+        other => bail!("STORE_FINAL: {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_events_go_in_only_with_the_result_that_completes_the_turn() -> Result<()> {
+    let server = toolfleet_tests::RedisServer::start().await?;
+    let turn_id = "turn-not-last";
+    let (store, mut conn, names) = open_turn(&server, turn_id, 3).await?;
+    let first = result("c0", 0);
+    let first_body = body(&first)?;
+    store
+        .record_encoded(turn_id, "c0", &first, &first_body, "{\"s\":0}", None)
+        .await?;
+    // Built as if the third call's result were in already (it is only on its way):
+    // the second result does not complete the turn, so nothing closes.
+    let checks = vec![
+        ("c0".to_string(), fingerprint(&first_body)),
+        ("c2".to_string(), fingerprint(&body(&result("c2", 2))?)),
+    ];
+    let events = closing();
+    let ahead = ClosingAhead {
+        checks: &checks,
+        events: &events,
+    };
+    let second = result("c1", 1);
+    match store
+        .record_encoded(
+            turn_id,
+            "c1",
+            &second,
+            &body(&second)?,
+            "{\"s\":1}",
+            Some(ahead),
+        )
+        .await?
+    {
+        Recorded::Recorded { seq: 3, .. } => {}
+        other => bail!("second RECORD: {other:?}"),
+    }
+    // Checks that leave a call out never close the turn either.
+    let short = vec![("c0".to_string(), fingerprint(&first_body))];
+    let ahead = ClosingAhead {
+        checks: &short,
+        events: &events,
+    };
+    let third = result("c2", 2);
+    match store
+        .record_encoded(
+            turn_id,
+            "c2",
+            &third,
+            &body(&third)?,
+            "{\"s\":2}",
+            Some(ahead),
+        )
+        .await?
+    {
+        Recorded::Complete { .. } => {}
+        other => bail!("third RECORD: {other:?}"),
+    }
+    assert_eq!(events_of(&mut conn, &names, turn_id).await?.len(), 4);
+    match store.finalize(turn_id, "deadline").await? {
+        Finalized::Unstored { ended, .. } => assert_eq!(ended, "complete"),
+        other => bail!("FINALIZE: {other:?}"),
+    }
+    Ok(())
+}
