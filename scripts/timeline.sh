@@ -149,7 +149,8 @@ for spans in traces.values():
     add("10 worker: first to third job taken", delivered[0]["start"], delivered[2]["start"])
     add("11 coordinator: first to third result taken", received[0]["start"], received[2]["start"])
     last_record = max(recorded, key=lambda s: s["end"])
-    ahead = narrate[0]["start"] < last_record["start"]
+    # Closed ahead: the narration ran under the completing result's span, not under join.
+    ahead = not any(n.get("parent") == join[0]["id"] for n in narrate)
     closed_ahead += ahead
     add("12 last RECORD round trip to Redis", last_record["start"], last_record["end"])
     add("13 narration (template narrator)", narrate[0]["start"], narrate[0]["end"])
