@@ -208,9 +208,12 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
             Box::pin(finish(replica, end)).await;
         }
         Ok(Finalized::AlreadyEnded { published: false }) => {
-            // Stored but not marked sent: its replica died before sending it, or is
-            // sending it now; a frontend drops what it already has by `seq`.
+            // Stored but not marked sent: its replica died before sending it, is
+            // sending it now, or stored it without hearing back (a `RECORD` that closed
+            // the turn ahead and whose reply was lost); a frontend drops what it
+            // already has by `seq`. An owner here forgets the turn.
             send_stored_again(replica, turn_id).await;
+            replica.turns.release(turn_id);
         }
         Ok(Finalized::AlreadyEnded { published: true } | Finalized::UnknownTurn) => {
             replica.turns.release(turn_id);

@@ -383,8 +383,12 @@ async fn record_and_report(
                     ))
                     .await
                 }
-                // Only a `RECORD` given closing events stores them.
-                None => warn!(%turn_id, "closing events stored without being built here"),
+                // Only a `RECORD` given closing events stores them; the sweeper sends
+                // a stored `final` that nobody marked sent.
+                None => {
+                    warn!(%turn_id, "closing events stored without being built here");
+                    replica.turns.release(turn_id);
+                }
             }
         }
         Recorded::Complete { closing, seq, .. } => {

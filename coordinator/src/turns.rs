@@ -58,8 +58,9 @@ pub(crate) struct OwnedTurn {
 pub(crate) struct Ahead {
     /// Every call by key, in the model's order.
     pub calls: Vec<(String, CallEntry)>,
-    /// Results known here by call key, each with the fingerprint of its stored body.
-    pub known: HashMap<String, (CallResult, String)>,
+    /// Results known here by call key, each with the fingerprint and the length of its
+    /// stored body (a later copy of a result replaces an earlier one).
+    pub known: HashMap<String, (CallResult, String, usize)>,
     /// Bytes of the known results' bodies.
     pub bytes: usize,
     /// When the turn was taken, Unix milliseconds.
@@ -95,12 +96,14 @@ impl Ahead {
     /// Notes `result`, stored (or being stored) as `body`; `false` when the turn keeps
     /// too many bytes of results to go on.
     fn know(&mut self, key: &str, result: &CallResult, body: &[u8]) -> bool {
-        self.bytes += body.len();
+        let replaced = self.known.get(key).map_or(0, |(_, _, len)| *len);
+        self.bytes = self.bytes - replaced + body.len();
         if self.bytes > AHEAD_MAX_BYTES {
             return false;
         }
         let print = fingerprint(body);
-        self.known.insert(key.to_string(), (result.clone(), print));
+        self.known
+            .insert(key.to_string(), (result.clone(), print, body.len()));
         true
     }
 }
@@ -231,7 +234,7 @@ impl OwnedTurns {
         let mut results = Vec::with_capacity(ahead.calls.len());
         let mut checks = Vec::with_capacity(ahead.calls.len() - 1);
         for (k, _) in &ahead.calls {
-            let (result, print) = ahead.known.get(k)?;
+            let (result, print, _) = ahead.known.get(k)?;
             results.push(result.clone());
             if k != key {
                 checks.push((k.clone(), print.clone()));
@@ -370,6 +373,18 @@ mod tests {
         assert!(OwnedTurns::default()
             .note_result("t", "c0", &result("c0", json!(0)), b"{}")
             .is_none());
+    }
+
+    #[test]
+    fn a_result_noted_again_replaces_the_earlier_copy() {
+        let turns = OwnedTurns::default();
+        owning(&turns, Ahead::new((0..2).map(entry).collect(), &[], 0));
+        let half = "x".repeat(AHEAD_MAX_BYTES * 2 / 3);
+        assert!(note(&turns, "c0", json!(half)).is_none());
+        // Redelivered and run again: only the latest copy counts, bytes included.
+        assert!(note(&turns, "c0", json!([half])).is_none());
+        let ready = note(&turns, "c1", json!(1)).expect("every result known");
+        assert_eq!(ready.results[0].result, Some(json!([half])));
     }
 
     #[test]
