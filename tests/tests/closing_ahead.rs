@@ -89,6 +89,32 @@ async fn events_of(
         .await?)
 }
 
+/// Records `result` (under its call id, with the state event `{"s": <id>}`); with
+/// `checks`, carrying the closing events of [`closing`] built ahead from those results.
+async fn record(
+    store: &JoinStore,
+    turn_id: &str,
+    result: &CallResult,
+    checks: Option<&[(String, String)]>,
+) -> Result<Recorded> {
+    let key = result.tool_call_id.as_str();
+    let state = json!({ "s": key }).to_string();
+    let events = closing();
+    let ahead = checks.map(|checks| ClosingAhead {
+        checks,
+        events: &events,
+    });
+    let body = body(result)?;
+    Ok(store
+        .record_encoded(turn_id, key, result, &body, &state, ahead)
+        .await?)
+}
+
+/// What [`record`] checks a stored `result` against.
+fn check(result: &CallResult) -> Result<(String, String)> {
+    Ok((result.tool_call_id.clone(), fingerprint(&body(result)?)))
+}
+
 fn closing() -> Vec<String> {
     vec![
         json!({"type": "narration", "text": "done"}).to_string(),
@@ -102,32 +128,11 @@ async fn the_completing_result_stores_the_closing_events_built_ahead() -> Result
     let turn_id = "turn-ahead";
     let (store, mut conn, names) = open_turn(&server, turn_id, 2).await?;
     let first = result("c0", 0);
-    let first_body = body(&first)?;
-    match store
-        .record_encoded(turn_id, "c0", &first, &first_body, "{\"s\":0}", None)
-        .await?
-    {
+    match record(&store, turn_id, &first, None).await? {
         Recorded::Recorded { seq: 2, .. } => {}
         other => bail!("first RECORD: {other:?}"),
     }
-    let last = result("c1", 1);
-    let checks = vec![("c0".to_string(), fingerprint(&first_body))];
-    let events = closing();
-    let ahead = ClosingAhead {
-        checks: &checks,
-        events: &events,
-    };
-    match store
-        .record_encoded(
-            turn_id,
-            "c1",
-            &last,
-            &body(&last)?,
-            "{\"s\":1}",
-            Some(ahead),
-        )
-        .await?
-    {
+    match record(&store, turn_id, &result("c1", 1), Some(&[check(&first)?])).await? {
         Recorded::CompleteStored { reply, seq } => {
             assert_eq!((reply.as_str(), seq), ("reply.subject", 3));
         }
@@ -135,8 +140,8 @@ async fn the_completing_result_stores_the_closing_events_built_ahead() -> Result
     }
     let stored = events_of(&mut conn, &names, turn_id).await?;
     assert_eq!(stored.len(), 5);
-    assert_eq!(&stored[2], "{\"s\":1}");
-    assert_eq!(&stored[3..], &events[..]);
+    assert_eq!(stored[2], json!({"s": "c1"}).to_string());
+    assert_eq!(&stored[3..], &closing()[..]);
     // The turn ended with its `final` stored and not yet sent: nobody stores another,
     // and a sweeper finding it sends the stored one.
     assert_eq!(
@@ -160,23 +165,7 @@ async fn a_single_call_turn_stores_its_closing_events_with_its_result() -> Resul
     let server = toolfleet_tests::RedisServer::start().await?;
     let turn_id = "turn-single";
     let (store, mut conn, names) = open_turn(&server, turn_id, 1).await?;
-    let only = result("c0", 0);
-    let events = closing();
-    let ahead = ClosingAhead {
-        checks: &[],
-        events: &events,
-    };
-    match store
-        .record_encoded(
-            turn_id,
-            "c0",
-            &only,
-            &body(&only)?,
-            "{\"s\":0}",
-            Some(ahead),
-        )
-        .await?
-    {
+    match record(&store, turn_id, &result("c0", 0), Some(&[])).await? {
         Recorded::CompleteStored { seq: 2, .. } => {}
         other => bail!("RECORD: {other:?}"),
     }
@@ -192,35 +181,9 @@ async fn closing_events_built_from_other_bytes_are_not_stored() -> Result<()> {
     // Another replica recorded the first call's result with other bytes (its job ran
     // twice); the closing events here were built from the first run's.
     let stored_first = result("c0", 7);
-    store
-        .record_encoded(
-            turn_id,
-            "c0",
-            &stored_first,
-            &body(&stored_first)?,
-            "{\"s\":0}",
-            None,
-        )
-        .await?;
-    let assumed = body(&result("c0", 0))?;
-    let checks = vec![("c0".to_string(), fingerprint(&assumed))];
-    let events = closing();
-    let ahead = ClosingAhead {
-        checks: &checks,
-        events: &events,
-    };
-    let last = result("c1", 1);
-    let closing_from_join = match store
-        .record_encoded(
-            turn_id,
-            "c1",
-            &last,
-            &body(&last)?,
-            "{\"s\":1}",
-            Some(ahead),
-        )
-        .await?
-    {
+    record(&store, turn_id, &stored_first, None).await?;
+    let assumed = [check(&result("c0", 0))?];
+    let closing_from_join = match record(&store, turn_id, &result("c1", 1), Some(&assumed)).await? {
         Recorded::Complete { closing, seq, .. } => {
             assert_eq!(seq, 3);
             closing
@@ -244,54 +207,16 @@ async fn closing_events_go_in_only_with_the_result_that_completes_the_turn() -> 
     let turn_id = "turn-not-last";
     let (store, mut conn, names) = open_turn(&server, turn_id, 3).await?;
     let first = result("c0", 0);
-    let first_body = body(&first)?;
-    store
-        .record_encoded(turn_id, "c0", &first, &first_body, "{\"s\":0}", None)
-        .await?;
+    record(&store, turn_id, &first, None).await?;
     // Built as if the third call's result were in already (it is only on its way):
     // the second result does not complete the turn, so nothing closes.
-    let checks = vec![
-        ("c0".to_string(), fingerprint(&first_body)),
-        ("c2".to_string(), fingerprint(&body(&result("c2", 2))?)),
-    ];
-    let events = closing();
-    let ahead = ClosingAhead {
-        checks: &checks,
-        events: &events,
-    };
-    let second = result("c1", 1);
-    match store
-        .record_encoded(
-            turn_id,
-            "c1",
-            &second,
-            &body(&second)?,
-            "{\"s\":1}",
-            Some(ahead),
-        )
-        .await?
-    {
+    let both = [check(&first)?, check(&result("c2", 2))?];
+    match record(&store, turn_id, &result("c1", 1), Some(&both)).await? {
         Recorded::Recorded { seq: 3, .. } => {}
         other => bail!("second RECORD: {other:?}"),
     }
     // Checks that leave a call out never close the turn either.
-    let short = vec![("c0".to_string(), fingerprint(&first_body))];
-    let ahead = ClosingAhead {
-        checks: &short,
-        events: &events,
-    };
-    let third = result("c2", 2);
-    match store
-        .record_encoded(
-            turn_id,
-            "c2",
-            &third,
-            &body(&third)?,
-            "{\"s\":2}",
-            Some(ahead),
-        )
-        .await?
-    {
+    match record(&store, turn_id, &result("c2", 2), Some(&[check(&first)?])).await? {
         Recorded::Complete { .. } => {}
         other => bail!("third RECORD: {other:?}"),
     }
