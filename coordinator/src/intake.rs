@@ -32,7 +32,7 @@ use crate::deadline;
 use crate::dispatch::{build_jobs, dispatch, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
-use crate::join::{Created, NewTurn};
+use crate::join::{CallEntry, Created, NewTurn};
 use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
 use crate::startup::Replica;
@@ -262,27 +262,49 @@ async fn take_turn(
     }
 
     let timer = CancellationToken::new();
-    let tools = layout
-        .calls
+    let owned = owned_turn(
+        &replica,
+        reply,
+        trace.clone(),
+        timer.clone(),
+        layout.calls,
+        &refused,
+        now,
+    );
+    replica.turns.own(turn_id.clone(), owned);
+    deadline::arm(&replica, turn_id.clone(), deadline, timer);
+    dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
+}
+
+/// What this replica keeps of a turn it took: where its events go, its span, its
+/// deadline timer, its calls' tools, and (with a narrator that narrates ahead) its
+/// calls and refused results for closing it ahead.
+fn owned_turn(
+    replica: &Replica,
+    reply: String,
+    trace: Option<TurnTrace>,
+    timer: CancellationToken,
+    calls: Vec<(String, CallEntry)>,
+    refused: &[(String, CallResult)],
+    created_unix_ms: u64,
+) -> OwnedTurn {
+    let tools = calls
         .iter()
         .map(|(_, call)| (call.id.clone(), call.name.clone()))
         .collect();
     let ahead = if replica.narrator.narrates_ahead() {
-        Ahead::new(layout.calls, &refused, now)
+        Ahead::new(calls, refused, created_unix_ms)
     } else {
         None
     };
-    let owned = OwnedTurn {
+    OwnedTurn {
         reply,
-        trace: trace.clone(),
-        timer: timer.clone(),
+        trace,
+        timer,
         ended_calls: Default::default(),
         tools,
         ahead,
-    };
-    replica.turns.own(turn_id.clone(), owned);
-    deadline::arm(&replica, turn_id.clone(), deadline, timer);
-    dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
+    }
 }
 
 /// The decision's calls; else the model's plain answer (`Err(Ok)`) or why the

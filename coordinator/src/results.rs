@@ -37,7 +37,7 @@ use tracing::{debug, warn, Instrument};
 
 use crate::dispatch::dispatch_released;
 use crate::events;
-use crate::finalize::{close_ahead, finish, send_closed_ahead, TurnEnd};
+use crate::finalize::{close_ahead, finish, send_closed_ahead, ClosedAhead, TurnEnd};
 use crate::join::{ClosingAhead, JoinError, Recorded};
 use crate::startup::Replica;
 use crate::trace;
@@ -305,30 +305,8 @@ async fn record_and_report(
     let recording = gate.recording.read().await;
     let span = traced.span;
     let state = events::encode(&events::result_state(turn_id, &result)).unwrap_or_default();
-    let encoded;
-    let body = match body {
-        Some(body) => body,
-        None => {
-            encoded = serde_json::to_vec(&result).map_err(|e| JoinError::Decode(e.to_string()))?;
-            &encoded[..]
-        }
-    };
-    // When this result may complete a turn owned here, its closing events go with it.
-    let ahead = replica
-        .turns
-        .note_result(turn_id, key, &result, body)
-        .and_then(|ready| span.in_scope(|| close_ahead(replica, turn_id, traced.tenant, ready)));
-    let closing = ahead.as_ref().map(|a| ClosingAhead {
-        checks: &a.checks,
-        events: &a.events,
-    });
-    let script = span.in_scope(|| trace::join_script("RECORD", turn_id, traced.tenant));
-    let outcome = replica
-        .join
-        .record_encoded(turn_id, key, &result, body, &state, closing)
-        .instrument(script)
-        .instrument(span.clone())
-        .await?;
+    let (outcome, ahead) =
+        record_closing_ahead(replica, turn_id, key, &result, body, &state, traced).await?;
     span.record("toolfleet.result.outcome", outcome.kind());
     match outcome {
         Recorded::UnknownTurn | Recorded::UnknownCall => {
@@ -356,8 +334,7 @@ async fn record_and_report(
             released,
             ..
         } => {
-            let label = replica.registry.snapshot().label(&result.name);
-            replica.metrics.call_result(&label, &result);
+            count_result(replica, &result);
             {
                 let _publishing = gate.publishing.lock().await;
                 replica.turns.mark_ended(turn_id, key);
@@ -371,8 +348,7 @@ async fn record_and_report(
             }
         }
         Recorded::CompleteStored { reply, seq } => {
-            let label = replica.registry.snapshot().label(&result.name);
-            replica.metrics.call_result(&label, &result);
+            count_result(replica, &result);
             drop(recording);
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
@@ -392,8 +368,7 @@ async fn record_and_report(
             }
         }
         Recorded::Complete { closing, seq, .. } => {
-            let label = replica.registry.snapshot().label(&result.name);
-            replica.metrics.call_result(&label, &result);
+            count_result(replica, &result);
             drop(recording);
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
@@ -409,6 +384,51 @@ async fn record_and_report(
         }
     }
     Ok(())
+}
+
+/// Runs `RECORD` for `result` (stored as `body`, or encoded when there is none), with
+/// the turn's closing events when this result may complete a turn owned here and they
+/// could be built ahead (`finalize.rs`); returns those events with the outcome.
+async fn record_closing_ahead(
+    replica: &Arc<Replica>,
+    turn_id: &str,
+    key: &str,
+    result: &CallResult,
+    body: Option<&[u8]>,
+    state: &str,
+    traced: Traced<'_>,
+) -> Result<(Recorded, Option<ClosedAhead>), JoinError> {
+    let span = traced.span;
+    let encoded;
+    let body = match body {
+        Some(body) => body,
+        None => {
+            encoded = serde_json::to_vec(result).map_err(|e| JoinError::Decode(e.to_string()))?;
+            &encoded[..]
+        }
+    };
+    let ahead = replica
+        .turns
+        .note_result(turn_id, key, result, body)
+        .and_then(|ready| span.in_scope(|| close_ahead(replica, turn_id, traced.tenant, ready)));
+    let closing = ahead.as_ref().map(|a| ClosingAhead {
+        checks: &a.checks,
+        events: &a.events,
+    });
+    let script = span.in_scope(|| trace::join_script("RECORD", turn_id, traced.tenant));
+    let outcome = replica
+        .join
+        .record_encoded(turn_id, key, result, body, state, closing)
+        .instrument(script)
+        .instrument(span.clone())
+        .await?;
+    Ok((outcome, ahead))
+}
+
+/// Counts a recorded result under its tool's metric label.
+fn count_result(replica: &Replica, result: &CallResult) {
+    let label = replica.registry.snapshot().label(&result.name);
+    replica.metrics.call_result(&label, result);
 }
 
 #[cfg(test)]
