@@ -1028,7 +1028,14 @@ impl JoinStore {
 /// The fingerprint `RECORD` compares a stored result with ([`ClosingAhead::checks`]):
 /// the SHA-1 of its bytes in lowercase hex, as Lua's `redis.sha1hex` gives it.
 pub fn fingerprint(body: &[u8]) -> String {
-    sha1_smol::Sha1::from(body).digest().to_string()
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = sha1_smol::Sha1::from(body).digest().bytes();
+    let mut hex = String::with_capacity(2 * digest.len());
+    for byte in digest {
+        hex.push(char::from(HEX[usize::from(byte >> 4)]));
+        hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
+    }
+    hex
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<String, JoinError> {

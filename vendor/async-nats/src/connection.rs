@@ -462,10 +462,16 @@ impl Connection {
                     _ => "PUB",
                 };
 
-                small_write!("{verb} {subject} ");
+                // The protocol line is appended piece by piece: formatting it through
+                // `fmt::Write` cost more than the rest of the operation.
+                self.small_bytes(verb.as_bytes());
+                self.small_bytes(b" ");
+                self.small_bytes(subject.as_bytes());
+                self.small_bytes(b" ");
 
                 if let Some(respond) = respond {
-                    small_write!("{respond} ");
+                    self.small_bytes(respond.as_bytes());
+                    self.small_bytes(b" ");
                 }
 
                 match headers {
@@ -474,12 +480,15 @@ impl Connection {
 
                         let headers_len = headers.len();
                         let total_len = headers_len + payload.len();
-                        small_write!("{headers_len} {total_len}\r\n");
+                        self.small_number(headers_len);
+                        self.small_bytes(b" ");
+                        self.small_number(total_len);
+                        self.small_bytes(b"\r\n");
                         self.write(headers);
                     }
                     _ => {
-                        let payload_len = payload.len();
-                        small_write!("{payload_len}\r\n");
+                        self.small_number(payload.len());
+                        self.small_bytes(b"\r\n");
                     }
                 }
 
@@ -676,6 +685,27 @@ impl Connection {
 
             self.write_buf.push_back(buf);
         }
+    }
+
+    /// Appends `bytes` to the small writes buffer.
+    fn small_bytes(&mut self, bytes: &[u8]) {
+        self.write_buf_len += bytes.len();
+        self.flattened_writes.extend_from_slice(bytes);
+    }
+
+    /// Appends `n` in decimal to the small writes buffer.
+    fn small_number(&mut self, mut n: usize) {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.small_bytes(&digits[at..]);
     }
 
     /// Obtain an [`fmt::Write`]r for the small writes buffer.

@@ -261,7 +261,11 @@ impl HeaderMap {
     }
 
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
-        let mut buf = vec![];
+        let len = self.inner.iter().fold(12, |len, (k, vs)| {
+            vs.iter()
+                .fold(len, |len, v| len + k.as_str().len() + v.inner.len() + 4)
+        });
+        let mut buf = Vec::with_capacity(len);
         buf.extend_from_slice(b"NATS/1.0\r\n");
         for (k, vs) in &self.inner {
             for v in vs.iter() {
