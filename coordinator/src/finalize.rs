@@ -332,8 +332,8 @@ fn record_summary(span: &tracing::Span, summary: &Summary, error: Option<&CallEr
 pub(crate) struct ClosedAhead {
     /// The narration chunks and the `final`, last.
     pub events: Vec<String>,
-    /// Each other call's key and the fingerprint of its result in the `final`.
-    pub checks: Vec<(String, String)>,
+    /// Each other call's key and the stored body of its result in the `final`.
+    pub checks: Vec<(String, Vec<u8>)>,
     summary: Summary,
     error: Option<CallError>,
     created_unix_ms: u64,

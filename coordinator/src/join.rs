@@ -107,10 +107,10 @@ return {1}
 /// between releasing and publishing is covered by the redelivery of the result that
 /// released them (publishing again is safe: the job's message id de-duplicates it).
 ///
-/// ARGV 6 on, when given: n_checks, (key, fingerprint)*, event*: the turn's closing
-/// events built ahead (narration, `final` last) from the results whose fingerprints
-/// (`sha1hex` of the stored body) are given for every other call. When this result
-/// completes the turn and every other stored result matches, the events are stored
+/// ARGV 6 on, when given: n_checks, (key, body)*, event*: the turn's closing events
+/// built ahead (narration, `final` last) from the results whose stored bodies are given
+/// for every other call. When this result completes the turn and every other stored
+/// result is byte for byte the one given, the events are stored
 /// after the call's state (seq + 1, …) and the `final` marked stored, in this one step
 /// (`complete_stored`); otherwise the turn is handed back to be closed after the join
 /// (`complete`), as without them.
@@ -155,7 +155,7 @@ if redis.call('HLEN', KEYS[3]) >= tonumber(meta[5]) then
     local same = true
     for i = 7, 6 + 2 * n, 2 do
       local stored = redis.call('HGET', KEYS[3], ARGV[i])
-      if ARGV[i] == ARGV[1] or not stored or redis.sha1hex(stored) ~= ARGV[i + 1] then
+      if ARGV[i] == ARGV[1] or not stored or stored ~= ARGV[i + 1] then
         same = false
         break
       end
@@ -366,9 +366,9 @@ impl Recorded {
 /// ([`JoinStore::record_encoded`]).
 #[derive(Debug, Clone, Copy)]
 pub struct ClosingAhead<'a> {
-    /// Each other call's key and the fingerprint (SHA-1 hex) of the stored result the
-    /// events were built from.
-    pub checks: &'a [(String, String)],
+    /// Each other call's key and the stored body of the result the events were built
+    /// from.
+    pub checks: &'a [(String, Vec<u8>)],
     /// The closing events: the narration, `final` last.
     pub events: &'a [String],
 }
@@ -702,8 +702,8 @@ impl JoinStore {
             .arg(state_event);
         if let Some(ahead) = ahead.filter(|a| !a.events.is_empty()) {
             invocation.arg(ahead.checks.len());
-            for (key, print) in ahead.checks {
-                invocation.arg(key).arg(print);
+            for (key, stored) in ahead.checks {
+                invocation.arg(key).arg(stored);
             }
             for event in ahead.events {
                 invocation.arg(event);
@@ -1023,19 +1023,6 @@ impl JoinStore {
             .await?;
         Ok(())
     }
-}
-
-/// The fingerprint `RECORD` compares a stored result with ([`ClosingAhead::checks`]):
-/// the SHA-1 of its bytes in lowercase hex, as Lua's `redis.sha1hex` gives it.
-pub fn fingerprint(body: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = sha1_smol::Sha1::from(body).digest().bytes();
-    let mut hex = String::with_capacity(2 * digest.len());
-    for byte in digest {
-        hex.push(char::from(HEX[usize::from(byte >> 4)]));
-        hex.push(char::from(HEX[usize::from(byte & 0x0f)]));
-    }
-    hex
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<String, JoinError> {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::CallResult;
 
-use crate::join::{fingerprint, CallEntry};
+use crate::join::CallEntry;
 use crate::trace::TurnTrace;
 
 /// Most calls of a turn whose closing events are built ahead (see [`Ahead`]).
@@ -50,17 +50,17 @@ pub(crate) struct OwnedTurn {
 
 /// What an owned turn keeps so that the result completing it can carry the turn's
 /// closing events into the same `RECORD` script (`join.rs`): every call, and each
-/// result recorded or being recorded here (or refused up front) with the fingerprint of
-/// its stored body. The script stores the events only if every other call's stored
-/// result has the fingerprint the events were built from; a result stored by another
+/// result recorded or being recorded here (or refused up front) with its stored body.
+/// The script stores the events only if every other call's stored result is byte for
+/// byte the one the events were built from; a result stored by another
 /// replica with other bytes (a job run twice) fails the check, and the turn closes after
 /// the join as before.
 pub(crate) struct Ahead {
     /// Every call by key, in the model's order.
     pub calls: Vec<(String, CallEntry)>,
-    /// Results known here by call key, each with the fingerprint and the length of its
-    /// stored body (a later copy of a result replaces an earlier one).
-    pub known: HashMap<String, (CallResult, String, usize)>,
+    /// Results known here by call key, each with its stored body (a later copy of a
+    /// result replaces an earlier one).
+    pub known: HashMap<String, (CallResult, Vec<u8>)>,
     /// Bytes of the known results' bodies.
     pub bytes: usize,
     /// When the turn was taken, Unix milliseconds.
@@ -96,14 +96,13 @@ impl Ahead {
     /// Notes `result`, stored (or being stored) as `body`; `false` when the turn keeps
     /// too many bytes of results to go on.
     fn know(&mut self, key: &str, result: &CallResult, body: &[u8]) -> bool {
-        let replaced = self.known.get(key).map_or(0, |(_, _, len)| *len);
+        let replaced = self.known.get(key).map_or(0, |(_, stored)| stored.len());
         self.bytes = self.bytes - replaced + body.len();
         if self.bytes > AHEAD_MAX_BYTES {
             return false;
         }
-        let print = fingerprint(body);
         self.known
-            .insert(key.to_string(), (result.clone(), print, body.len()));
+            .insert(key.to_string(), (result.clone(), body.to_vec()));
         true
     }
 }
@@ -113,8 +112,8 @@ impl Ahead {
 pub(crate) struct Ready {
     /// Every call's result, in the model's order.
     pub results: Vec<CallResult>,
-    /// Each other call's key and the fingerprint of the result the events hold.
-    pub checks: Vec<(String, String)>,
+    /// Each other call's key and the stored body of the result the events hold.
+    pub checks: Vec<(String, Vec<u8>)>,
     /// When the turn was taken, Unix milliseconds.
     pub created_unix_ms: u64,
     /// The turn span's identity, when traced.
@@ -234,10 +233,10 @@ impl OwnedTurns {
         let mut results = Vec::with_capacity(ahead.calls.len());
         let mut checks = Vec::with_capacity(ahead.calls.len() - 1);
         for (k, _) in &ahead.calls {
-            let (result, print, _) = ahead.known.get(k)?;
+            let (result, stored) = ahead.known.get(k)?;
             results.push(result.clone());
             if k != key {
-                checks.push((k.clone(), print.clone()));
+                checks.push((k.clone(), stored.clone()));
             }
         }
         Some(Ready {
@@ -356,7 +355,7 @@ mod tests {
         let keys: Vec<_> = ready.checks.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["c1", "c2"]);
         let c2 = serde_json::to_vec(&result("c2", json!(2))).unwrap_or_default();
-        assert_eq!(ready.checks[1].1, fingerprint(&c2));
+        assert_eq!(ready.checks[1].1, c2);
         assert_eq!(ready.created_unix_ms, 7);
     }
 
@@ -385,13 +384,5 @@ mod tests {
         assert!(note(&turns, "c0", json!([half])).is_none());
         let ready = note(&turns, "c1", json!(1)).expect("every result known");
         assert_eq!(ready.results[0].result, Some(json!([half])));
-    }
-
-    #[test]
-    fn fingerprints_are_lowercase_sha1_hex() {
-        assert_eq!(
-            fingerprint(b"abc"),
-            "a9993e364706816aba3e25717850c26c9cd0d89d"
-        );
     }
 }

@@ -10,8 +10,7 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::redis_client::{self, RedisConnection};
 use toolfleet_common::{CallResult, Names, ToolCall};
 use toolfleet_coordinator::join::{
-    fingerprint, CallEntry, ClosingAhead, Created, Finalized, JoinStore, NewTurn, Recorded,
-    StoredFinal,
+    CallEntry, ClosingAhead, Created, Finalized, JoinStore, NewTurn, Recorded, StoredFinal,
 };
 
 const TOOL: &str = "test.noop";
@@ -95,7 +94,7 @@ async fn record(
     store: &JoinStore,
     turn_id: &str,
     result: &CallResult,
-    checks: Option<&[(String, String)]>,
+    checks: Option<&[(String, Vec<u8>)]>,
 ) -> Result<Recorded> {
     let key = result.tool_call_id.as_str();
     let state = json!({ "s": key }).to_string();
@@ -111,8 +110,8 @@ async fn record(
 }
 
 /// What [`record`] checks a stored `result` against.
-fn check(result: &CallResult) -> Result<(String, String)> {
-    Ok((result.tool_call_id.clone(), fingerprint(&body(result)?)))
+fn check(result: &CallResult) -> Result<(String, Vec<u8>)> {
+    Ok((result.tool_call_id.clone(), body(result)?))
 }
 
 fn closing() -> Vec<String> {
