@@ -549,6 +549,14 @@ async fn all_done(client: &FleetClient, tag: &str) -> Result<()> {
     Ok(())
 }
 
+/// A new fleet's first turns, before any fault: batches like [`all_done`] until one has
+/// every call done, for at most 30 s (on a loaded machine the replicated streams and
+/// consumers of a cluster just started may still be settling). Every batch still ends
+/// with one `final` per turn.
+async fn serving(client: &FleetClient) -> Result<()> {
+    recovers(client, "before", Duration::from_secs(30)).await
+}
+
 /// Turns after a fault heals: batches like [`all_done`] until one has every call done,
 /// for at most `within`. Every batch still ends with one `final` per turn (checked by
 /// `follow`); only the calls may fail while the healed node's JetStream catches up.
@@ -588,7 +596,7 @@ async fn turns_survive_the_stream_leader_node_killed_with_20_in_flight() -> Resu
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
     // Before the fault: turns run on the clusters.
-    all_done(&fleet.client, "before").await?;
+    serving(&fleet.client).await?;
 
     let followers = submit_accepted(&fleet.client, "leader", 20, 3, 800).await?;
     let leader = fleet
@@ -677,7 +685,7 @@ async fn turns_survive_a_redis_master_killed_mid_turn() -> Result<()> {
 async fn turns_survive_a_redis_master_partitioned() -> Result<()> {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
-    all_done(&fleet.client, "before").await?;
+    serving(&fleet.client).await?;
     let followers = submit_accepted(&fleet.client, "cut", 20, 3, 800).await?;
     // The master holding the first in-flight turn is cut off from the cluster bus (its
     // clients still reach it): the others fail it over to its replica while it goes on
@@ -759,7 +767,7 @@ async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
 async fn a_client_on_a_cut_off_nats_node_moves_to_another_and_its_turns_end() -> Result<()> {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start_placed(Placement::ClientAloneOnNode0).await?;
-    all_done(&fleet.client, "before").await?;
+    serving(&fleet.client).await?;
     // The client's node is cut off from the other two, where every coordinator and the
     // worker are; its connection to the client stays up. Turns submitted now reach no
     // coordinator until the client moves to another node (it knows them from the
@@ -790,7 +798,7 @@ async fn a_client_on_a_cut_off_nats_node_hears_its_final_through_its_standby() -
     const DEADLINE_MS: u64 = 6000;
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start_placed(Placement::ClientAloneOnNode0).await?;
-    all_done(&fleet.client, "before").await?;
+    serving(&fleet.client).await?;
     let mut request = sleeping_turn("standby", 2, 500);
     request.deadline_ms = Some(DEADLINE_MS);
     let mut stream = fleet.client.submit(request).await?;
@@ -848,7 +856,7 @@ async fn a_client_on_a_cut_off_nats_node_hears_its_final_through_its_standby() -
 async fn a_worker_on_a_cut_off_nats_node_moves_to_another_and_serves_again() -> Result<()> {
     let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start_placed(Placement::WorkerAloneOnNode0).await?;
-    all_done(&fleet.client, "before").await?;
+    serving(&fleet.client).await?;
     // The only worker's node is cut off from the other two, where the coordinators and
     // the client are; the worker's connection stays up but its pulls reach no consumer
     // leader. Turns submitted now run only once the worker has moved to another node
