@@ -456,54 +456,7 @@ impl Connection {
                 payload,
                 respond,
                 headers,
-            } => {
-                let verb = match headers.as_ref() {
-                    Some(headers) if !headers.is_empty() => "HPUB",
-                    _ => "PUB",
-                };
-
-                // The protocol line is appended piece by piece: formatting it through
-                // `fmt::Write` cost more than the rest of the operation.
-                self.small_bytes(verb.as_bytes());
-                self.small_bytes(b" ");
-                self.small_bytes(subject.as_bytes());
-                self.small_bytes(b" ");
-
-                if let Some(respond) = respond {
-                    self.small_bytes(respond.as_bytes());
-                    self.small_bytes(b" ");
-                }
-
-                match headers {
-                    Some(headers) if !headers.is_empty() => {
-                        let headers = headers.to_bytes();
-
-                        let headers_len = headers.len();
-                        let total_len = headers_len + payload.len();
-                        self.small_number(headers_len);
-                        self.small_bytes(b" ");
-                        self.small_number(total_len);
-                        self.small_bytes(b"\r\n");
-                        self.write(headers);
-                    }
-                    _ => {
-                        self.small_number(payload.len());
-                        self.small_bytes(b"\r\n");
-                    }
-                }
-
-                self.write(Bytes::clone(payload));
-                self.write("\r\n");
-
-                trace!(
-                    verb = %verb,
-                    subject = %subject,
-                    reply = ?respond,
-                    headers = ?headers,
-                    payload_len = %payload.len(),
-                    "write operation: PUB"
-                );
-            }
+            } => self.enqueue_publish(subject, payload, respond.as_ref(), headers.as_ref()),
 
             ClientOp::Subscribe {
                 sid,
@@ -685,6 +638,62 @@ impl Connection {
 
             self.write_buf.push_back(buf);
         }
+    }
+
+    /// Writes a `PUB` (or, with headers, `HPUB`) operation to the write buffer.
+    fn enqueue_publish(
+        &mut self,
+        subject: &Subject,
+        payload: &Bytes,
+        respond: Option<&Subject>,
+        headers: Option<&HeaderMap>,
+    ) {
+        let verb = match headers {
+            Some(headers) if !headers.is_empty() => "HPUB",
+            _ => "PUB",
+        };
+
+        // The protocol line is appended piece by piece: formatting it through
+        // `fmt::Write` cost more than the rest of the operation.
+        self.small_bytes(verb.as_bytes());
+        self.small_bytes(b" ");
+        self.small_bytes(subject.as_bytes());
+        self.small_bytes(b" ");
+
+        if let Some(respond) = respond {
+            self.small_bytes(respond.as_bytes());
+            self.small_bytes(b" ");
+        }
+
+        match headers {
+            Some(headers) if !headers.is_empty() => {
+                let headers = headers.to_bytes();
+
+                let headers_len = headers.len();
+                let total_len = headers_len + payload.len();
+                self.small_number(headers_len);
+                self.small_bytes(b" ");
+                self.small_number(total_len);
+                self.small_bytes(b"\r\n");
+                self.write(headers);
+            }
+            _ => {
+                self.small_number(payload.len());
+                self.small_bytes(b"\r\n");
+            }
+        }
+
+        self.write(Bytes::clone(payload));
+        self.write("\r\n");
+
+        trace!(
+            verb = %verb,
+            subject = %subject,
+            reply = ?respond,
+            headers = ?headers,
+            payload_len = %payload.len(),
+            "write operation: PUB"
+        );
     }
 
     /// Appends `bytes` to the small writes buffer.
