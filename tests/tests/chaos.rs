@@ -59,7 +59,7 @@ async fn no_turn_is_lost_or_counted_twice_under_any_fault() -> Result<()> {
                 f["fault"],
                 f["turns"],
                 f["lost"],
-                f["lost_turn_ids"],
+                f["lost_turns"],
                 f["counted_twice"],
                 f["counted_twice_turn_ids"]
             )

@@ -77,10 +77,23 @@ pub enum Ending {
     },
     /// Neither `final` nor `error` by deadline + patience.
     Lost {
-        /// Reads the turn's events for [`LOST_WATCH`] more; submit → the `final` or
-        /// `error` that came after all, if one did.
-        later: JoinHandle<Option<Duration>>,
+        /// Why the frontend stopped waiting: the client error kind (`Timeout` at the
+        /// patience, `Closed` when the stream's subscription ended).
+        gave_up: ClientErrorKind,
+        /// The last `seq` the stream handed out (0: no event).
+        last_seq: u64,
+        /// Reads the turn's events for [`LOST_WATCH`] more: what came after all.
+        later: JoinHandle<Later>,
     },
+}
+
+/// What a lost turn's stream gave in the [`LOST_WATCH`] after the patience.
+#[derive(Debug, Clone)]
+pub struct Later {
+    /// Submit → the `final` or `error` that came after all, if one did.
+    pub ended_after: Option<Duration>,
+    /// `final`, `error:<code>`, or the client error kind that ended the watch.
+    pub ended_by: String,
 }
 
 /// How long a lost turn's events are still read, to tell a turn whose `final` came
@@ -199,12 +212,12 @@ async fn follow(
     let give_up = submitted + spec.deadline + spec.patience;
     let turn_id = stream.turn_id().to_string();
     let mut acked = false;
-    loop {
+    let gave_up = loop {
         let left = give_up.saturating_duration_since(Instant::now());
         let event = match stream.next_event(left).await {
             Ok(event) => event,
             Err(error) if error.kind() == ClientErrorKind::Decode => continue,
-            Err(_) => break,
+            Err(error) => break error.kind(),
         };
         let ending = match event {
             TurnEvent::Final(fin) => Ending::Final {
@@ -226,27 +239,39 @@ async fn follow(
             acked: acked || matches!(ending, Ending::Final { .. }),
             ending,
         };
-    }
+    };
     TurnRecord {
         turn_id,
         acked,
         ending: Ending::Lost {
+            gave_up,
+            last_seq: stream.last_seq(),
             later: tokio::spawn(ended_later(stream, submitted)),
         },
     }
 }
 
-/// Reads a lost turn's events for [`LOST_WATCH`]; submit → its `final` or `error`, if
-/// one comes.
-async fn ended_later(mut stream: TurnStream, submitted: Instant) -> Option<Duration> {
+/// Reads a lost turn's events for [`LOST_WATCH`]: its `final` or `error`, if one comes,
+/// else the client error that ended the watch.
+async fn ended_later(mut stream: TurnStream, submitted: Instant) -> Later {
     let until = Instant::now() + LOST_WATCH;
+    let ended = |ended_by: String| Later {
+        ended_after: Some(submitted.elapsed()),
+        ended_by,
+    };
     loop {
         let left = until.saturating_duration_since(Instant::now());
         match stream.next_event(left).await {
-            Ok(TurnEvent::Final(_) | TurnEvent::Error { .. }) => return Some(submitted.elapsed()),
+            Ok(TurnEvent::Final(_)) => return ended("final".into()),
+            Ok(TurnEvent::Error { error, .. }) => return ended(format!("error:{}", error.code)),
             Ok(_) => {}
             Err(error) if error.kind() == ClientErrorKind::Decode => {}
-            Err(_) => return None,
+            Err(error) => {
+                return Later {
+                    ended_after: None,
+                    ended_by: format!("{:?}", error.kind()),
+                }
+            }
         }
     }
 }

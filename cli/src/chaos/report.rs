@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::load::{Ending, TurnRecord, LOST_WATCH};
+use super::load::{Ending, Later, TurnRecord, LOST_WATCH};
 use super::Fault;
 use crate::bench::stats::{round3, Latencies, Summary};
 
@@ -61,8 +61,27 @@ pub struct FaultReport {
     pub latency: Summary,
     /// Up to 20 lost turns' ids.
     pub lost_turn_ids: Vec<String>,
+    /// What the frontend saw of those turns.
+    pub lost_turns: Vec<LostTurn>,
     /// Up to 20 counted-twice turns' ids.
     pub counted_twice_turn_ids: Vec<String>,
+}
+
+/// What the frontend saw of one lost turn.
+#[derive(Debug, Clone, Serialize)]
+pub struct LostTurn {
+    /// The turn id.
+    pub turn_id: String,
+    /// Whether its `ack` arrived.
+    pub acked: bool,
+    /// The last `seq` handed out by the patience (0: no event).
+    pub last_seq: u64,
+    /// The client error kind the wait ended with (`Timeout`, `Closed`, …).
+    pub gave_up: String,
+    /// Submit → the `final` or `error` that came within the 30 s watched after, ms.
+    pub ended_after_ms: Option<u64>,
+    /// `final`, `error:<code>`, or the client error kind that ended the watch.
+    pub ended_by: String,
 }
 
 impl FaultReport {
@@ -96,13 +115,35 @@ impl FaultReport {
                 Ending::Error { code } => {
                     *report.errors_by_code.entry(code).or_default() += 1;
                 }
-                Ending::Lost { later } => {
+                Ending::Lost {
+                    gave_up,
+                    last_seq,
+                    later,
+                } => {
                     report.lost += 1;
                     push_id(&mut report.lost_turn_ids, &record.turn_id);
-                    let ended = tokio::time::timeout(LOST_WATCH + SECOND_FINAL_WAIT, later).await;
-                    if let Ok(Ok(Some(after))) = ended {
+                    let later =
+                        match tokio::time::timeout(LOST_WATCH + SECOND_FINAL_WAIT, later).await {
+                            Ok(Ok(later)) => later,
+                            Ok(Err(_)) | Err(_) => Later {
+                                ended_after: None,
+                                ended_by: "unwatched".into(),
+                            },
+                        };
+                    let ended_after_ms = later.ended_after.map(|after| after.as_millis() as u64);
+                    if let Some(ms) = ended_after_ms {
                         report.lost_then_ended += 1;
-                        report.lost_ended_after_ms.push(after.as_millis() as u64);
+                        report.lost_ended_after_ms.push(ms);
+                    }
+                    if report.lost_turns.len() < LISTED_IDS {
+                        report.lost_turns.push(LostTurn {
+                            turn_id: record.turn_id.clone(),
+                            acked: record.acked,
+                            last_seq,
+                            gave_up: format!("{gave_up:?}"),
+                            ended_after_ms,
+                            ended_by: later.ended_by,
+                        });
                     }
                 }
                 Ending::Final {
@@ -179,9 +220,82 @@ pub fn table(reports: &[FaultReport], late_after: Duration) -> String {
         if !r.errors_by_code.is_empty() {
             let _ = writeln!(out, "{} errors by code: {:?}", r.fault, r.errors_by_code);
         }
+        for lost in &r.lost_turns {
+            let after = lost
+                .ended_after_ms
+                .map_or_else(String::new, |ms| format!(" {ms} ms after submit"));
+            let _ = writeln!(
+                out,
+                "{} lost turn {}: acked {}, last seq {}, gave up on {}; then {}{after}",
+                r.fault, lost.turn_id, lost.acked, lost.last_seq, lost.gave_up, lost.ended_by
+            );
+        }
         if !r.refused_by_reason.is_empty() {
             let _ = writeln!(out, "{} refusals: {:?}", r.fault, r.refused_by_reason);
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lost(turn_id: &str, last_seq: u64, later: Later) -> TurnRecord {
+        TurnRecord {
+            turn_id: turn_id.into(),
+            acked: last_seq > 0,
+            ending: Ending::Lost {
+                gave_up: toolfleet_common::client::ClientErrorKind::Timeout,
+                last_seq,
+                later: tokio::spawn(async move { later }),
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lost_turn_is_listed_with_what_came_after() {
+        let records = vec![
+            lost(
+                "late",
+                2,
+                Later {
+                    ended_after: Some(Duration::from_millis(9_500)),
+                    ended_by: "final".into(),
+                },
+            ),
+            lost(
+                "never",
+                0,
+                Later {
+                    ended_after: None,
+                    ended_by: "Closed".into(),
+                },
+            ),
+        ];
+        let second = Duration::from_secs(1);
+        let report = FaultReport::tally(Fault::Nats, 1, 1.0, second, 3 * second, records).await;
+        assert_eq!((report.lost, report.lost_then_ended), (2, 1));
+        assert_eq!(report.lost_ended_after_ms, vec![9_500]);
+        assert_eq!(report.lost_turn_ids, vec!["late", "never"]);
+        let seen: Vec<String> = report
+            .lost_turns
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {} {} {} {:?} {}",
+                    t.turn_id, t.acked, t.last_seq, t.gave_up, t.ended_after_ms, t.ended_by
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                "late true 2 Timeout Some(9500) final",
+                "never false 0 Timeout None Closed"
+            ]
+        );
+        assert!(report.failed());
+        assert!(table(&[report], second).contains("nats lost turn never"));
+    }
 }
