@@ -31,13 +31,13 @@ pub(crate) fn arm(
     cancel: CancellationToken,
 ) {
     let timer_replica = Arc::clone(replica);
-    replica.tasks.spawn(async move {
+    replica.tasks.spawn(Box::pin(async move {
         let wait = Duration::from_millis(deadline.saturating_sub(unix_ms()));
         tokio::select! {
             _ = cancel.cancelled() => {}
             _ = tokio::time::sleep(wait) => end_open_turn(&timer_replica, &turn_id, true).await,
         }
-    });
+    }));
 }
 
 /// Ends turns past their deadline plus the sweep grace, until `shutdown`: every bucket

@@ -54,9 +54,9 @@ pub(crate) async fn relay(
             continue;
         }
         let (replica, turn_id) = (Arc::clone(&replica), turn_id.to_string());
-        replica.tasks.clone().spawn(async move {
+        replica.tasks.clone().spawn(Box::pin(async move {
             relay_running(&replica, &turn_id, &tool_call_id, &name).await;
-        });
+        }));
     }
     let _ = progress.unsubscribe().await;
     let _ = ended.unsubscribe().await;

@@ -151,10 +151,13 @@ async fn consume(
                         return;
                     };
                     let replica = Arc::clone(&replica);
-                    replica.tasks.clone().spawn(async move {
+                    // Boxed: the task then moves a pointer, not the handler's whole
+                    // state machine, each time it is spawned, polled to its end and
+                    // dropped.
+                    replica.tasks.clone().spawn(Box::pin(async move {
                         handle_result_message(&replica, message).await;
                         drop(permit);
-                    });
+                    }));
                 }
                 Some(Err(error)) => {
                     debug!(%error, "results stream error; re-subscribing");

@@ -269,26 +269,28 @@ async fn take_turns(
     replica: &Arc<Replica>,
     shutdown: CancellationToken,
 ) -> Result<(), CoordinatorError> {
+    // Each handler is boxed: its task then moves a pointer, not the handler's whole
+    // state machine, each time it is spawned, polled to its end and dropped.
     let take = |message| {
         let replica = Arc::clone(replica);
         replica
             .tasks
             .clone()
-            .spawn(intake::handle_turn_message(replica, message));
+            .spawn(Box::pin(intake::handle_turn_message(replica, message)));
     };
     let attach = |message| {
         let replica = Arc::clone(replica);
         replica
             .tasks
             .clone()
-            .spawn(attach::handle_attach_message(replica, message));
+            .spawn(Box::pin(attach::handle_attach_message(replica, message)));
     };
     let cancel = |message| {
         let replica = Arc::clone(replica);
         replica
             .tasks
             .clone()
-            .spawn(cancel::handle_cancel_message(replica, message));
+            .spawn(Box::pin(cancel::handle_cancel_message(replica, message)));
     };
     let group = || COORDINATOR_QUEUE_GROUP.to_string();
     let names = &replica.names;

@@ -151,10 +151,12 @@ async fn run_batch(
                 };
                 let shared = Arc::clone(shared);
                 let tool = Arc::clone(&tool.borrow());
-                tracker.spawn(async move {
+                // Boxed: the task then moves a pointer, not the job's whole state
+                // machine, each time it is spawned, polled to its end and dropped.
+                tracker.spawn(Box::pin(async move {
                     handle_job(shared, tool, message).await;
                     drop(permit);
-                });
+                }));
             }
             Err(error) => {
                 debug!(%error, "batch ended with an error");
