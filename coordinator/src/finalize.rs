@@ -15,13 +15,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::Serialize;
 use toolfleet_common::call::{codes, unix_ms};
 use toolfleet_common::names::spans;
 use toolfleet_common::telemetry;
 use toolfleet_common::{
     CallError, CallResult, CallState, FinalEvent, Summary, ToolCall, TurnEvent,
 };
-use toolfleet_decision::history::render_history;
+use toolfleet_decision::history::HistoryOf;
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::events;
@@ -658,15 +659,13 @@ fn closing_events(
         .chain(narration)
         .filter_map(|e| events::encode(&e))
         .collect();
-    let event = FinalEvent {
-        turn_id: turn_id.to_string(),
-        text,
-        summary: Summary::of(&results),
-        history: render_history(&results),
+    closing.extend(fit_final(
+        turn_id,
+        &text,
         results,
         deadline_hit,
-    };
-    closing.extend(fit_final(event, final_limit(replica)));
+        final_limit(replica),
+    ));
     closing
 }
 
@@ -729,28 +728,57 @@ const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 /// Bytes kept free below `max_payload` for the `seq` member and headers.
 const FINAL_HEADROOM: usize = 4096;
 
-/// The `final` event of `event`, encoded and made to fit in `limit` bytes: the largest
+/// A `final` as this coordinator writes it: a [`FinalEvent`]'s members, in its order,
+/// with the history written straight from the results ([`HistoryOf`]): the same text
+/// as `TurnEvent::Final` encodes, without building the history's `Value` trees.
+#[derive(Serialize)]
+#[serde(tag = "type", rename = "final")]
+struct FinalOut<'a> {
+    turn_id: &'a str,
+    text: &'a str,
+    results: &'a [CallResult],
+    summary: Summary,
+    history: HistoryOf<'a>,
+    deadline_hit: bool,
+}
+
+/// The `final` event of the turn, encoded and made to fit in `limit` bytes: the largest
 /// result bodies, one by one, are replaced by a `result_too_large` error of their call
 /// (every call id stays, in order), and the summary and history follow. Encoded once
 /// when it fits, as nearly every `final` does.
-fn fit_final(event: FinalEvent, limit: usize) -> Option<String> {
-    let mut event = TurnEvent::Final(event);
+fn fit_final(
+    turn_id: &str,
+    text: &str,
+    mut results: Vec<CallResult>,
+    deadline_hit: bool,
+    limit: usize,
+) -> Option<String> {
     loop {
-        let json = events::encode(&event)?;
-        let TurnEvent::Final(event) = &mut event else {
-            return Some(json);
+        let event = FinalOut {
+            turn_id,
+            text,
+            results: &results,
+            summary: Summary::of(&results),
+            history: HistoryOf(&results),
+            deadline_hit,
         };
-        if json.len() <= limit || !shrink_final(event, limit) {
+        let json = match serde_json::to_string(&event) {
+            Ok(json) => json,
+            Err(error) => {
+                warn!(%turn_id, %error, "the final does not serialize");
+                return None;
+            }
+        };
+        if json.len() <= limit || !shrink_final(&mut results, limit) {
             return Some(json);
         }
     }
 }
 
-/// Replaces the largest result body of `event` by a `result_too_large` error of its
+/// Replaces the largest result body of `results` by a `result_too_large` error of its
 /// call; false when no result body is left.
-fn shrink_final(event: &mut FinalEvent, limit: usize) -> bool {
-    let largest = event
-        .results
+fn shrink_final(results: &mut [CallResult], limit: usize) -> bool {
+    let largest = results
         .iter()
         .enumerate()
         .filter(|(_, r)| r.result.is_some())
@@ -758,7 +786,7 @@ fn shrink_final(event: &mut FinalEvent, limit: usize) -> bool {
     let Some((index, _)) = largest else {
         return false;
     };
-    let original = &event.results[index];
+    let original = &results[index];
     let bytes = original
         .result
         .as_ref()
@@ -779,9 +807,7 @@ fn shrink_final(event: &mut FinalEvent, limit: usize) -> bool {
     );
     replaced.worker_id.clone_from(&original.worker_id);
     replaced.attempts = original.attempts;
-    event.results[index] = replaced;
-    event.summary = Summary::of(&event.results);
-    event.history = render_history(&event.results);
+    results[index] = replaced;
     true
 }
 
@@ -865,17 +891,21 @@ mod tests {
             turn_id: "turn".into(),
             text: "done".into(),
             summary: Summary::of(&results),
-            history: render_history(&results),
+            history: toolfleet_decision::history::render_history(&results),
             results,
             deadline_hit: false,
         };
+        let fit = |limit: usize| {
+            let results = event.results.clone();
+            fit_final("turn", "done", results, false, limit)
+        };
         // Fits: the encoding is the event's, unchanged.
         let whole = events::encode(&TurnEvent::Final(event.clone()));
-        assert_eq!(fit_final(event.clone(), 1 << 20), whole);
+        assert_eq!(fit(1 << 20), whole);
 
         // Over the limit: the largest body goes first, then the next, until it fits.
         let fits = |limit: usize| {
-            let json = fit_final(event.clone(), limit).expect("encodes");
+            let json = fit(limit).expect("encodes");
             assert!(json.len() <= limit, "{} > {limit}", json.len());
             let Ok(TurnEvent::Final(fitted)) = serde_json::from_str(&json) else {
                 panic!("not a final: {json}");
@@ -903,7 +933,7 @@ mod tests {
         assert_eq!(fits(4_000), ["large", "medium"]);
 
         // Nothing left to leave out: the smallest encoding there is.
-        let tight = fit_final(event, 10).expect("encodes");
+        let tight = fit(10).expect("encodes");
         assert!(tight.contains(codes::RESULT_TOO_LARGE));
     }
 }

@@ -10,6 +10,8 @@
 
 use std::collections::HashMap;
 
+use serde::ser::{SerializeStruct, Serializer};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use toolfleet_common::call::{codes, CallError, CallResult, CallState, Summary};
@@ -25,25 +27,15 @@ use toolfleet_common::turn::History;
 /// never ran), `summary` counts those children by state like [`Summary`]. The entry is
 /// an error only when every one of them failed.
 pub fn render_history(results: &[CallResult]) -> History {
-    let entries = group(results);
+    let entries = tool_entries(results);
     let mut openai = Vec::with_capacity(entries.len());
     let mut blocks = Vec::with_capacity(entries.len());
-    for entry in &entries {
-        let (id, content, is_error) = match entry {
-            Entry::Single(result) => (
-                result.tool_call_id.as_str(),
-                result_content(result),
-                !result.ok,
-            ),
-            Entry::Group {
-                parent_id,
-                children,
-            } => (
-                *parent_id,
-                group_content(children),
-                children.iter().all(|r| !r.ok),
-            ),
-        };
+    for ToolEntry {
+        id,
+        content,
+        is_error,
+    } in &entries
+    {
         openai.push(json!({
             "role": "tool",
             "tool_call_id": id,
@@ -62,6 +54,96 @@ pub fn render_history(results: &[CallResult]) -> History {
         vec![json!({"role": "user", "content": blocks})]
     };
     History { openai, anthropic }
+}
+
+/// [`render_history`] of the results, serialized straight from them: the same JSON text
+/// (members in the same order), without building its `Value` trees first. For writing a
+/// `final`; [`render_history`] is for reading or changing the history.
+pub struct HistoryOf<'a>(pub &'a [CallResult]);
+
+impl Serialize for HistoryOf<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // Members in the order a `Value` object keeps them (sorted by name).
+        #[derive(Serialize)]
+        struct OpenAi<'a> {
+            content: &'a str,
+            role: &'static str,
+            tool_call_id: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Block<'a> {
+            content: &'a str,
+            is_error: bool,
+            tool_use_id: &'a str,
+            #[serde(rename = "type")]
+            kind: &'static str,
+        }
+        #[derive(Serialize)]
+        struct User<'a> {
+            content: Vec<Block<'a>>,
+            role: &'static str,
+        }
+        let entries = tool_entries(self.0);
+        let openai: Vec<OpenAi<'_>> = entries
+            .iter()
+            .map(|e| OpenAi {
+                content: &e.content,
+                role: "tool",
+                tool_call_id: e.id,
+            })
+            .collect();
+        let blocks: Vec<Block<'_>> = entries
+            .iter()
+            .map(|e| Block {
+                content: &e.content,
+                is_error: e.is_error,
+                tool_use_id: e.id,
+                kind: "tool_result",
+            })
+            .collect();
+        let anthropic: Vec<User<'_>> = if blocks.is_empty() {
+            Vec::new()
+        } else {
+            vec![User {
+                content: blocks,
+                role: "user",
+            }]
+        };
+        let mut out = serializer.serialize_struct("History", 2)?;
+        out.serialize_field("openai", &openai)?;
+        out.serialize_field("anthropic", &anthropic)?;
+        out.end()
+    }
+}
+
+/// One history entry as the model sees it: the call id it made, the content, and
+/// whether it failed.
+struct ToolEntry<'a> {
+    id: &'a str,
+    content: String,
+    is_error: bool,
+}
+
+/// The history entries of `results`, in order (see [`render_history`]).
+fn tool_entries(results: &[CallResult]) -> Vec<ToolEntry<'_>> {
+    group(results)
+        .iter()
+        .map(|entry| match entry {
+            Entry::Single(result) => ToolEntry {
+                id: result.tool_call_id.as_str(),
+                content: result_content(result),
+                is_error: !result.ok,
+            },
+            Entry::Group {
+                parent_id,
+                children,
+            } => ToolEntry {
+                id: parent_id,
+                content: group_content(children),
+                is_error: children.iter().all(|r| !r.ok),
+            },
+        })
+        .collect()
 }
 
 /// The content the model sees for one call, as JSON text: the tool's result when the
@@ -309,6 +391,34 @@ mod tests {
         assert_eq!(blocks[1]["is_error"], true);
         assert_eq!(parse(&blocks[1]["content"])["error"]["code"], "tool_error");
         assert_eq!(blocks[2]["tool_use_id"], "c");
+    }
+
+    #[test]
+    fn history_of_writes_the_rendered_history_text() {
+        let sets: Vec<Vec<CallResult>> = vec![
+            vec![],
+            vec![ok(
+                "a",
+                None,
+                json!({"balance": 12.5, "note": "quote \" and \u{e9} \\ \n"}),
+            )],
+            vec![
+                ok("a", None, json!("hi")),
+                failed("b", None),
+                timed_out("c", None),
+            ],
+            vec![
+                ok("p1", Some("par"), json!([1, 2])),
+                ok("x", None, json!(null)),
+                timed(failed("p2", Some("par")), "t0", "t1", 7),
+                ok("p3", Some("other"), json!({"k": {"nested": true}})),
+            ],
+        ];
+        for results in sets {
+            let rendered = serde_json::to_string(&render_history(&results)).expect("encodes");
+            let direct = serde_json::to_string(&HistoryOf(&results)).expect("encodes");
+            assert_eq!(direct, rendered);
+        }
     }
 
     #[test]
