@@ -223,7 +223,13 @@ async fn main() -> Result<()> {
         telemetry_config.closing_span = Some(toolfleet_common::names::spans::TURN);
     }
     let telemetry = telemetry::init(&telemetry_config)?;
-    let outcome = run(cli).await;
+    // On a runtime thread, not the thread that blocks on `main`: a message that wakes
+    // the command's loops (a coordinator's intake, a bench's turn loop) then wakes the
+    // thread that already runs, not a second one.
+    let outcome = match tokio::spawn(run(cli)).await {
+        Ok(outcome) => outcome,
+        Err(error) => std::panic::resume_unwind(error.into_panic()),
+    };
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     outcome
 }

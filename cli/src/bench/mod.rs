@@ -631,13 +631,14 @@ impl Stage<'_> {
     async fn overhead(&self, floor: f64) -> Result<Measured<Overhead>> {
         let plan = self.plan;
         let progress = &self.env.progress;
-        self.on_fleet("overhead", 1, 8, |client, _| async move {
+        self.on_fleet("overhead", 1, 8, |client, probe| async move {
             phases::overhead(
                 &client,
                 plan.overhead_warmup,
                 plan.overhead_turns,
                 secs(plan.overhead_cap_s),
                 floor,
+                &probe,
                 progress,
             )
             .await

@@ -288,6 +288,10 @@ pub struct Overhead {
     pub floor_multiple_p50: f64,
     /// Where the slowest turns lose their time, stage by stage.
     pub tail: Tail,
+    /// Context switches per measured turn of each kind of process watched (summed over
+    /// the processes of one kind): how often a turn puts a thread to sleep and wakes
+    /// one, which a clock on a shared host cannot tell apart from the work.
+    pub context_switches_per_turn: BTreeMap<String, f64>,
 }
 
 /// The stages of a turn (submit → `ack`, `ack` → first `running`, → first terminal
@@ -357,6 +361,7 @@ pub async fn overhead(
     turns: usize,
     cap: Duration,
     floor_p50_ms: f64,
+    probe: &Probe,
     progress: &Progress,
 ) -> Result<Overhead> {
     let decision = decision("test.noop", &json!({}), 3);
@@ -366,7 +371,9 @@ pub async fn overhead(
     let mut first_done = Latencies::default();
     let mut last_done = Latencies::default();
     let mut events = Vec::with_capacity(turns);
-    let failed = one_after_another(client, &decision, warmup, turns, Some(cap), progress, |t| {
+    let warm_failed = one_after_another(client, &decision, warmup, 0, None, progress, |_| {}).await;
+    let before = switches_by_kind(probe);
+    let failed = one_after_another(client, &decision, 0, turns, Some(cap), progress, |t| {
         events.push([t.ack, t.first_running, t.first_done, t.last_done, t.fin]);
         fin.push(t.fin);
         ack.push(t.ack);
@@ -375,13 +382,22 @@ pub async fn overhead(
         last_done.push(t.last_done);
     })
     .await;
+    let after = switches_by_kind(probe);
     if fin.len() == 0 {
         bail!("no turn completed");
     }
+    let per_turn = (fin.len() + failed) as f64;
+    let context_switches_per_turn = after
+        .into_iter()
+        .filter_map(|(kind, n)| {
+            let used = n.checked_sub(*before.get(&kind)?)?;
+            Some((kind, stats::round3(used as f64 / per_turn)))
+        })
+        .collect();
     let turn = fin.summary();
     Ok(Overhead {
         calls_per_turn: 3,
-        failed,
+        failed: warm_failed + failed,
         floor_multiple_p50: if floor_p50_ms > 0.0 {
             stats::round3(turn.p50_ms / floor_p50_ms)
         } else {
@@ -393,6 +409,7 @@ pub async fn overhead(
         first_done: first_done.summary(),
         last_done: last_done.summary(),
         tail: Tail::from_turns(&events),
+        context_switches_per_turn,
     })
 }
 
@@ -433,6 +450,16 @@ fn cpu_by_kind(probe: &Probe) -> BTreeMap<String, f64> {
     for (kind, pid) in probe {
         if let Some(s) = stats::cpu_seconds(*pid) {
             *out.entry(kind.clone()).or_insert(0.0) += s;
+        }
+    }
+    out
+}
+
+fn switches_by_kind(probe: &Probe) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (kind, pid) in probe {
+        if let Some(n) = stats::context_switches(*pid) {
+            *out.entry(kind.clone()).or_insert(0) += n;
         }
     }
     out

@@ -417,6 +417,10 @@ fn overhead_rows(t: &mut Table, reports: &[ModeReport]) {
                         .join(" / ")
                 },
             ),
+            (
+                "context switches per turn: coordinator / worker / nats-server / redis-server / bench client",
+                |m| per_process(&m.figures.context_switches_per_turn, |v| format!("{v:.1}")),
+            ),
             ("p50 as a multiple of the floor", |m| {
                 format!("{:.1}×", m.figures.floor_multiple_p50)
             }),

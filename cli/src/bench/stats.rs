@@ -136,6 +136,27 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / USER_HZ)
 }
 
+/// Context switches (voluntary and involuntary) of every live thread of `pid` so far,
+/// from `/proc/<pid>/task/*/status`; a thread that already exited is not counted.
+pub fn context_switches(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        total += text
+            .lines()
+            .filter_map(|l| {
+                l.strip_prefix("voluntary_ctxt_switches:")
+                    .or_else(|| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+            })
+            .filter_map(|v| v.trim().parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
+}
+
 /// The machine the bench ran on.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
