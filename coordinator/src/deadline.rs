@@ -1,7 +1,8 @@
-//! Where a turn's deadline is decided to have passed: the owner's timer, and the sweeper
+//! Where a turn's deadline is decided to have passed: the owner's clock, and the sweeper
 //! every replica runs for turns whose owner is gone.
 //!
-//! Owns [`arm`] (one timer per owned turn, cancelled when the turn ends early) and
+//! Owns [`clock`] (one task per replica that sleeps until the earliest deadline of the
+//! turns it owns, `turns.rs` keeping them in order, and ends those past it) and
 //! [`sweep`] (periodically reads every bucket of the deadline index in Redis and ends every turn past its
 //! deadline plus the grace). Both end the turn through `finalize::end_open_turn`; the
 //! join's script makes sure only one replica ends each turn, however many try.
@@ -23,22 +24,32 @@ use crate::startup::Replica;
 /// Turns ended per sweep at most.
 const SWEEP_BATCH: usize = 200;
 
-/// Ends `turn_id` at `deadline` (Unix ms) unless `cancel` fires first.
-pub(crate) fn arm(
-    replica: &Arc<Replica>,
-    turn_id: String,
-    deadline: u64,
-    cancel: CancellationToken,
-) {
-    let timer_replica = Arc::clone(replica);
-    replica.tasks.spawn(Box::pin(async move {
-        let wait = Duration::from_millis(deadline.saturating_sub(unix_ms()));
-        tokio::select! {
-            _ = cancel.cancelled() => {}
-            _ = tokio::time::sleep(wait) => end_open_turn(&timer_replica, &turn_id, true).await,
+/// Ends each turn this replica owns once its deadline passes, until `stop`. One task
+/// for every turn: taking or ending a turn costs no task, no timer and no wake-up of
+/// this one, except a turn whose deadline comes before the one it sleeps until.
+pub(crate) async fn clock(replica: Arc<Replica>, stop: CancellationToken) {
+    loop {
+        let (due, next) = replica.turns.due(unix_ms());
+        for turn_id in due {
+            let replica_for_turn = Arc::clone(&replica);
+            replica.tasks.spawn(Box::pin(async move {
+                end_open_turn(&replica_for_turn, &turn_id, true).await;
+            }));
         }
-    }));
+        // Nothing owned: sleep until told (the sleep only bounds a clock gone wrong).
+        let wait = next.map_or(IDLE_CLOCK, |at| {
+            Duration::from_millis(at.saturating_sub(unix_ms()))
+        });
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+            _ = replica.turns.earlier_deadline() => {}
+        }
+    }
 }
+
+/// How long the clock sleeps with no turn owned, unless told of one.
+const IDLE_CLOCK: Duration = Duration::from_secs(60);
 
 /// Ends turns past their deadline plus the sweep grace, until `shutdown`: every bucket
 /// of the deadline index, one after the other, starting each sweep at another bucket.

@@ -8,7 +8,7 @@
 //! forgetting the turn here and telling its owner when that is another replica.
 //!
 //! Only a caller that the join let end the turn reaches here with a [`Closing`]: the
-//! result that completed it (`results.rs`), the deadline timer or the sweeper
+//! result that completed it (`results.rs`), the deadline clock or the sweeper
 //! (`deadline.rs`, through [`end_open_turn`]), or intake when no call could run. Never
 //! records results and never decides the deadline. This is the turn's last step.
 

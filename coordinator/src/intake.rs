@@ -6,9 +6,10 @@
 //! [`take_turn`]: a short sequence that hands each step to its room — limits
 //! (`limits.rs`), per-call verdicts (`validate.rs`), the call layout and jobs
 //! (`dispatch.rs`), creating the turn in the join (`join.rs`), the `ack` and `pending`
-//! states, the deadline timer (`deadline.rs`) and the first publishes. Fixes the turn
-//! span's identity (`trace.rs`) before anything else and stores it with the turn; the
-//! work done here is the `intake` span, a child of the turn span.
+//! states, owning the turn until its deadline (`turns.rs`; `deadline.rs` ends it then)
+//! and the first publishes. Fixes the turn span's identity (`trace.rs`) before anything
+//! else and stores it with the turn; the work done here is the `intake` span, a child of
+//! the turn span.
 //!
 //! Never ends a turn itself: every end, the no-tool answer and the rejections included,
 //! goes through `finalize.rs`. Never publishes a job (`dispatch.rs` does). Next: workers
@@ -16,7 +17,6 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::names::{spans, HEADER_TURN_ID};
 use toolfleet_common::telemetry;
@@ -28,7 +28,6 @@ use tracing::{info_span, warn, Instrument};
 
 use crate::attach;
 use crate::callers::Caller;
-use crate::deadline;
 use crate::dispatch::{build_jobs, dispatch, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
@@ -261,29 +260,27 @@ async fn take_turn(
         return Box::pin(end_open_turn(&replica, &turn_id, false)).await;
     }
 
-    let timer = CancellationToken::new();
     let owned = owned_turn(
         &replica,
         reply,
         trace.clone(),
-        timer.clone(),
+        deadline,
         layout.calls,
         &refused,
         now,
     );
     replica.turns.own(turn_id.clone(), owned);
-    deadline::arm(&replica, turn_id.clone(), deadline, timer);
     dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
 }
 
 /// What this replica keeps of a turn it took: where its events go, its span, its
-/// deadline timer, its calls' tools, and (with a narrator that narrates ahead) its
+/// deadline, its calls' tools, and (with a narrator that narrates ahead) its
 /// calls and refused results for closing it ahead.
 fn owned_turn(
     replica: &Replica,
     reply: String,
     trace: Option<TurnTrace>,
-    timer: CancellationToken,
+    deadline_unix_ms: u64,
     calls: Vec<(String, CallEntry)>,
     refused: &[(String, CallResult)],
     created_unix_ms: u64,
@@ -300,7 +297,7 @@ fn owned_turn(
     OwnedTurn {
         reply,
         trace,
-        timer,
+        deadline_unix_ms,
         ended_calls: Default::default(),
         tools,
         ahead,

@@ -15,7 +15,7 @@
 //! | 2 | `limits` | the turn's call cap, concurrency and deadline from config, tenant and request |
 //! | 3 | [`validate`] | per-call verdicts: dispatch or refuse, with the refusal's code |
 //! | 4 | `dispatch` | build the jobs, publish them (again with the same id when unconfirmed); publish paced calls as slots release them |
-//! | 5 | `deadline` | arm the turn's timer; the sweeper for turns whose owner is gone |
+//! | 5 | `deadline` | the clock that ends owned turns at their deadlines; the sweeper for turns whose owner is gone |
 //! | 6 | `results` | the shared results consumer: record each result, report its state |
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
 //! | - | `events` | every event to a frontend and every notice between replicas |

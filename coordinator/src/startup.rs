@@ -179,7 +179,7 @@ async fn connect_redis(url: &str, tls: &TlsFiles) -> Result<RedisConnection, red
 }
 
 /// Starts the supervised tasks that run beside the turns until `stop`: registry
-/// refresh, progress relay, catalog, deadline sweeper, results consumer, topology
+/// refresh, progress relay, catalog, deadline clock and sweeper, results consumer, topology
 /// upkeep and gauge sampling. One that dies makes the replica not live.
 async fn spawn_background(
     replica: &Arc<Replica>,
@@ -205,6 +205,8 @@ async fn spawn_background(
         .await?;
     let catalog = catalog::serve(Arc::clone(replica), catalog_sub, stop.clone());
     health.supervise(background, "catalog", stop, catalog);
+    let clock = deadline::clock(Arc::clone(replica), stop.clone());
+    health.supervise(background, "deadline_clock", stop, clock);
     let sweep = deadline::sweep(Arc::clone(replica), stop.clone());
     health.supervise(background, "deadline_sweeper", stop, sweep);
     let consume = results::consume_all(

@@ -1,21 +1,22 @@
 //! The turns this replica owns, and the gate that orders what it publishes per turn.
 //!
 //! Owns [`OwnedTurns`]: the in-memory table of turns this replica took and has not seen
-//! end (reply subject, turn span identity, deadline timer, calls whose terminal state
-//! went out, the results known here for closing the turn ahead: [`Ahead`]), and the
-//! per-turn [`TurnGate`]. Only the owner relays `running`; any
+//! end (reply subject, turn span identity, deadline, calls whose terminal state went
+//! out, the results known here for closing the turn ahead: [`Ahead`]), the order of
+//! their deadlines for the one clock that ends them (`deadline.rs`), and the per-turn
+//! [`TurnGate`]. Only the owner relays `running`; any
 //! replica may release a paced turn's next call (the queue is in Redis) or end a turn.
 //!
 //! Never the source of truth about a turn's state: the join in Redis is (`join.rs`). A
 //! turn missing here may still be open there, ended by another replica or the sweeper.
 //! Never publishes anything itself.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Notify;
 use toolfleet_common::CallResult;
 
 use crate::join::CallEntry;
@@ -35,8 +36,8 @@ pub(crate) struct OwnedTurn {
     /// The turn span's identity: it parents the job publishes of queued calls released
     /// here.
     pub trace: Option<TurnTrace>,
-    /// Cancels the deadline timer when the turn ends early.
-    pub timer: CancellationToken,
+    /// When the turn's deadline passes, Unix milliseconds.
+    pub deadline_unix_ms: u64,
     /// Calls whose terminal state this replica published; their `running` is not
     /// relayed any more.
     pub ended_calls: HashSet<String>,
@@ -143,6 +144,28 @@ pub(crate) struct OwnedTurns {
     gates: Mutex<HashMap<String, Arc<TurnGate>>>,
     /// Turn requests being taken in here (decoded, checked, created) right now.
     taking: Arc<AtomicUsize>,
+    /// The owned turns by deadline, and when the clock wakes next.
+    deadlines: Mutex<Deadlines>,
+    /// Wakes the clock for a deadline earlier than the one it sleeps until.
+    earlier: Notify,
+}
+
+/// The owned turns in deadline order, for the clock of `deadline.rs`.
+struct Deadlines {
+    /// (deadline in Unix ms, turn id) of every owned turn.
+    by_time: BTreeSet<(u64, String)>,
+    /// When the clock wakes next, Unix ms (`u64::MAX`: when told of a deadline). Every
+    /// deadline in `by_time` is at or after it, or the clock has been told.
+    wakes_at: u64,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            by_time: BTreeSet::new(),
+            wakes_at: u64::MAX,
+        }
+    }
 }
 
 /// A turn request counted as being taken in until dropped.
@@ -163,9 +186,44 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl OwnedTurns {
-    /// Records that this replica took `turn_id`.
+    /// Records that this replica took `turn_id`, to be ended at its deadline unless it
+    /// ends before.
     pub(crate) fn own(&self, turn_id: String, turn: OwnedTurn) {
-        lock(&self.owned).insert(turn_id, turn);
+        let deadline = turn.deadline_unix_ms;
+        lock(&self.owned).insert(turn_id.clone(), turn);
+        let mut deadlines = lock(&self.deadlines);
+        deadlines.by_time.insert((deadline, turn_id));
+        // A turn whose deadline is later than the clock's next wake-up (every turn of
+        // one budget taken after another) leaves the clock asleep.
+        if deadline < deadlines.wakes_at {
+            deadlines.wakes_at = deadline;
+            self.earlier.notify_one();
+        }
+    }
+
+    /// Takes out the owned turns whose deadline is at or before `now` (Unix ms) and
+    /// returns them with when the clock is to wake next (`None`: not before it is told
+    /// of a deadline).
+    pub(crate) fn due(&self, now: u64) -> (Vec<String>, Option<u64>) {
+        let mut deadlines = lock(&self.deadlines);
+        let mut due = Vec::new();
+        while let Some(first) = deadlines.by_time.first() {
+            if first.0 > now {
+                break;
+            }
+            if let Some((_, turn_id)) = deadlines.by_time.pop_first() {
+                due.push(turn_id);
+            }
+        }
+        let next = deadlines.by_time.first().map(|(at, _)| *at);
+        deadlines.wakes_at = next.unwrap_or(u64::MAX);
+        (due, next)
+    }
+
+    /// Waits until [`OwnedTurns::own`] takes a turn whose deadline comes before the
+    /// clock's next wake-up.
+    pub(crate) async fn earlier_deadline(&self) {
+        self.earlier.notified().await;
     }
 
     /// Whether this replica owns `turn_id`.
@@ -178,19 +236,22 @@ impl OwnedTurns {
         lock(&self.owned).get(turn_id).and_then(|t| t.trace.clone())
     }
 
-    /// Forgets an ended turn and stops its deadline timer.
+    /// Forgets an ended turn; the clock no longer ends it at its deadline.
     pub(crate) fn release(&self, turn_id: &str) {
-        if let Some(turn) = lock(&self.owned).remove(turn_id) {
-            turn.timer.cancel();
-        }
+        let Some(turn) = lock(&self.owned).remove(turn_id) else {
+            return;
+        };
+        // The clock is not woken: at worst it wakes at this deadline and finds nothing.
+        lock(&self.deadlines)
+            .by_time
+            .remove(&(turn.deadline_unix_ms, turn_id.to_string()));
     }
 
-    /// Stops every owned turn's deadline timer and forgets the turns (their deadline
-    /// entries stay in Redis for the sweepers of other replicas).
+    /// Forgets every owned turn; the clock ends none of them (their deadline entries
+    /// stay in Redis for the sweepers of other replicas).
     pub(crate) fn abandon_all(&self) {
-        for (_, turn) in lock(&self.owned).drain() {
-            turn.timer.cancel();
-        }
+        lock(&self.owned).clear();
+        lock(&self.deadlines).by_time.clear();
     }
 
     /// Counts one more turn request being taken in, unless the requests being taken
@@ -320,15 +381,56 @@ mod tests {
     }
 
     fn owning(turns: &OwnedTurns, ahead: Option<Ahead>) {
+        owning_until(turns, "t", 0, ahead);
+    }
+
+    fn owning_until(turns: &OwnedTurns, id: &str, deadline_unix_ms: u64, ahead: Option<Ahead>) {
         let turn = OwnedTurn {
             reply: "reply".to_string(),
             trace: None,
-            timer: CancellationToken::new(),
+            deadline_unix_ms,
             ended_calls: HashSet::new(),
             tools: HashMap::new(),
             ahead,
         };
-        turns.own("t".to_string(), turn);
+        turns.own(id.to_string(), turn);
+    }
+
+    /// Whether the clock has been told of an earlier deadline (without waiting).
+    fn told(turns: &OwnedTurns) -> bool {
+        let told = turns.earlier_deadline();
+        futures::pin_mut!(told);
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        told.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn the_clock_ends_owned_turns_at_their_deadlines_only() {
+        let turns = OwnedTurns::default();
+        owning_until(&turns, "a", 100, None);
+        // The first deadline wakes the clock; a later one leaves it asleep.
+        assert!(told(&turns));
+        owning_until(&turns, "b", 200, None);
+        owning_until(&turns, "c", 300, None);
+        assert!(!told(&turns));
+        assert_eq!(turns.due(99), (vec![], Some(100)));
+        // A turn that ended is not ended again at its deadline.
+        turns.release("b");
+        assert_eq!(turns.due(250), (vec!["a".to_string()], Some(300)));
+        // Earlier than the next wake-up: the clock is told.
+        owning_until(&turns, "d", 260, None);
+        assert!(told(&turns));
+        assert_eq!(
+            turns.due(1_000),
+            (vec!["d".to_string(), "c".to_string()], None)
+        );
+        // Nothing left: the next deadline wakes the clock, whenever it is.
+        owning_until(&turns, "e", 5_000, None);
+        assert!(told(&turns));
+        turns.abandon_all();
+        assert_eq!(turns.due(u64::MAX), (vec![], None));
+        assert_eq!(turns.count(), 0);
     }
 
     fn note(turns: &OwnedTurns, id: &str, value: serde_json::Value) -> Option<Ready> {
