@@ -24,6 +24,7 @@
 //! | [`schemas`] | JSON Schemas of the wire messages (published in `docs/schemas/`) |
 //! | [`shutdown`] | SIGTERM / Ctrl-C as a cancellation token |
 //! | [`streams`] | creating the jobs and results JetStream streams |
+//! | [`timetable`] | keys due at a time, waited for by one task (turn deadlines, job keep-alives) |
 //! | [`tls`] | the TLS files (root CA, client certificate) of the NATS and Redis connections |
 //! | [`topology`] | streams and consumers recreated when they disappear |
 //! | [`health`] | liveness (supervised tasks), drain and start-up phase of a process |
@@ -56,6 +57,7 @@ pub mod schemas;
 pub mod shutdown;
 pub mod streams;
 pub mod telemetry;
+pub mod timetable;
 pub mod tls;
 pub mod tool;
 pub mod topology;

@@ -25,31 +25,23 @@ use crate::startup::Replica;
 const SWEEP_BATCH: usize = 200;
 
 /// Ends each turn this replica owns once its deadline passes, until `stop`. One task
-/// for every turn: taking or ending a turn costs no task, no timer and no wake-up of
-/// this one, except a turn whose deadline comes before the one it sleeps until.
+/// for every turn (`turns.rs` keeps them in deadline order): taking or ending a turn
+/// costs no task, no timer and no wake-up of this one, except a turn whose deadline
+/// comes before the one it sleeps until.
 pub(crate) async fn clock(replica: Arc<Replica>, stop: CancellationToken) {
     loop {
-        let (due, next) = replica.turns.due(unix_ms());
+        let due = tokio::select! {
+            _ = stop.cancelled() => return,
+            due = replica.turns.past_deadline() => due,
+        };
         for turn_id in due {
             let replica_for_turn = Arc::clone(&replica);
             replica.tasks.spawn(Box::pin(async move {
                 end_open_turn(&replica_for_turn, &turn_id, true).await;
             }));
         }
-        // Nothing owned: sleep until told (the sleep only bounds a clock gone wrong).
-        let wait = next.map_or(IDLE_CLOCK, |at| {
-            Duration::from_millis(at.saturating_sub(unix_ms()))
-        });
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(wait) => {}
-            _ = replica.turns.earlier_deadline() => {}
-        }
     }
 }
-
-/// How long the clock sleeps with no turn owned, unless told of one.
-const IDLE_CLOCK: Duration = Duration::from_secs(60);
 
 /// Ends turns past their deadline plus the sweep grace, until `shutdown`: every bucket
 /// of the deadline index, one after the other, starting each sweep at another bucket.

@@ -11,12 +11,12 @@
 //! turn missing here may still be open there, ended by another replica or the sweeper.
 //! Never publishes anything itself.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::Notify;
+use toolfleet_common::timetable::Timetable;
 use toolfleet_common::CallResult;
 
 use crate::join::CallEntry;
@@ -144,28 +144,8 @@ pub(crate) struct OwnedTurns {
     gates: Mutex<HashMap<String, Arc<TurnGate>>>,
     /// Turn requests being taken in here (decoded, checked, created) right now.
     taking: Arc<AtomicUsize>,
-    /// The owned turns by deadline, and when the clock wakes next.
-    deadlines: Mutex<Deadlines>,
-    /// Wakes the clock for a deadline earlier than the one it sleeps until.
-    earlier: Notify,
-}
-
-/// The owned turns in deadline order, for the clock of `deadline.rs`.
-struct Deadlines {
-    /// (deadline in Unix ms, turn id) of every owned turn.
-    by_time: BTreeSet<(u64, String)>,
-    /// When the clock wakes next, Unix ms (`u64::MAX`: when told of a deadline). Every
-    /// deadline in `by_time` is at or after it, or the clock has been told.
-    wakes_at: u64,
-}
-
-impl Default for Deadlines {
-    fn default() -> Self {
-        Self {
-            by_time: BTreeSet::new(),
-            wakes_at: u64::MAX,
-        }
-    }
+    /// The owned turns by deadline, for the clock that ends them.
+    deadlines: Timetable<String>,
 }
 
 /// A turn request counted as being taken in until dropped.
@@ -187,43 +167,18 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl OwnedTurns {
     /// Records that this replica took `turn_id`, to be ended at its deadline unless it
-    /// ends before.
+    /// ends before. A turn whose deadline is later than the clock's next wake-up (every
+    /// turn of one budget taken after another) leaves the clock asleep.
     pub(crate) fn own(&self, turn_id: String, turn: OwnedTurn) {
         let deadline = turn.deadline_unix_ms;
         lock(&self.owned).insert(turn_id.clone(), turn);
-        let mut deadlines = lock(&self.deadlines);
-        deadlines.by_time.insert((deadline, turn_id));
-        // A turn whose deadline is later than the clock's next wake-up (every turn of
-        // one budget taken after another) leaves the clock asleep.
-        if deadline < deadlines.wakes_at {
-            deadlines.wakes_at = deadline;
-            self.earlier.notify_one();
-        }
+        self.deadlines.insert(deadline, turn_id);
     }
 
-    /// Takes out the owned turns whose deadline is at or before `now` (Unix ms) and
-    /// returns them with when the clock is to wake next (`None`: not before it is told
-    /// of a deadline).
-    pub(crate) fn due(&self, now: u64) -> (Vec<String>, Option<u64>) {
-        let mut deadlines = lock(&self.deadlines);
-        let mut due = Vec::new();
-        while let Some(first) = deadlines.by_time.first() {
-            if first.0 > now {
-                break;
-            }
-            if let Some((_, turn_id)) = deadlines.by_time.pop_first() {
-                due.push(turn_id);
-            }
-        }
-        let next = deadlines.by_time.first().map(|(at, _)| *at);
-        deadlines.wakes_at = next.unwrap_or(u64::MAX);
-        (due, next)
-    }
-
-    /// Waits until [`OwnedTurns::own`] takes a turn whose deadline comes before the
-    /// clock's next wake-up.
-    pub(crate) async fn earlier_deadline(&self) {
-        self.earlier.notified().await;
+    /// The owned turns whose deadline passed, taken out of the clock's order once it
+    /// falls due: each is ended once by the clock (`deadline.rs`).
+    pub(crate) async fn past_deadline(&self) -> Vec<String> {
+        self.deadlines.next_due().await
     }
 
     /// Whether this replica owns `turn_id`.
@@ -241,17 +196,15 @@ impl OwnedTurns {
         let Some(turn) = lock(&self.owned).remove(turn_id) else {
             return;
         };
-        // The clock is not woken: at worst it wakes at this deadline and finds nothing.
-        lock(&self.deadlines)
-            .by_time
-            .remove(&(turn.deadline_unix_ms, turn_id.to_string()));
+        self.deadlines
+            .remove(turn.deadline_unix_ms, turn_id.to_string());
     }
 
     /// Forgets every owned turn; the clock ends none of them (their deadline entries
     /// stay in Redis for the sweepers of other replicas).
     pub(crate) fn abandon_all(&self) {
         lock(&self.owned).clear();
-        lock(&self.deadlines).by_time.clear();
+        self.deadlines.clear();
     }
 
     /// Counts one more turn request being taken in, unless the requests being taken
@@ -396,40 +349,21 @@ mod tests {
         turns.own(id.to_string(), turn);
     }
 
-    /// Whether the clock has been told of an earlier deadline (without waiting).
-    fn told(turns: &OwnedTurns) -> bool {
-        let told = turns.earlier_deadline();
-        futures::pin_mut!(told);
-        let waker = futures::task::noop_waker();
-        let mut cx = std::task::Context::from_waker(&waker);
-        told.as_mut().poll(&mut cx).is_ready()
-    }
-
-    #[test]
-    fn the_clock_ends_owned_turns_at_their_deadlines_only() {
+    #[tokio::test]
+    async fn only_turns_still_owned_are_past_their_deadline() {
         let turns = OwnedTurns::default();
-        owning_until(&turns, "a", 100, None);
-        // The first deadline wakes the clock; a later one leaves it asleep.
-        assert!(told(&turns));
-        owning_until(&turns, "b", 200, None);
-        owning_until(&turns, "c", 300, None);
-        assert!(!told(&turns));
-        assert_eq!(turns.due(99), (vec![], Some(100)));
-        // A turn that ended is not ended again at its deadline.
-        turns.release("b");
-        assert_eq!(turns.due(250), (vec!["a".to_string()], Some(300)));
-        // Earlier than the next wake-up: the clock is told.
-        owning_until(&turns, "d", 260, None);
-        assert!(told(&turns));
-        assert_eq!(
-            turns.due(1_000),
-            (vec!["d".to_string(), "c".to_string()], None)
-        );
-        // Nothing left: the next deadline wakes the clock, whenever it is.
-        owning_until(&turns, "e", 5_000, None);
-        assert!(told(&turns));
+        let now = toolfleet_common::call::unix_ms();
+        owning_until(&turns, "ended", now, None);
+        owning_until(&turns, "due", now + 1, None);
+        owning_until(&turns, "later", now + 60_000, None);
+        turns.release("ended");
+        let due = tokio::time::timeout(std::time::Duration::from_secs(5), turns.past_deadline())
+            .await
+            .expect("due within the bound");
+        assert_eq!(due, ["due"]);
+        // Still owned until it is ended; no longer in the clock's order.
+        assert!(turns.owns("due"));
         turns.abandon_all();
-        assert_eq!(turns.due(u64::MAX), (vec![], None));
         assert_eq!(turns.count(), 0);
     }
 

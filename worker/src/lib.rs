@@ -40,6 +40,7 @@
 //! | `consumers` | each tool's durable consumer: created, checked, its delivery settings kept in line with the definition |
 //! | [`registry`] | announcing tools and liveness in Redis |
 //! | `runner` | pulling jobs, running calls, publishing results, acking |
+//! | `keepalive` | the progress acks that keep running jobs from being redelivered, one task for all |
 //! | `output` | results checked against the output schema (feature `output-schema`) |
 //! | `cache` | Redis result cache for idempotent read-only tools (`ResultCache::wrap`; feature `cache`) |
 //!
@@ -54,6 +55,7 @@ pub mod cache;
 mod cancel;
 pub mod config;
 mod consumers;
+mod keepalive;
 mod output;
 pub mod prelude;
 pub mod registry;
@@ -225,7 +227,10 @@ pub async fn run_set(
         abandon: CancellationToken::new(),
         cancellations: cancellations.clone(),
         failover: toolfleet_common::failover::Failover::for_urls(&nats, &config.nats_url),
+        keepalives: Default::default(),
     });
+    let keepalive_stop = CancellationToken::new();
+    let keepalive = tokio::spawn(Arc::clone(&shared.keepalives).run(keepalive_stop.clone()));
     let mut serving = Serving::new(
         config.clone(),
         Arc::clone(&shared),
@@ -252,6 +257,8 @@ pub async fn run_set(
     loops.close();
     loops.wait().await;
     drain_calls(&shared, &calls, grace_ends).await;
+    keepalive_stop.cancel();
+    let _ = keepalive.await;
     heartbeat_stop.cancel();
     withdraw(heartbeat, &nats, &names).await;
     info!("worker stopped");

@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     pub cancellations: crate::cancel::Cancellations,
     /// Moves the connection to another server of a cluster when pulls go unanswered.
     pub failover: toolfleet_common::failover::Failover,
+    /// Sends the progress acks of running jobs.
+    pub keepalives: Arc<crate::keepalive::Keepalives>,
 }
 
 /// A tool with its compiled output schema and the settings of the consumer it is served
@@ -301,20 +303,10 @@ async fn run_job(
         let _ = message.ack().await;
         return;
     };
-    // Keeps the job alive until its result is published; aborted when dropped, even
-    // if this task unwinds.
-    let keepalive = {
-        let message = Arc::clone(&message);
-        let period = (tool.bound.ack_wait / 3).max(Duration::from_millis(50));
-        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(period).await;
-                if message.ack_with(AckKind::Progress).await.is_err() {
-                    break;
-                }
-            }
-        }))
-    };
+    // Keeps the job alive until its result is published or it is handed back; given up
+    // when dropped, even if this task unwinds.
+    let period = (tool.bound.ack_wait / 3).max(Duration::from_millis(50));
+    let kept = shared.keepalives.keep(Arc::clone(&message), period);
     match execute(&shared, &tool, &mut job, attempt, running.token()).await {
         // The turn ended with its final when it was cancelled: nobody waits for this.
         Executed::Done(_) if running.token().is_cancelled() => {
@@ -328,7 +320,7 @@ async fn run_job(
         }
         Executed::Abandoned => hand_back(&shared, &message, &tool.tool.definition().name).await,
     }
-    drop(keepalive);
+    drop(kept);
 }
 
 /// What running a handler once came to.
