@@ -223,12 +223,13 @@ async fn main() -> Result<()> {
         telemetry_config.closing_span = Some(toolfleet_common::names::spans::TURN);
     }
     let telemetry = telemetry::init(&telemetry_config)?;
-    // On a runtime thread, not the thread that blocks on `main`: a message that wakes
-    // the command's loops (a coordinator's intake, a bench's turn loop) then wakes the
-    // thread that already runs, not a second one.
+    // On a runtime thread, not the thread that blocks on `main`: a message for the
+    // command's loops (a bench's turn loop, a frontend's stream) then wakes a runtime
+    // thread, not the main thread and then a runtime thread for each task it spawns.
     let outcome = match tokio::spawn(run(cli)).await {
         Ok(outcome) => outcome,
-        Err(error) => std::panic::resume_unwind(error.into_panic()),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(error) => Err(error.into()),
     };
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
     outcome

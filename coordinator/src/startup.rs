@@ -155,7 +155,19 @@ pub async fn run_with_narrator(
         },
     ));
 
-    take_turns(&replica, shutdown).await?;
+    // On a runtime thread even when `run` is what `main` blocks on: each request then
+    // wakes a runtime thread, not the main thread and then a runtime thread for its
+    // handler.
+    let intake = {
+        let replica = Arc::clone(&replica);
+        tokio::spawn(async move { take_turns(&replica, shutdown).await })
+    };
+    match intake.await {
+        Ok(taken) => taken?,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // Cancelled: the runtime is shutting down; drain what is left.
+        Err(_) => {}
+    }
     drain(&replica).await;
     stop_background.cancel();
     background.close();
