@@ -16,6 +16,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::call::unix_ms;
 
@@ -119,6 +120,14 @@ impl<K: Ord> Timetable<K> {
                 _ = tokio::time::sleep(wait) => {}
                 _ = self.earlier.notified() => {}
             }
+        }
+    }
+
+    /// [`Timetable::next_due`] until `stop` is cancelled: then `None`.
+    pub async fn next_due_until(&self, stop: &CancellationToken) -> Option<Vec<K>> {
+        tokio::select! {
+            _ = stop.cancelled() => None,
+            due = self.next_due() => Some(due),
         }
     }
 

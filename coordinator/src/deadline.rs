@@ -29,11 +29,7 @@ const SWEEP_BATCH: usize = 200;
 /// costs no task, no timer and no wake-up of this one, except a turn whose deadline
 /// comes before the one it sleeps until.
 pub(crate) async fn clock(replica: Arc<Replica>, stop: CancellationToken) {
-    loop {
-        let due = tokio::select! {
-            _ = stop.cancelled() => return,
-            due = replica.turns.past_deadline() => due,
-        };
+    while let Some(due) = replica.turns.past_deadline(&stop).await {
         for turn_id in due {
             let replica_for_turn = Arc::clone(&replica);
             replica.tasks.spawn(Box::pin(async move {

@@ -155,19 +155,7 @@ pub async fn run_with_narrator(
         },
     ));
 
-    // On a runtime thread even when `run` is what `main` blocks on: each request then
-    // wakes a runtime thread, not the main thread and then a runtime thread for its
-    // handler.
-    let intake = {
-        let replica = Arc::clone(&replica);
-        tokio::spawn(async move { take_turns(&replica, shutdown).await })
-    };
-    match intake.await {
-        Ok(taken) => taken?,
-        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-        // Cancelled: the runtime is shutting down; drain what is left.
-        Err(_) => {}
-    }
+    take_turns_on_runtime(&replica, shutdown).await?;
     drain(&replica).await;
     stop_background.cancel();
     background.close();
@@ -274,6 +262,25 @@ pub(crate) async fn next_message<T>(
     tokio::select! {
         _ = stop.cancelled() => None,
         m = subscriber.next() => m,
+    }
+}
+
+/// [`take_turns`] in a task of its own, so on a runtime thread even when `run` is what
+/// `main` blocks on: each request then wakes a runtime thread, not the main thread and
+/// then a runtime thread for its handler.
+async fn take_turns_on_runtime(
+    replica: &Arc<Replica>,
+    shutdown: CancellationToken,
+) -> Result<(), CoordinatorError> {
+    let intake = {
+        let replica = Arc::clone(replica);
+        tokio::spawn(async move { take_turns(&replica, shutdown).await })
+    };
+    match intake.await {
+        Ok(taken) => taken,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // Cancelled: the runtime is shutting down; drain what is left.
+        Err(_) => Ok(()),
     }
 }
 

@@ -16,6 +16,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tokio_util::sync::CancellationToken;
 use toolfleet_common::timetable::Timetable;
 use toolfleet_common::CallResult;
 
@@ -176,9 +177,10 @@ impl OwnedTurns {
     }
 
     /// The owned turns whose deadline passed, taken out of the clock's order once it
-    /// falls due: each is ended once by the clock (`deadline.rs`).
-    pub(crate) async fn past_deadline(&self) -> Vec<String> {
-        self.deadlines.next_due().await
+    /// falls due: each is ended once by the clock (`deadline.rs`); `None` once `stop` is
+    /// cancelled.
+    pub(crate) async fn past_deadline(&self, stop: &CancellationToken) -> Option<Vec<String>> {
+        self.deadlines.next_due_until(stop).await
     }
 
     /// Whether this replica owns `turn_id`.
@@ -357,10 +359,16 @@ mod tests {
         owning_until(&turns, "due", now + 1, None);
         owning_until(&turns, "later", now + 60_000, None);
         turns.release("ended");
-        let due = tokio::time::timeout(std::time::Duration::from_secs(5), turns.past_deadline())
-            .await
-            .expect("due within the bound");
-        assert_eq!(due, ["due"]);
+        let stop = CancellationToken::new();
+        let due = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            turns.past_deadline(&stop),
+        )
+        .await
+        .expect("due within the bound");
+        assert_eq!(due, Some(vec!["due".to_string()]));
+        stop.cancel();
+        assert_eq!(turns.past_deadline(&stop).await, None);
         // Still owned until it is ended; no longer in the clock's order.
         assert!(turns.owns("due"));
         turns.abandon_all();

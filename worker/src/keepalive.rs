@@ -89,11 +89,7 @@ impl Keepalives {
     /// Sends the progress acks as they fall due, until `stop`. A job whose progress ack
     /// cannot be sent gets no more (its connection is gone; the server redelivers it).
     pub(crate) async fn run(self: Arc<Self>, stop: CancellationToken) {
-        loop {
-            let due = tokio::select! {
-                _ = stop.cancelled() => return,
-                due = self.due.next_due() => due,
-            };
+        while let Some(due) = self.due.next_due_until(&stop).await {
             for id in due {
                 let Some(message) = lock(&self.jobs).get(&id).map(|j| Arc::clone(&j.message))
                 else {
