@@ -230,7 +230,10 @@ pub async fn run_set(
         keepalives: Default::default(),
     });
     let keepalive_stop = CancellationToken::new();
-    let keepalive = tokio::spawn(Arc::clone(&shared.keepalives).run(keepalive_stop.clone()));
+    // Aborted when dropped: a start that fails further on leaves no task behind.
+    let keepalive = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+        Arc::clone(&shared.keepalives).run(keepalive_stop.clone()),
+    ));
     let mut serving = Serving::new(
         config.clone(),
         Arc::clone(&shared),
