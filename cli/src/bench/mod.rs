@@ -27,6 +27,7 @@ mod phases;
 mod progress;
 mod report;
 mod sink;
+mod skeleton;
 pub(crate) mod stats;
 
 use std::io::IsTerminal;
@@ -569,10 +570,7 @@ impl Stage<'_> {
                 progress.done();
             }
             Phase::Overhead => {
-                let floor = report
-                    .floor
-                    .as_ref()
-                    .map_or(0.0, |f| f.figures.floor_p50_ms);
+                let floor = report.floor.as_ref().map(|f| f.figures.clone());
                 report.overhead = Some(self.overhead(floor).await?);
                 progress.done();
             }
@@ -627,8 +625,8 @@ impl Stage<'_> {
         measured(self.sink, self.mode, work).await
     }
 
-    /// The overhead phase at concurrency 1, against the `floor` p50 in ms.
-    async fn overhead(&self, floor: f64) -> Result<Measured<Overhead>> {
+    /// The overhead phase at concurrency 1, against the `floor` phase's figures.
+    async fn overhead(&self, floor: Option<Floor>) -> Result<Measured<Overhead>> {
         let plan = self.plan;
         let progress = &self.env.progress;
         self.on_fleet("overhead", 1, 8, |client, probe| async move {
@@ -637,7 +635,7 @@ impl Stage<'_> {
                 plan.overhead_warmup,
                 plan.overhead_turns,
                 secs(plan.overhead_cap_s),
-                floor,
+                floor.as_ref(),
                 &probe,
                 progress,
             )

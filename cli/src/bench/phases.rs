@@ -21,6 +21,7 @@ use toolfleet_common::{CallState, FleetClient, Names, TurnEvent, TurnRequest};
 
 use super::fleet::{floor_stream, Env, Fleet};
 use super::progress::Progress;
+use super::skeleton::{self, Skeleton};
 use super::stats::{self, Latencies, Rss, Summary};
 
 /// Tenant of every bench turn.
@@ -169,6 +170,9 @@ pub struct Floor {
     /// NATS request-reply p50 + Redis p50: the least any coordinator on these servers
     /// can add to a turn.
     pub floor_p50_ms: f64,
+    /// A turn of three calls through the bare hops a durable turn crosses, with nothing
+    /// of toolfleet between them (`skeleton.rs`); `None` when it could not be measured.
+    pub skeleton: Option<Skeleton>,
 }
 
 /// Measures the floor with `samples` round trips of each kind.
@@ -256,9 +260,22 @@ pub async fn floor(env: &Env, prefix: &str, samples: usize) -> Result<Floor> {
     }
     let _ = js.delete_stream(&stream_name).await;
 
+    // Without it the floor still stands: an attached fleet's servers may refuse the
+    // bench the streams it needs.
+    let skeleton = match skeleton::measure(env, prefix, warmup, samples).await {
+        Ok(skeleton) => Some(skeleton),
+        Err(error) => {
+            env.progress.note(format_args!(
+                "  the bare durable turn was not measured: {error:#}"
+            ));
+            None
+        }
+    };
+
     let nats_request_reply = nats_rtt.summary();
     let redis_ping = redis_rtt.summary();
     Ok(Floor {
+        skeleton,
         floor_p50_ms: stats::round3(nats_request_reply.p50_ms + redis_ping.p50_ms),
         nats_request_reply,
         redis_ping,
@@ -284,8 +301,11 @@ pub struct Overhead {
     pub first_done: Summary,
     /// Submit → the last terminal state of a call.
     pub last_done: Summary,
-    /// `turn.p50_ms` over the floor's p50.
-    pub floor_multiple_p50: f64,
+    /// `turn.p50_ms` over the floor's p50; `None` without a floor phase.
+    pub floor_multiple_p50: Option<f64>,
+    /// `turn.p50_ms` less the bare durable turn's p50: what toolfleet adds to the hops
+    /// a turn must cross; `None` without a floor phase.
+    pub over_skeleton_p50_ms: Option<f64>,
     /// Where the slowest turns lose their time, stage by stage.
     pub tail: Tail,
     /// Context switches per measured turn of each kind of process watched (summed over
@@ -360,7 +380,7 @@ pub async fn overhead(
     warmup: usize,
     turns: usize,
     cap: Duration,
-    floor_p50_ms: f64,
+    floor: Option<&Floor>,
     probe: &Probe,
     progress: &Progress,
 ) -> Result<Overhead> {
@@ -398,11 +418,12 @@ pub async fn overhead(
     Ok(Overhead {
         calls_per_turn: 3,
         failed: warm_failed + failed,
-        floor_multiple_p50: if floor_p50_ms > 0.0 {
-            stats::round3(turn.p50_ms / floor_p50_ms)
-        } else {
-            0.0
-        },
+        floor_multiple_p50: floor
+            .filter(|f| f.floor_p50_ms > 0.0)
+            .map(|f| stats::round3(turn.p50_ms / f.floor_p50_ms)),
+        over_skeleton_p50_ms: floor
+            .and_then(|f| f.skeleton.as_ref())
+            .map(|s| stats::round3(turn.p50_ms - s.turn.p50_ms)),
         turn,
         ack: ack.summary(),
         first_running: first_running.summary(),

@@ -376,6 +376,13 @@ fn floor_rows(t: &mut Table, reports: &[ModeReport]) {
             ("floor = NATS p50 + Redis p50, ms", |m| {
                 ms(m.figures.floor_p50_ms)
             }),
+            (
+                "bare durable turn of 3 calls (no toolfleet between the hops): ack / final p50 / p99 ms",
+                |m| match &m.figures.skeleton {
+                    Some(s) => format!("{} / {}", ms(s.ack.p50_ms), p50_p99(&s.turn)),
+                    None => "—".into(),
+                },
+            ),
         ],
     );
 }
@@ -422,7 +429,14 @@ fn overhead_rows(t: &mut Table, reports: &[ModeReport]) {
                 |m| per_process(&m.figures.context_switches_per_turn, |v| format!("{v:.1}")),
             ),
             ("p50 as a multiple of the floor", |m| {
-                format!("{:.1}×", m.figures.floor_multiple_p50)
+                m.figures
+                    .floor_multiple_p50
+                    .map_or_else(|| "—".into(), |x| format!("{x:.1}×"))
+            }),
+            ("p50 added over the bare durable turn, ms", |m| {
+                m.figures
+                    .over_skeleton_p50_ms
+                    .map_or_else(|| "—".into(), |x| format!("+{}", ms(x)))
             }),
             ("turns measured (failed)", |m| {
                 counted(&m.figures.turn, m.figures.failed)
