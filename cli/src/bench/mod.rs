@@ -621,7 +621,8 @@ impl Stage<'_> {
     /// The floor phase: round trips to NATS and Redis, no fleet.
     async fn floor(&self) -> Result<Measured<Floor>> {
         let prefix = self.prefix("floor");
-        let work = phases::floor(self.env, &prefix, self.plan.floor_samples);
+        let plan = self.plan;
+        let work = phases::floor(self.env, &prefix, plan.floor_samples, plan.node_threads);
         measured(self.sink, self.mode, work).await
     }
 

@@ -176,7 +176,14 @@ pub struct Floor {
 }
 
 /// Measures the floor with `samples` round trips of each kind.
-pub async fn floor(env: &Env, prefix: &str, samples: usize) -> Result<Floor> {
+/// The bare durable turn's roles run on `threads` runtime threads each, as the fleets'
+/// processes do (`None`: one per CPU).
+pub async fn floor(
+    env: &Env,
+    prefix: &str,
+    samples: usize,
+    threads: Option<usize>,
+) -> Result<Floor> {
     let names = Names::new(prefix);
     let warmup = (samples / 10).max(10);
 
@@ -262,7 +269,7 @@ pub async fn floor(env: &Env, prefix: &str, samples: usize) -> Result<Floor> {
 
     // Without it the floor still stands: an attached fleet's servers may refuse the
     // bench the streams it needs.
-    let skeleton = match skeleton::measure(env, prefix, warmup, samples).await {
+    let skeleton = match skeleton::measure(env, prefix, warmup, samples, threads).await {
         Ok(skeleton) => Some(skeleton),
         Err(error) => {
             env.progress.note(format_args!(

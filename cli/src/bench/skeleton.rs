@@ -6,8 +6,8 @@
 //! stored in the jobs stream and pulled by a worker; three results stored in the results
 //! stream and pulled by a coordinator; one Redis round trip per result that records it;
 //! the `final` back once the third is recorded. Here a stand-in coordinator and worker,
-//! each on its own connections and on one thread of its own (the fewest wake-ups a role
-//! can cost), cross exactly those hops with the product's stream settings and two
+//! each on its own connections and its own runtime with as many threads as the fleet's
+//! processes get, cross exactly those hops with the product's stream settings and two
 //! one-line Lua scripts, and nothing else: no decoding, validation, spans, call states
 //! or narration. What the overhead phase measures above this is what toolfleet adds.
 //!
@@ -16,8 +16,8 @@
 //! prefix.
 
 use std::future::Future;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -55,8 +55,18 @@ pub struct Skeleton {
     pub turn: Summary,
 }
 
-/// Runs `warmup` and then `samples` skeleton turns one after another.
-pub async fn measure(env: &Env, prefix: &str, warmup: usize, samples: usize) -> Result<Skeleton> {
+/// Runs `warmup` and then `samples` skeleton turns one after another, each role on
+/// `threads` runtime threads (one per CPU when `None`, as a fleet's processes).
+pub async fn measure(
+    env: &Env,
+    prefix: &str,
+    warmup: usize,
+    samples: usize,
+    threads: Option<usize>,
+) -> Result<Skeleton> {
+    let threads = threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
     let names = Names::new(prefix);
     let js = jetstream::new(env.nats.clone());
     let streams = toolfleet_common::streams::ensure_streams(&js, &names)
@@ -90,7 +100,7 @@ pub async fn measure(env: &Env, prefix: &str, warmup: usize, samples: usize) -> 
     let mut coordinator = {
         let (nats_url, redis_url) = (env.nats_url.clone(), env.redis_url.clone());
         let (names, intake, stop) = (names.clone(), intake.clone(), stop.clone());
-        on_own_thread("bench-skeleton-coordinator", move |ready| {
+        on_own_thread("bench-skeleton-coordinator", threads, move |ready| {
             let role = Coordinator {
                 names,
                 intake,
@@ -101,7 +111,7 @@ pub async fn measure(env: &Env, prefix: &str, warmup: usize, samples: usize) -> 
     };
     let mut worker = {
         let (nats_url, names, stop) = (env.nats_url.clone(), names.clone(), stop.clone());
-        on_own_thread("bench-skeleton-worker", move |ready| {
+        on_own_thread("bench-skeleton-worker", threads, move |ready| {
             run_worker(nats_url, names, job_durable, ready, stop)
         })
     };
@@ -177,7 +187,7 @@ async fn drive(env: &Env, intake: &str, warmup: usize, samples: usize) -> Result
     })
 }
 
-/// A role on a thread of its own with a single-threaded runtime.
+/// A role on a thread of its own, which blocks on the role's runtime.
 struct Role {
     ready: oneshot::Receiver<()>,
     thread: Option<std::thread::JoinHandle<Result<()>>>,
@@ -208,23 +218,37 @@ impl Role {
     }
 }
 
-/// Runs the future `work` builds on a new thread, with a runtime of that one thread;
-/// `work` is handed the sender it signals readiness on.
+/// Runs the future `work` builds on a runtime of `threads` threads (a single-threaded
+/// one for 0 or 1), started on a new thread; `work` is handed the sender it signals
+/// readiness on.
 fn on_own_thread<F>(
     name: &str,
+    threads: usize,
     work: impl FnOnce(oneshot::Sender<()>) -> F + Send + 'static,
 ) -> Role
 where
-    F: Future<Output = Result<()>> + 'static,
+    F: Future<Output = Result<()>> + Send + 'static,
 {
     let (ready, ready_rx) = oneshot::channel();
     let thread = std::thread::Builder::new()
         .name(name.to_string())
         .spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?
-                .block_on(work(ready))
+            let runtime = match threads {
+                0 | 1 => tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?,
+                n => tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(n)
+                    .enable_all()
+                    .build()?,
+            };
+            // Spawned, so that with several threads the role runs on the runtime's
+            // workers as a fleet's processes do, not on the thread that blocks on it.
+            runtime.block_on(async move {
+                tokio::spawn(work(ready))
+                    .await
+                    .map_err(|e| anyhow!("a skeleton role panicked: {e}"))?
+            })
         });
     match thread {
         Ok(thread) => Role {
@@ -286,7 +310,7 @@ impl Coordinator {
             .await?;
         nats.flush().await?;
         let _ = ready.send(());
-        let shared = Rc::new(Shared {
+        let shared = Arc::new(Shared {
             names: self.names,
             nats,
             js,
@@ -295,33 +319,34 @@ impl Coordinator {
             record: Script::new(RECORD),
             next_turn: AtomicU64::new(0),
         });
-        let tasks = tokio::task::LocalSet::new();
-        tasks
-            .run_until(async move {
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return Ok(()),
-                        Some(request) = turns.next() => {
-                            let shared = Rc::clone(&shared);
-                            tokio::task::spawn_local(async move {
-                                if let Err(error) = shared.take_turn(request).await {
-                                    tracing::warn!(%error, "skeleton turn failed");
-                                }
-                            });
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                Some(request) = turns.next() => {
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move {
+                        if let Err(error) = shared.take_turn(request).await {
+                            tracing::warn!(%error, "skeleton turn failed");
                         }
-                        Some(result) = results.next() => {
-                            let result = result?;
-                            let shared = Rc::clone(&shared);
-                            tokio::task::spawn_local(async move {
-                                if let Err(error) = shared.record(result).await {
-                                    tracing::warn!(%error, "skeleton result not recorded");
-                                }
-                            });
-                        }
-                    }
+                    });
                 }
-            })
-            .await
+                Some(result) = results.next() => {
+                    let result = match result {
+                        Ok(result) => result,
+                        Err(error) => {
+                            tracing::warn!(%error, "skeleton results pull");
+                            continue;
+                        }
+                    };
+                    let shared = Arc::clone(&shared);
+                    tokio::spawn(async move {
+                        if let Err(error) = shared.record(result).await {
+                            tracing::warn!(%error, "skeleton result not recorded");
+                        }
+                    });
+                }
+            }
+        }
     }
 }
 
@@ -407,32 +432,34 @@ async fn run_worker(
     let mut jobs = jobs.stream().max_messages_per_batch(8).messages().await?;
     nats.flush().await?;
     let _ = ready.send(());
-    let names = Rc::new(names);
-    let tasks = tokio::task::LocalSet::new();
-    tasks
-        .run_until(async move {
-            loop {
-                let job = tokio::select! {
-                    _ = stop.cancelled() => return Ok(()),
-                    Some(job) = jobs.next() => job?,
-                };
-                let (js, names) = (js.clone(), Rc::clone(&names));
-                tokio::task::spawn_local(async move {
-                    let turn = job.payload.split(|b| *b == b' ').next().unwrap_or_default();
-                    let turn = String::from_utf8_lossy(turn);
-                    let subject = names.tool_result_subject_in(0, &turn, TOOL);
-                    let published = match js.publish(subject, job.payload.clone()).await {
-                        Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-                        Err(e) => Err(e.to_string()),
-                    };
-                    match published {
-                        Ok(()) => {
-                            let _ = job.ack().await;
-                        }
-                        Err(error) => tracing::warn!(%error, "skeleton result not published"),
-                    }
-                });
+    let names = Arc::new(names);
+    loop {
+        let job = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            Some(job) = jobs.next() => job,
+        };
+        let job = match job {
+            Ok(job) => job,
+            Err(error) => {
+                tracing::warn!(%error, "skeleton jobs pull");
+                continue;
             }
-        })
-        .await
+        };
+        let (js, names) = (js.clone(), Arc::clone(&names));
+        tokio::spawn(async move {
+            let turn = job.payload.split(|b| *b == b' ').next().unwrap_or_default();
+            let turn = String::from_utf8_lossy(turn);
+            let subject = names.tool_result_subject_in(0, &turn, TOOL);
+            let published = match js.publish(subject, job.payload.clone()).await {
+                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match published {
+                Ok(()) => {
+                    let _ = job.ack().await;
+                }
+                Err(error) => tracing::warn!(%error, "skeleton result not published"),
+            }
+        });
+    }
 }
