@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use futures::StreamExt;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_common::health::{connect_nats, start_process, Health, Started};
@@ -284,6 +285,11 @@ async fn take_turns_on_runtime(
     }
 }
 
+/// Turn requests one replica takes in at once (decoded, validated, stored, dispatched):
+/// enough to keep both Redis and JetStream busy, few enough that a burst of thousands
+/// does not hold thousands of decoded requests in memory at the same moment.
+pub const INTAKE_CONCURRENCY: usize = 64;
+
 /// Takes turn requests from the queue group until `shutdown`, then the ones already
 /// delivered to this replica (new ones go to the other replicas).
 async fn take_turns(
@@ -292,13 +298,17 @@ async fn take_turns(
 ) -> Result<(), CoordinatorError> {
     // Each handler is boxed: its task then moves a pointer, not the handler's whole
     // state machine, each time it is spawned, polled to its end and dropped.
-    let take = |message| {
+    let take = |message, permit| {
         let replica = Arc::clone(replica);
-        replica
-            .tasks
-            .clone()
-            .spawn(Box::pin(intake::handle_turn_message(replica, message)));
+        replica.tasks.clone().spawn(Box::pin(async move {
+            intake::handle_turn_message(replica, message).await;
+            drop(permit);
+        }));
     };
+    // Requests being taken in at once: a burst waits in the subscription, not as that
+    // many decoded requests and plans in memory together.
+    let intake_slots = Arc::new(Semaphore::new(INTAKE_CONCURRENCY));
+    let slot = || async { Arc::clone(&intake_slots).acquire_owned().await.ok() };
     let attach = |message| {
         let replica = Arc::clone(replica);
         replica
@@ -353,7 +363,7 @@ async fn take_turns(
         );
         while let Some(message) = next_message(&mut all, &shutdown).await {
             match message {
-                Incoming::Turn(message) => take(message),
+                Incoming::Turn(message) => take(message, slot().await),
                 Incoming::Attach(message) => attach(message),
                 Incoming::Cancel(message) => cancel(message),
             }
@@ -369,7 +379,7 @@ async fn take_turns(
     let _ = cancelling_unidentified.unsubscribe().await;
     let mut turns = futures::stream::select(identified, unidentified);
     while let Some(message) = turns.next().await {
-        take(message);
+        take(message, slot().await);
     }
     Ok(())
 }
