@@ -78,6 +78,10 @@ pub struct CoordinatorConfig {
     pub retention: Duration,
     /// Results recorded at once by this replica (`TOOLFLEET_RESULT_CONCURRENCY`).
     pub result_concurrency: usize,
+    /// Turn requests this replica takes in at once: decoded, planned, stored and
+    /// dispatched (`TOOLFLEET_INTAKE_CONCURRENCY`). A burst beyond it waits in the
+    /// replica's subscription, not as that many decoded requests in memory together.
+    pub intake_concurrency: usize,
     /// How long owned turns may run on after a shutdown request
     /// (`TOOLFLEET_SHUTDOWN_GRACE_MS`).
     pub shutdown_grace: Duration,
@@ -134,6 +138,7 @@ impl CoordinatorConfig {
             registry_refresh: Duration::from_secs(1),
             retention: Duration::from_secs(600),
             result_concurrency: 256,
+            intake_concurrency: 64,
             shutdown_grace: Duration::from_secs(10),
             topology_check: Duration::from_secs(1),
             tenants: TenantPolicies::default(),
@@ -280,6 +285,11 @@ impl CoordinatorConfig {
                 d.result_concurrency,
                 r::RESULT_CONCURRENCY,
             )?,
+            intake_concurrency: env_in(
+                "TOOLFLEET_INTAKE_CONCURRENCY",
+                d.intake_concurrency,
+                r::INTAKE_CONCURRENCY,
+            )?,
             shutdown_grace: env_ms_in(
                 "TOOLFLEET_SHUTDOWN_GRACE_MS",
                 d.shutdown_grace,
@@ -327,6 +337,8 @@ pub mod ranges {
     pub const RETENTION_MS: RangeInclusive<u64> = 10_000..=86_400_000;
     /// Results recorded at once by one replica.
     pub const RESULT_CONCURRENCY: RangeInclusive<usize> = 1..=4096;
+    /// Turn requests taken in at once by one replica.
+    pub const INTAKE_CONCURRENCY: RangeInclusive<usize> = 1..=4096;
     /// Shutdown grace, in ms (0: stop at once).
     pub const SHUTDOWN_GRACE_MS: RangeInclusive<u64> = 0..=600_000;
 }

@@ -285,11 +285,6 @@ async fn take_turns_on_runtime(
     }
 }
 
-/// Turn requests one replica takes in at once (decoded, validated, stored, dispatched):
-/// enough to keep both Redis and JetStream busy, few enough that a burst of thousands
-/// does not hold thousands of decoded requests in memory at the same moment.
-pub const INTAKE_CONCURRENCY: usize = 64;
-
 /// Takes turn requests from the queue group until `shutdown`, then the ones already
 /// delivered to this replica (new ones go to the other replicas).
 async fn take_turns(
@@ -305,9 +300,9 @@ async fn take_turns(
             drop(permit);
         }));
     };
-    // Requests being taken in at once: a burst waits in the subscription, not as that
-    // many decoded requests and plans in memory together.
-    let intake_slots = Arc::new(Semaphore::new(INTAKE_CONCURRENCY));
+    // Requests being taken in at once (`TOOLFLEET_INTAKE_CONCURRENCY`): a burst waits in
+    // the subscription, not as that many decoded requests and plans in memory together.
+    let intake_slots = Arc::new(Semaphore::new(replica.config.intake_concurrency));
     let slot = || async { Arc::clone(&intake_slots).acquire_owned().await.ok() };
     let attach = |message| {
         let replica = Arc::clone(replica);

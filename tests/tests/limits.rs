@@ -2,7 +2,8 @@
 //! without bound: a call whose arguments are too large for the NATS server fails alone
 //! (`arguments_too_large`), a turn context over the limit refuses its turn
 //! (`context_too_large`), and a burst beyond the turns a replica may follow is refused
-//! with `overloaded` while every accepted turn still ends with its `final`.
+//! with `overloaded` while every accepted turn still ends with its `final`; a burst
+//! wider than the requests a replica takes in at once waits, and every turn ends.
 
 use std::time::Duration;
 
@@ -159,6 +160,45 @@ async fn a_burst_beyond_the_bound_is_refused_with_overloaded() -> anyhow::Result
     let after = vec![call("after", "test.behave", json!({"value": "after"}))];
     let outcome = fleet.run_calls("acme", after, EVENT_WAIT).await?;
     assert!(result_of(&outcome.final_event, "after")?.ok);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_wider_than_the_intake_waits_and_every_turn_ends() -> anyhow::Result<()> {
+    let _beside_the_burst = BURST.read().await;
+    const TURNS: usize = 200;
+    let fleet = Fleet::start().await?;
+    let mut config = fleet.coordinator_config();
+    // One request taken in at a time: the other 199 wait in the subscription.
+    config.intake_concurrency = 1;
+    let _nodes = fleet
+        .start_with(config, toolfleet_packs::testing::tools(), &["test.noop"])
+        .await?;
+
+    let mut turns = tokio::task::JoinSet::new();
+    for i in 0..TURNS {
+        let client = fleet.client.clone();
+        turns.spawn(async move {
+            let calls = vec![call(&format!("c{i}"), "test.noop", json!({}))];
+            let mut stream = client.submit(timed_turn("acme", 30_000, calls)).await?;
+            let events = read_to_end(&mut stream, Duration::from_secs(30)).await?;
+            match events.last() {
+                Some(TurnEvent::Final(fin)) if fin.summary.ok == 1 => anyhow::Ok(()),
+                other => anyhow::bail!("turn {i} ended otherwise: {other:?}"),
+            }
+        });
+    }
+    let mut finals = 0;
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(joined) = turns.join_next().await {
+            joined??;
+            finals += 1;
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .map_err(|_| anyhow::anyhow!("the burst did not end in 60 s"))??;
+    assert_eq!(finals, TURNS);
     Ok(())
 }
 

@@ -63,6 +63,12 @@ async fn zero_and_huge_settings_are_refused_naming_the_variable() -> Result<()> 
         ),
         (
             "coordinator",
+            "TOOLFLEET_INTAKE_CONCURRENCY",
+            "0",
+            "1 to 4096",
+        ),
+        (
+            "coordinator",
             "TOOLFLEET_MAX_DEADLINE_MS",
             &huge,
             "100 to 300000",
