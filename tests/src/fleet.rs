@@ -346,6 +346,45 @@ impl Fleet {
         Ok(info.config.max_deliver)
     }
 
+    /// The jobs and results streams as the server has them now, each with its
+    /// consumers' delivery and ack state, one line each: what a failed turn's assertion
+    /// prints, so a missing result shows whether it was stored, delivered or acked.
+    pub async fn describe_streams(&self) -> String {
+        let js = async_nats::jetstream::new(self.client.nats().clone());
+        let mut lines = Vec::new();
+        for name in [self.names.jobs_stream(), self.names.results_stream()] {
+            let mut stream = match js.get_stream(&name).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    lines.push(format!("stream {name}: {error}"));
+                    continue;
+                }
+            };
+            if let Ok(info) = stream.info().await {
+                let state = &info.state;
+                lines.push(format!(
+                    "stream {name}: {} messages, seq {}..{}",
+                    state.messages, state.first_sequence, state.last_sequence
+                ));
+            }
+            let mut consumers = stream.consumers();
+            while let Some(Ok(info)) = consumers.next().await {
+                lines.push(format!(
+                    "  consumer {}: delivered {} (stream seq {}), acked to {}, pending {}, ack pending {}, redelivered {}, waiting pulls {}",
+                    info.name,
+                    info.delivered.consumer_sequence,
+                    info.delivered.stream_sequence,
+                    info.ack_floor.stream_sequence,
+                    info.num_pending,
+                    info.num_ack_pending,
+                    info.num_redelivered,
+                    info.num_waiting,
+                ));
+            }
+        }
+        lines.join("\n")
+    }
+
     /// Waits until the catalog (native format) lists every tool in `names`.
     pub async fn wait_for_tools(&self, names: &[&str]) -> Result<()> {
         wait_for_tools_on(&self.client, names).await

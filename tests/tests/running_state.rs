@@ -54,6 +54,15 @@ async fn only_a_call_that_outlives_the_delay_is_announced_running() -> anyhow::R
             states.entry(tool_call_id.clone()).or_default().push(*state);
         }
     }
+    let instant_states = [CallState::Pending, CallState::Done];
+    let slow_states = [CallState::Pending, CallState::Running, CallState::Done];
+    if states.get("instant").map(Vec::as_slice) != Some(instant_states.as_slice())
+        || states.get("slow").map(Vec::as_slice) != Some(slow_states.as_slice())
+    {
+        // Where the results went: stored, delivered to the coordinator, acked.
+        let streams = fleet.describe_streams().await;
+        panic!("call states {states:?}\nevents {events:?}\n{streams}");
+    }
     assert_eq!(
         states.get("instant").map(Vec::as_slice),
         Some([CallState::Pending, CallState::Done].as_slice()),
