@@ -77,6 +77,28 @@ pub async fn checkout_cli() -> Result<std::path::PathBuf> {
     Ok(path)
 }
 
+/// Runs this checkout's `toolfleet bench` with `args`, its report written to a temporary
+/// file, bounded by `timeout`, and returns that JSON report.
+pub async fn bench_report(args: &[&str], timeout: Duration) -> Result<Value> {
+    let toolfleet = checkout_cli().await?;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("bench.json");
+    let status = Command::new(toolfleet)
+        .arg("bench")
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .status();
+    let status = tokio::time::timeout(timeout, status)
+        .await
+        .context("toolfleet bench did not finish in time")??;
+    anyhow::ensure!(status.success(), "toolfleet bench failed: {status}");
+    Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
+}
+
 /// An in-process component: cancel its token to stop it gracefully, abort to stop it
 /// without any cleanup.
 pub struct Running {

@@ -3,35 +3,18 @@
 //! and worker on the product's streams and Redis), and the overhead phase reports what
 //! the fleet adds above them.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use serde_json::Value;
-use tokio::process::Command;
-use toolfleet_tests::fleet::checkout_cli;
+use toolfleet_tests::fleet::bench_report;
 
 /// Bound of the whole run: the servers, the floor's round trips, one fleet's turns.
 const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_floor_measures_a_durable_turn_through_the_bare_hops() -> Result<()> {
-    let toolfleet = checkout_cli().await?;
-    let dir = tempfile::tempdir()?;
-    let out = dir.path().join("bench.json");
-    let status = Command::new(toolfleet)
-        .args(["bench", "--quick", "--phases", "floor,overhead"])
-        .args(["--tracing", "off", "--out"])
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .status();
-    let status = tokio::time::timeout(RUN_TIMEOUT, status)
-        .await
-        .context("toolfleet bench did not finish in time")??;
-    assert!(status.success(), "toolfleet bench failed: {status}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+    let args = ["--quick", "--phases", "floor,overhead", "--tracing", "off"];
+    let report = bench_report(&args, RUN_TIMEOUT).await?;
     let mode = &report["modes"][0];
 
     let skeleton = &mode["floor"]["skeleton"];

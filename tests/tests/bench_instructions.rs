@@ -2,13 +2,11 @@
 //! valgrind's callgrind driven by two client runs; the report gives each process's
 //! instructions per turn and their sum.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use tokio::process::Command;
-use toolfleet_tests::fleet::checkout_cli;
+use toolfleet_tests::fleet::bench_report;
 
 /// Bound of the whole run: a fleet starting under callgrind and two client runs.
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -28,22 +26,11 @@ async fn the_bench_counts_instructions_per_turn_of_each_process() -> Result<()> 
             "{program} is needed for the bench's instruction counts: apt-get install -y valgrind"
         );
     }
-    let toolfleet = checkout_cli().await?;
-    let dir = tempfile::tempdir()?;
-    let out = dir.path().join("bench.json");
-    let status = Command::new(toolfleet)
-        .args(["bench", "--phases", "instructions", "--tracing", "off"])
-        .arg("--out")
-        .arg(&out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
-        .status();
-    let status = tokio::time::timeout(RUN_TIMEOUT, status)
-        .await
-        .context("toolfleet bench did not finish in time")??;
-    assert!(status.success(), "toolfleet bench failed: {status}");
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+    let report = bench_report(
+        &["--phases", "instructions", "--tracing", "off"],
+        RUN_TIMEOUT,
+    )
+    .await?;
 
     let figures = &report["modes"][0]["instructions"];
     let turns: Vec<u64> = figures["turns"]
