@@ -175,7 +175,7 @@ pub struct Floor {
     pub skeleton: Option<Skeleton>,
 }
 
-/// Measures the floor with `samples` round trips of each kind.
+/// Measures the floor with `samples` round trips of each kind, after a warm-up.
 /// The bare durable turn's roles run on `threads` runtime threads each, as the fleets'
 /// processes do (`None`: one per CPU).
 pub async fn floor(
@@ -184,9 +184,37 @@ pub async fn floor(
     samples: usize,
     threads: Option<usize>,
 ) -> Result<Floor> {
-    let names = Names::new(prefix);
     let warmup = (samples / 10).max(10);
+    let nats_request_reply = nats_round_trips(env, prefix, warmup, samples).await?;
+    let redis_ping = redis_round_trips(env, warmup, samples).await?;
+    let jetstream_publish = jetstream_publishes(env, prefix, warmup, samples).await?;
+    // Without it the floor still stands: an attached fleet's servers may refuse the
+    // bench the streams it needs.
+    let skeleton = match skeleton::measure(env, prefix, warmup, samples, threads).await {
+        Ok(skeleton) => Some(skeleton),
+        Err(error) => {
+            env.progress.note(format_args!(
+                "  the bare durable turn was not measured: {error:#}"
+            ));
+            None
+        }
+    };
+    Ok(Floor {
+        floor_p50_ms: stats::round3(nats_request_reply.p50_ms + redis_ping.p50_ms),
+        nats_request_reply,
+        redis_ping,
+        jetstream_publish,
+        skeleton,
+    })
+}
 
+/// Core NATS requests to an echo responder on a second connection, and their replies.
+async fn nats_round_trips(
+    env: &Env,
+    prefix: &str,
+    warmup: usize,
+    samples: usize,
+) -> Result<Summary> {
     let responder = async_nats::ConnectOptions::new()
         .name("toolfleet-bench-echo")
         .connect(toolfleet_common::config::NatsUrls(&env.nats_url))
@@ -218,7 +246,7 @@ pub async fn floor(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let mut nats_rtt = Latencies::default();
+    let mut rtt = Latencies::default();
     for i in 0..warmup + samples {
         let start = Instant::now();
         tokio::time::timeout(
@@ -228,23 +256,36 @@ pub async fn floor(
         .await
         .context("no echo within 5 s")??;
         if i >= warmup {
-            nats_rtt.push(start.elapsed());
+            rtt.push(start.elapsed());
         }
     }
     echo_task.abort();
+    Ok(rtt.summary())
+}
 
+/// Redis `PING`s.
+async fn redis_round_trips(env: &Env, warmup: usize, samples: usize) -> Result<Summary> {
     let mut redis = env.redis.clone();
-    let mut redis_rtt = Latencies::default();
+    let mut rtt = Latencies::default();
     for i in 0..warmup + samples {
         let start = Instant::now();
         let _: String = redis::cmd("PING").query_async(&mut redis).await?;
         if i >= warmup {
-            redis_rtt.push(start.elapsed());
+            rtt.push(start.elapsed());
         }
     }
+    Ok(rtt.summary())
+}
 
+/// JetStream publishes of 256 bytes to a file-backed stream, each until its ack.
+async fn jetstream_publishes(
+    env: &Env,
+    prefix: &str,
+    warmup: usize,
+    samples: usize,
+) -> Result<Summary> {
     let js = jetstream::new(env.nats.clone());
-    let stream_name = floor_stream(&names);
+    let stream_name = floor_stream(&Names::new(prefix));
     let floor_subject = format!("{prefix}.floor.js");
     js.get_or_create_stream(jetstream::stream::Config {
         name: stream_name.clone(),
@@ -255,39 +296,18 @@ pub async fn floor(
         ..Default::default()
     })
     .await?;
-    let mut js_rtt = Latencies::default();
+    let mut rtt = Latencies::default();
     for i in 0..warmup + samples {
         let start = Instant::now();
         js.publish(floor_subject.clone(), "x".repeat(256).into())
             .await?
             .await?;
         if i >= warmup {
-            js_rtt.push(start.elapsed());
+            rtt.push(start.elapsed());
         }
     }
     let _ = js.delete_stream(&stream_name).await;
-
-    // Without it the floor still stands: an attached fleet's servers may refuse the
-    // bench the streams it needs.
-    let skeleton = match skeleton::measure(env, prefix, warmup, samples, threads).await {
-        Ok(skeleton) => Some(skeleton),
-        Err(error) => {
-            env.progress.note(format_args!(
-                "  the bare durable turn was not measured: {error:#}"
-            ));
-            None
-        }
-    };
-
-    let nats_request_reply = nats_rtt.summary();
-    let redis_ping = redis_rtt.summary();
-    Ok(Floor {
-        skeleton,
-        floor_p50_ms: stats::round3(nats_request_reply.p50_ms + redis_ping.p50_ms),
-        nats_request_reply,
-        redis_ping,
-        jetstream_publish: js_rtt.summary(),
-    })
+    Ok(rtt.summary())
 }
 
 /// A turn of three no-op calls at concurrency 1.
