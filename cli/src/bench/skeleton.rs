@@ -107,13 +107,13 @@ pub async fn measure(
                 durable: result_durable,
             };
             role.run(nats_url, redis_url, ready, stop)
-        })
+        })?
     };
     let mut worker = {
         let (nats_url, names, stop) = (env.nats_url.clone(), names.clone(), stop.clone());
         on_own_thread("bench-skeleton-worker", threads, move |ready| {
             run_worker(nats_url, names, job_durable, ready, stop)
-        })
+        })?
     };
     coordinator.ready().await?;
     worker.ready().await?;
@@ -121,8 +121,8 @@ pub async fn measure(
     let turns = drive(env, &intake, warmup, samples).await;
     stop.cancel();
     // A role that failed says why first: the turns only saw it stop answering.
-    coordinator.join()?;
-    worker.join()?;
+    coordinator.join().await?;
+    worker.join().await?;
     turns
 }
 
@@ -199,21 +199,30 @@ impl Role {
         match tokio::time::timeout(TURN_WAIT, &mut self.ready).await {
             Ok(Ok(())) => Ok(()),
             // The role ended before it was ready: its own error says why.
-            Ok(Err(_)) => match self.thread.take().map(std::thread::JoinHandle::join) {
-                Some(Ok(Err(error))) => Err(error),
-                _ => bail!("a skeleton role ended before it was ready"),
-            },
+            Ok(Err(_)) => {
+                self.join_thread().await?;
+                bail!("a skeleton role ended before it was ready")
+            }
             Err(_) => bail!("a skeleton role was not ready within {TURN_WAIT:?}"),
         }
     }
 
-    /// Waits for the role's thread, which ends once its stop token is cancelled.
-    fn join(mut self) -> Result<()> {
-        match self.thread.take() {
-            Some(thread) => thread
-                .join()
-                .map_err(|_| anyhow!("a skeleton role panicked"))?,
-            None => Ok(()),
+    /// Waits (on a blocking thread, at most [`TURN_WAIT`]) for the role's thread, which
+    /// ends once its stop token is cancelled.
+    async fn join(mut self) -> Result<()> {
+        self.join_thread().await
+    }
+
+    /// [`Role::join`], leaving the role without a thread.
+    async fn join_thread(&mut self) -> Result<()> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        let joined = tokio::task::spawn_blocking(move || thread.join());
+        match tokio::time::timeout(TURN_WAIT, joined).await {
+            Ok(Ok(Ok(ended))) => ended,
+            Ok(_) => bail!("a skeleton role panicked"),
+            Err(_) => bail!("a skeleton role did not stop within {TURN_WAIT:?}"),
         }
     }
 }
@@ -225,7 +234,7 @@ fn on_own_thread<F>(
     name: &str,
     threads: usize,
     work: impl FnOnce(oneshot::Sender<()>) -> F + Send + 'static,
-) -> Role
+) -> Result<Role>
 where
     F: Future<Output = Result<()>> + Send + 'static,
 {
@@ -250,19 +259,10 @@ where
                     .map_err(|e| anyhow!("a skeleton role panicked: {e}"))?
             })
         });
-    match thread {
-        Ok(thread) => Role {
-            ready: ready_rx,
-            thread: Some(thread),
-        },
-        Err(error) => {
-            // The receiver then reports the role as ended; keep the cause.
-            Role {
-                ready: ready_rx,
-                thread: Some(std::thread::spawn(move || Err(error.into()))),
-            }
-        }
-    }
+    Ok(Role {
+        ready: ready_rx,
+        thread: Some(thread.with_context(|| format!("starting thread {name}"))?),
+    })
 }
 
 /// A NATS connection of the role's own, on the role's runtime.
