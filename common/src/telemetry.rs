@@ -27,6 +27,7 @@ use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::layer::SubscriberExt;
@@ -376,8 +377,15 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
         .map_err(|e| TelemetryError::Config(format!("RUST_LOG: {e}")))?;
     let tracer_provider = tracer_provider(config)?;
     // Spans are exported at `info` and above whatever RUST_LOG says about log lines.
+    // While RUST_LOG enables nothing finer than `info` (its default, or `warn`), one
+    // global `info` filter keeps finer spans from both layers and the OpenTelemetry
+    // layer needs no filter of its own: a per-layer filter is consulted at every
+    // span's creation, entry, exit, record and close.
+    let info_at_most = filter
+        .max_level_hint()
+        .is_some_and(|level| level <= LevelFilter::INFO);
     let otel_layer = tracer_provider.as_ref().map(|p| {
-        tracing_opentelemetry::layer()
+        let layer = tracing_opentelemetry::layer()
             .with_tracer(p.tracer("toolfleet"))
             .with_location(false)
             .with_threads(false)
@@ -385,8 +393,12 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             // Parents and trace context are taken from the tracing spans themselves;
             // nothing reads `opentelemetry::Context::current()`, so entering a span
             // does not attach its context.
-            .with_context_activation(false)
-            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+            .with_context_activation(false);
+        if info_at_most {
+            layer.boxed()
+        } else {
+            layer.with_filter(LevelFilter::INFO).boxed()
+        }
     });
     let meter_provider = meter_provider(config)?;
     opentelemetry::global::set_meter_provider(meter_provider.clone());
@@ -411,6 +423,7 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             .boxed(),
     };
     tracing_subscriber::registry()
+        .with(info_at_most.then_some(LevelFilter::INFO))
         .with(otel_layer)
         .with(fmt_layer)
         .try_init()

@@ -177,3 +177,70 @@ async fn a_turn_is_one_trace_from_frontend_to_every_tool() -> anyhow::Result<()>
     assert!(mine.iter().any(|s| s.name == "narrate"));
     Ok(())
 }
+
+/// The names of every span one fleet exports for one turn of two calls, with the
+/// coordinator and the worker logging at `log_level`.
+async fn spans_of_a_turn_logged_at(log_level: &str) -> anyhow::Result<Vec<String>> {
+    let receiver = OtlpReceiver::start().await?;
+    let mut fleet = Fleet::start().await?;
+    let endpoint = receiver.endpoint();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("RUST_LOG", log_level),
+    ];
+    let coordinator = fleet.spawn_node("coordinator", &env)?;
+    let worker = fleet.spawn_node("worker", &env)?;
+    fleet.wait_for_tools(&["test.behave"]).await?;
+    let calls = vec![
+        call("a", "test.behave", json!({"sleep_ms": 5})),
+        call("b", "test.behave", json!({"sleep_ms": 5})),
+    ];
+    let mut stream = fleet
+        .client
+        .submit(timed_turn("acme", 5_000, calls))
+        .await?;
+    let fin = read_final(&mut stream, Duration::from_secs(10)).await?;
+    assert!(
+        fin.results.iter().all(|r| r.state == CallState::Done),
+        "{fin:?}"
+    );
+    fleet
+        .terminate_node(worker, Duration::from_secs(15))
+        .await?;
+    fleet
+        .terminate_node(coordinator, Duration::from_secs(15))
+        .await?;
+    // Both processes flushed their exporters before they exited.
+    let mut names: Vec<String> = receiver.spans().into_iter().map(|s| s.name).collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Each name once, and how many `execute_tool` spans there were.
+fn kinds(names: &[String]) -> (Vec<&String>, usize) {
+    let mut distinct: Vec<&String> = names.iter().collect();
+    distinct.dedup();
+    let executed = names
+        .iter()
+        .filter(|n| n.starts_with("execute_tool"))
+        .count();
+    (distinct, executed)
+}
+
+/// Spans are exported at `info` and above whatever `RUST_LOG` says about log lines:
+/// the same kinds of span with log lines at `warn` (one global filter) and at `debug`
+/// (a filter of the exporter's own). (How many `narrate` spans a turn has depends on
+/// how its results raced: each may build the closing events ahead.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_level_changes_no_exported_span() -> anyhow::Result<()> {
+    let quiet = spans_of_a_turn_logged_at("warn").await?;
+    let verbose =
+        spans_of_a_turn_logged_at("warn,toolfleet_coordinator=debug,toolfleet_worker=debug")
+            .await?;
+    let (quiet_kinds, quiet_executed) = kinds(&quiet);
+    assert!(quiet.iter().any(|n| n == "turn"), "{quiet:?}");
+    assert_eq!(quiet_executed, 2, "{quiet:?}");
+    assert_eq!((quiet_kinds, quiet_executed), kinds(&verbose));
+    Ok(())
+}
