@@ -397,6 +397,8 @@ impl FleetClient {
             early: BTreeMap::new(),
             probe: PROBE_START,
             refusal: None,
+            asks: 0,
+            no_responders: 0,
             failover: self.failover.clone(),
             started: tokio::time::Instant::now(),
             heard: tokio::time::Instant::now(),
@@ -626,6 +628,10 @@ pub struct TurnStream {
     backup: Option<Backup>,
     /// The turn's deadline (the request's, else the coordinators' default).
     deadline: Duration,
+    /// Asks sent: the submission and each time it was sent again, or each attach.
+    asks: u32,
+    /// Answers of NATS for the coordinators that no coordinator listened.
+    no_responders: u32,
 }
 
 impl TurnStream {
@@ -642,6 +648,18 @@ impl TurnStream {
     /// The last `seq` handed out (0 before any).
     pub fn last_seq(&self) -> u64 {
         self.next_seq - 1
+    }
+
+    /// How many times the stream asked for the turn: the submission and each time it
+    /// was sent again, or each attach, whether or not the ask reached the server.
+    pub fn asks(&self) -> u32 {
+        self.asks
+    }
+
+    /// How many asks NATS answered with "no responders": no coordinator was
+    /// subscribed when the ask arrived.
+    pub fn no_responders(&self) -> u32 {
+        self.no_responders
     }
 
     /// Whether an event of this turn reached the stream through the client's standby
@@ -748,9 +766,12 @@ impl TurnStream {
         message: async_nats::Message,
         through_backup: bool,
     ) -> Option<TurnEvent> {
-        if message.status.is_some() {
+        if let Some(status) = message.status {
             // NATS answered for the coordinators (no responders while none listens): the
             // next probe asks again.
+            if status == async_nats::StatusCode::NO_RESPONDERS {
+                self.no_responders += 1;
+            }
             return None;
         }
         // Only coordinators answer on a turn's inbox; anything else that reaches it (a
@@ -900,6 +921,7 @@ impl TurnStream {
     /// Publishes the turn request again while it is not accepted, else an attach from
     /// the last `seq` handed out.
     async fn ask(&mut self) -> Result<(), ClientError> {
+        self.asks += 1;
         // Through the standby first: the client's own connection may be the one that
         // is down, and its flush would hold the ask up until it reconnects.
         if let Some(backup) = &self.backup {

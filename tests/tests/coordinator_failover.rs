@@ -90,3 +90,32 @@ async fn another_coordinator_ends_the_turn_at_its_deadline() -> anyhow::Result<(
         .await?;
     Ok(())
 }
+
+/// A turn submitted while no coordinator is subscribed: NATS answers each ask with "no
+/// responders", the stream asks again after each silence, and the first coordinator to
+/// start takes the turn and ends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_submitted_before_any_coordinator_is_taken_by_the_first() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let tools = packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
+    let _worker = fleet.worker(fleet.worker_config(), tools);
+    let request = timed_turn(
+        "acme",
+        10_000,
+        vec![call("early", "test.behave", json!({"value": "taken"}))],
+    );
+    let mut stream = fleet.client.submit(request).await?;
+    // Nothing answers but NATS: the submission and the ask after the first silence
+    // (1 s) each come back as "no responders".
+    let silent = stream.next_event(Duration::from_millis(1_600)).await;
+    assert!(silent.is_err(), "{silent:?}");
+    assert!(!stream.accepted());
+    assert_eq!((stream.asks(), stream.no_responders()), (2, 2));
+
+    let _coordinator = fleet.coordinator(fleet.coordinator_config());
+    let fin = read_final(&mut stream, EVENT_WAIT).await?;
+    assert_eq!(fin.results.len(), 1);
+    assert_eq!(fin.results[0].state, CallState::Done, "{fin:?}");
+    assert!(stream.asks() > 2);
+    Ok(())
+}

@@ -82,6 +82,9 @@ pub enum Ending {
         gave_up: ClientErrorKind,
         /// The last `seq` the stream handed out (0: no event).
         last_seq: u64,
+        /// The stream's asks by the patience, and how many NATS answered with "no
+        /// responders".
+        asks: (u32, u32),
         /// Reads the turn's events for [`LOST_WATCH`] more: what came after all.
         later: JoinHandle<Later>,
     },
@@ -246,6 +249,7 @@ async fn follow(
         ending: Ending::Lost {
             gave_up,
             last_seq: stream.last_seq(),
+            asks: (stream.asks(), stream.no_responders()),
             later: tokio::spawn(ended_later(stream, submitted)),
         },
     }

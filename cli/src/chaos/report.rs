@@ -78,6 +78,11 @@ pub struct LostTurn {
     pub last_seq: u64,
     /// The client error kind the wait ended with (`Timeout`, `Closed`, …).
     pub gave_up: String,
+    /// The frontend's asks for the turn by then (the submission and each time it was
+    /// sent again).
+    pub asks: u32,
+    /// How many of those NATS answered with "no responders".
+    pub no_responders: u32,
     /// Submit → the `final` or `error` that came within the 30 s watched after, ms.
     pub ended_after_ms: Option<u64>,
     /// `final`, `error:<code>`, or the client error kind that ended the watch.
@@ -118,6 +123,7 @@ impl FaultReport {
                 Ending::Lost {
                     gave_up,
                     last_seq,
+                    asks: (asks, no_responders),
                     later,
                 } => {
                     report.lost += 1;
@@ -141,6 +147,8 @@ impl FaultReport {
                             acked: record.acked,
                             last_seq,
                             gave_up: format!("{gave_up:?}"),
+                            asks,
+                            no_responders,
                             ended_after_ms,
                             ended_by: later.ended_by,
                         });
@@ -226,8 +234,15 @@ pub fn table(reports: &[FaultReport], late_after: Duration) -> String {
                 .map_or_else(String::new, |ms| format!(" {ms} ms after submit"));
             let _ = writeln!(
                 out,
-                "{} lost turn {}: acked {}, last seq {}, gave up on {}; then {}{after}",
-                r.fault, lost.turn_id, lost.acked, lost.last_seq, lost.gave_up, lost.ended_by
+                "{} lost turn {}: acked {}, last seq {}, {} asks ({} with no responders), gave up on {}; then {}{after}",
+                r.fault,
+                lost.turn_id,
+                lost.acked,
+                lost.last_seq,
+                lost.asks,
+                lost.no_responders,
+                lost.gave_up,
+                lost.ended_by
             );
         }
         if !r.refused_by_reason.is_empty() {
@@ -248,6 +263,7 @@ mod tests {
             ending: Ending::Lost {
                 gave_up: toolfleet_common::client::ClientErrorKind::Timeout,
                 last_seq,
+                asks: (4, 1),
                 later: tokio::spawn(async move { later }),
             },
         }
@@ -283,16 +299,23 @@ mod tests {
             .iter()
             .map(|t| {
                 format!(
-                    "{} {} {} {} {:?} {}",
-                    t.turn_id, t.acked, t.last_seq, t.gave_up, t.ended_after_ms, t.ended_by
+                    "{} {} {} {}/{} {} {:?} {}",
+                    t.turn_id,
+                    t.acked,
+                    t.last_seq,
+                    t.asks,
+                    t.no_responders,
+                    t.gave_up,
+                    t.ended_after_ms,
+                    t.ended_by
                 )
             })
             .collect();
         assert_eq!(
             seen,
             vec![
-                "late true 2 Timeout Some(9500) final",
-                "never false 0 Timeout None Closed"
+                "late true 2 4/1 Timeout Some(9500) final",
+                "never false 0 4/1 Timeout None Closed"
             ]
         );
         assert!(report.failed());
