@@ -359,6 +359,15 @@ impl Fleet {
         Ok(())
     }
 
+    /// Terminates each child of `pids` in order ([`Fleet::terminate_node`], 15 s each):
+    /// a worker before its coordinator, so both flush their span exporters on the way.
+    pub async fn terminate_nodes(&mut self, pids: &[u32]) -> Result<()> {
+        for &pid in pids {
+            self.terminate_node(pid, Duration::from_secs(15)).await?;
+        }
+        Ok(())
+    }
+
     /// The `max_deliver` the server has for `tool`'s consumer.
     pub async fn consumer_max_deliver(&self, tool: &str) -> Result<i64> {
         let nats = async_nats::connect(self.nats.url()).await?;

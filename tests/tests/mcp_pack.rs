@@ -392,12 +392,7 @@ async fn an_mcp_call_continues_the_turn_trace() -> Result<()> {
         .result
         .clone()
         .unwrap_or_default();
-    fleet
-        .terminate_node(worker, Duration::from_secs(15))
-        .await?;
-    fleet
-        .terminate_node(coordinator, Duration::from_secs(15))
-        .await?;
+    fleet.terminate_nodes(&[worker, coordinator]).await?;
 
     let execs = eventually_named("both execute_tool spans", Duration::from_secs(10), || {
         let spans = receiver.spans();

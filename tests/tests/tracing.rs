@@ -55,12 +55,7 @@ async fn a_turn_is_one_trace_from_frontend_to_every_tool() -> anyhow::Result<()>
     );
 
     // Stop both processes gracefully so their exporters flush.
-    fleet
-        .terminate_node(worker, Duration::from_secs(15))
-        .await?;
-    fleet
-        .terminate_node(coordinator, Duration::from_secs(15))
-        .await?;
+    fleet.terminate_nodes(&[worker, coordinator]).await?;
 
     let spans = eventually_named("spans of the turn", Duration::from_secs(10), || {
         let spans = receiver.spans();
@@ -205,12 +200,7 @@ async fn spans_of_a_turn_logged_at(log_level: &str) -> anyhow::Result<Vec<String
         fin.results.iter().all(|r| r.state == CallState::Done),
         "{fin:?}"
     );
-    fleet
-        .terminate_node(worker, Duration::from_secs(15))
-        .await?;
-    fleet
-        .terminate_node(coordinator, Duration::from_secs(15))
-        .await?;
+    fleet.terminate_nodes(&[worker, coordinator]).await?;
     // Both processes flushed their exporters before they exited.
     let mut names: Vec<String> = receiver.spans().into_iter().map(|s| s.name).collect();
     names.sort();
