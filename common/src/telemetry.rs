@@ -381,9 +381,12 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     // global `info` filter keeps finer spans from both layers and the OpenTelemetry
     // layer needs no filter of its own: a per-layer filter is consulted at every
     // span's creation, entry, exit, record and close.
+    // Without an exporter nothing needs spans finer than RUST_LOG, and no global filter
+    // is added: it would let `info` spans be built only for the log layer to drop them.
     let info_at_most = filter
         .max_level_hint()
         .is_some_and(|level| level <= LevelFilter::INFO);
+    let global = (info_at_most && tracer_provider.is_some()).then_some(LevelFilter::INFO);
     let otel_layer = tracer_provider.as_ref().map(|p| {
         let layer = tracing_opentelemetry::layer()
             .with_tracer(p.tracer("toolfleet"))
@@ -423,7 +426,7 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
             .boxed(),
     };
     tracing_subscriber::registry()
-        .with(info_at_most.then_some(LevelFilter::INFO))
+        .with(global)
         .with(otel_layer)
         .with(fmt_layer)
         .try_init()
