@@ -3,7 +3,10 @@
 //! `deploy/k8s` (probes and resources on every workload, the KEDA trigger on the real
 //! stream and tool consumers), and the NATS and Redis credentials they use.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
@@ -755,7 +758,9 @@ fn keda_scales_workers_on_the_tool_consumers_lag() -> Result<()> {
         let endpoint = str_at(trigger, &["metadata", "natsServerMonitoringEndpoint"])
             .context("no monitoring endpoint")?;
         assert!(endpoint.ends_with(":8222"), "{endpoint}");
-        assert_eq!(str_at(trigger, &["metadata", "account"]), Some("$G"));
+        // The account of deploy/nats/auth.conf that holds the streams
+        // (tests/tests/keda.rs reads the triggers from a live server's /jsz).
+        assert_eq!(str_at(trigger, &["metadata", "account"]), Some("FLEET"));
         if let Some(consumer) = str_at(trigger, &["metadata", "consumer"]) {
             consumers.insert(consumer.to_string());
         }
@@ -883,39 +888,80 @@ fn workers_have_a_disruption_budget_and_redis_a_memory_cap() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn kustomize_builds_the_manifests_when_kubectl_is_installed() -> Result<()> {
-    let dir = toolfleet_tests::repo_path("deploy/k8s");
-    let output = match std::process::Command::new("kubectl")
+// ----- Rendered manifests --------------------------------------------------------------
+
+/// Longest a `kubectl kustomize` may take.
+const RENDER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The `kubectl` (kustomize built in) of tests/python/requirements-kubectl.txt, installed
+/// once per build into a virtual environment beside it.
+fn kubectl() -> Result<PathBuf> {
+    static KUBECTL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let provisioned = KUBECTL.get_or_init(|| {
+        let provision = async {
+            let python = toolfleet_tests::python::venv(
+                env!("CARGO_TARGET_TMPDIR"),
+                "tests/python/requirements-kubectl.txt",
+            )
+            .await?;
+            let kubectl = python.with_file_name("kubectl");
+            anyhow::ensure!(kubectl.is_file(), "no kubectl at {}", kubectl.display());
+            Ok(kubectl)
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|runtime| runtime.block_on(provision))
+            .map_err(|e| format!("provisioning kubectl: {e:#}"))
+    });
+    provisioned.clone().map_err(anyhow::Error::msg)
+}
+
+/// Every object `kubectl kustomize <dir>` renders (`dir` relative to the repository).
+fn render(dir: &str) -> Result<Vec<Value>> {
+    let child = std::process::Command::new(kubectl()?)
         .arg("kustomize")
-        .arg(&dir)
-        .output()
-    {
-        Ok(output) => output,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("kubectl is not installed; kustomize build not checked");
-            return Ok(());
-        }
-        Err(error) => return Err(error.into()),
+        .arg(toolfleet_tests::repo_path(dir))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("starting kubectl")?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id())?);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    let Ok(output) = rx.recv_timeout(RENDER_TIMEOUT) else {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        bail!("kubectl kustomize {dir} ran past {RENDER_TIMEOUT:?}");
     };
+    let output = output.context("running kubectl")?;
     if !output.status.success() {
         bail!(
-            "kubectl kustomize failed: {}",
+            "kubectl kustomize {dir}: {}",
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let rendered = String::from_utf8(output.stdout)?;
+    let mut objects = Vec::new();
+    for document in serde_norway::Deserializer::from_str(std::str::from_utf8(&output.stdout)?) {
+        let value = Value::deserialize(document).with_context(|| format!("parsing {dir}"))?;
+        if !value.is_null() {
+            objects.push(value);
+        }
+    }
+    Ok(objects)
+}
+
+#[test]
+fn kustomize_builds_the_manifests() -> Result<()> {
+    let objects = render("deploy/k8s")?;
     let mut kinds = BTreeSet::new();
-    for document in serde_norway::Deserializer::from_str(&rendered) {
-        let value = Value::deserialize(document)?;
-        if let Some(kind) = str_at(&value, &["kind"]) {
+    for value in &objects {
+        if let Some(kind) = str_at(value, &["kind"]) {
             kinds.insert(kind.to_string());
         }
-        if str_at(&value, &["kind"]) != Some("Namespace") {
-            assert_eq!(
-                str_at(&value, &["metadata", "namespace"]),
-                Some("toolfleet")
-            );
+        if str_at(value, &["kind"]) != Some("Namespace") {
+            assert_eq!(str_at(value, &["metadata", "namespace"]), Some("toolfleet"));
         }
     }
     for kind in [
@@ -926,87 +972,671 @@ fn kustomize_builds_the_manifests_when_kubectl_is_installed() -> Result<()> {
         "StatefulSet",
         "PodDisruptionBudget",
         "ScaledObject",
+        "NetworkPolicy",
     ] {
         assert!(kinds.contains(kind), "no {kind} rendered");
     }
     Ok(())
 }
 
-/// Who each ingress rule of a NetworkPolicy admits to which ports: (ports, peers), each
-/// peer as `pod:<name label>`, `pods:<part-of label>` or `namespace:<name>`.
-fn admitted(policy: &Value) -> Vec<(Vec<String>, Vec<String>)> {
-    let rules = at(policy, &["spec", "ingress"]).and_then(Value::as_sequence);
-    rules
+// ----- Network policies, evaluated on the rendered manifests ---------------------------
+
+/// Where KEDA and Prometheus run (docs/OPERATIONS.md; network-policy.yaml names them).
+const KEDA_NAMESPACE: &str = "keda";
+const MONITORING_NAMESPACE: &str = "monitoring";
+
+type Labels = BTreeMap<String, String>;
+
+/// A pod of a rendered workload (its replicas share labels and ports), or a stand-in for
+/// any other pod of a namespace.
+#[derive(Debug)]
+struct Pod {
+    /// `<namespace>/<workload>`; `<namespace>/<other>` for a stand-in.
+    id: String,
+    namespace: String,
+    labels: Labels,
+    /// Container ports: name, number.
+    ports: Vec<(Option<String>, u16)>,
+    /// The workload it stands for (`None` for a stand-in).
+    workload: Option<Value>,
+}
+
+fn labels_at(value: Option<&Value>) -> Labels {
+    value
+        .and_then(Value::as_mapping)
         .into_iter()
         .flatten()
-        .map(|rule| {
-            let ports = at(rule, &["ports"])
-                .and_then(Value::as_sequence)
-                .into_iter()
-                .flatten()
-                .filter_map(|p| p.get("port").and_then(scalar))
-                .collect();
-            let peers = at(rule, &["from"])
-                .and_then(Value::as_sequence)
-                .into_iter()
-                .flatten()
-                .filter_map(|peer| {
-                    let pod = |label| str_at(peer, &["podSelector", "matchLabels", label]);
-                    let namespace = str_at(
-                        peer,
-                        &[
-                            "namespaceSelector",
-                            "matchLabels",
-                            "kubernetes.io/metadata.name",
-                        ],
-                    );
-                    pod("app.kubernetes.io/name")
-                        .map(|n| format!("pod:{n}"))
-                        .or_else(|| pod("app.kubernetes.io/part-of").map(|n| format!("pods:{n}")))
-                        .or_else(|| namespace.map(|n| format!("namespace:{n}")))
-                })
-                .collect();
-            (ports, peers)
-        })
+        .filter_map(|(k, v)| Some((k.as_str()?.to_string(), scalar(v)?)))
         .collect()
 }
 
-/// The peers a policy admits to `port`.
-fn peers_on(policy: &Value, port: &str) -> BTreeSet<String> {
-    admitted(policy)
-        .into_iter()
-        .filter(|(ports, _)| ports.iter().any(|p| p == port))
-        .flat_map(|(_, peers)| peers)
-        .collect()
+/// Whether the label selector `selector` selects `labels` (`{}` selects every pod).
+fn selects(selector: &Value, labels: &Labels) -> Result<bool> {
+    for (key, value) in labels_at(selector.get("matchLabels")) {
+        if labels.get(&key) != Some(&value) {
+            return Ok(false);
+        }
+    }
+    let expressions = selector
+        .get("matchExpressions")
+        .and_then(Value::as_sequence);
+    for expression in expressions.into_iter().flatten() {
+        let key = str_at(expression, &["key"]).context("expression without key")?;
+        let values = strings(expression.get("values"));
+        let value = labels.get(key);
+        let holds = match str_at(expression, &["operator"]) {
+            Some("In") => value.is_some_and(|v| values.contains(v)),
+            Some("NotIn") => !value.is_some_and(|v| values.contains(v)),
+            Some("Exists") => value.is_some(),
+            Some("DoesNotExist") => value.is_none(),
+            other => bail!("selector operator {other:?}"),
+        };
+        if !holds {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// A rendered overlay's pods, Services and NetworkPolicies, with KEDA's and the
+/// monitoring namespace beside it, and a stand-in pod in each namespace for whatever
+/// else runs there.
+struct Cluster {
+    objects: Vec<Value>,
+    namespaces: BTreeMap<String, Labels>,
+    pods: Vec<Pod>,
+}
+
+impl Cluster {
+    fn render(dir: &str) -> Result<Self> {
+        let objects = render(dir)?;
+        let mut namespaces = BTreeMap::new();
+        for namespace in of_kind(&objects, "Namespace") {
+            let name = str_at(namespace, &["metadata", "name"]).context("namespace name")?;
+            let mut labels = labels_at(at(namespace, &["metadata", "labels"]));
+            labels.insert("kubernetes.io/metadata.name".into(), name.into());
+            namespaces.insert(name.to_string(), labels);
+        }
+        for name in [KEDA_NAMESPACE, MONITORING_NAMESPACE, "default"] {
+            let labels = Labels::from([("kubernetes.io/metadata.name".into(), name.into())]);
+            namespaces.insert(name.to_string(), labels);
+        }
+        let mut pods = Vec::new();
+        for kind in ["Deployment", "StatefulSet", "DaemonSet", "Job"] {
+            for workload in of_kind(&objects, kind) {
+                let name = str_at(workload, &["metadata", "name"]).context("workload name")?;
+                let namespace =
+                    str_at(workload, &["metadata", "namespace"]).context("workload namespace")?;
+                let mut ports = Vec::new();
+                for container in containers(workload) {
+                    let declared = at(container, &["ports"]).and_then(Value::as_sequence);
+                    for port in declared.into_iter().flatten() {
+                        let number = at(port, &["containerPort"])
+                            .and_then(Value::as_u64)
+                            .context("containerPort")?;
+                        let name = str_at(port, &["name"]).map(String::from);
+                        ports.push((name, u16::try_from(number)?));
+                    }
+                }
+                pods.push(Pod {
+                    id: format!("{namespace}/{name}"),
+                    namespace: namespace.to_string(),
+                    labels: labels_at(at(workload, &["spec", "template", "metadata", "labels"])),
+                    ports,
+                    workload: Some(workload.clone()),
+                });
+            }
+        }
+        for namespace in namespaces.keys() {
+            pods.push(Pod {
+                id: format!("{namespace}/<other>"),
+                namespace: namespace.clone(),
+                labels: Labels::new(),
+                ports: Vec::new(),
+                workload: None,
+            });
+        }
+        Ok(Self {
+            objects,
+            namespaces,
+            pods,
+        })
+    }
+
+    fn pod(&self, id: &str) -> Result<&Pod> {
+        self.pods
+            .iter()
+            .find(|p| p.id == id)
+            .with_context(|| format!("no pod {id}"))
+    }
+
+    /// Whether the NetworkPolicies let `from` open a TCP connection to `port` of `to`:
+    /// `to`'s ingress and `from`'s egress both admit it.
+    fn allows(&self, from: &Pod, to: &Pod, port: u16) -> Result<bool> {
+        Ok(self.admits("Ingress", to, from, to, port)?
+            && self.admits("Egress", from, to, to, port)?)
+    }
+
+    /// Whether the policies isolating `subject` in `direction` admit `peer` on `port` of
+    /// `destination` (a pod no such policy selects admits everything).
+    fn admits(
+        &self,
+        direction: &str,
+        subject: &Pod,
+        peer: &Pod,
+        destination: &Pod,
+        port: u16,
+    ) -> Result<bool> {
+        let (rules_key, peers_key) = match direction {
+            "Ingress" => ("ingress", "from"),
+            _ => ("egress", "to"),
+        };
+        let isolating = self.isolating(direction, subject)?;
+        for policy in &isolating {
+            let namespace = str_at(policy, &["metadata", "namespace"]).unwrap_or_default();
+            let rules = at(policy, &["spec", rules_key]).and_then(Value::as_sequence);
+            for rule in rules.into_iter().flatten() {
+                if self.peer_matches(rule.get(peers_key), namespace, peer)?
+                    && port_matches(rule.get("ports"), destination, port)?
+                {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(isolating.is_empty())
+    }
+
+    /// The NetworkPolicies that select `subject` for `direction` (`Ingress`, `Egress`).
+    fn isolating(&self, direction: &str, subject: &Pod) -> Result<Vec<&Value>> {
+        let mut policies = Vec::new();
+        for policy in of_kind(&self.objects, "NetworkPolicy") {
+            let namespace = str_at(policy, &["metadata", "namespace"]).context("namespace")?;
+            let spec = policy.get("spec").context("policy without spec")?;
+            let selector = spec
+                .get("podSelector")
+                .context("policy without podSelector")?;
+            if namespace != subject.namespace || !selects(selector, &subject.labels)? {
+                continue;
+            }
+            let types = match spec.get("policyTypes") {
+                Some(types) => strings(Some(types)),
+                None if spec.get("egress").is_some() => vec!["Ingress".into(), "Egress".into()],
+                None => vec!["Ingress".into()],
+            };
+            if types.iter().any(|t| t == direction) {
+                policies.push(policy);
+            }
+        }
+        Ok(policies)
+    }
+
+    /// Whether `peers` (a rule's `from` or `to`) of a policy in `namespace` match `pod`.
+    fn peer_matches(&self, peers: Option<&Value>, namespace: &str, pod: &Pod) -> Result<bool> {
+        let Some(peers) = peers.and_then(Value::as_sequence) else {
+            return Ok(true);
+        };
+        if peers.is_empty() {
+            return Ok(true);
+        }
+        for peer in peers {
+            if peer.get("ipBlock").is_some() {
+                bail!("an ipBlock peer: not evaluated here, and no pod's address is known");
+            }
+            let in_namespace = match peer.get("namespaceSelector") {
+                Some(selector) => {
+                    let labels = self.namespaces.get(&pod.namespace).cloned();
+                    selects(selector, &labels.unwrap_or_default())?
+                }
+                None => pod.namespace == namespace,
+            };
+            let pod_matches = match peer.get("podSelector") {
+                Some(selector) => selects(selector, &pod.labels)?,
+                None => true,
+            };
+            if in_namespace && pod_matches {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The pods and container ports behind `host:port` as a pod in `namespace` resolves
+    /// it (`svc`, `svc.ns[.svc.cluster.local]`, `pod.headless-svc`); `None` for a host
+    /// outside the cluster.
+    fn resolve(
+        &self,
+        namespace: &str,
+        host: &str,
+        port: u16,
+    ) -> Result<Option<Vec<(String, u16)>>> {
+        let parts: Vec<&str> = host.split('.').collect();
+        for first in 0..parts.len().min(2) {
+            let Some(name) = parts.get(first) else {
+                continue;
+            };
+            let namespace = match parts.get(first + 1) {
+                Some(ns) if self.namespaces.contains_key(*ns) => *ns,
+                _ => namespace,
+            };
+            let service = of_kind(&self.objects, "Service").into_iter().find(|s| {
+                str_at(s, &["metadata", "name"]) == Some(name)
+                    && str_at(s, &["metadata", "namespace"]) == Some(namespace)
+            });
+            let Some(service) = service else { continue };
+            let service_port = at(service, &["spec", "ports"])
+                .and_then(Value::as_sequence)
+                .into_iter()
+                .flatten()
+                .find(|p| at(p, &["port"]).and_then(Value::as_u64) == Some(u64::from(port)))
+                .with_context(|| format!("Service {name} has no port {port}"))?;
+            return self.backends(service, service_port).map(Some);
+        }
+        Ok(None)
+    }
+
+    /// The pods and container ports `service_port` of `service` sends to.
+    fn backends(&self, service: &Value, service_port: &Value) -> Result<Vec<(String, u16)>> {
+        let name = str_at(service, &["metadata", "name"]).unwrap_or_default();
+        let namespace = str_at(service, &["metadata", "namespace"]).unwrap_or_default();
+        let selector = at(service, &["spec", "selector"])
+            .with_context(|| format!("Service {name} selects no pods"))?;
+        let selector = serde_norway::to_value(BTreeMap::from([("matchLabels", selector)]))?;
+        let mut backends = Vec::new();
+        for pod in &self.pods {
+            if pod.workload.is_none()
+                || pod.namespace != namespace
+                || !selects(&selector, &pod.labels)?
+            {
+                continue;
+            }
+            let target = service_port
+                .get("targetPort")
+                .or_else(|| service_port.get("port"));
+            let number = match target {
+                Some(Value::Number(n)) => u16::try_from(n.as_u64().context("port")?)?,
+                Some(Value::String(port_name)) => pod
+                    .ports
+                    .iter()
+                    .find(|(n, _)| n.as_deref() == Some(port_name.as_str()))
+                    .map(|(_, number)| *number)
+                    .with_context(|| format!("{}: no port {port_name} for {name}", pod.id))?,
+                _ => bail!("Service {name}: a port without a number"),
+            };
+            backends.push((pod.id.clone(), number));
+        }
+        anyhow::ensure!(!backends.is_empty(), "Service {name} has no pods");
+        Ok(backends)
+    }
+
+    /// The value of every environment variable of `workload`'s containers, through
+    /// `envFrom` ConfigMaps and `configMapKeyRef` / `secretKeyRef` values.
+    fn environment(&self, workload: &Value) -> Result<Vec<(String, String)>> {
+        let namespace = str_at(workload, &["metadata", "namespace"]).unwrap_or_default();
+        let data = |kind: &str, name: &str, key: &str| -> Option<String> {
+            let object = of_kind(&self.objects, kind).into_iter().find(|o| {
+                str_at(o, &["metadata", "name"]) == Some(name)
+                    && str_at(o, &["metadata", "namespace"]) == Some(namespace)
+            })?;
+            str_at(object, &["data", key])
+                .or_else(|| str_at(object, &["stringData", key]))
+                .map(String::from)
+        };
+        let mut env = Vec::new();
+        for container in containers(workload) {
+            let sources = at(container, &["envFrom"]).and_then(Value::as_sequence);
+            for source in sources.into_iter().flatten() {
+                let Some(name) = str_at(source, &["configMapRef", "name"]) else {
+                    continue;
+                };
+                let map = of_kind(&self.objects, "ConfigMap").into_iter().find(|o| {
+                    str_at(o, &["metadata", "name"]) == Some(name)
+                        && str_at(o, &["metadata", "namespace"]) == Some(namespace)
+                });
+                let map = map.with_context(|| format!("no ConfigMap {name}"))?;
+                for (key, value) in labels_at(map.get("data")) {
+                    env.push((key, value));
+                }
+            }
+            let vars = at(container, &["env"]).and_then(Value::as_sequence);
+            for var in vars.into_iter().flatten() {
+                let name = str_at(var, &["name"]).context("env without name")?;
+                let value = match var.get("valueFrom") {
+                    None => str_at(var, &["value"]).map(String::from),
+                    Some(from) => {
+                        let secret = from.get("secretKeyRef").map(|r| ("Secret", r));
+                        let map = from.get("configMapKeyRef").map(|r| ("ConfigMap", r));
+                        match secret.or(map) {
+                            Some((kind, r)) => {
+                                let object = str_at(r, &["name"]).unwrap_or_default();
+                                let key = str_at(r, &["key"]).unwrap_or_default();
+                                let value = data(kind, object, key);
+                                Some(value.with_context(|| format!("no {kind} {object}/{key}"))?)
+                            }
+                            None => None,
+                        }
+                    }
+                };
+                if let Some(value) = value {
+                    env.push((name.to_string(), value));
+                }
+            }
+        }
+        Ok(env)
+    }
+
+    /// The connections the deployment needs, each with why: (from, to, port) → reason.
+    /// The fleet's processes to the servers their URLs name (TOOLFLEET_NATS_URL,
+    /// TOOLFLEET_REDIS_URL), the NATS pods to their routes, KEDA to the monitoring
+    /// endpoint of each ScaledObject trigger, and Prometheus to every port a
+    /// ServiceMonitor of deploy/prometheus scrapes. Also the connections that are
+    /// admitted though unused: a Redis client whose URL names a server outside the
+    /// cluster keeps the base's Redis Service (`redis`) admitted, as the overlay
+    /// documents.
+    fn needs(&self, monitors: &[Value]) -> Result<(Needs, Needs)> {
+        let (mut needs, mut unused) = (Needs::new(), Needs::new());
+        for pod in &self.pods {
+            let Some(workload) = &pod.workload else {
+                continue;
+            };
+            for (name, value) in self.environment(workload)? {
+                if !matches!(name.as_str(), "TOOLFLEET_NATS_URL" | "TOOLFLEET_REDIS_URL") {
+                    continue;
+                }
+                for url in value.split(',') {
+                    let (host, port) = host_and_port(url)?;
+                    match self.resolve(&pod.namespace, host, port)? {
+                        Some(backends) => {
+                            for (to, number) in backends {
+                                needs.insert((pod.id.clone(), to, number), format!("{name}={url}"));
+                            }
+                        }
+                        None if name == "TOOLFLEET_REDIS_URL" => {
+                            for (to, number) in self
+                                .resolve(&pod.namespace, "redis", 6379)?
+                                .into_iter()
+                                .flatten()
+                            {
+                                unused
+                                    .insert((pod.id.clone(), to, number), format!("{name}={url}"));
+                            }
+                        }
+                        None => {}
+                    }
+                }
+            }
+            // A NATS server's routes (its ConfigMap's nats-route:// URLs).
+            let volumes =
+                at(workload, &["spec", "template", "spec", "volumes"]).and_then(Value::as_sequence);
+            for volume in volumes.into_iter().flatten() {
+                let Some(map) = str_at(volume, &["configMap", "name"]) else {
+                    continue;
+                };
+                let map = of_kind(&self.objects, "ConfigMap")
+                    .into_iter()
+                    .find(|o| str_at(o, &["metadata", "name"]) == Some(map));
+                for (_, text) in labels_at(map.and_then(|m| m.get("data"))) {
+                    let routes = text
+                        .split_whitespace()
+                        .filter(|w| w.starts_with("nats-route://"));
+                    for route in routes {
+                        let (host, port) = host_and_port(route)?;
+                        let backends = self.resolve(&pod.namespace, host, port)?;
+                        for (to, number) in backends.with_context(|| {
+                            format!("no Service of the cluster resolves {route}")
+                        })? {
+                            needs.insert((pod.id.clone(), to, number), format!("route {route}"));
+                        }
+                    }
+                }
+            }
+        }
+        let keda = format!("{KEDA_NAMESPACE}/<other>");
+        for scaled in of_kind(&self.objects, "ScaledObject") {
+            let namespace = str_at(scaled, &["metadata", "namespace"]).unwrap_or_default();
+            let triggers = at(scaled, &["spec", "triggers"]).and_then(Value::as_sequence);
+            for trigger in triggers.into_iter().flatten() {
+                let Some(endpoint) = str_at(trigger, &["metadata", "natsServerMonitoringEndpoint"])
+                else {
+                    continue;
+                };
+                let (host, port) = host_and_port(endpoint)?;
+                let backends = self.resolve(namespace, host, port)?;
+                for (to, number) in backends
+                    .with_context(|| format!("no Service of the cluster resolves {endpoint}"))?
+                {
+                    needs.insert((keda.clone(), to, number), format!("KEDA {endpoint}"));
+                }
+            }
+        }
+        let prometheus = format!("{MONITORING_NAMESPACE}/<other>");
+        for monitor in monitors
+            .iter()
+            .filter(|m| str_at(m, &["kind"]) == Some("ServiceMonitor"))
+        {
+            let selector = at(monitor, &["spec", "selector"]).context("monitor selector")?;
+            let namespace = str_at(monitor, &["metadata", "namespace"]).unwrap_or_default();
+            let endpoints = at(monitor, &["spec", "endpoints"]).and_then(Value::as_sequence);
+            for endpoint in endpoints.into_iter().flatten() {
+                let port_name = str_at(endpoint, &["port"]).context("endpoint port")?;
+                for service in of_kind(&self.objects, "Service") {
+                    let labels = labels_at(at(service, &["metadata", "labels"]));
+                    if str_at(service, &["metadata", "namespace"]) != Some(namespace)
+                        || !selects(selector, &labels)?
+                    {
+                        continue;
+                    }
+                    let ports = at(service, &["spec", "ports"]).and_then(Value::as_sequence);
+                    let port = ports
+                        .into_iter()
+                        .flatten()
+                        .find(|p| str_at(p, &["name"]) == Some(port_name));
+                    let Some(port) = port else { continue };
+                    for (to, number) in self.backends(service, port)? {
+                        let why = format!("ServiceMonitor port {port_name}");
+                        needs.insert((prometheus.clone(), to, number), why);
+                    }
+                }
+            }
+        }
+        Ok((needs, unused))
+    }
+}
+
+/// Whether `ports` (a rule's `ports`; none: every port) admit TCP `port` of
+/// `destination`, a named port by `destination`'s own names.
+fn port_matches(ports: Option<&Value>, destination: &Pod, port: u16) -> Result<bool> {
+    let Some(ports) = ports.and_then(Value::as_sequence) else {
+        return Ok(true);
+    };
+    if ports.is_empty() {
+        return Ok(true);
+    }
+    for rule in ports {
+        if str_at(rule, &["protocol"]).unwrap_or("TCP") != "TCP" {
+            continue;
+        }
+        let admitted = match rule.get("port") {
+            None => true,
+            Some(Value::Number(n)) => {
+                let first = n.as_u64().context("port number")?;
+                let last = at(rule, &["endPort"])
+                    .and_then(Value::as_u64)
+                    .unwrap_or(first);
+                (first..=last).contains(&u64::from(port))
+            }
+            Some(Value::String(name)) => destination
+                .ports
+                .iter()
+                .any(|(n, number)| n.as_deref() == Some(name.as_str()) && *number == port),
+            Some(other) => bail!("port {other:?}"),
+        };
+        if admitted {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Connections (from pod, to pod, container port) and why each is there.
+type Needs = BTreeMap<(String, String, u16), String>;
+
+/// `host` and `port` of `scheme://[user[:password]@]host:port[/path]` or `host:port`.
+fn host_and_port(url: &str) -> Result<(&str, u16)> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let (host, port) = authority
+        .rsplit_once(':')
+        .with_context(|| format!("{url} names no port"))?;
+    Ok((host, port.parse().with_context(|| url.to_string())?))
+}
+
+/// Renders `dir` and checks its NetworkPolicies: every needed connection is admitted,
+/// and nothing else reaches a pod a policy isolates (any port of it, from any rendered
+/// pod or from any other pod of any namespace).
+fn policies_admit_exactly_what_is_needed(dir: &str) -> Result<Cluster> {
+    let cluster = Cluster::render(dir)?;
+    let monitors = render("deploy/prometheus")?;
+    let (needs, unused) = cluster.needs(&monitors)?;
+    let mut refused = Vec::new();
+    for ((from, to, port), why) in &needs {
+        if !cluster.allows(cluster.pod(from)?, cluster.pod(to)?, *port)? {
+            refused.push(format!("{from} -> {to}:{port} ({why})"));
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "{dir}: needed but refused: {refused:#?}"
+    );
+    let mut admitted = Vec::new();
+    for to in cluster.pods.iter().filter(|p| p.workload.is_some()) {
+        if cluster.isolating("Ingress", to)?.is_empty() {
+            // No policy isolates `to` (the fleet's own HTTP ports): open by design.
+            continue;
+        }
+        for (_, port) in &to.ports {
+            for from in &cluster.pods {
+                let key = (from.id.clone(), to.id.clone(), *port);
+                if cluster.allows(from, to, *port)?
+                    && !needs.contains_key(&key)
+                    && !unused.contains_key(&key)
+                {
+                    admitted.push(format!("{} -> {}:{port}", from.id, to.id));
+                }
+            }
+        }
+    }
+    assert!(
+        admitted.is_empty(),
+        "{dir}: admitted but not needed: {admitted:#?}"
+    );
+    Ok(cluster)
+}
+
+/// The connections of `cluster`'s needs from `from` to `to`, as ports.
+fn needed_ports(
+    cluster: &Cluster,
+    monitors: &[Value],
+    from: &str,
+    to: &str,
+) -> Result<BTreeSet<u16>> {
+    let (needs, _) = cluster.needs(monitors)?;
+    Ok(needs
+        .keys()
+        .filter(|(f, t, _)| f == from && t == to)
+        .map(|(_, _, port)| *port)
+        .collect())
 }
 
 #[test]
-fn network_policies_confine_the_servers_ports() -> Result<()> {
-    let objects = k8s_objects()?;
-    let nats = named(&objects, "NetworkPolicy", "nats")?;
+fn network_policies_admit_each_fleet_pod_to_what_it_needs_and_nothing_else() -> Result<()> {
+    let cluster = policies_admit_exactly_what_is_needed("deploy/k8s")?;
+    let monitors = render("deploy/prometheus")?;
+    let ports = |from: &str, to: &str| needed_ports(&cluster, &monitors, from, to);
+    let one = |port: u16| BTreeSet::from([port]);
+    // The needs are found where they should be: every fleet process reaches NATS, the
+    // coordinators and workers Redis, KEDA and Prometheus the servers' ports.
+    for process in ["coordinator", "worker", "gateway"] {
+        assert_eq!(
+            ports(&format!("toolfleet/{process}"), "toolfleet/nats")?,
+            one(4222)
+        );
+    }
+    for process in ["coordinator", "worker"] {
+        assert_eq!(
+            ports(&format!("toolfleet/{process}"), "toolfleet/redis")?,
+            one(6379)
+        );
+    }
+    assert!(ports("toolfleet/gateway", "toolfleet/redis")?.is_empty());
+    assert_eq!(ports("keda/<other>", "toolfleet/nats")?, one(8222));
+    assert_eq!(ports("monitoring/<other>", "toolfleet/nats")?, one(7777));
+    assert_eq!(ports("monitoring/<other>", "toolfleet/redis")?, one(9121));
+    // Pods of the namespace that are not the fleet's are refused, by label.
+    let stray = cluster.pod("toolfleet/<other>")?;
+    assert!(!cluster.allows(stray, cluster.pod("toolfleet/nats")?, 4222)?);
+    assert!(!cluster.allows(
+        cluster.pod("toolfleet/redis")?,
+        cluster.pod("toolfleet/nats")?,
+        4222
+    )?);
+    Ok(())
+}
+
+#[test]
+fn cluster_network_policies_admit_the_routes_and_each_fleet_pod_to_what_it_needs() -> Result<()> {
+    let cluster = policies_admit_exactly_what_is_needed("deploy/k8s-cluster")?;
+    let monitors = render("deploy/prometheus")?;
+    let ports = |from: &str, to: &str| needed_ports(&cluster, &monitors, from, to);
     assert_eq!(
-        str_at(
-            nats,
-            &[
-                "spec",
-                "podSelector",
-                "matchLabels",
-                "app.kubernetes.io/name"
-            ]
-        ),
-        Some("nats")
+        ports("toolfleet/nats", "toolfleet/nats")?,
+        BTreeSet::from([6222])
     );
-    let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
-    assert_eq!(peers_on(nats, "4222"), set(&["pods:toolfleet"]));
-    assert_eq!(peers_on(nats, "8222"), set(&["namespace:keda"]));
-    assert_eq!(peers_on(nats, "7777"), set(&["namespace:monitoring"]));
-    let redis = named(&objects, "NetworkPolicy", "redis")?;
-    assert_eq!(
-        peers_on(redis, "6379"),
-        set(&["pod:coordinator", "pod:worker"])
-    );
-    assert_eq!(peers_on(redis, "9121"), set(&["namespace:monitoring"]));
-    // Compose publishes the unauthenticated monitoring port on the host's loopback only.
+    for process in ["coordinator", "worker", "gateway"] {
+        assert_eq!(
+            ports(&format!("toolfleet/{process}"), "toolfleet/nats")?,
+            BTreeSet::from([4222])
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn the_part_of_label_reaches_pod_templates_but_no_selector_or_claim_template() -> Result<()> {
+    let label = "app.kubernetes.io/part-of";
+    for dir in ["deploy/k8s", "deploy/k8s-cluster"] {
+        let objects = render(dir)?;
+        for kind in ["Deployment", "StatefulSet"] {
+            for workload in of_kind(&objects, kind) {
+                let name = str_at(workload, &["metadata", "name"]).unwrap_or_default();
+                let template = labels_at(at(workload, &["spec", "template", "metadata", "labels"]));
+                assert_eq!(
+                    template.get(label).map(String::as_str),
+                    Some("toolfleet"),
+                    "{dir} {name}"
+                );
+                let selector = labels_at(at(workload, &["spec", "selector", "matchLabels"]));
+                assert!(
+                    !selector.contains_key(label),
+                    "{dir} {name}: selector {selector:?}"
+                );
+                let claims =
+                    at(workload, &["spec", "volumeClaimTemplates"]).and_then(Value::as_sequence);
+                for claim in claims.into_iter().flatten() {
+                    let labels = labels_at(at(claim, &["metadata", "labels"]));
+                    assert!(
+                        labels.is_empty(),
+                        "{dir} {name}: claim template labels {labels:?}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn compose_publishes_the_nats_monitoring_port_on_loopback_only() -> Result<()> {
     let compose = yaml("docker-compose.yml")?;
     let ports = strings(at(compose_service(&compose, "nats")?, &["ports"]));
     assert!(
@@ -1106,16 +1736,11 @@ fn kubernetes_cluster_variant_runs_three_nats_pods_with_replicated_streams() -> 
     let secret = yaml("deploy/k8s-cluster/redis-url.yaml")?;
     let redis_url = str_at(&secret, &["stringData", "TOOLFLEET_REDIS_URL"]).context("redis url")?;
     assert!(toolfleet_common::redis_client::RedisTarget::parse(redis_url)?.is_cluster());
-    if let Ok(output) = std::process::Command::new("kubectl")
-        .arg("kustomize")
-        .arg(toolfleet_tests::repo_path("deploy/k8s-cluster"))
-        .output()
-    {
-        assert!(
-            output.status.success(),
-            "kubectl kustomize deploy/k8s-cluster: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
+    let rendered = render("deploy/k8s-cluster")?;
+    let nats = named(&rendered, "StatefulSet", "nats")?;
+    assert_eq!(
+        at(nats, &["spec", "replicas"]).and_then(Value::as_u64),
+        Some(3)
+    );
     Ok(())
 }
