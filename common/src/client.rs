@@ -115,7 +115,6 @@ impl ClientError {
 #[derive(Debug, Clone)]
 pub struct FleetClient {
     nats: async_nats::Client,
-    names: Names,
     /// Moves the connection to another server when this one is cut off.
     failover: Failover,
     /// The subject turns are submitted on: `<p>.turns.submit.<user>` for a client with a
@@ -126,6 +125,8 @@ pub struct FleetClient {
     attach_subject: String,
     /// Where this client cancels its turns (`<p>.turns.cancel[.<user>]`).
     cancel_subject: String,
+    /// Where this client asks for the tool catalog (`<p>.catalog[.<user>]`).
+    catalog_subject: String,
     /// On a cluster: the second connection silent turns also ask through.
     standby: Option<Arc<Standby>>,
 }
@@ -137,13 +138,14 @@ impl FleetClient {
         let submit_subject = names.turn_submit();
         let attach_subject = names.turn_attach();
         let cancel_subject = names.turn_cancel();
+        let catalog_subject = names.catalog();
         Self {
             failover: Failover::of(&nats, false),
             nats,
-            names,
             submit_subject,
             attach_subject,
             cancel_subject,
+            catalog_subject,
             standby: None,
         }
     }
@@ -154,13 +156,14 @@ impl FleetClient {
         let submit_subject = names.turn_submit_as(frontend);
         let attach_subject = names.turn_attach_as(frontend);
         let cancel_subject = names.turn_cancel_as(frontend);
+        let catalog_subject = names.catalog_as(frontend);
         Self {
             failover: Failover::of(&nats, false),
             nats,
-            names,
             submit_subject,
             attach_subject,
             cancel_subject,
+            catalog_subject,
             standby: None,
         }
     }
@@ -453,7 +456,7 @@ impl FleetClient {
             .map_err(|e| ClientError::new(ClientErrorKind::InvalidRequest, e.to_string()))?;
         let reply = tokio::time::timeout(
             timeout,
-            self.nats.request(self.names.catalog(), body.into()),
+            self.nats.request(self.catalog_subject.clone(), body.into()),
         )
         .await
         .map_err(|_| ClientError::new(ClientErrorKind::Timeout, "no catalog reply in time"))?

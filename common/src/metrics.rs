@@ -122,6 +122,38 @@ pub fn error_type(code: &str) -> &'static str {
 /// The tool label.
 const TOOL: &str = "gen_ai.tool.name";
 
+/// The `code` labels of `toolfleet.turns.refused` other than `other`.
+const TURN_REFUSAL_CODES: [&str; 10] = {
+    use crate::turn::turn_codes as t;
+    [
+        t::INVALID_REQUEST,
+        t::INVALID_DECISION,
+        t::DECISION_TOO_LARGE,
+        t::DUPLICATE_TURN,
+        t::TURN_ID_CONFLICT,
+        t::UNAVAILABLE,
+        t::TENANT_NOT_ALLOWED,
+        t::REPLY_NOT_ALLOWED,
+        t::CONTEXT_TOO_LARGE,
+        t::OVERLOADED,
+    ]
+};
+
+/// The Redis operations whose failures a coordinator counts (`toolfleet.redis.errors`);
+/// a new `redis_error` call site of the coordinator adds its operation here, so its
+/// series exists at 0 before its first failure.
+pub const COORDINATOR_REDIS_OPERATIONS: [&str; 6] = [
+    "create_turn",
+    "store_final",
+    "emit",
+    "cancel",
+    "registry_refresh",
+    "attach",
+];
+
+/// The Redis operations whose failures a worker counts.
+pub const WORKER_REDIS_OPERATIONS: [&str; 1] = ["heartbeat"];
+
 /// Process metrics read from `/proc/self` whenever metrics are collected.
 mod process {
     use opentelemetry::metrics::AsyncInstrument;
@@ -330,8 +362,19 @@ impl FleetMetrics {
     }
 
     fn count(&self, name: &str, label: &'static str, value: &str) {
+        self.add(name, label, value, 1);
+    }
+
+    /// Makes the series `name{label=value}` exist (at 0 until its first event), so the
+    /// first event is an increase Prometheus sees: a counter born at its first value has
+    /// no earlier sample, and `increase()` or `rate()` over it stays 0.
+    fn start_at_zero(&self, name: &str, label: &'static str, value: &str) {
+        self.add(name, label, value, 0);
+    }
+
+    fn add(&self, name: &str, label: &'static str, value: &str, n: u64) {
         if let Some((_, c)) = self.counters.iter().find(|(n, _)| *n == name) {
-            c.add(1, &[KeyValue::new(label, value.to_string())]);
+            c.add(n, &[KeyValue::new(label, value.to_string())]);
         }
     }
 
@@ -374,19 +417,10 @@ impl FleetMetrics {
 
     /// A turn was refused whole with `code` (a `turn_codes` constant, else `other`).
     pub fn turn_refused(&self, code: &str) {
-        use crate::turn::turn_codes as t;
-        let known = [
-            t::INVALID_REQUEST,
-            t::INVALID_DECISION,
-            t::DECISION_TOO_LARGE,
-            t::DUPLICATE_TURN,
-            t::UNAVAILABLE,
-            t::TENANT_NOT_ALLOWED,
-            t::REPLY_NOT_ALLOWED,
-            t::CONTEXT_TOO_LARGE,
-            t::OVERLOADED,
-        ];
-        let code = known.into_iter().find(|k| *k == code).unwrap_or("other");
+        let code = TURN_REFUSAL_CODES
+            .into_iter()
+            .find(|k| *k == code)
+            .unwrap_or("other");
         self.count(names::TURNS_REFUSED, "code", code);
     }
 
@@ -400,7 +434,8 @@ impl FleetMetrics {
         self.count(names::NATS_EVENTS, "event", event);
     }
 
-    /// A Redis `operation` failed.
+    /// A Redis `operation` failed (one of [`COORDINATOR_REDIS_OPERATIONS`] or
+    /// [`WORKER_REDIS_OPERATIONS`], whose series start at 0).
     pub fn redis_error(&self, operation: &'static str) {
         self.count(names::REDIS_ERRORS, "operation", operation);
     }
@@ -413,6 +448,26 @@ impl FleetMetrics {
     /// The supervised background `task` died.
     pub fn task_died(&self, task: &str) {
         self.count(names::TASKS_DIED, "task", task);
+    }
+
+    /// The background `task` runs under supervision: its `toolfleet.tasks.died` series
+    /// exists, at 0, from now on.
+    pub fn task_supervised(&self, task: &str) {
+        self.start_at_zero(names::TASKS_DIED, "task", task);
+    }
+
+    /// The NATS connection `events` (the labels [`FleetMetrics::nats_event`] counts) are
+    /// observed: each series exists, at 0, from now on.
+    pub fn nats_events_observed(&self, events: &[&'static str]) {
+        for event in events {
+            self.start_at_zero(names::NATS_EVENTS, "event", event);
+        }
+    }
+
+    /// JetStream objects of `kind` are watched and recreated when they disappear: the
+    /// kind's `toolfleet.topology.recreated` series exists, at 0, from now on.
+    pub fn topology_watched(&self, kind: &'static str) {
+        self.start_at_zero(names::TOPOLOGY_RECREATED, "kind", kind);
     }
 
     /// `tool`'s consumer: jobs not yet delivered, delivered and not acked, and the age
@@ -441,10 +496,31 @@ impl FleetMetrics {
         self.gauge(names::TURNS_IN_FLIGHT, turns, &[]);
     }
 
-    /// Records `toolfleet_build_info{service, version} 1` and registers the process
+    /// Records `toolfleet_build_info{service, version} 1`, registers the process
     /// metrics (CPU, memory, open fds, read from `/proc` at each collection), once per
-    /// process.
+    /// process, and starts at 0 the counters whose labels the `service`
+    /// (`toolfleet-coordinator`, `toolfleet-worker`) knows from its start: refused turns
+    /// and results, failed Redis operations, and the coordinator's consumer settings put
+    /// back. An alert on `increase()` of one of them then fires on its first event.
     pub fn process_started(&self, service: &str) {
+        match service {
+            "toolfleet-coordinator" => {
+                for code in TURN_REFUSAL_CODES.into_iter().chain(["other"]) {
+                    self.start_at_zero(names::TURNS_REFUSED, "code", code);
+                }
+                self.start_at_zero(names::RESULTS_REFUSED, "code", "wrong_tool");
+                for operation in COORDINATOR_REDIS_OPERATIONS {
+                    self.start_at_zero(names::REDIS_ERRORS, "operation", operation);
+                }
+                self.topology_watched("consumer_settings");
+            }
+            "toolfleet-worker" => {
+                for operation in WORKER_REDIS_OPERATIONS {
+                    self.start_at_zero(names::REDIS_ERRORS, "operation", operation);
+                }
+            }
+            _ => {}
+        }
         self.gauge(
             names::BUILD_INFO,
             1,

@@ -148,21 +148,34 @@ impl Names {
         format!("{}.cancelled.*", self.prefix)
     }
 
-    /// The frontend named by an identified submit, attach or cancel subject; `None` for
-    /// the unidentified [`Names::turn_submit`], [`Names::turn_attach`] and
-    /// [`Names::turn_cancel`] (and for anything else).
+    /// The frontend named by an identified submit, attach, cancel or catalog subject;
+    /// `None` for the unidentified [`Names::turn_submit`], [`Names::turn_attach`],
+    /// [`Names::turn_cancel`] and [`Names::catalog`] (and for anything else).
     pub fn submitting_frontend<'a>(&self, subject: &'a str) -> Option<&'a str> {
         let rest = subject.strip_prefix(&self.prefix)?;
         let frontend = rest
             .strip_prefix(".turns.submit.")
             .or_else(|| rest.strip_prefix(".turns.attach."))
-            .or_else(|| rest.strip_prefix(".turns.cancel."))?;
+            .or_else(|| rest.strip_prefix(".turns.cancel."))
+            .or_else(|| rest.strip_prefix(".catalog."))?;
         (!frontend.is_empty() && !frontend.contains('.')).then_some(frontend)
     }
 
-    /// Frontends request the tool catalog here (core NATS request/reply).
+    /// Frontends without a NATS user request the tool catalog here (core NATS
+    /// request/reply).
     pub fn catalog(&self) -> String {
         format!("{}.catalog", self.prefix)
+    }
+
+    /// A frontend with NATS user `frontend` requests the tool catalog here; the answer
+    /// goes only to that user's inbox and lists only its tenants' tools.
+    pub fn catalog_as(&self, frontend: &str) -> String {
+        format!("{}.catalog.{frontend}", self.prefix)
+    }
+
+    /// What coordinators subscribe to for identified catalog requests.
+    pub fn catalog_any(&self) -> String {
+        self.catalog_as("*")
     }
 
     /// The subject one tool's jobs are published on (stream partition 0).
@@ -343,6 +356,27 @@ impl Names {
         format!("{}.registry.changed", self.prefix)
     }
 
+    /// A worker announces its tool `tool` here after writing its definition and at every
+    /// heartbeat. NATS lets a worker user publish only its own tools' subjects, so a
+    /// coordinator adds to [`Names::tool_names_key`] only names announced here whose
+    /// definition key holds a definition.
+    pub fn registry_changed_for(&self, tool: &str) -> String {
+        format!("{}.registry.changed.{tool}", self.prefix)
+    }
+
+    /// What coordinators subscribe to for tool announcements.
+    pub fn registry_changed_any(&self) -> String {
+        self.registry_changed_for(">")
+    }
+
+    /// The tool of a [`Names::registry_changed_for`] subject.
+    pub fn registry_changed_tool<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".registry.changed.")
+            .filter(|tool| !tool.is_empty())
+    }
+
     // ----- JetStream -----------------------------------------------------------------
 
     /// The work-queue stream holding every job (of stream partition 0).
@@ -478,7 +512,8 @@ impl Names {
         hash % buckets.max(1)
     }
 
-    /// Set of the names of every tool ever announced (workers may only add to it). A
+    /// Set of the names of every tool announced: written by coordinators only, from the
+    /// announcements of [`Names::registry_changed_for`] whose definition they found. A
     /// name counts only while [`Names::tool_definition_key`] holds its definition.
     /// Registry keys share the `{registry}` hash tag.
     pub fn tool_names_key(&self) -> String {

@@ -352,6 +352,10 @@ pub mod turn_codes {
     pub const DECISION_TOO_LARGE: &str = "decision_too_large";
     /// A turn with this id already exists.
     pub const DUPLICATE_TURN: &str = "duplicate_turn";
+    /// The same frontend submitted this turn id before with another decision (or
+    /// tenant, or session): a resubmission replays the stored turn only when it is the
+    /// same request.
+    pub const TURN_ID_CONFLICT: &str = "turn_id_conflict";
     /// No turn with this id is stored for this frontend (never submitted, another
     /// frontend's, or past its retention).
     pub const UNKNOWN_TURN: &str = "unknown_turn";

@@ -17,22 +17,23 @@ use toolfleet_common::turn::{turn_codes, valid_turn_id, AttachRequest};
 use toolfleet_common::CallError;
 use tracing::warn;
 
-use crate::callers::Caller;
+use crate::callers::{Caller, Reply};
 use crate::events;
 use crate::join::Attached;
 use crate::startup::Replica;
 
 /// Handles one message on the attach subject.
 pub(crate) async fn handle_attach_message(replica: Arc<Replica>, message: async_nats::Message) {
-    let Some(reply) = message.reply.as_ref().map(|r| r.to_string()) else {
+    let Some(subject) = message.reply.as_deref() else {
         return;
     };
     let caller = Caller::of(&replica.names, &message.subject);
-    if !caller.may_receive(&reply, &replica.config.nats_credentials.inbox_prefix()) {
+    let own_inbox = replica.config.nats_credentials.inbox_prefix();
+    let Some(reply) = caller.reply_to(subject, &own_inbox) else {
         replica.metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
-        warn!(subject = %message.subject, %reply, "attach dropped: reply outside the caller's inbox");
+        warn!(subject = %message.subject, reply = %subject, "attach dropped: reply outside the caller's inbox");
         return;
-    }
+    };
     let request = match serde_json::from_slice::<AttachRequest>(&message.payload) {
         Ok(request) if valid_turn_id(&request.turn_id) => request,
         Ok(_) | Err(_) => {
@@ -61,12 +62,12 @@ pub(crate) async fn replay(
     replica: &Replica,
     turn_id: &str,
     (caller, tenant): (&str, Option<&str>),
-    reply: &str,
+    reply: &Reply,
     after_seq: u64,
 ) {
     match replica
         .join
-        .attach(turn_id, caller, tenant, reply, after_seq)
+        .attach(turn_id, caller, tenant, reply.as_str(), after_seq)
         .await
     {
         Ok(Attached::Events(stored)) => {

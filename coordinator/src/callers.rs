@@ -8,6 +8,14 @@
 //! tenant must be one of the caller's. NATS permissions make the subject's last token
 //! trustworthy: only user `<user>` may publish `<p>.turns.submit.<user>`.
 //!
+//! Owns [`Reply`], the only type the coordinator publishes frontend answers to: a
+//! subject taken from a message becomes a `Reply` only through [`Caller::reply_to`],
+//! and a subject the turn store kept for a turn (which `reply_to` admitted when the
+//! turn was taken or attached) only through [`Reply::kept`], which still refuses any
+//! subject outside the inbox namespace. `events.rs` publishes to nothing else; the
+//! crate's `clippy.toml` forbids the raw NATS publish everywhere but there and in
+//! `dispatch.rs` (jobs, on subjects built from `Names`).
+//!
 //! Never publishes: `intake.rs` drops a request whose reply is refused (publishing
 //! anything there is exactly what the check prevents) and refuses a tenant mismatch on
 //! the caller's own inbox through `finalize.rs`.
@@ -17,6 +25,41 @@ use toolfleet_common::turn::turn_codes;
 use toolfleet_common::{CallError, Names};
 
 use crate::config::FrontendBindings;
+
+/// A subject a frontend may receive on. Only [`Caller::reply_to`] (for a subject taken
+/// from a message) and [`Reply::kept`] (for one the turn store kept) make one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply(String);
+
+impl Reply {
+    /// The subject the turn store kept for a turn, if it is a plain subject inside the
+    /// inbox namespace. Every stored reply passed [`Caller::reply_to`] when its turn
+    /// was taken or attached, and only the coordinators' Redis user writes turn keys;
+    /// the namespace check keeps a fleet subject out even so.
+    pub fn kept(subject: &str) -> Option<Self> {
+        (plain(subject) && subject.starts_with(DEFAULT_INBOX_PREFIX))
+            .then(|| Self(subject.to_string()))
+    }
+
+    /// The subject.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Whether `subject` names one subject: no wildcard, no whitespace, no empty token.
+fn plain(subject: &str) -> bool {
+    !subject.is_empty()
+        && !subject.contains(['*', '>'])
+        && !subject.chars().any(char::is_whitespace)
+        && subject.split('.').all(|token| !token.is_empty())
+}
 
 /// The frontend a turn request came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +96,11 @@ impl Caller {
                 reply.starts_with(DEFAULT_INBOX_PREFIX) && (shared || !inside(own_inbox))
             }
         }
+    }
+
+    /// `reply` as a [`Reply`] when this caller [may receive](Self::may_receive) on it.
+    pub fn reply_to(&self, reply: &str, own_inbox: &str) -> Option<Reply> {
+        (plain(reply) && self.may_receive(reply, own_inbox)).then(|| Reply(reply.to_string()))
     }
 
     /// Refuses a turn for `tenant` unless the bindings let this caller name it.
@@ -102,6 +150,29 @@ mod tests {
         assert!(!anonymous.may_receive("$JS.API.STREAM.DELETE.FLEET_JOBS", OWN));
         // Without users every client shares `_INBOX`.
         assert!(anonymous.may_receive("_INBOX.abc", DEFAULT_INBOX_PREFIX));
+    }
+
+    #[test]
+    fn replies_are_made_only_from_admitted_subjects() {
+        let names = Names::new("fleet");
+        let web = Caller::of(&names, "fleet.turns.submit.web");
+        assert_eq!(
+            web.reply_to("_INBOX_web.abc", OWN).map(|r| r.to_string()),
+            Some("_INBOX_web.abc".to_string())
+        );
+        for foreign in [
+            "_INBOX_kiosk.abc",
+            "fleet.jobs.crm.getOpenInvoices",
+            "fleet.cancelled.t1",
+            "fleet.ended.t1",
+            "_INBOX_web..x",
+        ] {
+            assert!(web.reply_to(foreign, OWN).is_none(), "{foreign}");
+        }
+        assert!(Reply::kept("_INBOX_web.abc").is_some());
+        for kept in ["fleet.jobs.x", "_INBOX_web.>", "", "_INBOX_web. x"] {
+            assert!(Reply::kept(kept).is_none(), "{kept}");
+        }
     }
 
     #[test]

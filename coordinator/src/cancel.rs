@@ -21,8 +21,8 @@ use toolfleet_common::turn::{
 };
 use tracing::{debug, warn};
 
-use crate::callers::Caller;
-use crate::events;
+use crate::callers::{Caller, Reply};
+use crate::events::{self, Notice};
 use crate::finalize::{finish, TurnEnd};
 use crate::join::Cancelled;
 use crate::startup::Replica;
@@ -30,15 +30,16 @@ use crate::startup::Replica;
 /// Handles one request on the cancel subject.
 pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_nats::Message) {
     let received = Instant::now();
-    let Some(reply) = message.reply.as_ref().map(|r| r.to_string()) else {
+    let Some(subject) = message.reply.as_deref() else {
         return;
     };
     let caller = Caller::of(&replica.names, &message.subject);
-    if !caller.may_receive(&reply, &replica.config.nats_credentials.inbox_prefix()) {
+    let own_inbox = replica.config.nats_credentials.inbox_prefix();
+    let Some(reply) = caller.reply_to(subject, &own_inbox) else {
         replica.metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
-        warn!(subject = %message.subject, %reply, "cancel dropped: reply outside the caller's inbox");
+        warn!(subject = %message.subject, reply = %subject, "cancel dropped: reply outside the caller's inbox");
         return;
-    }
+    };
     let request = match serde_json::from_slice::<CancelRequest>(&message.payload) {
         Ok(request) if valid_turn_id(&request.turn_id) => request,
         Ok(_) | Err(_) => {
@@ -47,7 +48,7 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
                 outcome: CancelOutcome::InvalidRequest,
                 ended: None,
             };
-            return answer_with(&replica, reply, &answer).await;
+            return answer_with(&replica, &reply, &answer).await;
         }
     };
     let caller = caller.frontend.unwrap_or_default();
@@ -58,8 +59,8 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
         Ok(Cancelled::AlreadyEnded(how)) => (CancelOutcome::AlreadyEnded, Some(how)),
         Ok(Cancelled::Ended(closing)) => {
             // Workers first: running calls stop while the final is being built.
-            let notice = replica.names.turn_cancelled(&turn_id);
-            if let Err(error) = events::send(&replica, notice, Bytes::new()).await {
+            let notice = Notice::Cancelled(&turn_id);
+            if let Err(error) = events::notify(&replica, notice, Bytes::new()).await {
                 debug!(%turn_id, %error, "cancel notice to workers not sent");
             }
             let end = TurnEnd::Cancelled {
@@ -91,14 +92,11 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
         outcome,
         ended,
     };
-    answer_with(&replica, reply, &answer).await;
+    answer_with(&replica, &reply, &answer).await;
 }
 
-async fn answer_with(replica: &Replica, reply: String, answer: &CancelReply) {
-    let Ok(body) = serde_json::to_vec(answer) else {
-        return;
-    };
-    if let Err(error) = replica.nats.publish(reply, body.into()).await {
-        debug!(%error, "cancel answer not sent");
+async fn answer_with(replica: &Replica, reply: &Reply, answer: &CancelReply) {
+    if let Ok(body) = serde_json::to_vec(answer) {
+        events::answer(replica, reply, body.into()).await;
     }
 }

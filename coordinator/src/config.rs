@@ -454,6 +454,20 @@ impl FrontendBindings {
         !self.tenants.is_empty()
     }
 
+    /// The tenants `frontend` is bound to: `None` when it may name any (no bindings, or
+    /// bound to `*`), else its tenants (empty when it is bound to none).
+    pub fn tenants_of(&self, frontend: Option<&str>) -> Option<&[String]> {
+        if !self.enforced() {
+            return None;
+        }
+        let bound = frontend.and_then(|f| self.tenants.get(f));
+        match bound {
+            Some(ids) if ids.iter().any(|t| t == ANY_TENANT) => None,
+            Some(ids) => Some(ids),
+            None => Some(&[]),
+        }
+    }
+
     /// Whether `frontend` may submit for the (normalized) `tenant`.
     pub fn allows(&self, frontend: Option<&str>, tenant: &str) -> bool {
         if !self.enforced() {

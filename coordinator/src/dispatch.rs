@@ -304,11 +304,12 @@ async fn publish_job(
         let traceparent = trace.span.traceparent();
         toolfleet_common::headers::set(&mut headers, HEADER_TURN_TRACEPARENT, &traceparent);
     }
-    replica
+    // Jobs go only to `subject`, built from `Names` by the caller.
+    #[allow(clippy::disallowed_methods)]
+    let publishing = replica
         .js
-        .publish_with_headers(subject, headers, body.into())
-        .await
-        .map_err(|e| e.to_string())
+        .publish_with_headers(subject, headers, body.into());
+    publishing.await.map_err(|e| e.to_string())
 }
 
 /// Publishes the jobs of queued calls that freed slots released (by any replica's

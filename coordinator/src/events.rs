@@ -3,8 +3,12 @@
 //!
 //! Owns the publishing functions ([`publish_stored`] for events of a stored turn, each
 //! with its `seq`; [`publish_unstored`] for the one `error` of a request whose turn was
-//! never stored; [`emit`], which stores events of a running turn and sends them; [`notify`]
-//! for notices) and the small constructors of events several steps send. Every event of
+//! never stored; [`answer`] for a request's one answer (catalog, cancel); [`emit`],
+//! which stores events of a running turn and sends them; [`notify`] for notices between
+//! coordinators and to workers) and the small constructors of events several steps
+//! send. Everything bound for a frontend goes to a [`Reply`], which only the caller
+//! checks of `callers.rs` make, and every notice to a subject built from `Names` by
+//! [`Notice`]: no function here takes a subject as a string. Every event of
 //! a stored turn is stored in the turn's event list before it is sent (`join.rs`), so a
 //! publish that is lost is only a gap the frontend fills by attaching; sending is core
 //! NATS, fire-and-forget, and never changes a turn's state. Nor does it hold a turn up:
@@ -26,6 +30,7 @@ use toolfleet_common::turn::with_seq;
 use toolfleet_common::{CallError, CallResult, CallState, TurnEvent};
 use tracing::warn;
 
+use crate::callers::Reply;
 use crate::join::Emitted;
 use crate::startup::Replica;
 
@@ -34,14 +39,54 @@ use crate::startup::Replica;
 /// fills only while the connection is down.
 pub(crate) const PUBLISH_WAIT: Duration = Duration::from_millis(250);
 
+/// A notice the coordinator publishes on a subject of its own naming.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Notice<'a> {
+    /// To every replica: the turn ended, its owner forgets it.
+    Ended(&'a str),
+    /// To the workers: the turn was cancelled.
+    Cancelled(&'a str),
+}
+
 /// Publishes `body` on `subject`, waiting at most [`PUBLISH_WAIT`] for the connection
-/// to take it.
-pub(crate) async fn send(
+/// to take it. Private: callers name a [`Reply`] or a [`Notice`].
+async fn send(replica: &Replica, subject: String, body: Bytes) -> Result<(), PublishWithinError> {
+    #[allow(clippy::disallowed_methods)] // the one publish of this module
+    publish_within(&replica.nats, subject, body, PUBLISH_WAIT).await
+}
+
+/// Publishes `notice` with `body`.
+pub(crate) async fn notify(
     replica: &Replica,
-    subject: String,
+    notice: Notice<'_>,
     body: Bytes,
 ) -> Result<(), PublishWithinError> {
-    publish_within(&replica.nats, subject, body, PUBLISH_WAIT).await
+    let subject = match notice {
+        Notice::Ended(turn_id) => replica.names.ended_subject(turn_id),
+        Notice::Cancelled(turn_id) => replica.names.turn_cancelled(turn_id),
+    };
+    send(replica, subject, body).await
+}
+
+/// Sends a request's one answer (a catalog, a cancel's outcome) to `reply`.
+pub(crate) async fn answer(replica: &Replica, reply: &Reply, body: Bytes) {
+    if let Err(error) = send(replica, reply.to_string(), body).await {
+        warn!(%error, "answer not sent");
+    }
+}
+
+/// Sends stored events to the kept reply subject of a turn (see [`Reply::kept`]);
+/// nothing, logged, when the store holds a subject outside the inbox namespace.
+pub(crate) async fn publish_kept(
+    replica: &Replica,
+    reply: &str,
+    first_seq: u64,
+    events: &[String],
+) {
+    match Reply::kept(reply) {
+        Some(reply) => publish_stored(replica, &reply, first_seq, events).await,
+        None => warn!(%reply, "stored reply subject outside the inbox namespace; events not sent"),
+    }
 }
 
 /// The JSON an event is stored and sent as (without its `seq`); `None` (logged) if it
@@ -59,7 +104,7 @@ pub(crate) fn encode(event: &TurnEvent) -> Option<String> {
 /// Sends stored events to `reply`, the first with `first_seq`, the next with the next.
 pub(crate) async fn publish_stored(
     replica: &Replica,
-    reply: &str,
+    reply: &Reply,
     first_seq: u64,
     events: &[String],
 ) {
@@ -80,7 +125,7 @@ pub(crate) async fn publish_stored(
 }
 
 /// Sends the `error` of a request whose turn was never stored (no `seq`).
-pub(crate) async fn publish_unstored(replica: &Replica, reply: &str, event: &TurnEvent) {
+pub(crate) async fn publish_unstored(replica: &Replica, reply: &Reply, event: &TurnEvent) {
     let Some(body) = encode(event) else { return };
     if let Err(error) = send(replica, reply.to_string(), body.into()).await {
         warn!(%error, kind = event.kind(), "event publish failed");
@@ -99,7 +144,7 @@ pub(crate) async fn emit(
     let encoded: Vec<String> = events.iter().filter_map(encode).collect();
     match replica.join.emit(turn_id, unless_result_of, &encoded).await {
         Ok(Emitted::Stored { reply, first_seq }) => {
-            publish_stored(replica, &reply, first_seq, &encoded).await;
+            publish_kept(replica, &reply, first_seq, &encoded).await;
         }
         Ok(Emitted::Nothing) => {}
         Err(error) => {
@@ -113,8 +158,7 @@ pub(crate) async fn emit(
 /// ended subject, which only coordinators may publish.
 pub(crate) async fn notify_ended(replica: &Replica, turn_id: &str) {
     if let Ok(body) = serde_json::to_vec(&ProgressNotice::Ended) {
-        let subject = replica.names.ended_subject(turn_id);
-        if let Err(error) = send(replica, subject, body.into()).await {
+        if let Err(error) = notify(replica, Notice::Ended(turn_id), body.into()).await {
             warn!(%error, %turn_id, "progress notice publish failed");
         }
     }

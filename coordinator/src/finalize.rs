@@ -25,6 +25,7 @@ use toolfleet_common::{
 use toolfleet_decision::history::HistoryOf;
 use tracing::{debug, info_span, warn, Instrument};
 
+use crate::callers::Reply;
 use crate::events;
 use crate::fault;
 use crate::intake::{self, Admission, Taken};
@@ -78,7 +79,7 @@ pub(crate) enum TurnEnd {
         /// The turn, when the request named a usable one.
         turn_id: Option<String>,
         /// The frontend's reply subject.
-        reply: String,
+        reply: Reply,
         /// Why, with a stable code.
         error: CallError,
         /// The turn span, when traced.
@@ -422,7 +423,7 @@ pub(crate) async fn send_closed_ahead(
         let mut stored = Vec::with_capacity(closing.len() + 1);
         stored.push(state);
         stored.extend(closing);
-        events::publish_stored(replica, reply, seq, &stored).await;
+        events::publish_kept(replica, reply, seq, &stored).await;
         if let Err(error) = replica.join.mark_published(turn_id).await {
             warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
         }
@@ -443,7 +444,7 @@ pub(crate) async fn send_closed_ahead(
 async fn send_stored_again(replica: &Replica, turn_id: &str) {
     match replica.join.stored_events(turn_id).await {
         Ok((reply, stored)) if !reply.is_empty() && !stored.is_empty() => {
-            events::publish_stored(replica, &reply, 1, &stored).await;
+            events::publish_kept(replica, &reply, 1, &stored).await;
             if let Err(error) = replica.join.mark_published(turn_id).await {
                 warn!(%turn_id, %error, "could not mark the final sent; it is sent again");
             }
@@ -468,6 +469,7 @@ async fn answer_without_tools(
         turn_id,
         reply,
         caller,
+        digest,
     } = taken;
     let narration = TurnEvent::Narration {
         turn_id: turn_id.clone(),
@@ -489,7 +491,8 @@ async fn answer_without_tools(
     let now = unix_ms();
     let turn = NewTurn {
         turn_id: &turn_id,
-        reply: &reply,
+        reply: reply.as_str(),
+        digest: &digest,
         tenant,
         deadline_unix_ms: now + millis(replica.config.sweep_grace),
         paced: false,
@@ -504,7 +507,7 @@ async fn answer_without_tools(
         ended: true,
         queued: Vec::new(),
     };
-    match intake::admit(replica, turn).await {
+    match intake::admit(replica, turn, &reply).await {
         Admission::New => {}
         Admission::Replayed => return,
         Admission::Refused(error) => {
@@ -622,7 +625,7 @@ async fn publish_final(
     match replica.join.store_final(turn_id, &closing).await {
         Ok(StoredFinal::Stored { reply, first_seq }) => {
             fault::point(fault::EXIT_AFTER_FINAL_STORED);
-            events::publish_stored(replica, &reply, first_seq, &closing).await;
+            events::publish_kept(replica, &reply, first_seq, &closing).await;
             if let Err(error) = replica.join.mark_published(turn_id).await {
                 warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
             }

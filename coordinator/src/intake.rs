@@ -27,7 +27,7 @@ use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind, Too
 use tracing::{info_span, warn, Instrument};
 
 use crate::attach;
-use crate::callers::Caller;
+use crate::callers::{Caller, Reply};
 use crate::dispatch::{build_jobs, dispatch, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
@@ -48,16 +48,17 @@ const OVERLOADED_RETRY_MS: u64 = 1000;
 
 /// Handles one message on the turn subject.
 pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_nats::Message) {
-    let Some(reply) = message.reply.as_ref().map(|r| r.to_string()) else {
+    let Some(subject) = message.reply.as_deref() else {
         warn!(subject = %message.subject, "turn request without a reply subject dropped");
         return;
     };
     let caller = Caller::of(&replica.names, &message.subject);
-    if !caller.may_receive(&reply, &replica.config.nats_credentials.inbox_prefix()) {
+    let own_inbox = replica.config.nats_credentials.inbox_prefix();
+    let Some(reply) = caller.reply_to(subject, &own_inbox) else {
         replica.metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
-        warn!(subject = %message.subject, %reply, "turn request dropped: reply outside the caller's inbox");
+        warn!(subject = %message.subject, reply = %subject, "turn request dropped: reply outside the caller's inbox");
         return;
-    }
+    };
     // The turn span's ids and start are fixed here; whoever ends the turn exports it.
     let mut trace = TurnTrace::begin(message.headers.as_ref());
     let max = replica.config.max_turns_in_progress;
@@ -106,12 +107,14 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
         None => telemetry::set_remote_parent(&span, message.headers.as_ref()),
     }
     let caller = caller.frontend.unwrap_or_default();
+    let digest = request_digest(&request);
     take_turn(
         replica,
         Taken {
             turn_id,
             reply,
             caller,
+            digest,
         },
         request,
         trace,
@@ -169,9 +172,29 @@ pub(crate) struct Taken {
     /// The turn id.
     pub turn_id: String,
     /// The frontend's reply subject.
-    pub reply: String,
+    pub reply: Reply,
     /// The submitting frontend's NATS user ('' when unidentified).
     pub caller: String,
+    /// What a resubmission of the turn id must repeat: [`request_digest`].
+    pub digest: String,
+}
+
+/// The SHA-256 (hex) of what makes a request the same turn: its tenant, session and
+/// decision. A resubmission with the same id replays the stored turn only when its
+/// digest matches.
+pub(crate) fn request_digest(request: &TurnRequest) -> String {
+    use sha2::{Digest, Sha256};
+    let mut digest = Sha256::new();
+    digest.update(request.tenant_id.as_bytes());
+    digest.update([0]);
+    digest.update(request.session_id.as_deref().unwrap_or_default().as_bytes());
+    digest.update([0]);
+    digest.update(serde_json::to_vec(&request.decision).unwrap_or_default());
+    digest
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A turn's path, step by step, inside the intake span.
@@ -185,6 +208,7 @@ async fn take_turn(
         turn_id,
         reply,
         caller,
+        digest,
     } = taken;
     let config = &replica.config;
     let policy = config.tenants.get(&request.tenant_id);
@@ -196,6 +220,7 @@ async fn take_turn(
                     turn_id,
                     reply,
                     caller,
+                    digest,
                 },
                 tenant: request.tenant_id.clone(),
                 text,
@@ -230,7 +255,8 @@ async fn take_turn(
     let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
     let new_turn = NewTurn {
         turn_id: &turn_id,
-        reply: &reply,
+        reply: reply.as_str(),
+        digest: &digest,
         tenant: &request.tenant_id,
         deadline_unix_ms: deadline,
         paced: layout.paced,
@@ -247,7 +273,7 @@ async fn take_turn(
     };
     let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
     let refused = new_turn.results.clone();
-    match admit(&replica, new_turn).instrument(script).await {
+    match admit(&replica, new_turn, &reply).instrument(script).await {
         Admission::New => {}
         Admission::Replayed => return,
         Admission::Refused(error) => {
@@ -278,7 +304,7 @@ async fn take_turn(
 /// calls and refused results for closing it ahead.
 fn owned_turn(
     replica: &Replica,
-    reply: String,
+    reply: Reply,
     trace: Option<TurnTrace>,
     deadline_unix_ms: u64,
     calls: Vec<(String, CallEntry)>,
@@ -327,7 +353,7 @@ fn read_decision(
 async fn reject(
     replica: &Arc<Replica>,
     turn_id: Option<String>,
-    reply: String,
+    reply: Reply,
     error: CallError,
     trace: Option<TurnTrace>,
 ) {
@@ -388,19 +414,29 @@ pub(crate) enum Admission {
 
 /// Stores the turn in the join, or replays the existing turn of the same id to this
 /// caller, or says why neither.
-pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>) -> Admission {
-    let (turn_id, caller, reply) = (
-        turn.turn_id.to_string(),
-        turn.caller.to_string(),
-        turn.reply.to_string(),
-    );
+pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>, reply: &Reply) -> Admission {
+    let (turn_id, caller) = (turn.turn_id.to_string(), turn.caller.to_string());
     match create(replica, turn).await {
         Ok(Created::New) => Admission::New,
-        Ok(Created::Exists { same_caller: true }) => {
-            attach::replay(replica, &turn_id, (&caller, None), &reply, 0).await;
+        Ok(Created::Exists {
+            same_caller: true,
+            same_request: true,
+        }) => {
+            attach::replay(replica, &turn_id, (&caller, None), reply, 0).await;
             Admission::Replayed
         }
-        Ok(Created::Exists { same_caller: false }) => Admission::Refused(CallError::fatal(
+        Ok(Created::Exists {
+            same_caller: true,
+            same_request: false,
+        }) => Admission::Refused(CallError::fatal(
+            turn_codes::TURN_ID_CONFLICT,
+            format!(
+                "turn {turn_id} was submitted before with another decision; a resubmission must carry the same request, a new turn a new id"
+            ),
+        )),
+        Ok(Created::Exists {
+            same_caller: false, ..
+        }) => Admission::Refused(CallError::fatal(
             turn_codes::DUPLICATE_TURN,
             format!("turn {turn_id} already exists"),
         )),

@@ -26,7 +26,7 @@ pub const DEFAULT_DEADLINE_BUCKETS: u32 = 16;
 
 /// Creates a turn unless it exists. KEYS: meta, calls, results, events, queue, jobs.
 /// ARGV: ttl_ms, total, reply, tenant, deadline, paced, created, traceparent, trace,
-/// caller, state, n_calls, (key, call)*, n_results, (key, result)*, n_events, event*,
+/// caller, state, request digest, n_calls, (key, call)*, n_results, (key, result)*, n_events, event*,
 /// n_queued, (key, job)*. The queued calls (held back by the concurrency bound) are
 /// kept with the turn, in the model's order, so whichever replica records a result
 /// releases the next one.
@@ -35,8 +35,10 @@ pub const DEFAULT_DEADLINE_BUCKETS: u32 = 16;
 /// may attach. The events (the `ack` and the first call states, or a no-tool turn's
 /// narration and `final`) are stored before anything is sent: seq 1, 2, …. A turn
 /// created `final` (no tools) has its `final` stored with it. Returns {1} when created,
-/// {0, same caller and tenant (1/0)} when the id exists: a frontend serving several
-/// tenants (the HTTP gateway) never attaches one tenant to another's turn.
+/// {0, same caller and tenant (1/0), same request digest (1/0)} when the id exists: a
+/// frontend serving several tenants (the HTTP gateway) never attaches one tenant to
+/// another's turn, and a resubmission replays a turn only when it is the same request
+/// (a turn stored without a digest counts as the same).
 /// The Lua helper the scripts write a run of values with: `put(command, key, list, first,
 /// last)` sends `command key list[first..last]` in slices of 1,000 values, as Redis's Lua
 /// unpacks at most about 8,000 (a decision may hold 10,000 calls); an even slice keeps
@@ -59,15 +61,17 @@ const CREATE: &str = concat!(
     put_lua!(),
     r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local owner = redis.call('HMGET', KEYS[1], 'caller', 'tenant')
+  local owner = redis.call('HMGET', KEYS[1], 'caller', 'tenant', 'digest')
   local same = (owner[1] or '') == ARGV[10] and owner[2] == ARGV[4]
-  return {0, same and 1 or 0}
+  local digest = (not owner[3]) or owner[3] == ARGV[12]
+  return {0, same and 1 or 0, digest and 1 or 0}
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[11], 'total', ARGV[2], 'reply', ARGV[3],
   'tenant', ARGV[4], 'deadline', ARGV[5], 'paced', ARGV[6], 'created', ARGV[7],
-  'traceparent', ARGV[8], 'trace', ARGV[9], 'caller', ARGV[10], 'late', 0, 'duplicates', 0)
+  'traceparent', ARGV[8], 'trace', ARGV[9], 'caller', ARGV[10], 'late', 0, 'duplicates', 0,
+  'digest', ARGV[12])
 local written = {KEYS[1]}
-local i = 12
+local i = 13
 local n = tonumber(ARGV[i]); i = i + 1
 if n > 0 then put('HSET', KEYS[2], ARGV, i, i + 2 * n - 1); written[#written + 1] = KEYS[2] end
 i = i + 2 * n
@@ -438,6 +442,8 @@ pub enum Created {
     Exists {
         /// Whether the existing turn is this caller's.
         same_caller: bool,
+        /// Whether it was created by the same request (decision, tenant and session).
+        same_request: bool,
     },
 }
 
@@ -477,6 +483,8 @@ pub struct NewTurn<'a> {
     pub turn_id: &'a str,
     /// Where the turn's events go.
     pub reply: &'a str,
+    /// The digest of the request that created it (`Taken::digest`).
+    pub digest: &'a str,
     /// The tenant.
     pub tenant: &'a str,
     /// Deadline in Unix milliseconds.
@@ -611,6 +619,7 @@ impl JoinStore {
             .arg(turn.trace)
             .arg(turn.caller)
             .arg(if turn.ended { "final" } else { "open" })
+            .arg(turn.digest)
             .arg(turn.calls.len());
         for (key, entry) in &turn.calls {
             invocation.arg(key).arg(encode(entry)?);
@@ -648,6 +657,11 @@ impl JoinStore {
             [1] => Created::New,
             [0, same] => Created::Exists {
                 same_caller: *same == 1,
+                same_request: true,
+            },
+            [0, same, digest] => Created::Exists {
+                same_caller: *same == 1,
+                same_request: *digest == 1,
             },
             other => return Err(JoinError::Decode(format!("create returned {other:?}"))),
         })

@@ -3,9 +3,11 @@
 //! results.
 //!
 //! The template's rules, in order:
-//! - some call succeeded: the successful results in call order (each tool's own
-//!   `summary` when it gave one), then the failed calls named by their waiting hints
-//!   ("I couldn't check your billing right now.");
+//! - some call succeeded: the successful results in call order, each spoken as
+//!   [`spoken_result`] says (the tool's own `summary` when it gave one, else its text,
+//!   else a small flat object as "square: 49" phrases, else a JSON excerpt), then the
+//!   failed calls named by their waiting hints ("I couldn't check your billing right
+//!   now.");
 //! - every call failed, each with a definite reason for the user (state `error`, not
 //!   `retryable`, with a `user_message`): those messages, each once, in first-seen order
 //!   (twelve `customer_not_found` calls are one sentence);
@@ -93,14 +95,7 @@ impl TemplateNarrator {
         }
         let mut chunks: Vec<String> = Vec::new();
         for r in input.results.iter().filter(|r| r.ok) {
-            let chunk = match &r.summary {
-                Some(s) if !s.trim().is_empty() => s.trim().to_string(),
-                _ => format!(
-                    "Here is what {} returned: {}.",
-                    r.name,
-                    excerpt(r.result.as_ref())
-                ),
-            };
+            let chunk = spoken_result(r);
             if !chunks.contains(&chunk) {
                 chunks.push(chunk);
             }
@@ -186,16 +181,150 @@ fn definite_reasons(results: &[CallResult]) -> Option<Vec<String>> {
     Some(reasons)
 }
 
+/// Field names under which a tool wraps its one answer: the Python MCP SDK's
+/// structured output of a function returning a plain value is `{"result": ...}`.
+const WRAPPERS: &[&str] = &[
+    "result", "text", "message", "output", "answer", "content", "value", "response", "reply",
+];
+
+/// Most fields of an object spoken as phrases.
+const MAX_PHRASES: usize = 6;
+
+/// Longest text result spoken.
+const TEXT_CHARS: usize = 1000;
+
+/// A successful result as spoken: the tool's `summary` when it gave one; else its
+/// value, unwrapped from a lone [`WRAPPERS`] field (`{"result": "HI THERE"}`), as
+/// - text: the text itself (`HI THERE`);
+/// - an object of at most [`MAX_PHRASES`] fields, each a string, number, yes/no or a
+///   short list of those: one phrase a field, its name in words (`square: 49.`,
+///   `city: Oslo, high c: 21.`; null fields left out);
+/// - anything else: `Here is what <tool> returned: <JSON excerpt>.`
+pub fn spoken_result(r: &CallResult) -> String {
+    if let Some(summary) = r
+        .summary
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        return summary.to_string();
+    }
+    let value = r.result.as_ref().map(unwrapped);
+    let spoken = match value {
+        Some(Value::String(text)) if !text.trim().is_empty() => {
+            Some(cut(text.trim().to_string(), TEXT_CHARS))
+        }
+        Some(Value::Object(fields)) => phrases(fields),
+        _ => None,
+    };
+    spoken.unwrap_or_else(|| format!("Here is what {} returned: {}.", r.name, excerpt(value)))
+}
+
+/// `value` without the lone wrapper fields around its answer.
+fn unwrapped(value: &Value) -> &Value {
+    match value {
+        Value::Object(fields) if fields.len() == 1 => match fields.iter().next() {
+            Some((name, inner)) if WRAPPERS.contains(&name.to_ascii_lowercase().as_str()) => {
+                unwrapped(inner)
+            }
+            _ => value,
+        },
+        other => other,
+    }
+}
+
+/// A small flat object as one sentence of `name: value` phrases; `None` when it is
+/// empty, too large, nested, or longer than [`EXCERPT_CHARS`] spoken.
+fn phrases(fields: &serde_json::Map<String, Value>) -> Option<String> {
+    let present: Vec<(&String, &Value)> = fields.iter().filter(|(_, v)| !v.is_null()).collect();
+    if present.is_empty() || present.len() > MAX_PHRASES {
+        return None;
+    }
+    let mut spoken = Vec::with_capacity(present.len());
+    for (name, value) in present {
+        let said = match value {
+            Value::Array(items) if !items.is_empty() && items.len() <= MAX_PHRASES => {
+                let items: Option<Vec<String>> = items.iter().map(scalar).collect();
+                join_and(&items?)
+            }
+            other => scalar(other)?,
+        };
+        spoken.push(format!("{}: {said}", words(name)));
+    }
+    let sentence = spoken.join(", ");
+    if sentence.chars().count() > EXCERPT_CHARS {
+        return None;
+    }
+    if sentence.ends_with(['.', '!', '?']) {
+        Some(sentence)
+    } else {
+        Some(format!("{sentence}."))
+    }
+}
+
+/// A string, number or boolean as spoken; `None` for anything else.
+fn scalar(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::Bool(true) => Some("yes".to_string()),
+        Value::Bool(false) => Some("no".to_string()),
+        _ => None,
+    }
+}
+
+/// A field name in words: `high_c` is `high c`, `customerId` is `customer id`,
+/// `customerID` is `customer ID`.
+fn words(name: &str) -> String {
+    let mut split: Vec<String> = Vec::new();
+    let mut word = String::new();
+    let mut previous_lower = false;
+    for c in name.chars() {
+        if c == '_' || c == '-' || c.is_whitespace() {
+            split.push(std::mem::take(&mut word));
+            previous_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && previous_lower {
+            split.push(std::mem::take(&mut word));
+        }
+        previous_lower = c.is_lowercase() || c.is_ascii_digit();
+        word.push(c);
+    }
+    split.push(word);
+    split
+        .into_iter()
+        .filter(|w| !w.is_empty())
+        .map(|w| {
+            let acronym = w.chars().count() > 1 && w.chars().all(|c| !c.is_lowercase());
+            if acronym {
+                w
+            } else {
+                w.to_lowercase()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn excerpt(value: Option<&Value>) -> String {
     let text = match value {
+        None | Some(Value::Null) => return "nothing".to_string(),
+        Some(Value::String(s)) if s.trim().is_empty() => return "nothing".to_string(),
+        Some(Value::Array(a)) if a.is_empty() => return "nothing".to_string(),
+        Some(Value::Object(o)) if o.values().all(Value::is_null) => return "nothing".to_string(),
         Some(Value::String(s)) => s.clone(),
         Some(v) => v.to_string(),
-        None => "nothing".to_string(),
     };
-    if text.chars().count() <= EXCERPT_CHARS {
+    cut(text, EXCERPT_CHARS)
+}
+
+/// `text` cut to `chars` characters, with `…` when cut.
+fn cut(text: String, chars: usize) -> String {
+    if text.chars().count() <= chars {
         text
     } else {
-        let cut: String = text.chars().take(EXCERPT_CHARS).collect();
+        let cut: String = text.chars().take(chars).collect();
         format!("{cut}…")
     }
 }
@@ -361,6 +490,58 @@ mod tests {
                 "I couldn't check your billing right now.".to_string()
             ]
         );
+    }
+
+    fn spoken(value: Value) -> String {
+        spoken_result(&CallResult::success(&call("hold.tool"), value))
+    }
+
+    #[test]
+    fn results_without_a_summary_are_spoken_as_a_person_would() {
+        // A lone text field is its text, however deep the wrappers.
+        assert_eq!(spoken(json!({"result": "HI THERE"})), "HI THERE");
+        assert_eq!(
+            spoken(json!({"Result": {"text": " slept 5 ms "}})),
+            "slept 5 ms"
+        );
+        assert_eq!(spoken(json!("plain text")), "plain text");
+        // A small flat object is one phrase a field, null fields left out.
+        assert_eq!(spoken(json!({"square": 49})), "square: 49.");
+        assert_eq!(
+            spoken(json!({"city": "Oslo", "high_c": 21, "sky": null, "customerID": "c1"})),
+            "city: Oslo, customer ID: c1, high c: 21."
+        );
+        assert_eq!(
+            spoken(json!({"isOpen": true, "days": ["Monday", "Tuesday", "Friday"]})),
+            "days: Monday, Tuesday and Friday, is open: yes."
+        );
+        assert_eq!(spoken(json!({"status": "Booked."})), "status: Booked.");
+        // A lone field that is not a wrapper keeps its name.
+        assert_eq!(spoken(json!({"status": "confirmed"})), "status: confirmed.");
+        // Numbers, nested or large objects and nothing at all keep the excerpt.
+        assert_eq!(
+            spoken(json!({"result": 49})),
+            "Here is what hold.tool returned: 49."
+        );
+        assert_eq!(
+            spoken(json!({"a": {"b": 1}})),
+            r#"Here is what hold.tool returned: {"a":{"b":1}}."#
+        );
+        let wide: serde_json::Map<String, Value> =
+            (0..7).map(|i| (format!("f{i}"), json!(i))).collect();
+        assert!(spoken(Value::Object(wide)).starts_with("Here is what hold.tool returned: {"));
+        assert_eq!(
+            spoken(json!({})),
+            "Here is what hold.tool returned: nothing."
+        );
+        assert_eq!(
+            spoken(json!([])),
+            "Here is what hold.tool returned: nothing."
+        );
+        // The tool's own summary comes first.
+        let mut summarized = CallResult::success(&call("hold.tool"), json!({"square": 49}));
+        summarized.summary = Some("Forty-nine.".into());
+        assert_eq!(spoken_result(&summarized), "Forty-nine.");
     }
 
     #[test]

@@ -341,7 +341,7 @@ async fn record_and_report(
             {
                 let _publishing = gate.publishing.lock().await;
                 replica.turns.mark_ended(turn_id, key);
-                events::publish_stored(replica, &reply, seq, std::slice::from_ref(&state))
+                events::publish_kept(replica, &reply, seq, std::slice::from_ref(&state))
                     .instrument(span.clone())
                     .await;
             }
@@ -376,7 +376,7 @@ async fn record_and_report(
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
-            events::publish_stored(replica, &closing.reply, seq, std::slice::from_ref(&state))
+            events::publish_kept(replica, &closing.reply, seq, std::slice::from_ref(&state))
                 .instrument(span.clone())
                 .await;
             let end = TurnEnd::AllResultsIn {

@@ -9,6 +9,7 @@
 //! `progress.rs`, each catalog request to `catalog.rs`, and the sweeper in `deadline.rs`
 //! ends the turns whose owner is gone.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -191,21 +192,33 @@ async fn spawn_background(
 ) -> Result<(), CoordinatorError> {
     let (nats, names, health) = (&replica.nats, &replica.names, &replica.health);
     let changes = nats.subscribe(names.registry_changed()).await?;
+    let announced = nats.subscribe(names.registry_changed_any()).await?;
     health.supervise(
         background,
         "registry_refresh",
         stop,
-        refresh_registry(Arc::clone(replica), changes, redis, stop.clone()),
+        refresh_registry(
+            Arc::clone(replica),
+            (changes, announced),
+            redis,
+            stop.clone(),
+        ),
     );
     let progress_sub = nats.subscribe(names.progress_wildcard()).await?;
     let ended_sub = nats.subscribe(names.ended_wildcard()).await?;
     let relay = progress::relay(Arc::clone(replica), progress_sub, ended_sub, stop.clone());
     health.supervise(background, "progress_relay", stop, relay);
+    // Identified frontends (`<p>.catalog.<user>`) and unidentified ones.
     let catalog_sub = nats
         .queue_subscribe(names.catalog(), COORDINATOR_QUEUE_GROUP.to_string())
         .await?;
     let catalog = catalog::serve(Arc::clone(replica), catalog_sub, stop.clone());
     health.supervise(background, "catalog", stop, catalog);
+    let identified_sub = nats
+        .queue_subscribe(names.catalog_any(), COORDINATOR_QUEUE_GROUP.to_string())
+        .await?;
+    let identified = catalog::serve(Arc::clone(replica), identified_sub, stop.clone());
+    health.supervise(background, "catalog_identified", stop, identified);
     let clock = deadline::clock(Arc::clone(replica), stop.clone());
     health.supervise(background, "deadline_clock", stop, clock);
     let sweep = deadline::sweep(Arc::clone(replica), stop.clone());
@@ -231,20 +244,58 @@ async fn spawn_background(
     Ok(())
 }
 
+/// The shortest time between two registry refreshes of a replica: notices that arrive
+/// closer together are answered by one refresh.
+const MIN_REFRESH_GAP: Duration = Duration::from_millis(100);
+
+/// The most names of tools not yet known one refresh looks up; the others are
+/// announced again at their workers' next heartbeat.
+const MAX_ANNOUNCED_PER_REFRESH: usize = 256;
+
 /// Re-reads the registry periodically and on every announced change, until `stop`.
 async fn refresh_registry(
     replica: Arc<Replica>,
-    mut changes: async_nats::Subscriber,
+    (mut changes, mut announced): (async_nats::Subscriber, async_nats::Subscriber),
     mut redis: RedisConnection,
     stop: CancellationToken,
 ) {
     let period = replica.config.registry_refresh;
     crate::consumers::ensure_changed(&replica).await;
+    let mut unknown: BTreeSet<String> = BTreeSet::new();
+    let mut last = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(period) => {}
+            _ = tokio::time::sleep_until(last + period) => {}
             Some(_) = changes.next() => {}
+            Some(message) = announced.next() => {
+                // A tool already known costs a lookup; only a new name leads to Redis.
+                let snapshot = replica.registry.snapshot();
+                match replica.names.registry_changed_tool(&message.subject) {
+                    Some(tool) if !snapshot.knows(tool) && unknown.len() < MAX_ANNOUNCED_PER_REFRESH => {
+                        unknown.insert(tool.to_string());
+                    }
+                    _ => continue,
+                }
+            }
+        }
+        // However often workers announce, a replica refreshes at most once per gap.
+        let next = last + MIN_REFRESH_GAP;
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+        last = tokio::time::Instant::now();
+        if !unknown.is_empty() {
+            let names: Vec<String> = std::mem::take(&mut unknown).into_iter().collect();
+            let admitted = replica
+                .registry
+                .admit_announced(&mut redis, &replica.names, &names)
+                .await;
+            if let Err(error) = admitted {
+                replica.metrics.redis_error("registry_refresh");
+                warn!(%error, "announced tools not added");
+            }
         }
         if let Err(error) = replica.registry.refresh(&mut redis, &replica.names).await {
             replica.metrics.redis_error("registry_refresh");

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::timetable::Timetable;
 use toolfleet_common::CallResult;
 
+use crate::callers::Reply;
 use crate::join::CallEntry;
 use crate::trace::TurnTrace;
 
@@ -33,7 +34,7 @@ pub(crate) const AHEAD_MAX_BYTES: usize = 64 * 1024;
 /// A turn this replica took.
 pub(crate) struct OwnedTurn {
     /// The frontend's reply subject.
-    pub reply: String,
+    pub reply: Reply,
     /// The turn span's identity: it parents the job publishes of queued calls released
     /// here.
     pub trace: Option<TurnTrace>,
@@ -272,12 +273,7 @@ impl OwnedTurns {
 
     /// The reply subject for relaying `running` of `call_id`: only while this replica
     /// owns the turn, the call is one of `tool` and its terminal state is not published.
-    pub(crate) fn running_target(
-        &self,
-        turn_id: &str,
-        call_id: &str,
-        tool: &str,
-    ) -> Option<String> {
+    pub(crate) fn running_target(&self, turn_id: &str, call_id: &str, tool: &str) -> Option<Reply> {
         lock(&self.owned)
             .get(turn_id)
             .filter(|t| !t.ended_calls.contains(call_id))
@@ -341,7 +337,7 @@ mod tests {
 
     fn owning_until(turns: &OwnedTurns, id: &str, deadline_unix_ms: u64, ahead: Option<Ahead>) {
         let turn = OwnedTurn {
-            reply: "reply".to_string(),
+            reply: Reply::kept("_INBOX.reply").expect("an inbox subject"),
             trace: None,
             deadline_unix_ms,
             ended_calls: HashSet::new(),

@@ -136,7 +136,7 @@ impl ApiError {
             turn_codes::INVALID_DECISION | turn_codes::DECISION_TOO_LARGE => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
-            turn_codes::DUPLICATE_TURN => StatusCode::CONFLICT,
+            turn_codes::DUPLICATE_TURN | turn_codes::TURN_ID_CONFLICT => StatusCode::CONFLICT,
             turn_codes::TENANT_NOT_ALLOWED => StatusCode::FORBIDDEN,
             turn_codes::UNKNOWN_TURN => StatusCode::NOT_FOUND,
             turn_codes::CONTEXT_TOO_LARGE => StatusCode::PAYLOAD_TOO_LARGE,

@@ -57,6 +57,7 @@ async fn open_turn(
     let new = NewTurn {
         turn_id,
         reply: "reply.subject",
+        digest: "",
         tenant: "acme",
         deadline_unix_ms: unix_ms() + 60_000,
         paced: false,

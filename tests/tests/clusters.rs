@@ -91,6 +91,7 @@ async fn every_script_once(store: &JoinStore, turn_id: &str) -> Result<()> {
     let new = || NewTurn {
         turn_id,
         reply: "reply.subject",
+        digest: "",
         tenant: "acme",
         deadline_unix_ms: deadline,
         paced: true,
@@ -222,6 +223,7 @@ async fn every_join_script_runs_on_a_redis_cluster() -> Result<()> {
     let past = NewTurn {
         turn_id: "due-turn",
         reply: "r",
+        digest: "",
         tenant: "acme",
         deadline_unix_ms: unix_ms() - 1,
         paced: false,

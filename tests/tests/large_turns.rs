@@ -85,6 +85,7 @@ async fn a_turn_of_ten_thousand_values_is_created_and_ended() -> Result<()> {
     let new = NewTurn {
         turn_id,
         reply: "reply.subject",
+        digest: "",
         tenant: "acme",
         deadline_unix_ms: unix_ms() + 60_000,
         paced: true,

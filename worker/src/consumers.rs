@@ -114,13 +114,25 @@ pub(crate) async fn wait_and_bind(
     names: &Names,
     partition: u32,
     tool: &Tool,
+    nats: &async_nats::Client,
 ) -> Result<(consumer::PullConsumer, Bound), WorkerError> {
     // The ack wait is the coordinator's to choose; compared without it.
     let wanted = config(names, partition, tool, Duration::ZERO).into_consumer_config();
     let durable = names.tool_consumer(&tool.definition().name);
     let started = tokio::time::Instant::now();
     let mut last = String::from("it does not exist");
+    let mut polls = 0u32;
     while started.elapsed() < BIND_WAIT {
+        // Announced again every second: a coordinator that started after the first
+        // announcement learns the tool from a later one.
+        if polls % 5 == 0 {
+            let tool = &tool.definition().name;
+            let _ = nats
+                .publish(names.registry_changed_for(tool), bytes::Bytes::new())
+                .await;
+            let _ = nats.publish(names.registry_changed(), bytes::Bytes::new()).await;
+        }
+        polls += 1;
         match jobs_stream
             .get_consumer::<consumer::pull::Config>(&durable)
             .await

@@ -126,6 +126,11 @@ impl Registration {
         })
     }
 
+    /// The names of the tools this registration announces.
+    pub fn tool_names(&self) -> impl Iterator<Item = &str> {
+        self.definitions.iter().map(|(name, _)| name.as_str())
+    }
+
     /// Announces `tools` from the next beat on, in place of the previous list; the names
     /// of the tools no longer listed, for [`Registration::withdraw_tools`].
     pub fn set_tools(
@@ -181,7 +186,6 @@ impl Registration {
                 .arg("by")
                 .arg(&self.by)
                 .ignore();
-            pipe.sadd(self.names.tool_names_key(), name).ignore();
             pipe.zadd(&workers, &self.worker_id, now + self.ttl_ms)
                 .ignore();
             pipe.cmd("ZREMRANGEBYSCORE")
@@ -207,8 +211,6 @@ impl Registration {
             .arg(json)
             .arg("by")
             .arg(&self.by)
-            .ignore();
-        pipe.sadd(self.names.tool_names_key(), &definition.name)
             .ignore();
         Ok(pipe.query_async(&mut self.redis).await?)
     }

@@ -111,6 +111,12 @@ impl Serving {
             self.registration
                 .write_definition(served.tool.definition())
                 .await?;
+            let name = served.tool.definition().name.as_str();
+            let _ = self
+                .shared
+                .nats
+                .publish(names.registry_changed_for(name), bytes::Bytes::new())
+                .await;
             let _ = self
                 .shared
                 .nats
@@ -131,7 +137,9 @@ impl Serving {
                     .await?
                 }
                 ConsumerMode::Bind => {
-                    consumers::wait_and_bind(jobs_stream, names, partition, &served.tool).await?
+                    let nats = &self.shared.nats;
+                    consumers::wait_and_bind(jobs_stream, names, partition, &served.tool, nats)
+                        .await?
                 }
             };
             // Every partition's consumer has the same settings; the first one's rule.
@@ -242,6 +250,7 @@ impl Serving {
         let dropped = self.registration.set_tools(&definitions)?;
         self.registration.withdraw_tools(&dropped).await?;
         self.registration.beat().await?;
+        self.announce_names().await;
         let names = &self.shared.names;
         let _ = self
             .shared
@@ -321,6 +330,23 @@ impl Serving {
         }
     }
 
+    /// Announces every registered tool on its own registry subject (a coordinator adds
+    /// the name of one it does not know yet); whether every announcement was sent.
+    async fn announce_names(&self) -> bool {
+        let names = &self.shared.names;
+        let mut sent = true;
+        for tool in self.registration.tool_names() {
+            let subject = names.registry_changed_for(tool);
+            sent &= self
+                .shared
+                .nats
+                .publish(subject, bytes::Bytes::new())
+                .await
+                .is_ok();
+        }
+        sent
+    }
+
     /// Until `stop`: follows `tools` (until the shutdown request) and renews the
     /// registration every heartbeat; then hands the registration back for withdrawal.
     pub async fn run(
@@ -352,6 +378,8 @@ impl Serving {
                     if let Err(error) = self.registration.beat().await {
                         self.shared.metrics.redis_error("heartbeat");
                         warn!(%error, "heartbeat failed");
+                    } else if !self.announce_names().await {
+                        warn!("tool announcements not sent; the next heartbeat sends them");
                     } else if let Err(error) = self.registration.read_refusals(&self.refusals).await {
                         warn!(%error, "reading the coordinators' refusals failed");
                     }

@@ -67,7 +67,6 @@ class Worker:
             raise ValueError("no tools to serve")
         self.s = settings
         self.served = [_Served(t, settings.prefix, settings.stream_partitions) for t in tools]
-        self.names_key = f"{settings.prefix}:{{registry}}:names"
         user = urllib.parse.urlsplit(settings.redis_url.split(",")[0].strip()).username
         self.registered_by = f"{user or 'default'}/{settings.worker_id}"
         self.rejected_keys = {what: f"{settings.prefix}:{{registry}}:rejected:{what}s"
@@ -105,8 +104,15 @@ class Worker:
             ack_wait=self.s.ack_wait, max_ack_pending=10000,
             max_deliver=t.definition["retry"]["max_attempts"] if t.idempotent else 2)
         if self.s.consumers == "bind":
-            deadline, last = time.monotonic() + 30, "it does not exist"
+            deadline, last, polls = time.monotonic() + 30, "it does not exist", 0
             while True:
+                if polls % 5 == 0:
+                    # Announced again every second: a coordinator that started after
+                    # the first announcement learns the tool from a later one.
+                    name = t.definition["name"]
+                    await self.nc.publish(f"{self.s.prefix}.registry.changed.{name}", b"")
+                    await self.nc.publish(f"{self.s.prefix}.registry.changed", b"")
+                polls += 1
                 try:
                     info = await self.js.consumer_info(jobs_stream, t.durable)
                     c = info.config
@@ -146,7 +152,6 @@ class Worker:
         name = served.definition["name"]
         p.hset(f"{self.s.prefix}:{{registry}}:tool:{name}",
                mapping={"definition": json.dumps(served.definition), "by": self.registered_by})
-        p.sadd(self.names_key, name)
 
     async def _beat(self):
         t = now_ms()
@@ -156,6 +161,13 @@ class Worker:
                 p.zadd(served.workers_key, {self.s.worker_id: t + int(3 * self.s.heartbeat * 1000)})
                 p.zremrangebyscore(served.workers_key, "-inf", t)
             await p.execute()
+        await self._announce()
+
+    async def _announce(self):
+        # Each tool on its own subject: a coordinator adds a name it does not know yet
+        # once it finds the definition (2.6).
+        for served in self.served:
+            await self.nc.publish(f"{self.s.prefix}.registry.changed.{served.definition['name']}", b"")
 
     async def _read_refusals(self):
         """2.6: what coordinators refused of these tools; each new refusal logged once."""
@@ -385,6 +397,7 @@ class Worker:
                 for served in self.served:
                     self._write_definition(p, served)
                 await p.execute()
+            await self._announce()
             await self.nc.publish(f"{self.s.prefix}.registry.changed", b"")
         for t in self.served:
             await self._bind(t)
