@@ -406,3 +406,79 @@ async fn an_https_model_server_with_an_unknown_ca_is_a_clear_502() -> Result<()>
     assert!(upstream.requests().is_empty());
     Ok(())
 }
+
+/// Sends one unstreamed chat completion with `key`; the answer's JSON.
+async fn complete(base: &str, key: &str, body: &Value) -> Result<Value> {
+    let response = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(body)
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await?;
+    let status = response.status();
+    let answer: Value = response.json().await?;
+    if !status.is_success() {
+        bail!("{status}: {answer}");
+    }
+    Ok(answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_conversations_with_the_same_call_ids_each_get_their_own_results() -> Result<()> {
+    // A model server that numbers its calls `call_0` in every conversation: user one's
+    // conversation (its first round) asks for cust_001's appointments, user two's (which
+    // already holds two answers of the model, so it gets entry 2) for cust_002's.
+    let appointments = |customer: &str| {
+        calls_answer(&[(
+            "call_0",
+            "crm__listUpcomingAppointments",
+            json!({"customerId": customer}),
+        )])
+    };
+    let script = vec![
+        appointments("cust_001"),
+        text_answer("Here are your appointments."),
+        appointments("cust_002"),
+        text_answer("Here are your appointments."),
+    ];
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let upstream = ScriptedUpstream::start(script).await?;
+    let db = TestDatabase::create().await?;
+    let env = [("TOOLFLEET_UPSTREAM_BASE_URL", upstream.base_url.as_str())];
+    let gateway = GatewayNode::start(&fleet, &db, &env).await?;
+    // One frontend (one key of the tenant) serving both users.
+    let key = create_key(&db, "acme").await?;
+
+    let first = json!({"model": "m", "messages": [
+        {"role": "user", "content": "I am cust_001. What are my appointments?"}]});
+    let answer = complete(&gateway.base, &key, &first).await?;
+    assert_eq!(answer["toolfleet"]["rounds"], 1, "{answer}");
+    let second = json!({"model": "m", "messages": [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Who are you?"},
+        {"role": "assistant", "content": "The clinic's assistant."},
+        {"role": "user", "content": "I am cust_002. What are my appointments?"}]});
+    let answer = complete(&gateway.base, &key, &second).await?;
+    assert_eq!(answer["toolfleet"]["rounds"], 1, "{answer}");
+
+    // What the model was told each call returned.
+    let results: Vec<String> = upstream
+        .requests()
+        .iter()
+        .flat_map(tool_messages)
+        .map(|(id, content)| {
+            assert_eq!(id, "call_0");
+            content
+        })
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(results[0].contains("dental cleaning"), "{}", results[0]);
+    assert!(
+        results[1].contains("physiotherapy") && !results[1].contains("dental cleaning"),
+        "user two got another conversation's results: {}",
+        results[1]
+    );
+    Ok(())
+}

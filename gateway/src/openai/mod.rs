@@ -9,8 +9,12 @@
 //! model is asked again. The caller gets the model's final answer; or, when a message
 //! also calls a tool the caller declared itself, that message with *every* call in order
 //! (`finish_reason: "tool_calls"`) and the fleet calls' ids in the `toolfleet` extension:
-//! their turn already ran, and the gateway inserts their results when the caller sends the
-//! conversation back with its own results. Limits: rounds, calls per round, a stop-after
+//! their turn already ran, and the gateway inserts their results (in place of anything the
+//! caller sent for them) when the caller sends the conversation back with its own results.
+//! Typed clients that build `tools` themselves ask for the fleet's tools beside their own
+//! with the `X-Toolfleet-Tools: fleet` header. Each round's fleet turn id is a digest of the
+//! tenant, the key, the conversation before the model's message and its calls
+//! ([`turn_id`]): a retry re-attaches to its turn, no other conversation ever does. Limits: rounds, calls per round, a stop-after
 //! gate (`first`, `burst`): the tightest of the configuration's, the API key's and the
 //! request's `toolfleet` object. Counted in `toolfleet.chat.*` and the GenAI client
 //! metrics.
@@ -23,6 +27,7 @@
 //! live in the join for its retention time.
 
 mod assemble;
+mod turn_id;
 mod upstream;
 
 use std::collections::{HashMap, HashSet};
@@ -37,7 +42,6 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 use toolfleet_common::tool::CatalogFormat;
 use toolfleet_common::turn::TurnOptions;
 use toolfleet_common::{TurnEvent, TurnRequest};
@@ -52,9 +56,13 @@ use crate::error::{codes, ApiError};
 use crate::extract::ApiJson;
 use crate::keys::ChatLimits;
 use crate::Gateway;
+use turn_id::turn_id_of;
 
 /// The extension object: loop options in a request, what the loop did in an answer.
 pub const EXTENSION: &str = "toolfleet";
+/// The request header that adds the fleet's tools beside the caller's own `tools`
+/// (value `fleet`), for clients that build the `tools` array themselves.
+pub const TOOLS_HEADER: &str = "x-toolfleet-tools";
 /// How long the catalog may take.
 const CATALOG_WAIT: Duration = Duration::from_secs(5);
 
@@ -136,6 +144,7 @@ impl Limits {
 pub async fn chat_completions(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
+    headers: axum::http::HeaderMap,
     ApiJson(body): ApiJson<Value>,
 ) -> Response {
     let model = body
@@ -153,7 +162,10 @@ pub async fn chat_completions(
         toolfleet.openai.rounds = tracing::field::Empty,
         toolfleet.openai.fleet_calls = tracing::field::Empty,
     );
-    match start(gateway, caller, body).instrument(span).await {
+    match start(gateway, caller, &headers, body)
+        .instrument(span)
+        .await
+    {
         Ok(response) => response,
         Err(Refusal::Api(error)) => error.into_response(),
         Err(Refusal::Upstream(failure)) => failure.into_response(),
@@ -172,7 +184,12 @@ impl From<ApiError> for Refusal {
     }
 }
 
-async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Response, Refusal> {
+async fn start(
+    gateway: Arc<Gateway>,
+    caller: Caller,
+    headers: &axum::http::HeaderMap,
+    body: Value,
+) -> Result<Response, Refusal> {
     let Some(upstream) = gateway.upstream.clone() else {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -184,6 +201,7 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
     let Value::Object(mut body) = body else {
         return Err(ApiError::invalid_request("the body must be a JSON object").into());
     };
+    let with_fleet = fleet_header(headers)?;
     let options: LoopOptions = match body.remove(EXTENSION) {
         Some(value) => serde_json::from_value(value)
             .map_err(|e| ApiError::invalid_request(format!("the `{EXTENSION}` object: {e}")))?,
@@ -199,7 +217,7 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
     let streamed = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     gateway.nats_connected()?;
     let catalog = gateway.chat_catalogs.get(&gateway, &caller.tenant).await?;
-    let (tools, fleet) = offered_tools(body.remove("tools"), &catalog)?;
+    let (tools, fleet) = offered_tools(body.remove("tools"), with_fleet, &catalog)?;
     if !tools.is_empty() {
         body.insert("tools".into(), Value::Array(tools));
     }
@@ -219,12 +237,15 @@ async fn start(gateway: Arc<Gateway>, caller: Caller, body: Value) -> Result<Res
         deadline_ms: options.deadline_ms,
         gateway,
         tenant: caller.tenant,
+        key_id: caller.key_id,
         body,
         fleet,
+        asked: 0,
         rounds: 0,
         fleet_calls: 0,
     };
     conversation.fill_fleet_results().await;
+    conversation.asked = conversation.messages().len();
     if !streamed {
         let answer = conversation.complete(&upstream).await;
         if answer.is_err() {
@@ -324,17 +345,37 @@ impl CatalogCache {
     }
 }
 
+/// Whether the request's [`TOOLS_HEADER`] asks for the fleet's tools beside its own.
+fn fleet_header(headers: &axum::http::HeaderMap) -> Result<bool, ApiError> {
+    let mut with_fleet = false;
+    for value in headers.get_all(TOOLS_HEADER) {
+        let words = value.to_str().unwrap_or("\u{fffd}");
+        for word in words.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            if !word.eq_ignore_ascii_case("fleet") {
+                return Err(ApiError::invalid_request(format!(
+                    "the {TOOLS_HEADER} header takes `fleet`, not {word:?}"
+                )));
+            }
+            with_fleet = true;
+        }
+    }
+    Ok(with_fleet)
+}
+
 /// The tools sent upstream and the OpenAI names of the fleet tools among them.
 ///
 /// - no `tools`, or `"tools": "fleet"`: the tenant's whole fleet catalog;
 /// - an array: its entries in order, where an entry naming a fleet tool
 ///   (`{"type": "function", "function": {"name": "crm__getOpenInvoices"}}`, the rest
 ///   optional) is replaced by the fleet's definition, and an entry `{"type": "fleet"}` is
-///   replaced by the whole catalog; every other entry is the caller's own tool.
+///   replaced by the whole catalog; every other entry is the caller's own tool;
+/// - `with_fleet` (the request's `X-Toolfleet-Tools: fleet`): the whole catalog after the
+///   array's entries, as if the array ended with `{"type": "fleet"}`.
 ///
 /// A caller tool whose name is also a fleet tool's is the fleet's: the fleet runs it.
 pub fn offered_tools(
     requested: Option<Value>,
+    with_fleet: bool,
     catalog: &[Value],
 ) -> Result<(Vec<Value>, HashSet<String>), ApiError> {
     let name_of = |tool: &Value| {
@@ -346,7 +387,7 @@ pub fn offered_tools(
         .iter()
         .filter_map(|tool| Some((name_of(tool)?, tool.clone())))
         .collect();
-    let entries = match requested {
+    let mut entries = match requested {
         None | Some(Value::Null) => vec![json!({"type": "fleet"})],
         Some(Value::String(word)) if word == "fleet" => vec![json!({"type": "fleet"})],
         Some(Value::Array(entries)) => entries,
@@ -356,6 +397,9 @@ pub fn offered_tools(
             )))
         }
     };
+    if with_fleet {
+        entries.push(json!({"type": "fleet"}));
+    }
     let (mut tools, mut fleet, mut seen) = (Vec::new(), HashSet::new(), HashSet::new());
     for entry in entries {
         if entry.get("type").and_then(Value::as_str) == Some("fleet") {
@@ -389,10 +433,14 @@ pub fn offered_tools(
 struct Conversation {
     gateway: Arc<Gateway>,
     tenant: String,
+    /// The API key's id (part of every round's turn id).
+    key_id: String,
     /// What goes upstream; `messages` grows by each round.
     body: Map<String, Value>,
     /// OpenAI names of the fleet tools offered.
     fleet: HashSet<String>,
+    /// How many of `messages` the caller sent (the rest are the loop's rounds).
+    asked: usize,
     max_rounds: u32,
     max_calls: usize,
     stop_after: Option<StopAfter>,
@@ -504,14 +552,17 @@ impl Conversation {
         };
         let fleet_calls: Vec<Value> = calls.iter().filter(|c| is_fleet(c)).cloned().collect();
         if fleet_calls.len() < calls.len() {
-            // The caller must run some: it gets every call; the fleet's run now.
+            // The caller must run some: it gets every call; the fleet's run now, in the
+            // turn the caller's next request finds from what it sends back, which holds
+            // none of this request's rounds.
             let ids: Vec<Value> = fleet_calls
                 .iter()
                 .filter_map(|c| c.get("id").cloned())
                 .collect();
             if !fleet_calls.is_empty() {
                 self.count_round(fleet_calls.len());
-                let _ = self.run_turn(&calls, &fleet_calls).await;
+                let before = self.messages().get(..self.asked).unwrap_or_default();
+                let _ = self.run_turn(before, &calls, &fleet_calls).await;
             }
             self.count("caller_tools");
             let note = json!({
@@ -527,7 +578,7 @@ impl Conversation {
         self.rounds += 1;
         self.fleet_calls += calls.len();
         self.count_round(calls.len());
-        let results = self.run_turn(&calls, &calls).await;
+        let results = self.run_turn(self.messages(), &calls, &calls).await;
         if let Some(Value::Array(messages)) = self.body.get_mut("messages") {
             messages.push(message);
             messages.extend(results);
@@ -541,6 +592,14 @@ impl Conversation {
             self.body.insert("tool_choice".into(), json!("none"));
         }
         Step::Again
+    }
+
+    /// The conversation as it goes upstream next.
+    fn messages(&self) -> &[Value] {
+        match self.body.get("messages") {
+            Some(Value::Array(messages)) => messages,
+            _ => &[],
+        }
     }
 
     /// Counts the completion's `outcome`.
@@ -593,11 +652,11 @@ impl Conversation {
         self.annotate(answer, Some(json!({"stopped": "max_rounds"})))
     }
 
-    /// Runs `fleet_calls` (of a message whose calls are `all`) as one fleet turn; the
-    /// `role: "tool"` message of each, in order. A turn that fails as a whole gives each
-    /// call an error result.
-    async fn run_turn(&self, all: &[Value], fleet_calls: &[Value]) -> Vec<Value> {
-        let turn_id = turn_id_of(&self.tenant, all);
+    /// Runs `fleet_calls` (of a message said after `before`, whose calls are `all`) as
+    /// one fleet turn; the `role: "tool"` message of each, in order. A turn that fails as
+    /// a whole gives each call an error result.
+    async fn run_turn(&self, before: &[Value], all: &[Value], fleet_calls: &[Value]) -> Vec<Value> {
+        let turn_id = turn_id_of(&self.tenant, &self.key_id, before, all, &self.fleet);
         let request = TurnRequest {
             turn_id: Some(turn_id),
             tenant_id: self.tenant.clone(),
@@ -624,18 +683,21 @@ impl Conversation {
         }
     }
 
-    /// Puts the fleet's results into the conversation where an assistant message's fleet
-    /// calls have none (the caller continued after a mixed message): read from the turn
-    /// that ran them, every block of tool messages in the message's call order.
+    /// Puts the fleet's results into the conversation after an assistant message whose
+    /// fleet calls the caller could not answer: one that also called the caller's own
+    /// tools (the gateway answered it with every call while the fleet ran its own), or one
+    /// whose fleet calls have no result. Read from the turn that ran them, the fleet's
+    /// result of a fleet call replaces whatever the caller sent for it (a typed client
+    /// answers a call of a tool it does not know with an error of its own); each block
+    /// of tool messages ends up in the message's call order.
     async fn fill_fleet_results(&mut self) {
         let Some(Value::Array(messages)) = self.body.get("messages").cloned() else {
             return;
         };
-        let mut out = Vec::with_capacity(messages.len());
+        let mut out: Vec<Value> = Vec::with_capacity(messages.len());
         let mut i = 0;
         while i < messages.len() {
             let message = &messages[i];
-            out.push(message.clone());
             i += 1;
             let calls: Vec<Value> = match message.get("role").and_then(Value::as_str) {
                 Some("assistant") => message
@@ -643,8 +705,12 @@ impl Conversation {
                     .and_then(Value::as_array)
                     .cloned()
                     .unwrap_or_default(),
-                _ => continue,
+                _ => Vec::new(),
             };
+            if calls.is_empty() {
+                out.push(message.clone());
+                continue;
+            }
             let mut block = Vec::new();
             while i < messages.len()
                 && messages[i].get("role").and_then(Value::as_str) == Some("tool")
@@ -656,26 +722,54 @@ impl Conversation {
                 .iter()
                 .filter_map(|m| m.get("tool_call_id").and_then(Value::as_str))
                 .collect();
-            let missing: Vec<&Value> = calls
-                .iter()
-                .filter(|c| {
-                    c.pointer("/function/name")
-                        .and_then(Value::as_str)
-                        .is_some_and(|n| self.fleet.contains(n))
-                        && c.get("id")
-                            .and_then(Value::as_str)
-                            .is_some_and(|id| !answered.contains(id))
-                })
-                .collect();
-            if missing.is_empty() {
+            let is_fleet = |c: &Value| {
+                c.pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| self.fleet.contains(n))
+            };
+            let fleet_calls: Vec<&Value> = calls.iter().filter(|c| is_fleet(c)).collect();
+            let mixed = fleet_calls.len() < calls.len();
+            let missing = fleet_calls.iter().any(|c| {
+                c.get("id")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| !answered.contains(id))
+            });
+            if fleet_calls.is_empty() || !(mixed || missing) {
+                out.push(message.clone());
                 out.extend(block);
                 continue;
             }
-            let stored = self.stored_results(&calls, &missing).await;
+            let stored = self.stored_results(&out, &calls, &fleet_calls).await;
+            out.push(message.clone());
             let mut by_id: HashMap<String, Value> = HashMap::new();
-            for m in block.iter().chain(stored.iter()) {
+            let expired = stored.is_none();
+            let (first, then) = match &stored {
+                Some(results) => (results.as_slice(), block.as_slice()),
+                None => (block.as_slice(), &[][..]),
+            };
+            for m in first.iter().chain(then) {
                 if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
                     by_id.entry(id.to_string()).or_insert_with(|| m.clone());
+                }
+            }
+            if expired {
+                let unanswered: Vec<Value> = fleet_calls
+                    .iter()
+                    .filter(|c| {
+                        c.get("id")
+                            .and_then(Value::as_str)
+                            .is_some_and(|id| !by_id.contains_key(id))
+                    })
+                    .map(|c| (*c).clone())
+                    .collect();
+                for m in failed_results(
+                    &unanswered,
+                    "result_expired",
+                    "the fleet's result of this call is no longer kept; ask for the call again",
+                ) {
+                    if let Some(id) = m.get("tool_call_id").and_then(Value::as_str) {
+                        by_id.insert(id.to_string(), m.clone());
+                    }
                 }
             }
             for call in &calls {
@@ -697,10 +791,15 @@ impl Conversation {
         self.body.insert("messages".into(), Value::Array(out));
     }
 
-    /// The results of `missing` (fleet calls of a message whose calls are `all`) from the
-    /// turn that ran them; an error result for each when that turn is gone.
-    async fn stored_results(&self, all: &[Value], missing: &[&Value]) -> Vec<Value> {
-        let turn_id = turn_id_of(&self.tenant, all);
+    /// The fleet's results of `fleet_calls` (of a message said after `before`, whose calls
+    /// are `all`) from the turn that ran them; `None` when that turn is gone.
+    async fn stored_results(
+        &self,
+        before: &[Value],
+        all: &[Value],
+        fleet_calls: &[&Value],
+    ) -> Option<Vec<Value>> {
+        let turn_id = turn_id_of(&self.tenant, &self.key_id, before, all, &self.fleet);
         let wait = self.gateway.event_wait(self.deadline_ms);
         let client = &self.gateway.client;
         let outcome = async {
@@ -708,14 +807,22 @@ impl Conversation {
             final_of(&mut stream, wait).await
         }
         .await;
-        let missing: Vec<Value> = missing.iter().map(|c| (*c).clone()).collect();
+        let wanted: HashSet<&str> = fleet_calls
+            .iter()
+            .filter_map(|c| c.get("id").and_then(Value::as_str))
+            .collect();
         match outcome {
-            Ok(Ok(history)) => history,
-            _ => failed_results(
-                &missing,
-                "result_expired",
-                "the fleet's result of this call is no longer kept; ask for the call again",
+            Ok(Ok(history)) => Some(
+                history
+                    .into_iter()
+                    .filter(|m| {
+                        m.get("tool_call_id")
+                            .and_then(Value::as_str)
+                            .is_some_and(|id| wanted.contains(id))
+                    })
+                    .collect(),
             ),
+            _ => None,
         }
     }
 }
@@ -746,29 +853,6 @@ fn failed_results(calls: &[Value], code: &str, message: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The fleet turn of one assistant message: the same for the same tenant and call ids,
-/// so a retried request re-attaches to the turn instead of running its calls again, and
-/// a continued conversation finds the results of a mixed message.
-fn turn_id_of(tenant: &str, calls: &[Value]) -> String {
-    let mut digest = Sha256::new();
-    digest.update(tenant.as_bytes());
-    for call in calls {
-        digest.update(b"\n");
-        digest.update(
-            call.get("id")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .as_bytes(),
-        );
-    }
-    let hex: String = digest
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("oai-{}", &hex[..40])
-}
-
 /// `value` without the extension object.
 fn strip_extension(value: &Value) -> Value {
     let mut value = value.clone();
@@ -794,19 +878,39 @@ mod tests {
     #[test]
     fn fleet_tools_are_offered_by_default_and_by_name() {
         let catalog = vec![tool("crm__a"), tool("crm__b")];
-        let (tools, fleet) = offered_tools(None, &catalog).expect("offered");
+        let (tools, fleet) = offered_tools(None, false, &catalog).expect("offered");
         assert_eq!(tools.len(), 2);
         assert!(fleet.contains("crm__a") && fleet.contains("crm__b"));
 
         let mine = json!({"type": "function", "function": {"name": "lookup_weather"}});
         let requested = json!([mine, {"type": "function", "function": {"name": "crm__b"}}]);
-        let (tools, fleet) = offered_tools(Some(requested), &catalog).expect("offered");
-        assert_eq!(tools, vec![mine, tool("crm__b")]);
+        let (tools, fleet) =
+            offered_tools(Some(requested.clone()), false, &catalog).expect("offered");
+        assert_eq!(tools, vec![mine.clone(), tool("crm__b")]);
         assert_eq!(fleet, HashSet::from(["crm__b".to_string()]));
 
-        let (tools, _) = offered_tools(Some(json!("fleet")), &catalog).expect("offered");
+        let (tools, _) = offered_tools(Some(json!("fleet")), false, &catalog).expect("offered");
         assert_eq!(tools.len(), 2);
-        assert!(offered_tools(Some(json!(7)), &[]).is_err());
+        assert!(offered_tools(Some(json!(7)), false, &[]).is_err());
+
+        // The header adds the whole catalog after the caller's own, each tool once.
+        let (tools, fleet) = offered_tools(Some(requested), true, &catalog).expect("offered");
+        assert_eq!(tools, vec![mine.clone(), tool("crm__b"), tool("crm__a")]);
+        assert_eq!(fleet.len(), 2);
+        let (tools, _) = offered_tools(None, true, &catalog).expect("offered");
+        assert_eq!(tools.len(), 2);
+        let (tools, _) = offered_tools(Some(json!([mine])), false, &catalog).expect("offered");
+        assert_eq!(tools.len(), 1, "an array alone is only the caller's tools");
+    }
+
+    #[test]
+    fn the_tools_header_takes_fleet_only() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert!(!fleet_header(&headers).expect("no header"));
+        headers.insert(TOOLS_HEADER, HeaderValue::from_static("Fleet"));
+        assert!(fleet_header(&headers).expect("fleet"));
+        headers.insert(TOOLS_HEADER, HeaderValue::from_static("everything"));
+        assert!(fleet_header(&headers).is_err());
     }
 
     #[test]
@@ -845,14 +949,5 @@ mod tests {
             (limits.max_rounds, limits.max_calls, limits.stop_after),
             (1, 3, Some(StopAfter::First))
         );
-    }
-
-    #[test]
-    fn a_messages_turn_id_is_stable_and_valid() {
-        let calls = vec![json!({"id": "call_1"}), json!({"id": "call_2"})];
-        let id = turn_id_of("acme", &calls);
-        assert_eq!(id, turn_id_of("acme", &calls));
-        assert_ne!(id, turn_id_of("globex", &calls));
-        assert!(toolfleet_common::turn::valid_turn_id(&id));
     }
 }
