@@ -186,6 +186,7 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
                 HeaderName::from_static("last-event-id"),
                 HeaderName::from_static("traceparent"),
                 HeaderName::from_static(API_KEY_HEADER),
+                HeaderName::from_static(crate::openai::TOOLS_HEADER),
             ])
             .expose_headers([header::RETRY_AFTER, HeaderName::from_static("traceparent")]),
     )

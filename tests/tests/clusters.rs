@@ -112,7 +112,10 @@ async fn every_script_once(store: &JoinStore, turn_id: &str) -> Result<()> {
     assert_eq!(store.create(new()).await?, Created::New, "CREATE");
     assert_eq!(
         store.create(new()).await?,
-        Created::Exists { same_caller: true },
+        Created::Exists {
+            same_caller: true,
+            same_request: true
+        },
         "CREATE again"
     );
     match store

@@ -307,10 +307,6 @@ async fn the_redis_worker_user_writes_only_its_own_tools_registry_and_cache_keys
             .arg("definition")
             .arg("{}")
             .clone(),
-        redis::cmd("SADD")
-            .arg(names.tool_names_key())
-            .arg(own)
-            .clone(),
         redis::cmd("ZADD")
             .arg(names.tool_workers_key(own))
             .arg(1)
@@ -354,7 +350,11 @@ async fn the_redis_worker_user_writes_only_its_own_tools_registry_and_cache_keys
             .arg(names.tool_cache_key("acme", other, "d1"))
             .arg("{}")
             .clone(),
-        // the names set: add only
+        // the names set: coordinators only (a worker announces on NATS)
+        redis::cmd("SADD")
+            .arg(names.tool_names_key())
+            .arg(own)
+            .clone(),
         redis::cmd("SREM")
             .arg(names.tool_names_key())
             .arg(own)

@@ -453,7 +453,9 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
         names.ended_wildcard(),
         names.turn_submit(),
         names.catalog(),
+        names.catalog_any(),
         names.registry_changed(),
+        names.registry_changed_any(),
         format!(
             "$JS.API.CONSUMER.MSG.NEXT.{}.{}",
             names.results_stream(),
@@ -470,6 +472,19 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
     let worker = quoted_subjects(&nats_user_block("worker")?);
     for subject in [names.registry_changed(), names.turn_cancelled_any()] {
         assert!(worker.contains(&subject), "worker lacks {subject}");
+    }
+    // A worker announces only its own tools, each on its own subject.
+    assert!(!worker.contains(&names.registry_changed_any()));
+    for tool in [
+        "crm.listUpcomingAppointments",
+        "crm.getOpenInvoices",
+        "crm.getNextAppointment",
+    ] {
+        let announcement = names.registry_changed_for(tool);
+        assert!(
+            worker.contains(&announcement),
+            "worker lacks {announcement}"
+        );
     }
     assert!(!worker.contains(&names.results_wildcard()));
     assert!(!worker.contains(&names.progress_wildcard()));
@@ -492,7 +507,7 @@ fn the_nats_users_name_the_real_subjects() -> Result<()> {
             names.turn_submit_as(user),
             names.turn_attach_as(user),
             names.turn_cancel_as(user),
-            names.catalog(),
+            names.catalog_as(user),
             inbox.clone(),
         ]
         .into_iter()
@@ -1741,6 +1756,99 @@ fn kubernetes_cluster_variant_runs_three_nats_pods_with_replicated_streams() -> 
     assert_eq!(
         at(nats, &["spec", "replicas"]).and_then(Value::as_u64),
         Some(3)
+    );
+    Ok(())
+}
+
+// ----- Bindings and least privilege -------------------------------------------------------
+
+/// The frontend → tenants bindings of a `TOOLFLEET_FRONTEND_TENANTS` value (a compose
+/// `${VAR:-default}` reads as its default).
+fn bindings(value: &str) -> BTreeMap<String, Vec<String>> {
+    let value = value
+        .strip_prefix("${TOOLFLEET_FRONTEND_TENANTS:-")
+        .and_then(|v| v.strip_suffix('}'))
+        .unwrap_or(value);
+    value
+        .split(';')
+        .filter_map(|entry| entry.split_once('='))
+        .map(|(user, tenants)| {
+            let tenants = tenants.split(',').map(|t| t.trim().to_string()).collect();
+            (user.trim().to_string(), tenants)
+        })
+        .collect()
+}
+
+/// Every frontend user of auth.conf is bound to tenants of its own, the gateway to all.
+fn assert_bound(where_: &str, value: Option<&str>) {
+    let bound = bindings(value.unwrap_or_default());
+    for user in ["frontend", "frontend2"] {
+        let tenants = bound.get(user).cloned().unwrap_or_default();
+        assert!(
+            !tenants.is_empty() && !tenants.iter().any(|t| t == "*"),
+            "{where_}: {user} may name any tenant: {value:?}"
+        );
+    }
+    assert_eq!(
+        bound.get("gateway").map(Vec::as_slice),
+        Some(&["*".to_string()][..]),
+        "{where_}: the gateway serves every tenant"
+    );
+}
+
+#[test]
+fn every_shipped_coordinator_binds_frontends_to_their_tenants() -> Result<()> {
+    let compose = yaml("docker-compose.yml")?;
+    for service in ["coordinator", "coordinator-clustered"] {
+        let s = compose_service(&compose, service)?;
+        assert_bound(service, compose_env(s, "TOOLFLEET_FRONTEND_TENANTS"));
+    }
+    let objects = k8s_objects()?;
+    let coordinator = named(&objects, "Deployment", "coordinator")?;
+    let containers = at(coordinator, &["spec", "template", "spec", "containers"])
+        .and_then(Value::as_sequence)
+        .context("coordinator containers")?;
+    let value = containers
+        .iter()
+        .filter_map(|c| at(c, &["env"]).and_then(Value::as_sequence))
+        .flatten()
+        .find(|e| str_at(e, &["name"]) == Some("TOOLFLEET_FRONTEND_TENANTS"))
+        .and_then(|e| str_at(e, &["value"]));
+    assert_bound("deploy/k8s coordinator", value);
+    Ok(())
+}
+
+#[test]
+fn the_shipped_gateway_reads_its_keys_as_a_least_privilege_user() -> Result<()> {
+    let user_of = |url: &str| {
+        url.strip_prefix("postgres://")
+            .and_then(|rest| rest.split_once(':'))
+            .map(|(user, _)| user.to_string())
+    };
+    let compose = yaml("docker-compose.yml")?;
+    let gateway = compose_service(&compose, "gateway")?;
+    let url = compose_env(gateway, "TOOLFLEET_DATABASE_URL").unwrap_or_default();
+    assert_eq!(
+        user_of(url).as_deref(),
+        Some("toolfleet_gateway_login"),
+        "{url}"
+    );
+    // The login is made with the database, a member of the read-only role only.
+    let postgres = compose_service(&compose, "postgres")?;
+    assert!(strings(postgres.get("volumes"))
+        .iter()
+        .any(|v| v.starts_with("./deploy/postgres:/docker-entrypoint-initdb.d")));
+    let script = repo_file("deploy/postgres/10-gateway-login.sh")?;
+    assert!(script.contains("CREATE ROLE toolfleet_gateway_login LOGIN NOSUPERUSER"));
+    assert!(script.contains("GRANT toolfleet_gateway TO toolfleet_gateway_login"));
+    let objects = k8s_objects()?;
+    let secret = named(&objects, "Secret", "toolfleet-credentials")?;
+    let url = str_at(secret, &["stringData", "TOOLFLEET_GATEWAY_DATABASE_URL"])
+        .context("the k8s gateway database URL")?;
+    assert_eq!(
+        user_of(url).as_deref(),
+        Some("toolfleet_gateway_login"),
+        "{url}"
     );
     Ok(())
 }
