@@ -1,22 +1,26 @@
 //! A local fleet: NATS and Redis at the given URLs, or `nats-server` / `redis-server`
 //! started on free loopback ports when nothing answers; a coordinator and a worker
-//! in-process; optionally the HTTP gateway in-process ([`LocalGateway`]).
+//! in-process, their ops endpoints on free ports ([`OpsAddrs`]), the worker's packs
+//! started as the `toolfleet-worker` binary starts them (the `mcp` pack included);
+//! optionally the HTTP gateway in-process ([`LocalGateway`]).
 //!
 //! Owns the server processes it starts and their temporary data folders. It must never
 //! stop or alter a server it did not start, and never leave one it started running:
 //! they die when the [`Servers`] that holds them is dropped.
 
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::{CatalogFormat, FleetClient, Names};
 use toolfleet_coordinator::CoordinatorConfig;
+use toolfleet_packs::StartedPacks;
 use toolfleet_worker::WorkerConfig;
 
 /// A running local fleet; dropping it stops the servers it started.
@@ -25,11 +29,76 @@ pub struct LocalFleet {
     pub nats_url: String,
     /// Redis URL in use.
     pub redis_url: String,
+    /// Where the coordinator's and the worker's ops endpoints listen.
+    pub ops: OpsAddrs,
     /// Client for the fleet.
     pub client: FleetClient,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    packs: StartedPacks,
     _servers: Servers,
+}
+
+/// The variable that places the ops endpoints (`/healthz`, `/readyz`, `/metrics`).
+const HTTP_ADDR_VAR: &str = "TOOLFLEET_HTTP_ADDR";
+
+/// Where a local fleet's coordinator and worker serve `/healthz`, `/readyz` and
+/// `/metrics` (`None`: not served). Never the same address for both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpsAddrs {
+    /// The coordinator's endpoint.
+    pub coordinator: Option<SocketAddr>,
+    /// The worker's endpoint.
+    pub worker: Option<SocketAddr>,
+}
+
+impl OpsAddrs {
+    /// From `TOOLFLEET_HTTP_ADDR`: unset (or blank), free loopback ports for both, so a
+    /// local fleet never collides with a fleet's usual ports (9090, 9091); `off`, none;
+    /// an address, the coordinator there (refused at once when it is taken) and the
+    /// worker on a free port of the same host.
+    pub fn from_env() -> Result<Self> {
+        let set = std::env::var(HTTP_ADDR_VAR)
+            .ok()
+            .filter(|v| !v.trim().is_empty());
+        let coordinator = match set {
+            None => free_addr(IpAddr::from([127, 0, 0, 1]))?,
+            Some(_) => match toolfleet_common::http::addr_from_env("")? {
+                None => {
+                    return Ok(Self {
+                        coordinator: None,
+                        worker: None,
+                    })
+                }
+                Some(addr) if addr.port() == 0 => free_addr(addr.ip())?,
+                Some(addr) => {
+                    TcpListener::bind(addr).with_context(|| {
+                        format!(
+                            "{HTTP_ADDR_VAR}={addr} cannot be used for the coordinator's ops \
+                             endpoint: set {HTTP_ADDR_VAR} to a free address, unset it to use \
+                             free ports, or set it to off"
+                        )
+                    })?;
+                    addr
+                }
+            },
+        };
+        let mut worker = free_addr(coordinator.ip())?;
+        while worker == coordinator {
+            worker = free_addr(coordinator.ip())?;
+        }
+        Ok(Self {
+            coordinator: Some(coordinator),
+            worker: Some(worker),
+        })
+    }
+}
+
+/// A port of `ip` that nothing listens on now.
+fn free_addr(ip: IpAddr) -> Result<SocketAddr> {
+    let bound = TcpListener::bind((ip, 0))
+        .with_context(|| format!("no free port on {ip} for an ops endpoint ({HTTP_ADDR_VAR})"))?;
+    Ok(bound.local_addr()?)
 }
 
 /// NATS and Redis for a local fleet: the ones answering at the given URLs, or
@@ -296,13 +365,17 @@ pub(crate) const REDIS_AOF: Server = Server {
 };
 
 impl LocalFleet {
-    /// Starts (or reuses) the servers and runs a coordinator and a worker with `packs`.
+    /// Starts (or reuses) the servers and runs a coordinator and a worker with `packs`,
+    /// started as the `toolfleet-worker` binary starts them; returns once the catalog
+    /// lists the packs' tools, or with the error of a coordinator or worker that failed
+    /// before.
     pub async fn start(
         nats_url: &str,
         redis_url: &str,
         prefix: &str,
         pack_names: &[&str],
     ) -> Result<Self> {
+        let ops = OpsAddrs::from_env()?;
         let servers = Servers::start(nats_url, redis_url).await?;
         let nats_url = servers.nats_url.clone();
         let redis_url = servers.redis_url.clone();
@@ -311,44 +384,65 @@ impl LocalFleet {
             nats_url: nats_url.clone(),
             redis_url: redis_url.clone(),
             prefix: prefix.to_string(),
+            http_addr: ops.coordinator,
             ..CoordinatorConfig::from_env()?
         };
         let worker = WorkerConfig {
             nats_url: nats_url.clone(),
             redis_url: redis_url.clone(),
             prefix: prefix.to_string(),
+            http_addr: ops.worker,
             ..WorkerConfig::from_env()?
         };
         let settings = toolfleet_packs::PackSettings::from_env(&worker)?;
-        let tools = toolfleet_packs::tools_with(pack_names, &settings)?;
-        let wanted: Vec<String> = tools.iter().map(|t| t.definition().name.clone()).collect();
+        let packs = toolfleet_packs::start_packs(pack_names, &settings).await?;
+        let wanted = packs.tools.names();
+        // Failures before the fleet is up end the start; later ones are printed.
+        let (failed, mut failures) = mpsc::unbounded_channel::<String>();
         let mut tasks = Vec::new();
         {
-            let token = shutdown.clone();
+            let (token, failed) = (shutdown.clone(), failed.clone());
             tasks.push(tokio::spawn(async move {
                 if let Err(error) = toolfleet_coordinator::run(coordinator, token).await {
-                    eprintln!("coordinator failed: {error}");
+                    report_failure(&failed, format!("coordinator failed: {error}"));
                 }
             }));
         }
         {
-            let token = shutdown.clone();
+            let (token, tools) = (shutdown.clone(), packs.tools.clone());
             tasks.push(tokio::spawn(async move {
-                if let Err(error) = toolfleet_worker::run(worker, tools, token).await {
-                    eprintln!("worker failed: {error}");
+                if let Err(error) = toolfleet_worker::run_set(worker, tools, token).await {
+                    report_failure(&failed, format!("worker failed: {error}"));
                 }
             }));
         }
-        let client = FleetClient::connect(&nats_url, Names::new(prefix).prefix()).await?;
+        let client = match FleetClient::connect(&nats_url, Names::new(prefix).prefix()).await {
+            Ok(client) => client,
+            Err(error) => {
+                stop_nodes(&shutdown, tasks, packs).await;
+                return Err(error).context(format!("connecting to the local fleet at {nats_url}"));
+            }
+        };
         let fleet = Self {
             nats_url,
             redis_url,
+            ops,
             client,
             shutdown,
             tasks,
+            packs,
             _servers: servers,
         };
-        fleet.wait_for(&wanted).await?;
+        let started = tokio::select! {
+            listed = fleet.wait_for(&wanted) => listed,
+            Some(failure) = failures.recv() => {
+                Err(anyhow::anyhow!("the local fleet did not start: {failure}"))
+            }
+        };
+        if let Err(error) = started {
+            fleet.stop().await;
+            return Err(error);
+        }
         Ok(fleet)
     }
 
@@ -356,13 +450,32 @@ impl LocalFleet {
         wait_for_tools(&self.client, wanted, Duration::from_secs(15)).await
     }
 
-    /// Stops the coordinator and worker gracefully, then the servers it started.
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        for task in self.tasks {
-            let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
-        }
+    /// The names of the tools the worker serves now.
+    pub fn tool_names(&self) -> Vec<String> {
+        self.packs.tools.names()
     }
+
+    /// Stops the coordinator and worker gracefully, then what the packs run (MCP
+    /// servers), then the servers it started.
+    pub async fn stop(self) {
+        stop_nodes(&self.shutdown, self.tasks, self.packs).await;
+    }
+}
+
+/// Hands `failure` to a start still waiting for the fleet, or prints it.
+fn report_failure(failed: &mpsc::UnboundedSender<String>, failure: String) {
+    if let Err(unheard) = failed.send(failure) {
+        eprintln!("{}", unheard.0);
+    }
+}
+
+/// Stops the coordinator and worker of `tasks`, then the packs' servers.
+async fn stop_nodes(shutdown: &CancellationToken, tasks: Vec<JoinHandle<()>>, packs: StartedPacks) {
+    shutdown.cancel();
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+    }
+    packs.stop().await;
 }
 
 /// Waits until the catalog `client` sees lists every tool in `wanted`, at most `timeout`.

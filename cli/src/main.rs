@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
-use toolfleet_common::client::{ClientErrorKind, TurnStream};
+use toolfleet_common::client::{ClientError, ClientErrorKind, TurnStream};
 use toolfleet_common::config::{DEFAULT_NATS_URL, DEFAULT_REDIS_URL};
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::names::DEFAULT_PREFIX;
@@ -47,6 +47,17 @@ use local::LocalFleet;
 const DEMO_DECISION: &str =
     include_str!("../../examples/decisions/appointments_and_billing.openai.json");
 const DEMO_MESSAGE: &str = "Show me my appointments and my billing";
+
+/// The environment `toolfleet up` reads beyond its flags, for its help.
+const UP_ENVIRONMENT: &str = "\
+Environment:
+  TOOLFLEET_NATS_URL, TOOLFLEET_REDIS_URL  servers to use; when none answers there, nats-server
+                                           and redis-server are started on free loopback ports
+  TOOLFLEET_MCP_SERVERS      the MCP servers file of the mcp pack
+  TOOLFLEET_HTTP_TOOLS_FILE  the tool declarations of the http pack
+  TOOLFLEET_DATABASE_URL     PostgreSQL of the receptionist and crm-db packs and of --gateway
+  TOOLFLEET_HTTP_ADDR        the coordinator's /healthz, /readyz, /metrics (the worker's on a
+                             free port of the same host); unset: free loopback ports; off: none";
 
 #[derive(Parser)]
 #[command(
@@ -80,8 +91,11 @@ enum Command {
         json: bool,
     },
     /// Run a local fleet (coordinator and worker) until Ctrl-C.
+    #[command(after_help = UP_ENVIRONMENT)]
     Up {
-        /// Tool packs the worker serves.
+        /// Tool packs the worker serves: demo, test, conformance, receptionist and crm-db
+        /// (TOOLFLEET_DATABASE_URL), http (TOOLFLEET_HTTP_TOOLS_FILE), mcp
+        /// (TOOLFLEET_MCP_SERVERS).
         #[arg(long, value_delimiter = ',', default_value = "demo,test")]
         packs: Vec<String>,
         /// Also serve the HTTP gateway and its live turn page, with a fresh API key for
@@ -251,8 +265,41 @@ impl Servers<'_> {
     /// A frontend client of a running fleet, with the credentials of the environment.
     async fn client(&self) -> Result<FleetClient> {
         let credentials = NatsCredentials::from_env()?;
-        Ok(FleetClient::connect_with(self.nats, self.prefix, &credentials).await?)
+        match FleetClient::connect_with(self.nats, self.prefix, &credentials).await {
+            Ok(client) => Ok(client),
+            Err(error) if error.kind() == ClientErrorKind::Connect => {
+                Err(anyhow::Error::new(error).context(no_fleet_at(self.nats)))
+            }
+            Err(error) => Err(error.into()),
+        }
     }
+}
+
+impl Servers<'_> {
+    /// `error` of a command on a running fleet, with what to do when no coordinator
+    /// answered on its NATS.
+    fn explain(&self, error: anyhow::Error) -> anyhow::Error {
+        let no_coordinator = error
+            .downcast_ref::<ClientError>()
+            .is_some_and(|e| e.kind() == ClientErrorKind::NoResponders);
+        if !no_coordinator {
+            return error;
+        }
+        let (url, prefix) = (self.nats, self.prefix);
+        error.context(format!(
+            "NATS answers at {url} but no coordinator of prefix {prefix} does: start a fleet \
+             with `toolfleet up`, or point TOOLFLEET_NATS_URL (or --nats) and TOOLFLEET_PREFIX \
+             (or --prefix) at a running fleet"
+        ))
+    }
+}
+
+/// What to do when no NATS server answers at `url`.
+fn no_fleet_at(url: &str) -> String {
+    format!(
+        "no fleet answers at {url}: start one with `toolfleet up`, or point TOOLFLEET_NATS_URL \
+         (or --nats) at a running fleet's NATS"
+    )
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -292,7 +339,10 @@ async fn run(cli: Cli) -> Result<()> {
                     .map(|(k, v)| (k, Value::String(v)))
                     .collect(),
             };
-            submit(&servers, request, local.then_some(packs.as_slice()), json).await
+            let local_packs = local.then_some(packs.as_slice());
+            submit(&servers, request, local_packs, json)
+                .await
+                .map_err(|e| if local { e } else { servers.explain(e) })
         }
         Command::Admin {
             database_url,
@@ -302,9 +352,19 @@ async fn run(cli: Cli) -> Result<()> {
             format,
             tenant,
             local,
-        } => catalog(&servers, format, tenant, local).await,
-        Command::Turn { id, watch, json } => show_turn(&servers, &id, watch, json).await,
-        Command::Cancel { id, tenant } => cancel_turn(&servers, &id, tenant.as_deref()).await,
+        } => catalog(&servers, format, tenant, local).await.map_err(|e| {
+            if local {
+                e
+            } else {
+                servers.explain(e)
+            }
+        }),
+        Command::Turn { id, watch, json } => show_turn(&servers, &id, watch, json)
+            .await
+            .map_err(|e| servers.explain(e)),
+        Command::Cancel { id, tenant } => cancel_turn(&servers, &id, tenant.as_deref())
+            .await
+            .map_err(|e| servers.explain(e)),
         Command::Conformance {
             tool,
             timeout_ms,
@@ -365,6 +425,11 @@ async fn up(
         "fleet up: nats {} redis {} prefix {} (Ctrl-C to stop)",
         fleet.nats_url, fleet.redis_url, servers.prefix
     );
+    if let (Some(coordinator), Some(worker)) = (fleet.ops.coordinator, fleet.ops.worker) {
+        println!("ops endpoints (/healthz, /readyz, /metrics): coordinator http://{coordinator}, worker http://{worker}");
+    }
+    let tools = fleet.tool_names();
+    println!("serving {} tools: {}", tools.len(), tools.join(", "));
     let served = match gateway {
         Some(addr) => Some(local::LocalGateway::start(&fleet, addr).await?),
         None => None,
@@ -456,7 +521,13 @@ async fn catalog(
 /// `toolfleet conformance`: the report on the terminal (or as JSON); an error when a
 /// case failed.
 async fn conformance(settings: &toolfleet_cli::conformance::Settings, json: bool) -> Result<()> {
-    let report = toolfleet_cli::conformance::run(settings).await?;
+    let report = match toolfleet_cli::conformance::run(settings).await {
+        Ok(report) => report,
+        Err(error @ toolfleet_cli::conformance::ConformanceError::Nats(_)) => {
+            return Err(anyhow::Error::new(error).context(no_fleet_at(&settings.nats_url)))
+        }
+        Err(error) => return Err(error.into()),
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -24,7 +24,8 @@ pub async fn coordinator(nats_url: &str, redis_url: &str, prefix: &str) -> Resul
         .context("coordinator failed")
 }
 
-/// Runs a worker serving `pack_names` until SIGTERM or Ctrl-C.
+/// Runs a worker serving `pack_names` until SIGTERM or Ctrl-C, its packs started as
+/// the `toolfleet-worker` binary starts them (the `mcp` pack included).
 pub async fn worker(
     nats_url: &str,
     redis_url: &str,
@@ -38,10 +39,13 @@ pub async fn worker(
         ..WorkerConfig::from_env()?
     };
     let names: Vec<&str> = pack_names.iter().map(String::as_str).collect();
-    let tools = toolfleet_packs::tools_for(&names).map_err(anyhow::Error::msg)?;
-    toolfleet_worker::run(config, tools, stop_on_signal())
+    let settings = toolfleet_packs::PackSettings::from_env(&config)?;
+    let packs = toolfleet_packs::start_packs(&names, &settings).await?;
+    let outcome = toolfleet_worker::run_set(config, packs.tools.clone(), stop_on_signal())
         .await
-        .context("worker failed")
+        .context("worker failed");
+    packs.stop().await;
+    outcome
 }
 
 /// A token cancelled by the first SIGTERM or Ctrl-C.

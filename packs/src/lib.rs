@@ -145,7 +145,10 @@ pub enum PackError {
     Mcp(#[from] McpConfigError),
     /// A pack whose tools change at run time was asked for a fixed list.
     #[error(
-        "tool pack {0} serves tools that change while the worker runs: start it with start_packs"
+        "tool pack {0} has no fixed list of tools (its servers' tools change while the worker \
+         runs), so it cannot be used here: serve it with `toolfleet up --packs {0}` or the \
+         toolfleet-worker binary (TOOLFLEET_PACKS={0}); in code, start it with \
+         toolfleet_packs::start_packs"
     )]
     RunTime(&'static str),
 }
