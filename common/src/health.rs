@@ -121,6 +121,7 @@ impl Health {
     ) where
         F: Future<Output = ()> + Send + 'static,
     {
+        crate::metrics::FleetMetrics::new().task_supervised(name);
         let (health, stop) = (self.clone(), stop.clone());
         tracker.spawn(async move {
             match AssertUnwindSafe(task).catch_unwind().await {
@@ -164,26 +165,46 @@ pub async fn start_process(
     })
 }
 
+/// The `event` label of every NATS connection event [`observe_nats`] counts.
+const NATS_EVENTS: [&str; 8] = [
+    "connected",
+    "disconnected",
+    "lame_duck",
+    "draining",
+    "closed",
+    "slow_consumer",
+    "server_error",
+    "client_error",
+];
+
+/// The `event` label of `event` (one of [`NATS_EVENTS`]).
+fn nats_event_name(event: &async_nats::Event) -> &'static str {
+    use async_nats::Event;
+    match event {
+        Event::Connected => NATS_EVENTS[0],
+        Event::Disconnected => NATS_EVENTS[1],
+        Event::LameDuckMode => NATS_EVENTS[2],
+        Event::Draining => NATS_EVENTS[3],
+        Event::Closed => NATS_EVENTS[4],
+        Event::SlowConsumer(_) => NATS_EVENTS[5],
+        Event::ServerError(_) => NATS_EVENTS[6],
+        Event::ClientError(_) => NATS_EVENTS[7],
+    }
+}
+
 /// `options` with a callback that counts every NATS connection event
-/// (`toolfleet.nats.events`) and logs losses at WARN.
+/// (`toolfleet.nats.events`, each event's series at 0 from now on) and logs losses at
+/// WARN.
 pub fn observe_nats(
     options: async_nats::ConnectOptions,
     metrics: crate::metrics::FleetMetrics,
 ) -> async_nats::ConnectOptions {
+    metrics.nats_events_observed(&NATS_EVENTS);
     options.event_callback(move |event| {
         let metrics = metrics.clone();
         async move {
             use async_nats::Event;
-            let name = match &event {
-                Event::Connected => "connected",
-                Event::Disconnected => "disconnected",
-                Event::LameDuckMode => "lame_duck",
-                Event::Draining => "draining",
-                Event::Closed => "closed",
-                Event::SlowConsumer(_) => "slow_consumer",
-                Event::ServerError(_) => "server_error",
-                Event::ClientError(_) => "client_error",
-            };
+            let name = nats_event_name(&event);
             metrics.nats_event(name);
             match event {
                 Event::Connected => tracing::info!(event = name, "NATS connected"),

@@ -104,7 +104,8 @@ pub fn consumer_not_found(kind: ConsumerInfoErrorKind) -> bool {
 }
 
 /// Every `period` until `stop`, ensures each of `needed` (in order, streams first) and
-/// recreates what disappeared, with a WARN and a count each time.
+/// recreates what disappeared, with a WARN and a count each time (each watched kind's
+/// count exists at 0 from the start).
 pub async fn watch(
     js: jetstream::Context,
     needed: Vec<Needed>,
@@ -115,6 +116,9 @@ pub async fn watch(
     // Which objects' last check failed: a failure is a WARN the first time, then DEBUG
     // until the object is found again.
     let mut failing = vec![false; needed.len()];
+    for item in &needed {
+        metrics.topology_watched(item.kind());
+    }
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,

@@ -216,3 +216,115 @@ async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Resul
     prometheus.kill().await?;
     Ok(())
 }
+
+/// The values of the series `query` selects, by their labels' text.
+async fn series(port: u16, query: &str) -> Option<Vec<(Value, String)>> {
+    let path = format!("/api/v1/query?query={}", encode(query));
+    let (status, body) = http_get(port, &path).await.ok()?;
+    let body: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+    let results = body["data"]["result"].as_array()?;
+    Some(
+        results
+            .iter()
+            .map(|r| {
+                (
+                    r["metric"].clone(),
+                    r["value"][1].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// `text` percent-encoded for a query string.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Whether `alert` is firing.
+async fn firing(port: u16, alert: &str) -> Option<bool> {
+    let (status, body) = http_get(port, "/api/v1/alerts").await.ok()?;
+    let body: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+    Some(
+        body["data"]["alerts"]
+            .as_array()?
+            .iter()
+            .any(|a| a["labels"]["alertname"] == alert && a["state"] == "firing"),
+    )
+}
+
+/// A counter born at its first event has no earlier sample, and `increase()` over it
+/// stays 0: the processes export the counters of the increase-based alerts at 0 from
+/// their start. A Prometheus scraping a live coordinator and worker sees them at 0
+/// before any failure, and the first stream NATS loses takes
+/// ToolfleetTopologyRecreated to firing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_counters_start_at_zero_and_the_first_recreated_stream_fires_its_alert(
+) -> Result<()> {
+    const ALERT: &str = "ToolfleetTopologyRecreated";
+    let mut fleet = Fleet::start().await?;
+    let (c_port, w_port, p_port) = (free_port()?, free_port()?, free_port()?);
+    let (c_addr, w_addr) = (format!("127.0.0.1:{c_port}"), format!("127.0.0.1:{w_port}"));
+    fleet.spawn_node("coordinator", &[("TOOLFLEET_HTTP_ADDR", c_addr.as_str())])?;
+    fleet.spawn_node("worker", &[("TOOLFLEET_HTTP_ADDR", w_addr.as_str())])?;
+    fleet.wait_for_tools(&["test.noop"]).await?;
+    let dir = tempfile::tempdir()?;
+    let mut prometheus = start_prometheus(
+        dir.path(),
+        p_port,
+        &[("coordinator", c_port), ("worker-metrics", w_port)],
+    )
+    .await?;
+    wait_http_status(p_port, "/-/ready", 200, Duration::from_secs(30)).await?;
+
+    // Each series exists, at 0, before anything failed.
+    let at_zero = [
+        r#"toolfleet_turns_refused_total{job="coordinator",code="unavailable"}"#,
+        r#"toolfleet_turns_refused_total{job="coordinator",code="invalid_decision"}"#,
+        r#"toolfleet_results_refused_total{job="coordinator",code="wrong_tool"}"#,
+        r#"toolfleet_redis_errors_total{job="coordinator",operation="create_turn"}"#,
+        r#"toolfleet_redis_errors_total{job="worker-metrics",operation="heartbeat"}"#,
+        r#"toolfleet_topology_recreated_total{job="coordinator",kind="stream"}"#,
+        r#"toolfleet_topology_recreated_total{job="coordinator",kind="consumer"}"#,
+        r#"toolfleet_tasks_died_total{job="coordinator",task="results_consumer"}"#,
+        r#"toolfleet_tasks_died_total{job="coordinator",task="topology"}"#,
+        r#"toolfleet_tasks_died_total{job="worker-metrics",task="pull_loop"}"#,
+        r#"toolfleet_nats_events_total{job="coordinator",event="disconnected"}"#,
+        r#"toolfleet_nats_events_total{job="worker-metrics",event="slow_consumer"}"#,
+    ];
+    for query in at_zero {
+        let seen = eventually_named(query, Duration::from_secs(30), || async {
+            series(p_port, query).await.filter(|s| !s.is_empty())
+        })
+        .await?;
+        assert!(seen.iter().all(|(_, v)| v == "0"), "{query}: {seen:?}");
+    }
+    assert_eq!(firing(p_port, ALERT).await, Some(false));
+
+    // NATS loses the jobs stream; the coordinator recreates it, once.
+    let js = async_nats::jetstream::new(fleet.nats.connect().await?);
+    js.delete_stream(fleet.names.jobs_stream()).await?;
+    let recreated = r#"toolfleet_topology_recreated_total{job="coordinator",kind="stream"}"#;
+    eventually_named(
+        "the stream counted as recreated",
+        Duration::from_secs(30),
+        || async {
+            let seen = series(p_port, recreated).await?;
+            seen.iter().any(|(_, v)| v == "1").then_some(())
+        },
+    )
+    .await?;
+    eventually_named("the alert firing", Duration::from_secs(30), || async {
+        firing(p_port, ALERT).await.filter(|f| *f)
+    })
+    .await?;
+    prometheus.kill().await?;
+    Ok(())
+}
