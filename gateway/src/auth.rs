@@ -2,19 +2,24 @@
 //! `X-Api-Key: <key>`), the tenant it maps to, and its rate.
 //!
 //! Owns the [`Caller`] extractor: a handler that takes a `Caller` runs only for a known,
-//! unrevoked key whose bucket had a token. The tenant comes from the key alone; a
-//! request body may repeat it but never choose it (`turns.rs` checks). Never logs a key.
+//! unrevoked key whose bucket had a token. Before a key that is not in the known-key
+//! cache is looked up, the client address (the TCP peer; no forwarding header is
+//! trusted) must have a failure token left: a client that presented too many unknown
+//! keys gets 429 `rate_limited` with `Retry-After` and costs PostgreSQL nothing. The
+//! tenant comes from the key alone; a request body may repeat it but never choose it
+//! (`turns.rs` checks). Never logs a key.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use aide::generate::GenContext;
 use aide::openapi::{Operation, Response, SecurityRequirement, StatusCode as DocStatus};
-use axum::extract::FromRequestParts;
+use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 
 use crate::error::{codes, error_response, ApiError};
-use crate::keys::KeyError;
+use crate::keys::{KeyCheck, KeyError};
 use crate::Gateway;
 
 /// Name of the API-key security scheme in the OpenAPI document.
@@ -31,6 +36,15 @@ pub struct Caller {
     pub tenant: String,
     /// The key's limits on the chat-completions loop.
     pub chat: crate::keys::ChatLimits,
+}
+
+/// The address a request came from: the TCP peer the server recorded. A router served
+/// without connection info counts every request as one client.
+fn peer(parts: &Parts) -> IpAddr {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |info| info.0.ip())
 }
 
 /// The key a request carries, if any.
@@ -63,9 +77,19 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
         let key = presented_key(parts).ok_or_else(|| {
             ApiError::unauthorized("an API key is required (Authorization: Bearer <key>)")
         })?;
-        let record = match gateway.keys.lookup(key).await {
-            Ok(Some(record)) => record,
-            Ok(None) => return Err(ApiError::unauthorized("unknown or revoked API key")),
+        let record = match gateway.keys.check(peer(parts), key).await {
+            Ok(KeyCheck::Known(record)) => record,
+            Ok(KeyCheck::Unknown) => {
+                return Err(ApiError::unauthorized("unknown or revoked API key"))
+            }
+            Ok(KeyCheck::TooManyFailures(wait)) => {
+                return Err(ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    codes::RATE_LIMITED,
+                    format!("too many unknown API keys from this address; retry in {wait} s"),
+                )
+                .retry_after(wait))
+            }
             Err(KeyError::Unavailable(message)) | Err(KeyError::Invalid(message)) => {
                 tracing::warn!(%message, "API key lookup failed");
                 return Err(ApiError::unavailable(
@@ -110,7 +134,7 @@ impl aide::OperationInput for Caller {
             ),
             (
                 429,
-                "The key's rate is exhausted (`rate_limited`); see `Retry-After`.",
+                "The key's rate is exhausted, or this address presented too many unknown keys (`rate_limited`); see `Retry-After`.",
             ),
             (
                 503,

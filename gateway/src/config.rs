@@ -25,6 +25,101 @@ pub const DEFAULT_ADDR: &str = "0.0.0.0:8080";
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/toolfleet";
 /// The Jaeger UI the live page links traces to when `TOOLFLEET_GATEWAY_JAEGER_URL` is unset.
 pub const DEFAULT_JAEGER_URL: &str = "http://localhost:16686";
+/// How long a known key is trusted when `TOOLFLEET_GATEWAY_KEY_CACHE_MS` is unset.
+pub const DEFAULT_KEY_CACHE: Duration = Duration::from_secs(5);
+/// Known keys remembered when `TOOLFLEET_GATEWAY_KEY_CACHE_ENTRIES` is unset.
+pub const DEFAULT_KEY_CACHE_ENTRIES: usize = 10_000;
+/// How long an unknown key is remembered when `TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_MS` is
+/// unset.
+pub const DEFAULT_UNKNOWN_KEY_CACHE: Duration = Duration::from_secs(10);
+/// Unknown keys remembered when `TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_ENTRIES` is unset.
+pub const DEFAULT_UNKNOWN_KEY_CACHE_ENTRIES: usize = 10_000;
+/// Failed key checks one client may make at once when `TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST`
+/// is unset.
+pub const DEFAULT_AUTH_FAILURE_BURST: u32 = 20;
+/// Failed key checks a client earns back a minute when
+/// `TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN` is unset.
+pub const DEFAULT_AUTH_FAILURES_PER_MIN: u32 = 30;
+
+/// How the gateway checks API keys: the cache of known keys, the cache of unknown keys,
+/// and the limit on failed checks per client address. Unknown keys never take a place
+/// of a known one: the two caches are bounded apart.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KeyCheckConfig {
+    /// How long a known key read from PostgreSQL is trusted (`TOOLFLEET_GATEWAY_KEY_CACHE_MS`,
+    /// default 5 s; 0: every request asks PostgreSQL): a revoked key stops working at
+    /// most this long after revocation.
+    pub ttl: Duration,
+    /// Known keys remembered at most (`TOOLFLEET_GATEWAY_KEY_CACHE_ENTRIES`, default
+    /// 10,000); past it the least recently used key is forgotten, never the whole cache.
+    pub entries: usize,
+    /// How long a key PostgreSQL does not know (or knows as revoked) is answered 401
+    /// without asking again (`TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_MS`, default 10 s; 0:
+    /// not remembered). Keys are generated when they are created, so no client holds
+    /// a key before it exists; a key that was looked up as unknown starts working at most
+    /// this long after it appears in `api_keys`.
+    pub unknown_ttl: Duration,
+    /// Unknown keys remembered at most (`TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_ENTRIES`,
+    /// default 10,000), least recently used forgotten first.
+    pub unknown_entries: usize,
+    /// Failed key checks one client address (an IPv6 client: its /64) may make at once
+    /// (`TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST`, default 20). Past it, every request of
+    /// that address whose key is not in the known-key cache gets 429 `rate_limited` with
+    /// `Retry-After`, before PostgreSQL is asked.
+    pub failure_burst: u32,
+    /// Failed key checks a client address earns back a minute
+    /// (`TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN`, default 30).
+    pub failures_per_min: u32,
+}
+
+impl Default for KeyCheckConfig {
+    fn default() -> Self {
+        Self {
+            ttl: DEFAULT_KEY_CACHE,
+            entries: DEFAULT_KEY_CACHE_ENTRIES,
+            unknown_ttl: DEFAULT_UNKNOWN_KEY_CACHE,
+            unknown_entries: DEFAULT_UNKNOWN_KEY_CACHE_ENTRIES,
+            failure_burst: DEFAULT_AUTH_FAILURE_BURST,
+            failures_per_min: DEFAULT_AUTH_FAILURES_PER_MIN,
+        }
+    }
+}
+
+impl KeyCheckConfig {
+    /// Reads the settings from the environment; a malformed or out-of-range value is an
+    /// error naming its variable.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        let d = Self::default();
+        Ok(Self {
+            ttl: env_ms_in("TOOLFLEET_GATEWAY_KEY_CACHE_MS", d.ttl, 0..=300_000)?,
+            entries: env_in(
+                "TOOLFLEET_GATEWAY_KEY_CACHE_ENTRIES",
+                d.entries,
+                1..=1_000_000,
+            )?,
+            unknown_ttl: env_ms_in(
+                "TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_MS",
+                d.unknown_ttl,
+                0..=300_000,
+            )?,
+            unknown_entries: env_in(
+                "TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_ENTRIES",
+                d.unknown_entries,
+                1..=1_000_000,
+            )?,
+            failure_burst: env_in(
+                "TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST",
+                d.failure_burst,
+                1..=1_000_000,
+            )?,
+            failures_per_min: env_in(
+                "TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN",
+                d.failures_per_min,
+                1..=1_000_000,
+            )?,
+        })
+    }
+}
 
 /// Gateway settings from the environment.
 #[derive(Debug, Clone)]
@@ -39,9 +134,11 @@ pub struct GatewayConfig {
     pub prefix: String,
     /// PostgreSQL holding the API keys (`TOOLFLEET_DATABASE_URL`).
     pub database_url: String,
-    /// How long a key looked up in PostgreSQL is trusted (`TOOLFLEET_GATEWAY_KEY_CACHE_MS`,
-    /// default 5 s): a revoked key stops working at most this long after revocation.
-    pub key_cache: Duration,
+    /// How API keys are checked: how long and how many known keys are trusted
+    /// (`TOOLFLEET_GATEWAY_KEY_CACHE_MS`, default 5 s: a revoked key stops working at most
+    /// this long after revocation), unknown keys remembered, and failed checks allowed
+    /// per client address. See [`KeyCheckConfig`].
+    pub key_cache: KeyCheckConfig,
     /// Largest request body in bytes (`TOOLFLEET_GATEWAY_MAX_BODY_BYTES`, default 1 MiB).
     pub max_body_bytes: usize,
     /// Requests per second each API key may make on average
@@ -179,7 +276,7 @@ impl GatewayConfig {
             nats_credentials,
             prefix,
             database_url: DEFAULT_DATABASE_URL.to_string(),
-            key_cache: Duration::from_secs(5),
+            key_cache: KeyCheckConfig::default(),
             max_body_bytes: 1024 * 1024,
             rate_per_s: 20.0,
             burst: 40.0,
@@ -216,7 +313,7 @@ impl GatewayConfig {
             nats_credentials,
             prefix,
             database_url: env_string("TOOLFLEET_DATABASE_URL", DEFAULT_DATABASE_URL),
-            key_cache: env_ms_in("TOOLFLEET_GATEWAY_KEY_CACHE_MS", d.key_cache, 0..=300_000)?,
+            key_cache: KeyCheckConfig::from_env()?,
             max_body_bytes: env_in(
                 "TOOLFLEET_GATEWAY_MAX_BODY_BYTES",
                 d.max_body_bytes,
@@ -264,6 +361,36 @@ impl GatewayConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_check_settings_refuse_malformed_values() {
+        // Only this test sets these variables.
+        assert_eq!(
+            KeyCheckConfig::from_env().ok(),
+            Some(KeyCheckConfig::default())
+        );
+        for (name, bad) in [
+            ("TOOLFLEET_GATEWAY_KEY_CACHE_ENTRIES", "lots"),
+            ("TOOLFLEET_GATEWAY_KEY_CACHE_ENTRIES", "0"),
+            ("TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_MS", "-1"),
+            ("TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_ENTRIES", "0"),
+            ("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST", "1.5"),
+            ("TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN", "0"),
+        ] {
+            std::env::set_var(name, bad);
+            let outcome = KeyCheckConfig::from_env();
+            std::env::remove_var(name);
+            assert_eq!(
+                outcome.err().map(|e| e.name),
+                Some(name.to_string()),
+                "{name}={bad}"
+            );
+        }
+        std::env::set_var("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST", "5");
+        let outcome = KeyCheckConfig::from_env();
+        std::env::remove_var("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST");
+        assert_eq!(outcome.ok().map(|c| c.failure_burst), Some(5));
+    }
 
     #[test]
     fn the_model_servers_key_never_shows_in_debug_output() {

@@ -1,5 +1,6 @@
 //! API keys: made, hashed, stored in PostgreSQL (`api_keys`, `migrations/0004_api_keys.sql`,
-//! per-key chat limits in `0005_api_key_chat_limits.sql`), looked up with a short cache.
+//! per-key chat limits in `0005_api_key_chat_limits.sql`), looked up through two bounded
+//! caches (known keys, unknown keys) behind a limit on failed checks per client address.
 //!
 //! Owns the key format (`tfk_` and 64 hex digits of randomness), the SHA-256 the table
 //! stores instead of the key, the gateway's cached lookup ([`KeyStore`]), and the admin
@@ -7,23 +8,25 @@
 //! [`set_chat_limits`], [`revoke`]). A key maps to exactly one tenant. Never stores or logs a key itself, and
 //! never writes from the gateway: the gateway only reads.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres::{Client, NoTls, Row, Statement};
 use toolfleet_common::turn::normalize_tenant;
 
+use crate::config::KeyCheckConfig;
+use crate::limits::FailureLimiter;
 use crate::openai::StopAfter;
 
 /// Every key starts with this.
 pub const KEY_PREFIX: &str = "tfk_";
 /// Characters of a key shown in listings (`tfk_` and 8 hex digits).
 const SHOWN: usize = 12;
-/// Most keys (known or not) remembered by the cache; it is emptied when full.
-const CACHE_ENTRIES: usize = 10_000;
 /// Longest wait for PostgreSQL to accept a connection or answer a lookup.
 const DB_WAIT: Duration = Duration::from_secs(3);
 
@@ -146,45 +149,175 @@ pub async fn connect(url: &str) -> Result<Client, KeyError> {
     Ok(client)
 }
 
-/// The gateway's view of `api_keys`: lookups by hash, remembered for the cache period
-/// (unknown keys too, so a flood of bad keys does not reach PostgreSQL each time).
+/// What checking a key from a client found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// A known, unrevoked key.
+    Known(KeyRecord),
+    /// An unknown or revoked key (the client's failure count went up).
+    Unknown,
+    /// The client failed too many checks: retry after this many seconds. PostgreSQL
+    /// was not asked.
+    TooManyFailures(u64),
+}
+
+/// A bounded map from key hashes to answers, each trusted for `ttl`; when full, the
+/// least recently used entry is forgotten (never the whole map).
+#[derive(Debug)]
+struct Lru<V> {
+    capacity: usize,
+    ttl: Duration,
+    tick: u64,
+    entries: HashMap<String, Entry<V>>,
+    /// Hashes by last use, oldest first.
+    order: BTreeMap<u64, String>,
+}
+
+#[derive(Debug)]
+struct Entry<V> {
+    value: V,
+    at: Instant,
+    used: u64,
+}
+
+impl<V: Clone> Lru<V> {
+    fn new(capacity: usize, ttl: Duration) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            ttl,
+            tick: 0,
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+        }
+    }
+
+    /// The answer for `hash` if it is younger than the TTL; marks it used.
+    fn get(&mut self, hash: &str, now: Instant) -> Option<V> {
+        let entry = self.entries.get_mut(hash)?;
+        if now.saturating_duration_since(entry.at) >= self.ttl {
+            self.remove(hash);
+            return None;
+        }
+        self.tick += 1;
+        if let Some(name) = self.order.remove(&entry.used) {
+            self.order.insert(self.tick, name);
+        }
+        entry.used = self.tick;
+        Some(entry.value.clone())
+    }
+
+    /// Remembers `value` for `hash`, forgetting the least recently used entries past
+    /// the capacity. Nothing is remembered with a TTL of zero.
+    fn insert(&mut self, hash: &str, value: V, now: Instant) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        self.remove(hash);
+        while self.entries.len() >= self.capacity {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.entries.remove(&oldest);
+        }
+        self.tick += 1;
+        self.order.insert(self.tick, hash.to_string());
+        self.entries.insert(
+            hash.to_string(),
+            Entry {
+                value,
+                at: now,
+                used: self.tick,
+            },
+        );
+    }
+
+    fn remove(&mut self, hash: &str) {
+        if let Some(entry) = self.entries.remove(hash) {
+            self.order.remove(&entry.used);
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// The gateway's view of `api_keys`: lookups by hash, known keys remembered for the
+/// cache period in a bounded cache of their own, unknown keys in another (so a flood of
+/// bad keys neither reaches PostgreSQL each time nor pushes a good key out), and a
+/// bucket of failed checks per client address taken before PostgreSQL is asked.
 pub struct KeyStore {
     url: String,
-    ttl: Duration,
-    client: tokio::sync::Mutex<Option<Arc<Client>>>,
-    cache: Mutex<HashMap<String, (Option<KeyRecord>, Instant)>>,
+    settings: KeyCheckConfig,
+    client: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    known: Mutex<Lru<KeyRecord>>,
+    unknown: Mutex<Lru<()>>,
+    failures: FailureLimiter,
+    queries: AtomicU64,
 }
 
 impl std::fmt::Debug for KeyStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyStore").field("ttl", &self.ttl).finish()
+        f.debug_struct("KeyStore")
+            .field("settings", &self.settings)
+            .finish()
     }
 }
 
 impl KeyStore {
-    /// A store reading PostgreSQL at `url`, trusting an answer for `ttl`.
-    pub fn new(url: impl Into<String>, ttl: Duration) -> Self {
+    /// A store reading PostgreSQL at `url`, caching and limiting as `settings` say.
+    pub fn new(url: impl Into<String>, settings: KeyCheckConfig) -> Self {
         Self {
             url: url.into(),
-            ttl,
+            settings,
             client: tokio::sync::Mutex::new(None),
-            cache: Mutex::new(HashMap::new()),
+            known: Mutex::new(Lru::new(settings.entries, settings.ttl)),
+            unknown: Mutex::new(Lru::new(settings.unknown_entries, settings.unknown_ttl)),
+            failures: FailureLimiter::new(settings.failures_per_min, settings.failure_burst),
+            queries: AtomicU64::new(0),
         }
     }
 
-    /// The key's record, `None` for an unknown or revoked key.
+    /// Checks `key` presented by the client at `peer`. A key in the known-key cache
+    /// answers at once; otherwise the check takes one of the address's failure tokens
+    /// (none left: [`KeyCheck::TooManyFailures`], and PostgreSQL is not asked), and a
+    /// known key gives it back.
+    pub async fn check(&self, peer: IpAddr, key: &str) -> Result<KeyCheck, KeyError> {
+        let hash = hash_key(key);
+        if let Some(record) = self.cached_known(&hash) {
+            return Ok(KeyCheck::Known(record));
+        }
+        if let Err(wait) = self.failures.take(peer) {
+            return Ok(KeyCheck::TooManyFailures(wait));
+        }
+        match self.lookup_hash(&hash).await {
+            Ok(Some(record)) => {
+                self.failures.refund(peer);
+                Ok(KeyCheck::Known(record))
+            }
+            Ok(None) => Ok(KeyCheck::Unknown),
+            Err(error) => {
+                // Not the client's failure.
+                self.failures.refund(peer);
+                Err(error)
+            }
+        }
+    }
+
+    /// The key's record, `None` for an unknown or revoked key (through the caches, with
+    /// no failure counted).
     pub async fn lookup(&self, key: &str) -> Result<Option<KeyRecord>, KeyError> {
         let hash = hash_key(key);
-        if let Some(found) = self.cached(&hash) {
-            return Ok(found);
+        if let Some(record) = self.cached_known(&hash) {
+            return Ok(Some(record));
         }
-        let found = self.query(&hash).await?;
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() >= CACHE_ENTRIES {
-            cache.clear();
-        }
-        cache.insert(hash, (found.clone(), Instant::now()));
-        Ok(found)
+        self.lookup_hash(&hash).await
+    }
+
+    /// Queries sent to PostgreSQL so far (lookups and readiness checks).
+    pub fn queries(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
     }
 
     /// Whether PostgreSQL answers and the table is there.
@@ -192,29 +325,58 @@ impl KeyStore {
         self.query(&hash_key("")).await.map(|_| ())
     }
 
-    fn cached(&self, hash: &str) -> Option<Option<KeyRecord>> {
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        cache
-            .get(hash)
-            .filter(|(_, at)| at.elapsed() < self.ttl)
-            .map(|(found, _)| found.clone())
+    fn cached_known(&self, hash: &str) -> Option<KeyRecord> {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        known.get(hash, Instant::now())
+    }
+
+    /// The unknown-key cache, then PostgreSQL; remembers the answer.
+    async fn lookup_hash(&self, hash: &str) -> Result<Option<KeyRecord>, KeyError> {
+        {
+            let mut unknown = self.unknown.lock().unwrap_or_else(|p| p.into_inner());
+            if unknown.get(hash, Instant::now()).is_some() {
+                return Ok(None);
+            }
+        }
+        let found = self.query(hash).await?;
+        let now = Instant::now();
+        match &found {
+            Some(record) => {
+                self.unknown
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(hash);
+                self.known.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                    hash,
+                    record.clone(),
+                    now,
+                );
+            }
+            None => self
+                .unknown
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(hash, (), now),
+        }
+        Ok(found)
     }
 
     async fn query(&self, hash: &str) -> Result<Option<KeyRecord>, KeyError> {
-        let client = self.client().await?;
-        let sql = format!(
-            "SELECT id::text AS id, tenant_id, name, {CHAT_COLUMNS} FROM api_keys
-             WHERE key_hash = $1 AND revoked_at IS NULL"
-        );
-        let answer = tokio::time::timeout(DB_WAIT, client.query_opt(&sql, &[&hash])).await;
+        let connection = self.connection().await?;
+        self.queries.fetch_add(1, Ordering::Relaxed);
+        let answer = tokio::time::timeout(
+            DB_WAIT,
+            connection.client.query_opt(&connection.lookup, &[&hash]),
+        )
+        .await;
         match answer {
             Ok(Ok(row)) => row.map(|r| record(&r)).transpose(),
             Ok(Err(e)) => {
-                self.forget(&client).await;
+                self.forget(&connection).await;
                 Err(KeyError::Unavailable(e.to_string()))
             }
             Err(_) => {
-                self.forget(&client).await;
+                self.forget(&connection).await;
                 Err(KeyError::Unavailable(format!(
                     "no answer within {DB_WAIT:?}"
                 )))
@@ -222,26 +384,42 @@ impl KeyStore {
         }
     }
 
-    /// The open connection, or a new one.
-    async fn client(&self) -> Result<Arc<Client>, KeyError> {
+    /// The open connection, or a new one with the lookup prepared (one round trip and
+    /// one transaction a lookup afterwards, instead of a prepare each time).
+    async fn connection(&self) -> Result<Arc<Connection>, KeyError> {
         let mut slot = self.client.lock().await;
         match slot.as_ref() {
-            Some(client) if !client.is_closed() => Ok(client.clone()),
+            Some(connection) if !connection.client.is_closed() => Ok(connection.clone()),
             _ => {
-                let client = Arc::new(connect(&self.url).await?);
-                *slot = Some(client.clone());
-                Ok(client)
+                let client = connect(&self.url).await?;
+                let sql = format!(
+                    "SELECT id::text AS id, tenant_id, name, {CHAT_COLUMNS} FROM api_keys
+                     WHERE key_hash = $1 AND revoked_at IS NULL"
+                );
+                let lookup = tokio::time::timeout(DB_WAIT, client.prepare(&sql))
+                    .await
+                    .map_err(|_| KeyError::Unavailable(format!("no answer within {DB_WAIT:?}")))?
+                    .map_err(|e| KeyError::Unavailable(e.to_string()))?;
+                let connection = Arc::new(Connection { client, lookup });
+                *slot = Some(connection.clone());
+                Ok(connection)
             }
         }
     }
 
-    /// Drops `client` so the next lookup connects again.
-    async fn forget(&self, client: &Arc<Client>) {
+    /// Drops `connection` so the next lookup connects again.
+    async fn forget(&self, connection: &Arc<Connection>) {
         let mut slot = self.client.lock().await;
-        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
             *slot = None;
         }
     }
+}
+
+/// The key store's connection and its prepared lookup.
+struct Connection {
+    client: Client,
+    lookup: Statement,
 }
 
 fn record(row: &Row) -> Result<KeyRecord, KeyError> {
@@ -400,6 +578,50 @@ fn listed(row: &Row) -> Result<ListedKey, KeyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn record(id: &str) -> KeyRecord {
+        KeyRecord {
+            id: id.into(),
+            tenant: "acme".into(),
+            name: "test".into(),
+            chat: ChatLimits::default(),
+        }
+    }
+
+    #[test]
+    fn a_full_cache_forgets_its_least_recently_used_key_only() {
+        let mut cache = Lru::new(3, Duration::from_secs(60));
+        let now = Instant::now();
+        cache.insert("a", record("a"), now);
+        for other in ["b", "c", "d", "e", "f", "g"] {
+            // `a` is used between the others, so it is never the oldest.
+            assert_eq!(cache.get("a", now), Some(record("a")));
+            cache.insert(other, record(other), now);
+            assert!(cache.len() <= 3);
+        }
+        assert_eq!(cache.get("a", now), Some(record("a")));
+        assert_eq!(cache.get("g", now), Some(record("g")));
+        assert_eq!(
+            cache.get("b", now),
+            None,
+            "the oldest went, not the whole cache"
+        );
+        assert_eq!(cache.len(), 3);
+    }
+
+    #[test]
+    fn cached_answers_expire_and_a_zero_ttl_caches_nothing() {
+        let mut cache = Lru::new(10, Duration::from_secs(5));
+        let now = Instant::now();
+        cache.insert("a", (), now);
+        assert_eq!(cache.get("a", now + Duration::from_secs(4)), Some(()));
+        assert_eq!(cache.get("a", now + Duration::from_secs(5)), None);
+        assert_eq!(cache.len(), 0);
+        let mut off = Lru::new(10, Duration::ZERO);
+        off.insert("a", (), now);
+        assert_eq!(off.get("a", now), None);
+        assert_eq!(off.len(), 0);
+    }
 
     #[test]
     fn keys_are_random_and_hashed() {

@@ -9,12 +9,17 @@
 //! from the call's states when the client sent a `progressToken`, and
 //! `notifications/cancelled` cancelling the turn. The key is checked before the request
 //! reaches the MCP layer (401 otherwise, as on every other route); the tenant then rides
-//! in the request's extensions. Never decides anything about a tool: the coordinator does.
+//! in the request's extensions. A session belongs to the key that opened it
+//! (`SessionOwners`): a request naming a session opened by another key is answered
+//! 404, as for a session that does not exist, and never reaches the session. Never
+//! decides anything about a tool: the coordinator does.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rmcp::model::{
@@ -31,44 +36,148 @@ use toolfleet_common::tool::CatalogFormat;
 use toolfleet_common::{TurnEvent, TurnRequest};
 
 use crate::auth::Caller;
+use crate::error::ApiError;
 use crate::Gateway;
 
 /// How long the catalog may take.
 const CATALOG_WAIT: Duration = Duration::from_secs(5);
+/// The header naming a Streamable HTTP session.
+const SESSION_HEADER: &str = "mcp-session-id";
+/// Owners remembered before the first sweep of ended sessions.
+const FIRST_SWEEP: usize = 1024;
 
-/// The `/mcp` service: the MCP server behind the API-key check.
+/// The `/mcp` service: the MCP server behind the API-key check and the session owners.
 pub fn service(gateway: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
     let hosts = gateway.config.mcp_allowed_hosts.clone();
     let config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
     let handler = FleetMcp {
         gateway: Arc::clone(&gateway),
     };
-    let mcp = StreamableHttpService::new(
-        move || Ok(handler.clone()),
-        LocalSessionManager::default().into(),
-        config,
-    );
+    let sessions = Arc::new(LocalSessionManager::default());
+    let mcp =
+        StreamableHttpService::new(move || Ok(handler.clone()), Arc::clone(&sessions), config);
+    let guard = McpGuard {
+        gateway,
+        owners: Arc::new(SessionOwners::new(sessions)),
+    };
     axum::Router::new()
         .nest_service("/mcp", mcp)
-        .layer(axum::middleware::from_fn_with_state(gateway, authenticate))
+        .layer(axum::middleware::from_fn_with_state(guard, authenticate))
 }
 
-/// Refuses a request without a valid key (401 in the gateway's error shape) and hands
-/// the caller on in the request's extensions, where the MCP handler reads it.
-async fn authenticate(
-    State(gateway): State<Arc<Gateway>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// What the check in front of `/mcp` holds.
+#[derive(Clone)]
+struct McpGuard {
+    gateway: Arc<Gateway>,
+    owners: Arc<SessionOwners>,
+}
+
+/// Which API key opened each MCP session. The session ids come from the SDK's session
+/// manager (random UUIDs); an owner is recorded when the response to the request that
+/// opened the session names it, forgotten when its key deletes the session, and swept
+/// once the manager no longer holds the session, so the map stays as large as the live
+/// sessions (twice at most between sweeps).
+struct SessionOwners {
+    sessions: Arc<LocalSessionManager>,
+    owners: Mutex<Owners>,
+}
+
+#[derive(Default)]
+struct Owners {
+    by_session: HashMap<String, String>,
+    sweep_at: usize,
+}
+
+impl SessionOwners {
+    fn new(sessions: Arc<LocalSessionManager>) -> Self {
+        Self {
+            sessions,
+            owners: Mutex::new(Owners {
+                by_session: HashMap::new(),
+                sweep_at: FIRST_SWEEP,
+            }),
+        }
+    }
+
+    /// Whether session `id` was opened by key `key_id`. A session nobody opened through
+    /// this gateway belongs to nobody.
+    fn owned_by(&self, id: &str, key_id: &str) -> bool {
+        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners
+            .by_session
+            .get(id)
+            .is_some_and(|owner| owner == key_id)
+    }
+
+    /// Records that key `key_id` opened session `id`; sweeps ended sessions when the
+    /// map has doubled since the last sweep.
+    async fn opened(&self, id: &str, key_id: &str) {
+        let sweep = {
+            let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+            owners.by_session.insert(id.to_string(), key_id.to_string());
+            owners.by_session.len() >= owners.sweep_at
+        };
+        if sweep {
+            let live: std::collections::HashSet<String> = self
+                .sessions
+                .sessions
+                .read()
+                .await
+                .keys()
+                .map(|id| id.to_string())
+                .collect();
+            let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+            owners.by_session.retain(|id, _| live.contains(id));
+            owners.sweep_at = (owners.by_session.len() * 2).max(FIRST_SWEEP);
+        }
+    }
+
+    fn closed(&self, id: &str) {
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        owners.by_session.remove(id);
+    }
+}
+
+/// The session a request or response names, if any.
+fn session_of(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// Refuses a request without a valid key (401 in the gateway's error shape) or naming a
+/// session another key opened (404, like an unknown session: the Streamable HTTP
+/// transport's answer to a session the server does not hold for this caller), hands the
+/// caller on in the request's extensions, where the MCP handler reads it, and records
+/// the owner of a session the request opens.
+async fn authenticate(State(guard): State<McpGuard>, request: Request, next: Next) -> Response {
     use axum::extract::FromRequestParts;
     let (mut parts, body) = request.into_parts();
-    match Caller::from_request_parts(&mut parts, &gateway).await {
-        Ok(caller) => {
-            parts.extensions.insert(caller);
-            next.run(Request::from_parts(parts, body)).await
+    let caller = match Caller::from_request_parts(&mut parts, &guard.gateway).await {
+        Ok(caller) => caller,
+        Err(error) => return error.into_response(),
+    };
+    let key_id = caller.key_id.clone();
+    let named = session_of(&parts.headers);
+    if let Some(id) = &named {
+        if !guard.owners.owned_by(id, &key_id) {
+            return ApiError::not_found("no such MCP session").into_response();
         }
-        Err(error) => error.into_response(),
     }
+    let deleting = parts.method == Method::DELETE;
+    parts.extensions.insert(caller);
+    let response = next.run(Request::from_parts(parts, body)).await;
+    match &named {
+        None => {
+            if let Some(opened) = session_of(response.headers()) {
+                guard.owners.opened(&opened, &key_id).await;
+            }
+        }
+        Some(id) if deleting && response.status().is_success() => guard.owners.closed(id),
+        Some(_) => {}
+    }
+    response
 }
 
 /// The MCP server handler.
