@@ -54,6 +54,10 @@ pub mod names {
     pub const WORKER_CAPACITY: &str = "toolfleet.worker.capacity";
     /// Turns this coordinator owns right now.
     pub const TURNS_IN_FLIGHT: &str = "toolfleet.turns.in_flight";
+    /// Gauge: Redis's `used_memory` as a coordinator last sampled it, in bytes.
+    pub const REDIS_MEMORY_USED: &str = "toolfleet.redis.memory.used";
+    /// Gauge: Redis's `maxmemory` as a coordinator last sampled it, in bytes (0: none).
+    pub const REDIS_MEMORY_MAX: &str = "toolfleet.redis.memory.max";
     /// Turns refused whole, by `code` (`invalid_decision`, `duplicate_turn`, ...).
     pub const TURNS_REFUSED: &str = "toolfleet.turns.refused";
     /// Results refused because their tool is not their call's (forged), by `code`.
@@ -281,7 +285,7 @@ const LABELLED_COUNTERS: [(&str, &str); 12] = [
 ];
 
 /// Gauges, created in [`FleetMetrics::new`]: name, unit, description.
-const GAUGES: [(&str, &str, &str); 6] = [
+const GAUGES: [(&str, &str, &str); 8] = [
     (names::QUEUE_PENDING, "", "Jobs not yet delivered"),
     (
         names::QUEUE_ACK_PENDING,
@@ -299,6 +303,16 @@ const GAUGES: [(&str, &str, &str); 6] = [
         "Calls of one tool this worker runs at once",
     ),
     (names::TURNS_IN_FLIGHT, "", "Turns this coordinator owns"),
+    (
+        names::REDIS_MEMORY_USED,
+        "By",
+        "Redis used_memory as a coordinator last sampled it",
+    ),
+    (
+        names::REDIS_MEMORY_MAX,
+        "By",
+        "Redis maxmemory as a coordinator last sampled it (0: none)",
+    ),
     (names::BUILD_INFO, "", "Build information"),
 ];
 
@@ -488,6 +502,13 @@ impl FleetMetrics {
             slots,
             &[KeyValue::new(TOOL, tool.to_string())],
         );
+    }
+
+    /// Redis holds `used` bytes of at most `max` (0: no limit).
+    pub fn redis_memory(&self, used: u64, max: u64) {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.gauge(names::REDIS_MEMORY_USED, clamp(used), &[]);
+        self.gauge(names::REDIS_MEMORY_MAX, clamp(max), &[]);
     }
 
     /// This coordinator owns `turns` turns.

@@ -57,6 +57,11 @@ pub struct CoordinatorConfig {
     /// refused with `overloaded` (retryable) instead of queued
     /// (`TOOLFLEET_MAX_TURNS_IN_PROGRESS`).
     pub max_turns_in_progress: usize,
+    /// The share of Redis's `maxmemory`, in percent, at which new turns are refused with
+    /// `overloaded` so the turns in flight can still record and end
+    /// (`TOOLFLEET_REDIS_SHED_PERCENT`; 100 never refuses). A Redis without `maxmemory`
+    /// is never the reason for a refusal.
+    pub redis_shed_percent: u8,
     /// Argument names that identify a tenant; a call whose argument of one of these
     /// names differs from the turn's tenant is refused (`TOOLFLEET_TENANT_ARGUMENT_KEYS`,
     /// comma-separated).
@@ -129,6 +134,7 @@ impl CoordinatorConfig {
             max_context_bytes: 32 * 1024,
             tool_ack_wait: Duration::from_secs(5),
             max_turns_in_progress: 20_000,
+            redis_shed_percent: 85,
             tenant_argument_keys: ["tenant_id", "tenantId", "business_id", "businessId"]
                 .map(String::from)
                 .to_vec(),
@@ -263,6 +269,11 @@ impl CoordinatorConfig {
                 d.max_turns_in_progress,
                 r::TURNS_IN_PROGRESS,
             )?,
+            redis_shed_percent: env_in(
+                "TOOLFLEET_REDIS_SHED_PERCENT",
+                d.redis_shed_percent,
+                r::SHED_PERCENT,
+            )?,
             sweep_interval: env_ms_in(
                 "TOOLFLEET_SWEEP_INTERVAL_MS",
                 d.sweep_interval,
@@ -325,6 +336,8 @@ pub mod ranges {
     pub const CONTEXT_BYTES: RangeInclusive<usize> = 256..=1024 * 1024;
     /// Turns one replica takes in and follows at once.
     pub const TURNS_IN_PROGRESS: RangeInclusive<usize> = 1..=1_000_000;
+    /// `TOOLFLEET_REDIS_SHED_PERCENT`.
+    pub const SHED_PERCENT: RangeInclusive<u8> = 10..=100;
     /// Deadline sweeps, in ms.
     pub const SWEEP_INTERVAL_MS: RangeInclusive<u64> = 50..=10_000;
     /// Buckets of the deadline index.

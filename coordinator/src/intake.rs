@@ -63,17 +63,22 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
     let mut trace = TurnTrace::begin(message.headers.as_ref());
     let max = replica.config.max_turns_in_progress;
     let Some(_taking) = replica.turns.try_take(max) else {
-        let turn_id = message
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(toolfleet_common::headers::name(HEADER_TURN_ID)))
-            .map(|v| v.to_string());
+        let turn_id = header_turn_id(&message);
         let message = format!(
             "this coordinator follows {max} turns, its limit (TOOLFLEET_MAX_TURNS_IN_PROGRESS); nothing was stored, retry after {OVERLOADED_RETRY_MS} ms"
         );
         let error = CallError::retryable(turn_codes::OVERLOADED, message);
         return reject(&replica, turn_id, reply, error, trace).await;
     };
+    if let Some(full) = replica.memory.full() {
+        let turn_id = header_turn_id(&message);
+        let message = format!(
+            "the turn store holds {} of its {} bytes, past the {} % at which new turns wait (TOOLFLEET_REDIS_SHED_PERCENT) so the turns in flight can end; nothing was stored, retry after {OVERLOADED_RETRY_MS} ms",
+            full.used, full.max, full.shed_percent
+        );
+        let error = CallError::retryable(turn_codes::OVERLOADED, message);
+        return reject(&replica, turn_id, reply, error, trace).await;
+    }
     let max_context = replica.config.max_context_bytes;
     let decoded = decode(&message, max_context).and_then(|(turn_id, request)| {
         match caller.check_tenant(&replica.config.frontends, &request.tenant_id) {
@@ -121,6 +126,15 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
     )
     .instrument(span)
     .await;
+}
+
+/// The turn id the request's header names, for refusing a request unread.
+fn header_turn_id(message: &async_nats::Message) -> Option<String> {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(toolfleet_common::headers::name(HEADER_TURN_ID)))
+        .map(|v| v.to_string())
 }
 
 /// The request with its turn id (generated when absent), or why it is refused (with

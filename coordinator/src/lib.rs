@@ -20,6 +20,7 @@
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
 //! | - | `events` | every event to a frontend and every notice between replicas |
 //! | - | `trace` | the turn span from accept to `final` on whichever replica ends the turn |
+//! | - | `memory` | Redis's memory sampled; new turns refused (`overloaded`) before it is full |
 //! | - | `upkeep` | recreating lost streams and the results consumer; queue-lag and turn gauges |
 //! | - | `turns` | the turns this replica owns and the per-turn publishing gate |
 //! | - | `progress` | relaying `running`; forgetting turns another replica ended |
@@ -45,6 +46,7 @@ mod finalize;
 mod intake;
 pub mod join;
 mod limits;
+mod memory;
 pub mod narrate;
 mod progress;
 pub mod registry;

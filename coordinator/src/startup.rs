@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -62,6 +62,8 @@ pub(crate) struct Replica {
     pub health: Health,
     /// The tool consumers this replica created or checked, by definition.
     pub consumers: crate::consumers::Ensured,
+    /// Redis's memory at the last sample; new turns are refused while it is near full.
+    pub memory: crate::memory::StoreMemory,
 }
 
 /// Runs a coordinator with the template narrator until `shutdown` is cancelled.
@@ -133,6 +135,7 @@ pub async fn run_with_narrator(
         turns: OwnedTurns::default(),
         health: health.clone(),
         consumers: Default::default(),
+        memory: crate::memory::StoreMemory::new(config.redis_shed_percent),
     });
     let background = TaskTracker::new();
     spawn_background(
@@ -193,6 +196,8 @@ async fn spawn_background(
     let (nats, names, health) = (&replica.nats, &replica.names, &replica.health);
     let changes = nats.subscribe(names.registry_changed()).await?;
     let announced = nats.subscribe(names.registry_changed_any()).await?;
+    let memory = crate::memory::sample(Arc::clone(replica), redis.clone(), stop.clone());
+    health.supervise(background, "redis_memory", stop, memory);
     health.supervise(
         background,
         "registry_refresh",
@@ -252,6 +257,22 @@ const MIN_REFRESH_GAP: Duration = Duration::from_millis(100);
 /// announced again at their workers' next heartbeat.
 const MAX_ANNOUNCED_PER_REFRESH: usize = 256;
 
+/// Notes the tool `message` announces when the registry does not know it yet (up to
+/// [`MAX_ANNOUNCED_PER_REFRESH`]); whether it did.
+fn note_unknown(
+    replica: &Replica,
+    message: &async_nats::Message,
+    unknown: &mut BTreeSet<String>,
+) -> bool {
+    let Some(tool) = replica.names.registry_changed_tool(&message.subject) else {
+        return false;
+    };
+    if unknown.len() >= MAX_ANNOUNCED_PER_REFRESH || replica.registry.snapshot().knows(tool) {
+        return false;
+    }
+    unknown.insert(tool.to_string())
+}
+
 /// Re-reads the registry periodically and on every announced change, until `stop`.
 async fn refresh_registry(
     replica: Arc<Replica>,
@@ -270,20 +291,26 @@ async fn refresh_registry(
             Some(_) = changes.next() => {}
             Some(message) = announced.next() => {
                 // A tool already known costs a lookup; only a new name leads to Redis.
-                let snapshot = replica.registry.snapshot();
-                match replica.names.registry_changed_tool(&message.subject) {
-                    Some(tool) if !snapshot.knows(tool) && unknown.len() < MAX_ANNOUNCED_PER_REFRESH => {
-                        unknown.insert(tool.to_string());
-                    }
-                    _ => continue,
+                if !note_unknown(&replica, &message, &mut unknown) {
+                    continue;
                 }
             }
         }
-        // However often workers announce, a replica refreshes at most once per gap.
+        // However often workers announce, a replica refreshes at most once per gap; the
+        // tools announced meanwhile (a worker announces all of its own at once) are
+        // looked up together.
         let next = last + MIN_REFRESH_GAP;
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep_until(next) => {}
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(next) => break,
+                Some(message) = announced.next() => {
+                    note_unknown(&replica, &message, &mut unknown);
+                }
+            }
+        }
+        while let Some(Some(message)) = announced.next().now_or_never() {
+            note_unknown(&replica, &message, &mut unknown);
         }
         last = tokio::time::Instant::now();
         if !unknown.is_empty() {

@@ -90,14 +90,20 @@ pub struct PackSettings {
 }
 
 impl PackSettings {
-    /// Reads the settings from the environment; the cache uses `worker`'s Redis (and its
-    /// TLS files) and prefix, with a TTL of `TOOLFLEET_CACHE_TTL_MS` (default 30000; 0 disables it).
+    /// Reads the settings from the environment; the cache uses the Redis of
+    /// `TOOLFLEET_CACHE_REDIS_URL`, else `worker`'s (and its TLS files), and its prefix,
+    /// with a TTL of `TOOLFLEET_CACHE_TTL_MS` (default 30000; 0 disables it).
     pub fn from_env(worker: &WorkerConfig) -> Result<Self, ConfigError> {
         let ttl = env_ms("TOOLFLEET_CACHE_TTL_MS", CacheConfig::DEFAULT_TTL)?;
+        let redis_url = std::env::var("TOOLFLEET_CACHE_REDIS_URL")
+            .ok()
+            .map(|url| url.trim().to_string())
+            .filter(|url| !url.is_empty())
+            .unwrap_or_else(|| worker.redis_url.clone());
         let cache = (ttl > Duration::ZERO).then(|| CacheConfig {
             ttl,
             redis_tls: worker.redis_tls.clone(),
-            ..CacheConfig::new(worker.redis_url.clone(), Names::new(worker.prefix.clone()))
+            ..CacheConfig::new(redis_url, Names::new(worker.prefix.clone()))
         });
         Ok(Self {
             database: DbConfig::from_env()?,

@@ -316,11 +316,8 @@ async fn the_redis_worker_user_writes_only_its_own_tools_registry_and_cache_keys
             .arg(names.rejected_definitions_key())
             .arg(own)
             .clone(),
-        redis::cmd("SET")
+        redis::cmd("GET")
             .arg(names.tool_cache_key("acme", own, "d1"))
-            .arg("{}")
-            .arg("PX")
-            .arg(1000)
             .clone(),
     ];
     for command in allowed {
@@ -349,6 +346,13 @@ async fn the_redis_worker_user_writes_only_its_own_tools_registry_and_cache_keys
         redis::cmd("SET")
             .arg(names.tool_cache_key("acme", other, "d1"))
             .arg("{}")
+            .clone(),
+        // its own cache keys only through the bounded function, never a plain SET
+        redis::cmd("SET")
+            .arg(names.tool_cache_key("acme", own, "d1"))
+            .arg("{}")
+            .arg("PX")
+            .arg(1000)
             .clone(),
         // the names set: coordinators only (a worker announces on NATS)
         redis::cmd("SADD")

@@ -11,6 +11,7 @@
 //!   and names left in the set from before are pruned, so a refresh reads only tools;
 //! - a worker writes, under the key of a tool it serves, a definition naming another
 //!   tool (with an injected description);
+//! - a worker stores huge or everlasting values under its cache keys (it may not `SET`);
 //! - a frontend reuses a turn id with another decision.
 
 use std::time::Duration;
@@ -104,7 +105,10 @@ async fn catalog_requests_are_answered_only_inside_the_callers_inbox() -> Result
         .client
         .subscribe(format!("{}.>", names.prefix()))
         .await?;
-    let mut coordinator_inbox = coordinator.client.subscribe("_INBOX_coordinator.forged").await?;
+    let mut coordinator_inbox = coordinator
+        .client
+        .subscribe("_INBOX_coordinator.forged")
+        .await?;
     let victim = RoleConnection::open(&servers.nats, &frontend2_credentials()).await?;
     let victim_inbox = victim.client.new_inbox();
     let mut victim_events = victim.client.subscribe(victim_inbox.clone()).await?;
@@ -419,5 +423,33 @@ async fn a_turn_id_reused_with_another_decision_is_a_conflict() -> Result<()> {
         TurnEvent::Final(again) => assert_eq!(again.text, first.text),
         other => anyhow::bail!("a resubmission answered {other:?}"),
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_cannot_store_values_in_the_fleets_redis() -> Result<()> {
+    let servers = SecuredServers::start().await?;
+    let names = &servers.names;
+    let worker_redis = redis::Client::open(servers.worker_redis_url.as_str())?;
+    let mut worker_redis = worker_redis.get_multiplexed_async_connection().await?;
+    // Its own tools' cache keys included: a value of any size, with or without a TTL.
+    let own = names.tool_cache_key("acme", "crm.getOpenInvoices", "d1");
+    for ttl in [None, Some(1000)] {
+        let mut set = redis::cmd("SET");
+        set.arg(&own).arg("x".repeat(1 << 20));
+        if let Some(ttl) = ttl {
+            set.arg("PX").arg(ttl);
+        }
+        let stored: redis::RedisResult<()> = set.query_async(&mut worker_redis).await;
+        let code = stored.err().and_then(|e| e.code().map(String::from));
+        assert_eq!(code.as_deref(), Some("NOPERM"));
+    }
+    let admin = servers.redis.client()?;
+    let mut admin = admin.get_multiplexed_async_connection().await?;
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&own)
+        .query_async(&mut admin)
+        .await?;
+    assert!(!exists);
     Ok(())
 }

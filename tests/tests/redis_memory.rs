@@ -1,0 +1,137 @@
+//! New turns shed before Redis is full, against a real `redis-server` with a small
+//! `maxmemory` and `noeviction` (what deploy/ runs): once `used_memory` passes
+//! `TOOLFLEET_REDIS_SHED_PERCENT` of it, a new turn is refused with the retryable
+//! `overloaded` while a turn already in flight still records its result and ends with
+//! its `final`; once memory is freed, turns run again.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use toolfleet_common::turn::turn_codes;
+use toolfleet_common::TurnEvent;
+use toolfleet_tests::eventually_named;
+use toolfleet_tests::fleet::{call, read_to_end, timed_turn, Fleet};
+
+/// Bytes of one junk value the test fills Redis with.
+const JUNK_VALUE: usize = 64 * 1024;
+
+/// `used_memory` and `maxmemory` of the server.
+async fn memory(admin: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(admin).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Ok((
+        field("used_memory").context("used_memory")?,
+        field("maxmemory").context("maxmemory")?,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> Result<()> {
+    let fleet = Fleet::start().await?;
+    let _nodes = fleet.start_default().await?;
+    let mut admin = fleet
+        .redis
+        .client()?
+        .get_multiplexed_async_connection()
+        .await?;
+    let (used, _) = memory(&mut admin).await?;
+    let max = used + 8 * 1024 * 1024;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(max)
+        .query_async(&mut admin)
+        .await?;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut admin)
+        .await?;
+
+    // A turn in flight: its call runs while Redis fills.
+    let slow = vec![call(
+        "slow",
+        "test.behave",
+        json!({"sleep_ms": 1500, "value": 1}),
+    )];
+    let mut in_flight = fleet
+        .client
+        .submit(timed_turn("acme", 20_000, slow))
+        .await?;
+
+    // Fill to about 93 % of maxmemory.
+    let junk = "x".repeat(JUNK_VALUE);
+    let mut n = 0u32;
+    while {
+        let (now, _) = memory(&mut admin).await?;
+        now < max / 100 * 93
+    } {
+        let () = redis::cmd("SET")
+            .arg(format!("junk:{n}"))
+            .arg(&junk)
+            .query_async(&mut admin)
+            .await?;
+        n += 1;
+    }
+
+    let quick = || vec![call("quick", "test.behave", json!({"value": 2}))];
+    eventually_named(
+        "a new turn refused with overloaded",
+        Duration::from_secs(10),
+        || {
+            let client = fleet.client.clone();
+            let request = timed_turn("acme", 5_000, quick());
+            async move {
+                let mut stream = client.submit(request).await.ok()?;
+                let events = read_to_end(&mut stream, Duration::from_secs(10))
+                    .await
+                    .ok()?;
+                match events.last()? {
+                    TurnEvent::Error { error, .. }
+                        if error.code == turn_codes::OVERLOADED && error.retryable =>
+                    {
+                        Some(())
+                    }
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await?;
+
+    // The turn in flight still ends with its result.
+    let events = read_to_end(&mut in_flight, Duration::from_secs(20)).await?;
+    match events.last() {
+        Some(TurnEvent::Final(fin)) => {
+            assert_eq!(fin.summary.ok, 1, "{fin:?}");
+        }
+        other => anyhow::bail!("the turn in flight ended with {other:?}"),
+    }
+
+    // Memory freed: turns run again.
+    for k in 0..n {
+        let () = redis::cmd("DEL")
+            .arg(format!("junk:{k}"))
+            .query_async(&mut admin)
+            .await?;
+    }
+    eventually_named("turns run again", Duration::from_secs(10), || {
+        let client = fleet.client.clone();
+        let request = timed_turn("acme", 5_000, quick());
+        async move {
+            let mut stream = client.submit(request).await.ok()?;
+            let events = read_to_end(&mut stream, Duration::from_secs(10))
+                .await
+                .ok()?;
+            matches!(events.last()?, TurnEvent::Final(f) if f.summary.ok == 1).then_some(())
+        }
+    })
+    .await?;
+    Ok(())
+}
