@@ -125,12 +125,14 @@ pub(crate) async fn wait_and_bind(
     while started.elapsed() < BIND_WAIT {
         // Announced again every second: a coordinator that started after the first
         // announcement learns the tool from a later one.
-        if polls % 5 == 0 {
+        if polls.is_multiple_of(5) {
             let tool = &tool.definition().name;
             let _ = nats
                 .publish(names.registry_changed_for(tool), bytes::Bytes::new())
                 .await;
-            let _ = nats.publish(names.registry_changed(), bytes::Bytes::new()).await;
+            let _ = nats
+                .publish(names.registry_changed(), bytes::Bytes::new())
+                .await;
         }
         polls += 1;
         match jobs_stream
