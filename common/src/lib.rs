@@ -10,10 +10,12 @@
 //! | [`deferred`] | spans whose ids and start are fixed early and exported by whoever ends the work |
 //! | [`failover`] | moving a NATS connection to another server of a cluster |
 //! | [`keep_errors`] | head sampling that still exports every trace with a failed span |
+//! | [`prompt_export`] | a trace's closing span exported the moment it ends, local subtrees handed on whole |
 //! | [`credentials`] | NATS user, password, inbox prefix and TLS files of one role |
 //! | [`metrics`] | the fleet's OpenTelemetry instruments and metric names |
 //! | [`names`] | every subject, stream, consumer, header and Redis key name |
 //! | [`turn`] | `TurnRequest`, `TurnEvent` (`ack`, `tool_state`, `narration`, `final`, `error`) |
+//! | [`history`] | a turn's results as OpenAI and Anthropic history (`render_history`) |
 //! | [`call`] | `ToolCall`, `CallState`, `CallError` and its codes, `CallResult`, `Summary` |
 //! | [`tool`] | `ToolDefinition`, retry policy, catalog formats (OpenAI, Anthropic, MCP) |
 //! | `mcp` | fleet tools and results to and from the Model Context Protocol's types (feature `mcp`) |
@@ -38,6 +40,7 @@ pub mod credentials;
 pub mod deferred;
 pub mod failover;
 pub mod headers;
+pub mod history;
 pub mod health;
 pub mod http;
 pub mod job;
@@ -49,6 +52,7 @@ pub mod names;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod oversize;
+pub mod prompt_export;
 #[cfg(feature = "redis")]
 pub mod ready;
 #[cfg(feature = "redis")]

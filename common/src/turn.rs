@@ -270,11 +270,28 @@ pub struct FinalEvent {
     pub results: Vec<CallResult>,
     /// Counts by state.
     pub summary: Summary,
-    /// Ready-to-append history.
+    /// Ready-to-append history; empty when [`FinalEvent::history_omitted`].
     pub history: History,
     /// Whether the turn ended at its deadline rather than with every result in.
     #[serde(default)]
     pub deadline_hit: bool,
+    /// The history was left out so that every result fits in one message (the history
+    /// repeats each result twice): render it from `results` with
+    /// [`crate::history::render_history`], or call [`FinalEvent::session_history`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub history_omitted: bool,
+}
+
+impl FinalEvent {
+    /// The history to append to the session: the one carried, or rendered from the
+    /// results when it was left out.
+    pub fn session_history(&self) -> History {
+        if self.history_omitted {
+            crate::history::render_history(&self.results)
+        } else {
+            self.history.clone()
+        }
+    }
 }
 
 /// Events of one turn, in order: `ack`, `tool_state`*, `narration`*, `final` — or a

@@ -29,11 +29,11 @@ use crate::callers::Reply;
 use crate::events;
 use crate::fault;
 use crate::intake::{self, Admission, Taken};
-use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal};
+use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal, StoredTurn};
 use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::startup::Replica;
-use crate::trace::{self, TurnOutcome, TurnTrace};
+use crate::trace::{self, worst_outcome, EndedBy, TurnOutcome, TurnTrace};
 use crate::turns::Ready;
 
 /// Longest a narrator may take before the template narration is used instead.
@@ -116,15 +116,24 @@ impl EndReason {
 /// Publishes the end of a turn. For the two ends that come from the join, this runs
 /// once per turn: only the caller whose script ended the turn holds a [`Closing`].
 pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
+    finish_by(replica, end, None).await;
+}
+
+/// [`finish`], saying how this replica came to end the turn (`None`: as the end
+/// says: the completing result, the owner's deadline, the cancel).
+async fn finish_by(replica: &Arc<Replica>, end: TurnEnd, by: Option<EndedBy>) {
     match end {
         TurnEnd::AllResultsIn { turn_id, closing } => {
-            close_turn(replica, &turn_id, closing, EndReason::Complete).await;
+            let by = by.unwrap_or(EndedBy::Result);
+            close_turn(replica, &turn_id, closing, EndReason::Complete, by).await;
         }
         TurnEnd::Deadline { turn_id, closing } => {
-            close_turn(replica, &turn_id, closing, EndReason::Deadline).await;
+            let by = by.unwrap_or(EndedBy::Deadline);
+            close_turn(replica, &turn_id, closing, EndReason::Deadline, by).await;
         }
         TurnEnd::Cancelled { turn_id, closing } => {
-            close_turn(replica, &turn_id, closing, EndReason::Cancelled).await;
+            let by = by.unwrap_or(EndedBy::Cancel);
+            close_turn(replica, &turn_id, closing, EndReason::Cancelled, by).await;
         }
         TurnEnd::NoTools {
             taken,
@@ -150,6 +159,7 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
                     summary: None,
                     deadline_hit: false,
                     error: Some(&outcome_error),
+                    ended_by: EndedBy::Intake,
                 });
             }
         }
@@ -160,6 +170,22 @@ pub(crate) async fn finish(replica: &Arc<Replica>, end: TurnEnd) {
 /// once when none of its calls could run. States of results recorded here before the
 /// end are published first.
 pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool) {
+    let by = if deadline_hit {
+        EndedBy::Deadline
+    } else {
+        EndedBy::Intake
+    };
+    end_turn(replica, turn_id, deadline_hit, by).await;
+}
+
+/// Ends `turn_id`, found open past its deadline plus the grace by the sweeper (its
+/// owner did not end it), or sends its stored `final` again.
+pub(crate) async fn sweep_turn(replica: &Arc<Replica>, turn_id: &str) {
+    end_turn(replica, turn_id, true, EndedBy::Sweeper).await;
+}
+
+/// [`end_open_turn`], ended `by` this path.
+async fn end_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool, by: EndedBy) {
     let reason = if deadline_hit { "deadline" } else { "complete" };
     let script = match replica.turns.trace(turn_id) {
         Some(trace) => {
@@ -193,7 +219,7 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
                 .gated(&turn_id, |gate| async move {
                     let _ending = gate.recording.write().await;
                     let _publishing = gate.publishing.lock().await;
-                    Box::pin(finish(replica, end)).await;
+                    Box::pin(finish_by(replica, end, Some(by))).await;
                 })
                 .await;
         }
@@ -207,7 +233,7 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
             } else {
                 TurnEnd::Deadline { turn_id, closing }
             };
-            Box::pin(finish(replica, end)).await;
+            Box::pin(finish_by(replica, end, Some(EndedBy::Recovery))).await;
         }
         Ok(Finalized::AlreadyEnded { published: false }) => {
             // Stored but not marked sent: its replica died before sending it, is
@@ -231,7 +257,13 @@ pub(crate) async fn end_open_turn(replica: &Arc<Replica>, turn_id: &str, deadlin
 /// Publishes the end of `turn_id` from what the join returned, then exports the turn
 /// span (whichever replica this is). Only the replica whose `final` was stored does the
 /// rest; another that stored first does it instead.
-async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, reason: EndReason) {
+async fn close_turn(
+    replica: &Arc<Replica>,
+    turn_id: &str,
+    closing: Closing,
+    reason: EndReason,
+    ended_by: EndedBy,
+) {
     let deadline_hit = reason.deadline_hit();
     let trace = closing.trace.as_deref().and_then(TurnTrace::decode);
     let tenant = trace.as_ref().map(|t| t.tenant.clone()).unwrap_or_default();
@@ -242,10 +274,10 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, rea
         (None, None) => {}
     }
     let created_unix_ms = closing.created_unix_ms;
-    let (summary, error, stored) = async {
+    let (summary, error, sent) = async {
         let (ordered, missing) = complete_results(closing, reason);
         let summary = Summary::of(&ordered);
-        let error = join_error(&ordered, deadline_hit);
+        let error = worst_outcome(&ordered, deadline_hit);
         record_summary(&tracing::Span::current(), &summary, error.as_ref());
         let ending = Ending {
             turn_id,
@@ -253,26 +285,28 @@ async fn close_turn(replica: &Arc<Replica>, turn_id: &str, closing: Closing, rea
             missing: &missing,
             deadline_hit,
         };
-        let stored = publish_final(replica, ending, ordered).await;
-        if stored {
+        let sent = publish_final(replica, ending, ordered).await;
+        if sent.is_some() {
             for result in &missing {
                 replica.metrics.call_result(&result.name, result);
             }
         }
-        (summary, error, stored)
+        (summary, error, sent)
     }
     .instrument(span)
     .await;
-    if !stored {
+    let Some(marked_first) = sent else {
         replica.turns.release(turn_id);
         return;
-    }
+    };
     let ended = Ended {
         turn_id,
         reason,
         summary: &summary,
         error: error.as_ref(),
         created_unix_ms,
+        ended_by,
+        marked_first,
     };
     turn_ended(replica, trace.as_ref(), ended).await;
 }
@@ -286,10 +320,16 @@ struct Ended<'a> {
     error: Option<&'a CallError>,
     /// When the turn was taken, Unix milliseconds.
     created_unix_ms: u64,
+    /// How this replica came to end it.
+    ended_by: EndedBy,
+    /// This replica marked the `final` sent first: it, and no other, exports the turn
+    /// span.
+    marked_first: bool,
 }
 
-/// After a turn's `final` went out from here: ends the turn span, counts the turn,
-/// tells the replica that took the turn when that is another one, and forgets it.
+/// After a turn's `final` went out from here: ends the turn span (when this replica
+/// marked the `final` sent first), counts the turn, tells the replica that took the
+/// turn when that is another one, and forgets it.
 async fn turn_ended(replica: &Arc<Replica>, trace: Option<&TurnTrace>, ended: Ended<'_>) {
     let Ended {
         turn_id,
@@ -297,15 +337,18 @@ async fn turn_ended(replica: &Arc<Replica>, trace: Option<&TurnTrace>, ended: En
         summary,
         error,
         created_unix_ms,
+        ended_by,
+        marked_first,
     } = ended;
     let deadline_hit = reason.deadline_hit();
-    if let Some(trace) = trace {
+    if let Some(trace) = trace.filter(|_| marked_first) {
         trace.end(&TurnOutcome {
             turn_id,
             outcome: reason.label(),
             summary: Some(summary),
             deadline_hit,
-            error: error.filter(|_| deadline_hit),
+            error,
+            ended_by,
         });
     }
     let turn_seconds = unix_ms().saturating_sub(created_unix_ms) as f64 / 1000.0;
@@ -378,7 +421,7 @@ pub(crate) fn close_ahead(
         }
     };
     let summary = Summary::of(&results);
-    let error = join_error(&results, false);
+    let error = worst_outcome(&results, false);
     let events = closing_events(replica, turn_id, chunks, results, &[], false);
     Some(ClosedAhead {
         events,
@@ -418,15 +461,13 @@ pub(crate) async fn send_closed_ahead(
         trace.parent(&span);
     }
     record_summary(&span, &summary, error.as_ref());
-    async {
+    let marked_first = async {
         fault::point(fault::EXIT_AFTER_FINAL_STORED);
         let mut stored = Vec::with_capacity(closing.len() + 1);
         stored.push(state);
         stored.extend(closing);
         events::publish_kept(replica, reply, seq, &stored).await;
-        if let Err(error) = replica.join.mark_published(turn_id).await {
-            warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
-        }
+        mark_sent(replica, turn_id).await
     }
     .instrument(span)
     .await;
@@ -436,17 +477,33 @@ pub(crate) async fn send_closed_ahead(
         summary: &summary,
         error: error.as_ref(),
         created_unix_ms,
+        ended_by: EndedBy::Result,
+        marked_first,
     };
     turn_ended(replica, trace.as_ref(), ended).await;
 }
 
-/// Sends every stored event of an ended turn again and marks its `final` sent.
+/// Marks the turn's stored `final` sent; whether this call marked it first (and so
+/// exports the turn span). A failure is logged: the sweeper sends the `final` again and
+/// marks it then.
+async fn mark_sent(replica: &Replica, turn_id: &str) -> bool {
+    match replica.join.mark_published(turn_id).await {
+        Ok(first) => first,
+        Err(error) => {
+            warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
+            false
+        }
+    }
+}
+
+/// Sends every stored event of an ended turn again and marks its `final` sent; the
+/// replica that marks it first exports the turn span from the stored turn.
 async fn send_stored_again(replica: &Replica, turn_id: &str) {
     match replica.join.stored_events(turn_id).await {
-        Ok((reply, stored)) if !reply.is_empty() && !stored.is_empty() => {
-            events::publish_kept(replica, &reply, 1, &stored).await;
-            if let Err(error) = replica.join.mark_published(turn_id).await {
-                warn!(%turn_id, %error, "could not mark the final sent; it is sent again");
+        Ok(stored) if !stored.reply.is_empty() && !stored.events.is_empty() => {
+            events::publish_kept(replica, &stored.reply, 1, &stored.events).await;
+            if mark_sent(replica, turn_id).await {
+                export_stored(turn_id, &stored, EndedBy::Resend);
             }
         }
         Ok(_) => {}
@@ -454,6 +511,66 @@ async fn send_stored_again(replica: &Replica, turn_id: &str) {
             warn!(%turn_id, %error, "could not read the stored final; the sweeper retries")
         }
     }
+}
+
+/// After a frontend was sent the stored events of `turn_id` up to its `final`
+/// (`attach.rs`): the `final` is marked sent, and when that was not done before (the
+/// replica that stored it died first) the turn span is exported from the stored turn.
+pub(crate) async fn replayed_final(replica: &Replica, turn_id: &str) {
+    if !mark_sent(replica, turn_id).await {
+        return;
+    }
+    match replica.join.stored_events(turn_id).await {
+        Ok(stored) => export_stored(turn_id, &stored, EndedBy::Replay),
+        Err(error) => warn!(%turn_id, %error, "could not read the stored turn; its span is lost"),
+    }
+}
+
+/// Whether the stored event `event` is a `final`.
+pub(crate) fn is_final(event: &str) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Kind<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: &'a str,
+    }
+    serde_json::from_str::<Kind<'_>>(event).is_ok_and(|k| k.kind == "final")
+}
+
+/// Exports the turn span of an ended turn from what the join stored: its identity, how
+/// it ended and its `final`.
+fn export_stored(turn_id: &str, stored: &StoredTurn, ended_by: EndedBy) {
+    let Some(trace) = stored.trace.as_deref().and_then(TurnTrace::decode) else {
+        return;
+    };
+    let fin = stored
+        .events
+        .iter()
+        .rev()
+        .find_map(|e| match serde_json::from_str::<TurnEvent>(e) {
+            Ok(TurnEvent::Final(fin)) => Some(fin),
+            _ => None,
+        });
+    let summary = fin.as_ref().map(|f| f.summary);
+    let deadline_hit = fin.as_ref().is_some_and(|f| f.deadline_hit);
+    let error = fin
+        .as_ref()
+        .and_then(|f| worst_outcome(&f.results, f.deadline_hit));
+    let outcome = match stored.ended.as_str() {
+        "complete" => "complete",
+        "deadline" => "deadline",
+        "cancelled" => "cancelled",
+        "no_tools" => "no_tools",
+        _ if deadline_hit => "deadline",
+        _ => "complete",
+    };
+    trace.end(&TurnOutcome {
+        turn_id,
+        outcome,
+        summary: summary.as_ref().filter(|_| outcome != "no_tools"),
+        deadline_hit,
+        error: error.as_ref(),
+        ended_by,
+    });
 }
 
 /// A no-tool turn: stored with its narration and `final`, then sent. A resubmission
@@ -482,6 +599,7 @@ async fn answer_without_tools(
         summary: Summary::default(),
         history: Default::default(),
         deadline_hit: false,
+        history_omitted: false,
     });
     let stored: Vec<String> = [&narration, &event]
         .into_iter()
@@ -521,16 +639,21 @@ async fn answer_without_tools(
         }
     }
     events::publish_stored(replica, &reply, 1, &stored).await;
-    if let Err(error) = replica.join.mark_published(&turn_id).await {
-        debug!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
-    }
-    if let Some(trace) = trace {
+    let marked_first = match replica.join.mark_published(&turn_id).await {
+        Ok(first) => first,
+        Err(error) => {
+            debug!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
+            false
+        }
+    };
+    if let Some(trace) = trace.filter(|_| marked_first) {
         trace.end(&TurnOutcome {
             turn_id: &turn_id,
             outcome: "no_tools",
             summary: None,
             deadline_hit: false,
             error: None,
+            ended_by: EndedBy::Intake,
         });
     }
 }
@@ -552,23 +675,6 @@ fn join_span(turn_id: &str, tenant: &str, reason: EndReason) -> tracing::Span {
         toolfleet.summary.cancelled = tracing::field::Empty,
         error.type = tracing::field::Empty,
     )
-}
-
-/// What `join` reports as its error: the turn's deadline when it passed, else the
-/// first call timeout (`tool_timeout`); call errors stay on their own spans.
-fn join_error(results: &[CallResult], deadline_hit: bool) -> Option<CallError> {
-    if deadline_hit {
-        let missing = results
-            .iter()
-            .filter(|r| r.state == CallState::Timeout)
-            .count();
-        let message = format!("the turn's deadline passed with {missing} call(s) unanswered");
-        return Some(CallError::retryable(codes::DEADLINE_EXCEEDED, message));
-    }
-    results
-        .iter()
-        .filter(|r| r.state == CallState::Timeout)
-        .find_map(|r| r.error.clone())
 }
 
 /// The turn's results in the model's order, a `timeout`, `skipped` or `cancelled` result
@@ -606,14 +712,15 @@ struct Ending<'a> {
 }
 
 /// Narrates `results`, stores the closing events (the missing calls' states, the
-/// `narration` chunks, the `final` last), then sends them and marks the `final` sent.
-/// `false` when nothing was stored here (another replica stored the turn's `final`
-/// first, or Redis failed: the sweeper ends the turn later).
+/// `narration` chunks, the `final` last), then sends them and marks the `final` sent:
+/// whether this call marked it sent first ([`mark_sent`]). `None` when nothing was
+/// stored here (another replica stored the turn's `final` first, or Redis failed: the
+/// sweeper ends the turn later).
 async fn publish_final(
     replica: &Arc<Replica>,
     ending: Ending<'_>,
     results: Vec<CallResult>,
-) -> bool {
+) -> Option<bool> {
     let Ending {
         turn_id,
         tenant,
@@ -626,16 +733,13 @@ async fn publish_final(
         Ok(StoredFinal::Stored { reply, first_seq }) => {
             fault::point(fault::EXIT_AFTER_FINAL_STORED);
             events::publish_kept(replica, &reply, first_seq, &closing).await;
-            if let Err(error) = replica.join.mark_published(turn_id).await {
-                warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
-            }
-            true
+            Some(mark_sent(replica, turn_id).await)
         }
-        Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => false,
+        Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => None,
         Err(error) => {
             replica.metrics.redis_error("store_final");
             warn!(%turn_id, %error, "could not store the final; the sweeper ends the turn");
-            false
+            None
         }
     }
 }
@@ -732,8 +836,9 @@ const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
 const FINAL_HEADROOM: usize = 4096;
 
 /// A `final` as this coordinator writes it: a [`FinalEvent`]'s members, in its order,
-/// with the history written straight from the results ([`HistoryOf`]): the same text
-/// as `TurnEvent::Final` encodes, without building the history's `Value` trees.
+/// with the history written straight from the results ([`HistoryOf`], or empty when
+/// left out): the same text as `TurnEvent::Final` encodes, without building the
+/// history's `Value` trees.
 #[derive(Serialize)]
 #[serde(tag = "type", rename = "final")]
 struct FinalOut<'a> {
@@ -743,12 +848,16 @@ struct FinalOut<'a> {
     summary: Summary,
     history: HistoryOf<'a>,
     deadline_hit: bool,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    history_omitted: bool,
 }
 
-/// The `final` event of the turn, encoded and made to fit in `limit` bytes: the largest
+/// The `final` event of the turn, encoded and made to fit in `limit` bytes. The history
+/// repeats every result twice, so it goes first: a `final` too large with it is sent
+/// with `history_omitted` (the frontend renders it from the results). Then the largest
 /// result bodies, one by one, are replaced by a `result_too_large` error of their call
-/// (every call id stays, in order), and the summary and history follow. Encoded once
-/// when it fits, as nearly every `final` does.
+/// (every call id stays, in order), and the summary follows. Encoded once when it fits,
+/// as nearly every `final` does.
 fn fit_final(
     turn_id: &str,
     text: &str,
@@ -756,14 +865,16 @@ fn fit_final(
     deadline_hit: bool,
     limit: usize,
 ) -> Option<String> {
+    let mut history_omitted = false;
     loop {
         let event = FinalOut {
             turn_id,
             text,
             results: &results,
             summary: Summary::of(&results),
-            history: HistoryOf(&results),
+            history: HistoryOf(if history_omitted { &[] } else { &results }),
             deadline_hit,
+            history_omitted,
         };
         let json = match serde_json::to_string(&event) {
             Ok(json) => json,
@@ -772,7 +883,14 @@ fn fit_final(
                 return None;
             }
         };
-        if json.len() <= limit || !shrink_final(&mut results, limit) {
+        if json.len() <= limit {
+            return Some(json);
+        }
+        if !history_omitted {
+            history_omitted = true;
+            continue;
+        }
+        if !shrink_final(&mut results, limit) {
             return Some(json);
         }
     }
@@ -863,12 +981,41 @@ mod tests {
     }
 
     #[test]
-    fn join_blames_the_deadline_only_when_it_passed() {
+    fn a_turn_fails_with_its_worst_call_and_blames_the_deadline_when_it_passed() {
         let results = [timed_out(codes::TOOL_TIMEOUT)];
-        let code = |deadline_hit| join_error(&results, deadline_hit).map(|e| e.code);
+        let code = |deadline_hit| worst_outcome(&results, deadline_hit).map(|e| e.code);
         assert_eq!(code(false).as_deref(), Some(codes::TOOL_TIMEOUT));
         assert_eq!(code(true).as_deref(), Some(codes::DEADLINE_EXCEEDED));
-        assert!(join_error(&[], false).is_none());
+        assert!(worst_outcome(&[], false).is_none());
+
+        let call = ToolCall {
+            id: "ok".into(),
+            name: "t".into(),
+            arguments: serde_json::Value::Null,
+            parent_id: None,
+        };
+        let ok = CallResult::success(&call, serde_json::json!(1));
+        let failed = |state, code: &str| {
+            let mut call = call.clone();
+            call.id = code.into();
+            CallResult::failure(&call, state, CallError::fatal(code, "no"))
+        };
+        assert!(worst_outcome(std::slice::from_ref(&ok), false).is_none());
+        // One of two calls failed: the turn failed, with that call's code.
+        let one_failed = [ok.clone(), failed(CallState::Error, "boom")];
+        let error = worst_outcome(&one_failed, false);
+        assert_eq!(error.as_ref().map(|e| e.code.as_str()), Some("boom"));
+        assert!(error.is_some_and(|e| e.message.starts_with("1 of 2 call(s)")));
+        // A timeout is worse than an error, an error than a refusal never dispatched.
+        let mixed = [
+            failed(CallState::Skipped, codes::NOT_DISPATCHED),
+            failed(CallState::Error, "unknown_tool"),
+            failed(CallState::Timeout, codes::TOOL_TIMEOUT),
+        ];
+        let code = worst_outcome(&mixed, false).map(|e| e.code);
+        assert_eq!(code.as_deref(), Some(codes::TOOL_TIMEOUT));
+        let code = worst_outcome(&mixed[..2], false).map(|e| e.code);
+        assert_eq!(code.as_deref(), Some("unknown_tool"));
     }
 
     #[test]
@@ -897,6 +1044,7 @@ mod tests {
             history: toolfleet_decision::history::render_history(&results),
             results,
             deadline_hit: false,
+            history_omitted: false,
         };
         let fit = |limit: usize| {
             let results = event.results.clone();
@@ -906,7 +1054,8 @@ mod tests {
         let whole = events::encode(&TurnEvent::Final(event.clone()));
         assert_eq!(fit(1 << 20), whole);
 
-        // Over the limit: the largest body goes first, then the next, until it fits.
+        // Over the limit: the history goes first (rendered again from the results by
+        // the frontend), then the largest body, then the next, until it fits.
         let fits = |limit: usize| {
             let json = fit(limit).expect("encodes");
             assert!(json.len() <= limit, "{} > {limit}", json.len());
@@ -930,10 +1079,21 @@ mod tests {
                 .map(|r| r.tool_call_id.clone())
                 .collect();
             assert_eq!(fitted.summary, Summary::of(&fitted.results));
+            assert!(fitted.history_omitted);
+            assert!(fitted.history.openai.is_empty() && fitted.history.anthropic.is_empty());
+            let rendered = fitted.session_history();
+            assert_eq!(rendered.openai.len(), 3);
             left_out
         };
-        assert_eq!(fits(whole.as_ref().map_or(0, String::len) - 100), ["large"]);
-        assert_eq!(fits(4_000), ["large", "medium"]);
+        let all_kept: Vec<String> = Vec::new();
+        assert_eq!(fits(whole.as_ref().map_or(0, String::len) - 100), all_kept);
+        let fitted = fit(whole.as_ref().map_or(0, String::len) - 100).expect("encodes");
+        let Ok(TurnEvent::Final(fitted)) = serde_json::from_str(&fitted) else {
+            panic!("not a final: {fitted}");
+        };
+        assert_eq!(fitted.session_history(), event.history);
+        assert_eq!(fits(4_000), ["large"]);
+        assert_eq!(fits(2_000), ["large", "medium"]);
 
         // Nothing left to leave out: the smallest encoding there is.
         let tight = fit(10).expect("encodes");

@@ -307,17 +307,19 @@ async fn every_final_arrives_across_a_nats_restart() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_final_too_large_for_nats_arrives_in_a_form_that_fits() -> Result<()> {
-    let fleet = Fleet::start().await?;
+async fn a_final_whose_results_fit_once_carries_them_all_and_leaves_the_history_out() -> Result<()>
+{
+    // NATS's default max_payload (1 MiB) and four results of 200 KB: with the history
+    // (each result again for OpenAI and for Anthropic) the final would be 2.4 MB;
+    // without it, every result fits.
+    let fleet = Fleet::start_with_nats_config("max_payload: 1MB").await?;
     let max = fleet.client.nats().server_info().max_payload;
     let mut config = fleet.coordinator_config();
     config.max_argument_bytes = max;
     let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
     let _nodes = fleet.start_with(config, tools, &["test.behave"]).await?;
-    // Three results of a quarter of max_payload each: with the history (each result
-    // again for OpenAI and for Anthropic) the final is over twice max_payload.
-    let big = "x".repeat(max / 4);
-    let calls = (1..=3)
+    let big = "x".repeat(200_000);
+    let calls = (1..=4)
         .map(|i| call(&format!("c{i}"), "test.behave", json!({"value": big})))
         .collect();
     let outcome = fleet
@@ -331,7 +333,7 @@ async fn a_final_too_large_for_nats_arrives_in_a_form_that_fits() -> Result<()> 
         .iter()
         .map(|r| r.tool_call_id.as_str())
         .collect();
-    assert_eq!(ids, ["c1", "c2", "c3"]);
+    assert_eq!(ids, ["c1", "c2", "c3", "c4"]);
     let cut = fin
         .results
         .iter()
@@ -341,8 +343,22 @@ async fn a_final_too_large_for_nats_arrives_in_a_form_that_fits() -> Result<()> 
                 .is_some_and(|e| e.code == codes::RESULT_TOO_LARGE)
         })
         .count();
-    assert!(cut >= 1, "{:?}", fin.summary);
-    assert_eq!(fin.summary.total, 3);
+    assert_eq!(
+        cut,
+        0,
+        "{:?}",
+        fin.results
+            .iter()
+            .map(|r| r.error.clone())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(fin.summary.ok, 4);
+    assert!(fin.history_omitted);
+    assert!(fin.history.openai.is_empty());
+    // The frontend renders the history from the results: one entry per call.
+    let history = fin.session_history();
+    assert_eq!(history.openai.len(), 4);
+    assert_eq!(history.openai[3]["tool_call_id"], "c4");
     Ok(())
 }
 

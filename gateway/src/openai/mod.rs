@@ -835,7 +835,7 @@ async fn final_of(
 {
     loop {
         match stream.next_event(wait).await? {
-            TurnEvent::Final(fin) => return Ok(Ok(fin.history.openai)),
+            TurnEvent::Final(fin) => return Ok(Ok(fin.session_history().openai)),
             TurnEvent::Error { error, .. } => return Ok(Err(error)),
             _ => {}
         }
