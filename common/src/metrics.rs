@@ -54,10 +54,23 @@ pub mod names {
     pub const WORKER_CAPACITY: &str = "toolfleet.worker.capacity";
     /// Turns this coordinator owns right now.
     pub const TURNS_IN_FLIGHT: &str = "toolfleet.turns.in_flight";
+    /// Ended turns deleted before their retention ran out, by `reason` (`redis_memory`).
+    pub const TURNS_TRIMMED: &str = "toolfleet.turns.trimmed";
     /// Gauge: Redis's `used_memory` as a coordinator last sampled it, in bytes.
     pub const REDIS_MEMORY_USED: &str = "toolfleet.redis.memory.used";
     /// Gauge: Redis's `maxmemory` as a coordinator last sampled it, in bytes (0: none).
     pub const REDIS_MEMORY_MAX: &str = "toolfleet.redis.memory.max";
+    /// Gauge: calls waiting in the tools' lanes for a slot, by `tenant` (a tenant named
+    /// in the tenants file, else `_other`), summed over the tools.
+    pub const TENANT_CALLS_WAITING: &str = "toolfleet.tenant.calls.waiting";
+    /// Gauge: calls published and not yet answered, by `tenant`, summed over the tools.
+    pub const TENANT_CALLS_IN_FLIGHT: &str = "toolfleet.tenant.calls.in_flight";
+    /// Seconds a call waited in its tool's lane before its job was published, by
+    /// `tenant` (0 for a call that found a free slot).
+    pub const TENANT_CALL_WAIT: &str = "toolfleet.tenant.call.wait";
+    /// Turns refused with `overloaded` by the tenant's own limits, by `tenant` and
+    /// `reason` (`turns_in_flight`, `backlog`).
+    pub const TENANT_TURNS_REFUSED: &str = "toolfleet.tenant.turns.refused";
     /// Turns refused whole, by `code` (`invalid_decision`, `duplicate_turn`, ...).
     pub const TURNS_REFUSED: &str = "toolfleet.turns.refused";
     /// Results refused because their tool is not their call's (forged), by `code`.
@@ -146,13 +159,17 @@ const TURN_REFUSAL_CODES: [&str; 10] = {
 /// The Redis operations whose failures a coordinator counts (`toolfleet.redis.errors`);
 /// a new `redis_error` call site of the coordinator adds its operation here, so its
 /// series exists at 0 before its first failure.
-pub const COORDINATOR_REDIS_OPERATIONS: [&str; 6] = [
+pub const COORDINATOR_REDIS_OPERATIONS: [&str; 10] = [
     "create_turn",
+    "trim_ended",
     "store_final",
     "emit",
     "cancel",
     "registry_refresh",
     "attach",
+    "lane_admit",
+    "lane_release",
+    "tenant_turns",
 ];
 
 /// The Redis operations whose failures a worker counts.
@@ -225,6 +242,8 @@ pub struct FleetMetrics {
     cancel_duration: Histogram<f64>,
     late: Counter<u64>,
     duplicates: Counter<u64>,
+    tenant_wait: Histogram<f64>,
+    tenant_refused: Counter<u64>,
     counters: Vec<(&'static str, Counter<u64>)>,
     gauges: Vec<(&'static str, Gauge<i64>)>,
 }
@@ -248,7 +267,7 @@ const QUEUE_WAIT_BOUNDS: [f64; 15] = [
 ];
 
 /// Counters with one label, created in [`FleetMetrics::new`]: name, description.
-const LABELLED_COUNTERS: [(&str, &str); 12] = [
+const LABELLED_COUNTERS: [(&str, &str); 13] = [
     (
         names::JOBS_CANCELLED,
         "Jobs skipped, or results dropped, because their turn was cancelled",
@@ -282,10 +301,24 @@ const LABELLED_COUNTERS: [(&str, &str); 12] = [
         "JetStream streams and consumers recreated",
     ),
     (names::TASKS_DIED, "Supervised background tasks that died"),
+    (
+        names::TURNS_TRIMMED,
+        "Ended turns deleted before their retention ran out, by reason",
+    ),
 ];
 
 /// Gauges, created in [`FleetMetrics::new`]: name, unit, description.
-const GAUGES: [(&str, &str, &str); 8] = [
+const GAUGES: [(&str, &str, &str); 10] = [
+    (
+        names::TENANT_CALLS_WAITING,
+        "",
+        "Calls waiting in the tools' lanes, by tenant",
+    ),
+    (
+        names::TENANT_CALLS_IN_FLIGHT,
+        "",
+        "Calls published and not yet answered, by tenant",
+    ),
     (names::QUEUE_PENDING, "", "Jobs not yet delivered"),
     (
         names::QUEUE_ACK_PENDING,
@@ -357,6 +390,16 @@ impl FleetMetrics {
             ),
             late: counter(names::LATE_RESULTS, "Results after their turn ended"),
             duplicates: counter(names::DUPLICATE_RESULTS, "Results ignored as duplicates"),
+            tenant_wait: meter
+                .f64_histogram(names::TENANT_CALL_WAIT)
+                .with_unit("s")
+                .with_description("Time a call waited in its tool's lane for a slot")
+                .with_boundaries(LATENCY_BOUNDS.to_vec())
+                .build(),
+            tenant_refused: counter(
+                names::TENANT_TURNS_REFUSED,
+                "Turns refused by the tenant's own limits",
+            ),
             counters: LABELLED_COUNTERS
                 .iter()
                 .map(|(name, description)| (*name, counter(name, description)))
@@ -504,6 +547,12 @@ impl FleetMetrics {
         );
     }
 
+    /// `turns` ended turns were deleted to make room in Redis.
+    pub fn turns_trimmed(&self, turns: usize) {
+        let turns = u64::try_from(turns).unwrap_or(u64::MAX);
+        self.add(names::TURNS_TRIMMED, "reason", "redis_memory", turns);
+    }
+
     /// Redis holds `used` bytes of at most `max` (0: no limit).
     pub fn redis_memory(&self, used: u64, max: u64) {
         let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -534,6 +583,7 @@ impl FleetMetrics {
                     self.start_at_zero(names::REDIS_ERRORS, "operation", operation);
                 }
                 self.topology_watched("consumer_settings");
+                self.start_at_zero(names::TURNS_TRIMMED, "reason", "redis_memory");
             }
             "toolfleet-worker" => {
                 for operation in WORKER_REDIS_OPERATIONS {
@@ -625,6 +675,33 @@ impl FleetMetrics {
     /// A result was ignored as a duplicate.
     pub fn duplicate_result(&self) {
         self.duplicates.add(1, &[]);
+    }
+
+    /// A call of `tenant` (a bounded label: see [`names::TENANT_CALL_WAIT`]) waited
+    /// `seconds` in its tool's lane before its job was published.
+    pub fn lane_waited(&self, tenant: &str, seconds: f64) {
+        self.tenant_wait
+            .record(seconds, &[KeyValue::new("tenant", tenant.to_string())]);
+    }
+
+    /// `tenant`'s calls waiting in the lanes and in flight, summed over the tools.
+    pub fn tenant_calls(&self, tenant: &str, waiting: u64, in_flight: u64) {
+        let labels = [KeyValue::new("tenant", tenant.to_string())];
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.gauge(names::TENANT_CALLS_WAITING, clamp(waiting), &labels);
+        self.gauge(names::TENANT_CALLS_IN_FLIGHT, clamp(in_flight), &labels);
+    }
+
+    /// A turn of `tenant` was refused by the tenant's own limit `reason`
+    /// (`turns_in_flight`, `backlog`).
+    pub fn tenant_refused(&self, tenant: &str, reason: &'static str) {
+        self.tenant_refused.add(
+            1,
+            &[
+                KeyValue::new("tenant", tenant.to_string()),
+                KeyValue::new("reason", reason),
+            ],
+        );
     }
 
     /// A call started (`+1`) or stopped (`-1`) executing on this worker.

@@ -495,6 +495,14 @@ impl Names {
         format!("{}:deadlines:{{deadlines:{bucket}}}", self.prefix)
     }
 
+    /// One bucket of the index of ended turns whose `final` was sent: a sorted set
+    /// scored by when it was sent (Unix ms), in the deadline index's buckets. When Redis
+    /// nears its `maxmemory`, coordinators delete the oldest of these turns first
+    /// (retention cut short); open turns are never in it.
+    pub fn ended_bucket_key(&self, bucket: u32) -> String {
+        format!("{}:ended:{{ended:{bucket}}}", self.prefix)
+    }
+
     /// The deadline index of releases before it was split into buckets; swept until it
     /// is empty, its entries moved to their buckets.
     pub fn legacy_deadlines_key(&self) -> String {
@@ -543,6 +551,25 @@ impl Names {
     /// Sorted set of live workers for one tool, member = worker id, score = expiry (unix ms).
     pub fn tool_workers_key(&self, tool: &str) -> String {
         format!("{}:{{registry}}:workers:{tool}", self.prefix)
+    }
+
+    /// The keys of one tool's lane, the fair queue between tenants in front of its
+    /// stream, in this order: `slots` (sorted set: calls published and not yet answered,
+    /// score = when the slot lapses, Unix ms), `held` (hash: call → tenant and publish
+    /// time), `state` (hash: virtual time, mean slot time, per-tenant counters), `queue`
+    /// (hash: the calls waiting, per tenant in arrival order), `ready` (sorted set:
+    /// tenants with calls waiting, score = their first call's finish tag), `sending`
+    /// (hash: calls handed out and not yet confirmed published). All share the
+    /// `{lane:<tool>}` hash tag.
+    pub fn lane_keys(&self, tool: &str) -> [String; 6] {
+        ["slots", "held", "state", "queue", "ready", "sending"]
+            .map(|part| concat(&[&self.prefix, ":lane:{lane:", tool, "}:", part]))
+    }
+
+    /// Sorted set of one tenant's turns in flight with a limit on them, member = turn
+    /// id, score = its deadline (Unix ms); in the tenant's own `{tenant:<tenant>}` slot.
+    pub fn tenant_turns_key(&self, tenant: &str) -> String {
+        concat(&[&self.prefix, ":tenant:{tenant:", tenant, "}:turns"])
     }
 
     /// A cached tool result: `digest` identifies the arguments (and the context the tool

@@ -62,6 +62,10 @@ pub struct CoordinatorConfig {
     /// (`TOOLFLEET_REDIS_SHED_PERCENT`; 100 never refuses). A Redis without `maxmemory`
     /// is never the reason for a refusal.
     pub redis_shed_percent: u8,
+    /// The share of Redis's `maxmemory`, in percent, from which the turns that ended and
+    /// were sent longest ago are deleted before their retention runs out
+    /// (`TOOLFLEET_REDIS_TRIM_PERCENT`; 100 never trims). Open turns are never deleted.
+    pub redis_trim_percent: u8,
     /// Argument names that identify a tenant; a call whose argument of one of these
     /// names differs from the turn's tenant is refused (`TOOLFLEET_TENANT_ARGUMENT_KEYS`,
     /// comma-separated).
@@ -95,6 +99,18 @@ pub struct CoordinatorConfig {
     pub topology_check: Duration,
     /// Per-tenant policies (`TOOLFLEET_TENANTS_FILE`, JSON).
     pub tenants: TenantPolicies,
+    /// Whether every tool's calls pass through its lane, shared fairly between the
+    /// tenants with calls waiting (`TOOLFLEET_FAIR_SHARING`, `on` or `off`; default on).
+    pub fair_sharing: bool,
+    /// Calls of one tool a worker runs at once, as the lanes count a tool's slots:
+    /// live workers × this (`TOOLFLEET_LANE_WORKER_SLOTS`, default 8, the workers'
+    /// `TOOLFLEET_WORKER_CONCURRENCY` default). Set it to the workers' own.
+    pub lane_worker_slots: usize,
+    /// How much work beyond the slots a lane keeps on the stream, in milliseconds of
+    /// the tool's mean call time, so a worker never waits for the next job to be
+    /// published (`TOOLFLEET_LANE_HEADROOM_MS`, default 5): a 200 ms tool gets one
+    /// extra job, a 1 ms tool as many as it has slots.
+    pub lane_headroom: Duration,
     /// Tenants each frontend user may name (`TOOLFLEET_FRONTEND_TENANTS`).
     pub frontends: FrontendBindings,
     /// Address of `/healthz`, `/readyz` and `/metrics` (`TOOLFLEET_HTTP_ADDR`, default
@@ -135,6 +151,7 @@ impl CoordinatorConfig {
             tool_ack_wait: Duration::from_secs(5),
             max_turns_in_progress: 20_000,
             redis_shed_percent: 85,
+            redis_trim_percent: 70,
             tenant_argument_keys: ["tenant_id", "tenantId", "business_id", "businessId"]
                 .map(String::from)
                 .to_vec(),
@@ -148,6 +165,9 @@ impl CoordinatorConfig {
             shutdown_grace: Duration::from_secs(10),
             topology_check: Duration::from_secs(1),
             tenants: TenantPolicies::default(),
+            fair_sharing: true,
+            lane_worker_slots: 8,
+            lane_headroom: Duration::from_millis(5),
             frontends: FrontendBindings::default(),
             http_addr: None,
         }
@@ -192,6 +212,7 @@ impl CoordinatorConfig {
                 .map(String::from)
                 .collect(),
             tenants,
+            fair_sharing: fair_sharing_from_env()?,
             frontends: frontend_bindings_from_env()?,
             http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9090")?,
             ..d
@@ -274,6 +295,11 @@ impl CoordinatorConfig {
                 d.redis_shed_percent,
                 r::SHED_PERCENT,
             )?,
+            redis_trim_percent: env_in(
+                "TOOLFLEET_REDIS_TRIM_PERCENT",
+                d.redis_trim_percent,
+                r::SHED_PERCENT,
+            )?,
             sweep_interval: env_ms_in(
                 "TOOLFLEET_SWEEP_INTERVAL_MS",
                 d.sweep_interval,
@@ -311,6 +337,16 @@ impl CoordinatorConfig {
                 d.topology_check,
                 r::REFRESH_MS,
             )?,
+            lane_worker_slots: env_in(
+                "TOOLFLEET_LANE_WORKER_SLOTS",
+                d.lane_worker_slots,
+                r::LANE_WORKER_SLOTS,
+            )?,
+            lane_headroom: env_ms_in(
+                "TOOLFLEET_LANE_HEADROOM_MS",
+                d.lane_headroom,
+                r::LANE_HEADROOM_MS,
+            )?,
             ..d
         })
     }
@@ -336,7 +372,7 @@ pub mod ranges {
     pub const CONTEXT_BYTES: RangeInclusive<usize> = 256..=1024 * 1024;
     /// Turns one replica takes in and follows at once.
     pub const TURNS_IN_PROGRESS: RangeInclusive<usize> = 1..=1_000_000;
-    /// `TOOLFLEET_REDIS_SHED_PERCENT`.
+    /// `TOOLFLEET_REDIS_SHED_PERCENT` and `TOOLFLEET_REDIS_TRIM_PERCENT`.
     pub const SHED_PERCENT: RangeInclusive<u8> = 10..=100;
     /// Deadline sweeps, in ms.
     pub const SWEEP_INTERVAL_MS: RangeInclusive<u64> = 50..=10_000;
@@ -354,6 +390,27 @@ pub mod ranges {
     pub const INTAKE_CONCURRENCY: RangeInclusive<usize> = 1..=4096;
     /// Shutdown grace, in ms (0: stop at once).
     pub const SHUTDOWN_GRACE_MS: RangeInclusive<u64> = 0..=600_000;
+    /// Calls of one tool a worker runs at once, as the lanes count them.
+    pub const LANE_WORKER_SLOTS: RangeInclusive<usize> = 1..=4096;
+    /// A lane's work beyond the slots, in ms of mean call time.
+    pub const LANE_HEADROOM_MS: RangeInclusive<u64> = 0..=10_000;
+    /// A tenant's weight in the lanes.
+    pub const WEIGHT: RangeInclusive<u32> = 1..=1000;
+}
+
+/// `TOOLFLEET_FAIR_SHARING`: `on` (default) or `off`.
+fn fair_sharing_from_env() -> Result<bool, ConfigError> {
+    let name = "TOOLFLEET_FAIR_SHARING";
+    let value = env_string(name, "on");
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        _ => Err(ConfigError {
+            name: name.into(),
+            value,
+            reason: "must be on or off".into(),
+        }),
+    }
 }
 
 /// Limits and allowlist of one tenant. Unset fields fall back to the coordinator's.
@@ -371,9 +428,52 @@ pub struct TenantPolicy {
     pub tool_timeout_ms: Option<u64>,
     /// Turn deadline in milliseconds (default and cap).
     pub deadline_ms: Option<u64>,
+    /// The tenant's share of a saturated tool against the other tenants with calls
+    /// waiting on it (1 to 1000; default 1): a tenant of weight 3 gets three calls
+    /// started for each one of a tenant of weight 1.
+    pub weight: Option<u32>,
+    /// Calls of the tenant in flight on any one tool at once; more wait in the tool's
+    /// lane, even while the tool has free slots.
+    pub max_calls_in_flight: Option<usize>,
+    /// The same per tool, by tool name; a tool named here uses this instead of
+    /// `max_calls_in_flight`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_calls_in_flight: BTreeMap<String, usize>,
+    /// Turns of the tenant in flight at once, over every coordinator; one more is
+    /// refused with `overloaded` and a retry hint.
+    pub max_turns_in_flight: Option<usize>,
 }
 
 impl TenantPolicy {
+    /// The tenant's weight in the tools' lanes.
+    pub fn weight(&self) -> u32 {
+        self.weight.unwrap_or(1)
+    }
+
+    /// The most calls of the tenant in flight on `tool` at once (`None`: no limit but
+    /// the tool's).
+    pub fn calls_in_flight_on(&self, tool: &str) -> Option<usize> {
+        self.tool_calls_in_flight
+            .get(tool)
+            .copied()
+            .or(self.max_calls_in_flight)
+    }
+
+    /// Refuses values outside their ranges.
+    fn check(&self) -> Result<(), String> {
+        if let Some(weight) = self.weight {
+            if !ranges::WEIGHT.contains(&weight) {
+                return Err(format!("weight {weight} is not between 1 and 1000"));
+            }
+        }
+        let caps = self.tool_calls_in_flight.values().copied();
+        let limits = [self.max_calls_in_flight, self.max_turns_in_flight];
+        if limits.into_iter().flatten().chain(caps).any(|n| n == 0) {
+            return Err("max_calls_in_flight, tool_calls_in_flight and max_turns_in_flight must be at least 1".into());
+        }
+        Ok(())
+    }
+
     /// Whether `tool` is on the allowlist.
     pub fn allows(&self, tool: &str) -> bool {
         match &self.allowed_tools {
@@ -413,7 +513,28 @@ impl TenantPolicies {
     /// Reads policies from a JSON file.
     pub fn from_file(path: &Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-        serde_json::from_str(&text).map_err(|e| e.to_string())
+        let policies: Self = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        policies
+            .default
+            .check()
+            .map_err(|e| format!("default: {e}"))?;
+        for (tenant, policy) in &policies.tenants {
+            policy
+                .check()
+                .map_err(|e| format!("tenant {tenant}: {e}"))?;
+        }
+        Ok(policies)
+    }
+
+    /// The metric label of `tenant`: its id when the tenants file names it, else
+    /// `_other`, so a request never adds a series.
+    pub fn label(&self, tenant: &str) -> String {
+        let normalized = normalize_tenant(tenant);
+        self.tenants
+            .keys()
+            .map(|id| normalize_tenant(id))
+            .find(|id| *id == normalized)
+            .unwrap_or_else(|| "_other".to_string())
     }
 
     /// The policy of `tenant`, both ids compared in their normalized form.
@@ -522,6 +643,41 @@ mod tests {
         assert_eq!(parsed.get("other").max_calls, None);
         for spelling in ["ACME", " acme", "acme "] {
             assert_eq!(parsed.get(spelling).max_calls, Some(2));
+        }
+    }
+
+    #[test]
+    fn tenant_shares() {
+        let parsed: TenantPolicies = serde_json::from_str(
+            r#"{"default": {"weight": 1},
+                "tenants": {"Acme": {"weight": 3, "max_calls_in_flight": 4,
+                  "tool_calls_in_flight": {"crm.slow": 1}, "max_turns_in_flight": 10}}}"#,
+        )
+        .unwrap_or_default();
+        let acme = parsed.get("acme");
+        assert_eq!(acme.weight(), 3);
+        assert_eq!(acme.calls_in_flight_on("crm.fast"), Some(4));
+        assert_eq!(acme.calls_in_flight_on("crm.slow"), Some(1));
+        assert_eq!(acme.max_turns_in_flight, Some(10));
+        assert_eq!(parsed.get("other").weight(), 1);
+        assert_eq!(parsed.get("other").calls_in_flight_on("crm.fast"), None);
+        assert_eq!(parsed.label(" ACME"), "acme");
+        assert_eq!(parsed.label("globex"), "_other");
+        for bad in [
+            TenantPolicy {
+                weight: Some(0),
+                ..Default::default()
+            },
+            TenantPolicy {
+                weight: Some(1001),
+                ..Default::default()
+            },
+            TenantPolicy {
+                max_turns_in_flight: Some(0),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
         }
     }
 

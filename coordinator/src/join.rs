@@ -389,6 +389,19 @@ pub struct Released {
     pub trace: String,
 }
 
+/// An ended turn as stored, for sending its `final` again.
+#[derive(Debug, Clone, Default)]
+pub struct StoredTurn {
+    /// Where its events go.
+    pub reply: String,
+    /// Every stored event, `final` last.
+    pub events: Vec<String>,
+    /// The turn span's stored identity (`trace.rs`), when it was traced.
+    pub trace: Option<String>,
+    /// How it ended (`complete`, `deadline`, `cancelled`, `no_tools`).
+    pub ended: String,
+}
+
 /// What finalizing did.
 #[derive(Debug, Clone)]
 pub enum Finalized {
@@ -567,6 +580,64 @@ impl JoinStore {
     fn deadline_key(&self, turn_id: &str) -> String {
         self.names
             .deadline_bucket_key(Names::deadline_bucket(turn_id, self.buckets))
+    }
+
+    fn ended_key(&self, turn_id: &str) -> String {
+        self.names
+            .ended_bucket_key(Names::deadline_bucket(turn_id, self.buckets))
+    }
+
+    /// Deletes the turns that ended and were sent longest ago, at most `per_bucket` of
+    /// each bucket of the ended index, and forgets index entries older than
+    /// `retention_ms` (their keys expired by themselves); the number of turns whose
+    /// keys this call deleted. Open turns are never in the index.
+    pub async fn trim_ended(
+        &self,
+        per_bucket: usize,
+        retention_ms: u64,
+    ) -> Result<usize, JoinError> {
+        let mut redis = self.redis.clone();
+        let expired_before = unix_ms().saturating_sub(retention_ms);
+        let mut trimmed = 0;
+        for bucket in 0..self.buckets {
+            let key = self.names.ended_bucket_key(bucket);
+            let _: i64 = redis::cmd("ZREMRANGEBYSCORE")
+                .arg(&key)
+                .arg("-inf")
+                .arg(expired_before)
+                .query_async(&mut redis)
+                .await?;
+            let oldest: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(per_bucket.saturating_sub(1))
+                .query_async(&mut redis)
+                .await?;
+            if oldest.is_empty() {
+                continue;
+            }
+            let mut pipe = redis::pipe();
+            for turn_id in &oldest {
+                let [meta, calls, results, events] = self.keys(turn_id);
+                let [queue, jobs, dispatching] = self.queue_keys(turn_id);
+                pipe.cmd("DEL")
+                    .arg(meta)
+                    .arg(calls)
+                    .arg(results)
+                    .arg(events)
+                    .arg(queue)
+                    .arg(jobs)
+                    .arg(dispatching);
+            }
+            let deleted: Vec<i64> = pipe.query_async(&mut redis).await?;
+            trimmed += deleted.iter().filter(|n| **n > 0).count();
+            let _: i64 = redis::cmd("ZREM")
+                .arg(&key)
+                .arg(&oldest)
+                .query_async(&mut redis)
+                .await?;
+        }
+        Ok(trimmed)
     }
 
     fn keys(&self, turn_id: &str) -> [String; 4] {
@@ -767,7 +838,7 @@ impl JoinStore {
         Ok(match string_at(&reply, 0)?.as_str() {
             "unknown" => Finalized::UnknownTurn,
             "already" => Finalized::AlreadyEnded {
-                published: string_at(&reply, 1)? == "1",
+                published: !matches!(string_at(&reply, 1)?.as_str(), "0" | ""),
             },
             "finalized" => Finalized::Ended(closing_from(&reply)?),
             "unstored" => Finalized::Unstored {
@@ -903,36 +974,67 @@ impl JoinStore {
         Ok(Attached::Events(events))
     }
 
-    /// Every stored event of a turn and where they go, for sending a stored `final`
-    /// again.
-    pub async fn stored_events(&self, turn_id: &str) -> Result<(String, Vec<String>), JoinError> {
+    /// Every stored event of a turn, where they go, and what exporting its span needs,
+    /// for sending a stored `final` again.
+    pub async fn stored_events(&self, turn_id: &str) -> Result<StoredTurn, JoinError> {
         let [meta, events] = self.log_keys(turn_id);
         let mut redis = self.redis.clone();
-        let (reply, events): (Option<String>, Vec<String>) = redis::pipe()
-            .cmd("HGET")
+        type Meta = (Option<String>, Option<String>, Option<String>);
+        let ((reply, trace, ended), events): (Meta, Vec<String>) = redis::pipe()
+            .cmd("HMGET")
             .arg(meta)
             .arg("reply")
+            .arg("trace")
+            .arg("ended")
             .cmd("LRANGE")
             .arg(events)
             .arg(0)
             .arg(-1)
             .query_async(&mut redis)
             .await?;
-        Ok((reply.unwrap_or_default(), events))
+        Ok(StoredTurn {
+            reply: reply.unwrap_or_default(),
+            events,
+            trace: trace.filter(|t| !t.is_empty()),
+            ended: ended.unwrap_or_default(),
+        })
     }
 
     /// Marks the turn's stored `final` sent and drops the turn from the deadline index,
-    /// so no sweeper sends it again.
-    pub async fn mark_published(&self, turn_id: &str) -> Result<(), JoinError> {
+    /// so no sweeper sends it again. `published` counts the marks: `true` when this
+    /// call made the first, so that exactly one replica exports the turn's span.
+    pub async fn mark_published(&self, turn_id: &str) -> Result<bool, JoinError> {
         let mut redis = self.redis.clone();
-        let mut mark = redis::cmd("HSET");
+        let mut mark = redis::cmd("HINCRBY");
         mark.arg(self.names.turn_meta_key(turn_id))
             .arg("published")
             .arg(1);
         let mut unindex = redis::cmd("ZREM");
         unindex.arg(self.deadline_key(turn_id)).arg(turn_id);
-        redis.in_order(mark, unindex).await?;
-        Ok(())
+        // Ended and sent: from now on it may give way when Redis runs short.
+        let mut ended = redis::cmd("ZADD");
+        ended
+            .arg(self.ended_key(turn_id))
+            .arg(unix_ms())
+            .arg(turn_id);
+        let marks: i64 = if redis.is_cluster() {
+            // Different slots: the mark first, so a turn is never unindexed unmarked.
+            let marks: i64 = mark.query_async(&mut redis).await?;
+            let _: i64 = unindex.query_async(&mut redis).await?;
+            let _: i64 = ended.query_async(&mut redis).await?;
+            marks
+        } else {
+            let (marks,): (i64,) = redis::pipe()
+                .add_command(mark)
+                .add_command(unindex)
+                .ignore()
+                .add_command(ended)
+                .ignore()
+                .query_async(&mut redis)
+                .await?;
+            marks
+        };
+        Ok(marks == 1)
     }
 
     /// Notes that the job of a released call was published (the stream acknowledged

@@ -1,12 +1,22 @@
-//! Redis memory as the coordinators see it, and new turns shed before Redis is full.
+//! Redis memory as the coordinators see it: ended turns give way, then new turns are
+//! shed, before Redis is full.
 //!
 //! Owns [`StoreMemory`] (the last `used_memory` and `maxmemory` read, shared by every
 //! handler of a replica) and [`sample`], which reads them every [`SAMPLE_PERIOD`]. A
 //! Redis with `noeviction` (what deploy/ runs) answers OOM to every write once full:
-//! in-flight turns could then neither record results nor store their `final`. So once
-//! `used_memory` reaches `TOOLFLEET_REDIS_SHED_PERCENT` of `maxmemory`, intake refuses
-//! new turns with the retryable `overloaded` (`intake.rs`); the turns in flight keep
-//! the room left to end, and the ended ones expire and free it. Never writes to Redis.
+//! in-flight turns could then neither record results nor store their `final`. Two
+//! steps keep it from filling:
+//!
+//! 1. from `TOOLFLEET_REDIS_TRIM_PERCENT` of `maxmemory`, each sample deletes the turns
+//!    that ended and were sent longest ago ([`JoinStore::trim_ended`], at most
+//!    [`TRIM_PER_BUCKET`] per index bucket): their retention, kept for attaching and
+//!    for late results, is cut short, oldest first, and counted;
+//! 2. from `TOOLFLEET_REDIS_SHED_PERCENT`, intake refuses new turns with the retryable
+//!    `overloaded` (`intake.rs`), so the turns in flight keep the room left to end.
+//!
+//! Open turns are never deleted. Writes to Redis only through the join's trim.
+//!
+//! [`JoinStore::trim_ended`]: crate::join::JoinStore::trim_ended
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,12 +24,16 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::redis_client::RedisConnection;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::startup::Replica;
 
 /// How often a replica reads Redis's memory.
 pub(crate) const SAMPLE_PERIOD: Duration = Duration::from_millis(500);
+
+/// The most ended turns of one index bucket one sample deletes: with 16 buckets, 8,000
+/// turns a second per replica, above what a fleet ends.
+pub(crate) const TRIM_PER_BUCKET: usize = 250;
 
 /// Redis's memory at the last sample.
 #[derive(Debug)]
@@ -30,6 +44,8 @@ pub(crate) struct StoreMemory {
     max: AtomicU64,
     /// `TOOLFLEET_REDIS_SHED_PERCENT`.
     shed_percent: u8,
+    /// `TOOLFLEET_REDIS_TRIM_PERCENT`.
+    trim_percent: u8,
 }
 
 /// Why new turns are refused: Redis holds `used` bytes of its `max`.
@@ -45,12 +61,28 @@ pub(crate) struct Full {
 
 impl StoreMemory {
     /// Nothing sampled yet: no refusal until a sample says so.
-    pub fn new(shed_percent: u8) -> Self {
+    pub fn new(shed_percent: u8, trim_percent: u8) -> Self {
         Self {
             used: AtomicU64::new(0),
             max: AtomicU64::new(0),
             shed_percent,
+            trim_percent,
         }
+    }
+
+    /// Whether ended turns are to give way now.
+    pub fn trimming(&self) -> bool {
+        self.past(self.trim_percent)
+    }
+
+    /// Whether the last sample is at or past `percent` of a `maxmemory`.
+    fn past(&self, percent: u8) -> bool {
+        let (used, max) = (
+            self.used.load(Ordering::Relaxed),
+            self.max.load(Ordering::Relaxed),
+        );
+        let limit = u128::from(max) * u128::from(percent) / 100;
+        max > 0 && percent < 100 && u128::from(used) >= limit
     }
 
     /// Keeps a sample.
@@ -61,14 +93,9 @@ impl StoreMemory {
 
     /// `Some` while new turns are to be refused.
     pub fn full(&self) -> Option<Full> {
-        let (used, max) = (
-            self.used.load(Ordering::Relaxed),
-            self.max.load(Ordering::Relaxed),
-        );
-        let limit = u128::from(max) * u128::from(self.shed_percent) / 100;
-        (max > 0 && self.shed_percent < 100 && u128::from(used) >= limit).then_some(Full {
-            used,
-            max,
+        self.past(self.shed_percent).then(|| Full {
+            used: self.used.load(Ordering::Relaxed),
+            max: self.max.load(Ordering::Relaxed),
             shed_percent: self.shed_percent,
         })
     }
@@ -118,7 +145,8 @@ fn collect_texts(value: &redis::Value, texts: &mut Vec<String>) {
     }
 }
 
-/// Reads Redis's memory every [`SAMPLE_PERIOD`] until `stop`.
+/// Reads Redis's memory every [`SAMPLE_PERIOD`] until `stop`, deleting the oldest
+/// ended turns while it is past the trim share.
 pub(crate) async fn sample(
     replica: Arc<Replica>,
     mut redis: RedisConnection,
@@ -136,6 +164,20 @@ pub(crate) async fn sample(
             }
             None => debug!(error = ?answer.err(), "Redis memory not sampled"),
         }
+        if replica.memory.trimming() {
+            let retention = u64::try_from(replica.config.retention.as_millis()).unwrap_or(u64::MAX);
+            match replica.join.trim_ended(TRIM_PER_BUCKET, retention).await {
+                Ok(0) => {}
+                Ok(trimmed) => {
+                    replica.metrics.turns_trimmed(trimmed);
+                    warn!(trimmed, "ended turns deleted before their retention ran out: Redis is near its maxmemory");
+                }
+                Err(error) => {
+                    replica.metrics.redis_error("trim_ended");
+                    warn!(%error, "could not delete ended turns");
+                }
+            }
+        }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(SAMPLE_PERIOD) => {}
@@ -149,7 +191,10 @@ mod tests {
 
     #[test]
     fn new_turns_are_refused_from_the_configured_share() {
-        let memory = StoreMemory::new(85);
+        let memory = StoreMemory::new(85, 70);
+        memory.record(70, 100);
+        assert!(memory.trimming());
+        assert_eq!(memory.full(), None);
         assert_eq!(memory.full(), None);
         memory.record(84, 100);
         assert_eq!(memory.full(), None);
@@ -158,10 +203,12 @@ mod tests {
         // No maxmemory: never full.
         memory.record(u64::MAX, 0);
         assert_eq!(memory.full(), None);
+        assert!(!memory.trimming());
         // 100 %: never refuses.
-        let never = StoreMemory::new(100);
+        let never = StoreMemory::new(100, 100);
         never.record(100, 100);
         assert_eq!(never.full(), None);
+        assert!(!never.trimming());
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub(crate) struct Replica {
     pub consumers: crate::consumers::Ensured,
     /// Redis's memory at the last sample; new turns are refused while it is near full.
     pub memory: crate::memory::StoreMemory,
+    /// The tools' lanes, shared fairly between tenants (`sharing.rs`).
+    pub lanes: crate::sharing::Lanes,
 }
 
 /// Runs a coordinator with the template narrator until `shutdown` is cancelled.
@@ -135,7 +137,14 @@ pub async fn run_with_narrator(
         turns: OwnedTurns::default(),
         health: health.clone(),
         consumers: Default::default(),
-        memory: crate::memory::StoreMemory::new(config.redis_shed_percent),
+        memory: crate::memory::StoreMemory::new(
+            config.redis_shed_percent,
+            config.redis_trim_percent,
+        ),
+        lanes: crate::sharing::Lanes::new(crate::lanes::LaneStore::new(
+            redis.clone(),
+            names.clone(),
+        )),
     });
     let background = TaskTracker::new();
     spawn_background(

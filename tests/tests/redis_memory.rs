@@ -1,8 +1,9 @@
-//! New turns shed before Redis is full, against a real `redis-server` with a small
-//! `maxmemory` and `noeviction` (what deploy/ runs): once `used_memory` passes
-//! `TOOLFLEET_REDIS_SHED_PERCENT` of it, a new turn is refused with the retryable
-//! `overloaded` while a turn already in flight still records its result and ends with
-//! its `final`; once memory is freed, turns run again.
+//! Redis kept from filling, against a real `redis-server` with a small `maxmemory` and
+//! `noeviction` (what deploy/ runs): past `TOOLFLEET_REDIS_TRIM_PERCENT` of it, turns
+//! that ended give way (their keys deleted) while an open turn keeps its keys and ends,
+//! and new turns still run; past `TOOLFLEET_REDIS_SHED_PERCENT`, a new turn is refused
+//! with the retryable `overloaded` while a turn already in flight still records its
+//! result and ends with its `final`; once memory is freed, turns run again.
 
 use std::time::Duration;
 
@@ -133,5 +134,114 @@ async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> 
         }
     })
     .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_turns_give_way_when_redis_runs_short_and_open_turns_never() -> Result<()> {
+    let fleet = Fleet::start().await?;
+    let _nodes = fleet.start_default().await?;
+    let mut admin = fleet
+        .redis
+        .client()?
+        .get_multiplexed_async_connection()
+        .await?;
+    let exists = |turn_id: String| {
+        let key = fleet.names.turn_meta_key(&turn_id);
+        let client = fleet.redis.client();
+        async move {
+            let mut conn = client.ok()?.get_multiplexed_async_connection().await.ok()?;
+            redis::cmd("EXISTS")
+                .arg(key)
+                .query_async::<bool>(&mut conn)
+                .await
+                .ok()
+        }
+    };
+
+    // Turns that ended and were sent.
+    let mut ended = Vec::new();
+    for i in 0..20 {
+        let quick = vec![call("q", "test.behave", json!({"value": i}))];
+        let mut stream = fleet
+            .client
+            .submit(timed_turn("acme", 5_000, quick))
+            .await?;
+        let events = read_to_end(&mut stream, Duration::from_secs(10)).await?;
+        assert!(matches!(events.last(), Some(TurnEvent::Final(_))));
+        ended.push(stream.turn_id().to_string());
+    }
+    // One turn still open.
+    let slow = vec![call(
+        "slow",
+        "test.behave",
+        json!({"sleep_ms": 3000, "value": 1}),
+    )];
+    let mut open = fleet
+        .client
+        .submit(timed_turn("acme", 20_000, slow))
+        .await?;
+    let open_id = open.turn_id().to_string();
+    assert!(matches!(
+        open.next_event(Duration::from_secs(5)).await?,
+        TurnEvent::Ack { .. }
+    ));
+
+    // Redis at about 75 % of its maxmemory: past the trim share (70 %), short of the
+    // shed share (85 %).
+    let (used, _) = memory(&mut admin).await?;
+    let max = used + 8 * 1024 * 1024;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(max)
+        .query_async(&mut admin)
+        .await?;
+    let junk = "x".repeat(JUNK_VALUE);
+    let mut n = 0u32;
+    while memory(&mut admin).await?.0 < max / 100 * 75 {
+        let () = redis::cmd("SET")
+            .arg(format!("junk:{n}"))
+            .arg(&junk)
+            .query_async(&mut admin)
+            .await?;
+        n += 1;
+    }
+
+    eventually_named("the ended turns deleted", Duration::from_secs(10), || {
+        let ended = ended.clone();
+        let exists = &exists;
+        async move {
+            for turn_id in ended {
+                if exists(turn_id).await? {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await?;
+    assert_eq!(
+        exists(open_id.clone()).await,
+        Some(true),
+        "an open turn was deleted"
+    );
+
+    // New turns still run (nothing refused below the shed share), and the open turn ends.
+    let quick = vec![call("q", "test.behave", json!({"value": "new"}))];
+    let mut stream = fleet
+        .client
+        .submit(timed_turn("acme", 5_000, quick))
+        .await?;
+    let events = read_to_end(&mut stream, Duration::from_secs(10)).await?;
+    assert!(
+        matches!(events.last(), Some(TurnEvent::Final(f)) if f.summary.ok == 1),
+        "{events:?}"
+    );
+    let events = read_to_end(&mut open, Duration::from_secs(20)).await?;
+    match events.last() {
+        Some(TurnEvent::Final(fin)) => assert_eq!(fin.summary.ok, 1, "{fin:?}"),
+        other => anyhow::bail!("the open turn ended with {other:?}"),
+    }
     Ok(())
 }
