@@ -925,6 +925,22 @@ impl TurnStream {
     /// the last `seq` handed out.
     async fn ask(&mut self) -> Result<(), ClientError> {
         self.asks += 1;
+        if self.asks > 1 {
+            // An event on the caller's span (`submit turn`): why a turn took longer
+            // than its work.
+            let kind = if self.submission.is_some() {
+                "resubmit"
+            } else {
+                "attach"
+            };
+            tracing::info!(
+                toolfleet.turn.id = %self.turn_id,
+                toolfleet.ask.count = self.asks,
+                toolfleet.ask.kind = kind,
+                toolfleet.ask.after_seq = self.last_seq(),
+                "asked for the turn again"
+            );
+        }
         // Through the standby first: the client's own connection may be the one that
         // is down, and its flush would hold the ask up until it reconnects.
         if let Some(backup) = &self.backup {

@@ -202,12 +202,14 @@ impl DeferredSpan {
         }
     }
 
-    /// Exports the span now: its preset ids, parent and start, ending now.
+    /// Exports the span now: its preset ids, parent and start, ending now, with
+    /// `attributes`, `events` and `status`.
     pub fn end(
         &self,
         name: &'static str,
         kind: SpanKind,
         attributes: Vec<KeyValue>,
+        events: Vec<opentelemetry::trace::Event>,
         status: Status,
     ) {
         let Some(ids) = self.ids() else {
@@ -216,13 +218,14 @@ impl DeferredSpan {
         if !tracing_enabled() {
             return;
         }
-        let tracer = opentelemetry::global::tracer("toolfleet");
+        let tracer = opentelemetry::global::tracer_with_scope(crate::telemetry::scope());
         let start = UNIX_EPOCH + Duration::from_nanos(self.start_unix_ns);
         let builder = tracer
             .span_builder(name)
             .with_kind(kind)
             .with_start_time(start)
-            .with_attributes(attributes);
+            .with_attributes(attributes)
+            .with_events(events);
         PRESET.with(|p| p.set(Some(ids)));
         let mut span = tracer.build_with_context(builder, &self.parent_context());
         PRESET.with(|p| p.set(None));

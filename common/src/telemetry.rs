@@ -197,6 +197,24 @@ pub fn instance_id() -> &'static str {
     })
 }
 
+/// The `service.instance.id` this process's spans carry: the one
+/// `OTEL_RESOURCE_ATTRIBUTES` sets, else [`instance_id`]. Fixed for the process's life.
+pub fn service_instance_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let env = Resource::builder_empty()
+            .with_detector(Box::new(
+                opentelemetry_sdk::resource::EnvResourceDetector::new(),
+            ))
+            .build();
+        let key = opentelemetry::Key::from_static_str("service.instance.id");
+        match env.get(&key) {
+            Some(value) => value.to_string(),
+            None => instance_id().to_string(),
+        }
+    })
+}
+
 fn resource(config: &TelemetryConfig) -> Resource {
     use opentelemetry::KeyValue;
     let mut builder = Resource::builder();
@@ -218,6 +236,18 @@ fn resource(config: &TelemetryConfig) -> Resource {
         builder = builder.with_attribute(KeyValue::new(version, env!("CARGO_PKG_VERSION")));
     }
     builder.build()
+}
+
+/// The semantic conventions version the span attributes follow.
+pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.37.0";
+
+/// The instrumentation scope of every span toolfleet makes: `toolfleet`, the crate's
+/// version and [`SCHEMA_URL`].
+pub fn scope() -> opentelemetry::InstrumentationScope {
+    opentelemetry::InstrumentationScope::builder("toolfleet")
+        .with_version(env!("CARGO_PKG_VERSION"))
+        .with_schema_url(SCHEMA_URL)
+        .build()
 }
 
 /// Builds the tracer provider exporting over OTLP (`None` when no endpoint is set).
@@ -313,12 +343,22 @@ fn with_exporter(
 ) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, TelemetryError> {
     use crate::keep_errors::{KeepErrors, KeepErrorsConfig, RecordDropped};
     let exporter = span_exporter(config.protocol)?;
+    let batch = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter).build();
+    // A closing span (`turn`) is exported the moment it ends, by an exporter of its own
+    // (`prompt_export.rs`): a replica killed after ending a turn has sent its span.
+    let batch = match config.closing_span {
+        Some(closing) => Processor::Prompt(crate::prompt_export::PromptClosing::new(
+            batch,
+            span_exporter(config.protocol)?,
+            closing,
+        )),
+        None => Processor::Batch(batch),
+    };
     if !config.keep_errors {
-        return Ok(builder.with_batch_exporter(exporter));
+        return Ok(builder.with_span_processor(batch));
     }
     // The sampler the OTEL_TRACES_SAMPLER variables configure, as the SDK reads them.
     let sampler = opentelemetry_sdk::trace::Config::default().sampler;
-    let batch = opentelemetry_sdk::trace::BatchSpanProcessor::builder(exporter).build();
     let keep = KeepErrors::new(
         batch,
         KeepErrorsConfig {
@@ -329,6 +369,56 @@ fn with_exporter(
     Ok(builder
         .with_sampler(RecordDropped(sampler))
         .with_span_processor(keep))
+}
+
+/// The batch processor, behind [`crate::prompt_export::PromptClosing`] in a process
+/// whose traces have a closing span.
+#[cfg(feature = "otlp")]
+#[derive(Debug)]
+enum Processor {
+    Batch(opentelemetry_sdk::trace::BatchSpanProcessor),
+    Prompt(crate::prompt_export::PromptClosing<opentelemetry_sdk::trace::BatchSpanProcessor>),
+}
+
+#[cfg(feature = "otlp")]
+impl opentelemetry_sdk::trace::SpanProcessor for Processor {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        match self {
+            Self::Batch(p) => p.on_start(span, cx),
+            Self::Prompt(p) => p.on_start(span, cx),
+        }
+    }
+
+    fn on_end(&self, span: opentelemetry_sdk::trace::SpanData) {
+        match self {
+            Self::Batch(p) => p.on_end(span),
+            Self::Prompt(p) => p.on_end(span),
+        }
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        match self {
+            Self::Batch(p) => p.force_flush(),
+            Self::Prompt(p) => p.force_flush(),
+        }
+    }
+
+    fn shutdown_with_timeout(
+        &self,
+        timeout: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        match self {
+            Self::Batch(p) => p.shutdown_with_timeout(timeout),
+            Self::Prompt(p) => p.shutdown_with_timeout(timeout),
+        }
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        match self {
+            Self::Batch(p) => p.set_resource(resource),
+            Self::Prompt(p) => p.set_resource(resource),
+        }
+    }
 }
 
 /// Without the `otlp` feature there is no exporter: asking for export is an error, not a
@@ -389,8 +479,10 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     let global = (info_at_most && tracer_provider.is_some()).then_some(LevelFilter::INFO);
     let otel_layer = tracer_provider.as_ref().map(|p| {
         let layer = tracing_opentelemetry::layer()
-            .with_tracer(p.tracer("toolfleet"))
+            .with_tracer(p.tracer_with_scope(scope()))
             .with_location(false)
+            // The module path of a `tracing` span is no attribute of the conventions.
+            .with_target(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
             // Parents and trace context are taken from the tracing spans themselves;

@@ -9,7 +9,8 @@
 //! that submitted a turn may attach to it; for any other, and for an id never seen or
 //! past its retention, the answer is one `error` with `unknown_turn`.
 //!
-//! Never changes a turn's calls or results and never ends a turn.
+//! Never changes a turn's calls or results and never ends a turn; a replayed `final`
+//! is marked sent (`finalize::replayed_final`).
 
 use std::sync::Arc;
 
@@ -71,7 +72,12 @@ pub(crate) async fn replay(
         .await
     {
         Ok(Attached::Events(stored)) => {
-            events::publish_stored(replica, reply, after_seq + 1, &stored).await
+            events::publish_stored(replica, reply, after_seq + 1, &stored).await;
+            // The frontend now holds the `final`: marked sent, and the turn span
+            // exported when the replica that stored it died before sending it.
+            if stored.last().is_some_and(|e| crate::finalize::is_final(e)) {
+                crate::finalize::replayed_final(replica, turn_id).await;
+            }
         }
         Ok(Attached::OtherTenant) => {
             let error = CallError::fatal(

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
 use tracing::warn;
 
-use crate::finalize::end_open_turn;
+use crate::finalize::{end_open_turn, sweep_turn};
 use crate::limits::millis;
 use crate::startup::Replica;
 
@@ -70,7 +70,7 @@ pub(crate) async fn sweep(replica: Arc<Replica>, shutdown: CancellationToken) {
                 }
             };
             for turn_id in due {
-                end_open_turn(&replica, &turn_id, true).await;
+                sweep_turn(&replica, &turn_id).await;
             }
         }
     }

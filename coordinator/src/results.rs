@@ -196,12 +196,26 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
     }
     let key = result.tool_call_id.clone();
     let template = replica.names.results_template();
+    let (address, port) = telemetry::server_of(&replica.config.nats_url);
+    let group = replica.names.results_consumer();
+    let source = trace::ResultSource {
+        server: (&address, port),
+        group: &group,
+    };
     let consumer = trace::result_received(
         &template,
         &message.subject,
         message.headers.as_ref(),
         &turn_id,
+        &source,
     );
+    let message_id = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(toolfleet_common::names::HEADER_MSG_ID))
+        .map(|v| v.to_string())
+        .unwrap_or_else(|| toolfleet_common::job::job_msg_id(&turn_id, &key));
+    consumer.record("messaging.message.id", message_id.as_str());
     consumer.record("gen_ai.tool.call.id", key.as_str());
     consumer.record("gen_ai.tool.name", result.name.as_str());
     let tenant = message

@@ -15,11 +15,12 @@
 use opentelemetry::trace::{SpanKind, Status};
 use opentelemetry::KeyValue;
 use serde::{Deserialize, Serialize};
+use toolfleet_common::call::codes;
 use toolfleet_common::deferred::DeferredSpan;
 use toolfleet_common::names::{concat, spans, HEADER_TENANT_ID};
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::{canonical_tool_name, provider_tool_name};
-use toolfleet_common::{CallError, Summary};
+use toolfleet_common::{CallError, CallResult, CallState, Summary};
 use tracing::info_span;
 
 /// The turn span's identity and what it says, stored with the turn.
@@ -37,6 +38,65 @@ pub(crate) struct TurnTrace {
     /// Calls in the decision.
     #[serde(rename = "calls", default)]
     pub calls: usize,
+    /// `service.instance.id` of the replica that took the turn (empty when a replica
+    /// that did not store it took the turn).
+    #[serde(rename = "owner", default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+}
+
+/// How the replica exporting the turn span came to end the turn: the path that ended
+/// it (`toolfleet.turn.ended_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndedBy {
+    /// Intake: the request was refused, or no call could run, or none was asked for.
+    Intake,
+    /// The completing result was recorded here.
+    Result,
+    /// The replica that took the turn saw its deadline pass.
+    Deadline,
+    /// A sweeper found the turn open past its deadline plus the grace: the replica that
+    /// took it did not end it (gone, or stalled).
+    Sweeper,
+    /// The caller cancelled the turn.
+    Cancel,
+    /// Another replica ended the turn and died before storing its `final`; it was
+    /// ended again here.
+    Recovery,
+    /// The turn's `final` was stored but never marked sent (its replica died between
+    /// the two); a sweeper sent it again.
+    Resend,
+    /// The same: a frontend re-attaching (or resubmitting the turn) was sent the
+    /// stored `final`.
+    Replay,
+}
+
+/// The event on `turn` when a replica other than its owner ended it for its owner.
+pub(crate) const TAKEN_OVER: &str = "toolfleet.turn.taken_over";
+
+impl EndedBy {
+    /// Whether a replica ending the turn this way did what the owner should have done
+    /// (a sweeper, a recovery, a resent or replayed `final`), rather than sharing the
+    /// work as replicas do (the last result recorded here).
+    fn takes_over(self) -> bool {
+        matches!(
+            self,
+            Self::Sweeper | Self::Recovery | Self::Resend | Self::Replay
+        )
+    }
+
+    /// The attribute value.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Intake => "intake",
+            Self::Result => "result",
+            Self::Deadline => "deadline",
+            Self::Sweeper => "sweeper",
+            Self::Cancel => "cancel",
+            Self::Recovery => "recovery",
+            Self::Resend => "resend",
+            Self::Replay => "replay",
+        }
+    }
 }
 
 /// How the turn ended, as its span tells it.
@@ -49,8 +109,52 @@ pub(crate) struct TurnOutcome<'a> {
     pub summary: Option<&'a Summary>,
     /// The turn's deadline passed before every result was in.
     pub deadline_hit: bool,
-    /// Why the turn failed, when it did (a rejection or the deadline).
+    /// Why the turn failed, when it did: a rejection, the deadline, or the worst
+    /// outcome of a call that did not succeed ([`worst_outcome`]).
     pub error: Option<&'a CallError>,
+    /// The path that ended the turn here.
+    pub ended_by: EndedBy,
+}
+
+/// What a turn whose calls ran reports as its error (`turn` and `join`): the deadline
+/// when it passed; else, of the calls that did not succeed, the worst: a timeout, an
+/// error, a call never dispatched, a cancelled call, in that order, with the count of
+/// calls that did not succeed. `None` when every call succeeded.
+pub(crate) fn worst_outcome(results: &[CallResult], deadline_hit: bool) -> Option<CallError> {
+    let failed = results
+        .iter()
+        .filter(|r| r.state != CallState::Done)
+        .count();
+    if deadline_hit {
+        let missing = results
+            .iter()
+            .filter(|r| r.state == CallState::Timeout)
+            .count();
+        let message = format!("the turn's deadline passed with {missing} call(s) unanswered");
+        return Some(CallError::retryable(codes::DEADLINE_EXCEEDED, message));
+    }
+    let rank = |state: CallState| match state {
+        CallState::Timeout => 0,
+        CallState::Error => 1,
+        CallState::Skipped => 2,
+        CallState::Cancelled => 3,
+        _ => 4,
+    };
+    let worst = results
+        .iter()
+        .filter(|r| r.state != CallState::Done)
+        .min_by_key(|r| rank(r.state))?;
+    let (code, what) = match &worst.error {
+        Some(error) => (error.code.clone(), error.message.clone()),
+        None => (worst.state.as_str().to_string(), String::new()),
+    };
+    let message = format!(
+        "{failed} of {} call(s) did not succeed; {} {}: {what}",
+        results.len(),
+        worst.tool_call_id,
+        worst.state.as_str()
+    );
+    Some(CallError::fatal(code, message))
 }
 
 impl TurnTrace {
@@ -62,6 +166,7 @@ impl TurnTrace {
             tenant: String::new(),
             session: None,
             calls: 0,
+            owner: telemetry::service_instance_id().to_string(),
         })
     }
 
@@ -126,8 +231,34 @@ impl TurnTrace {
             }
             None => Status::Unset,
         };
+        attributes.push(KeyValue::new(
+            "toolfleet.turn.ended_by",
+            outcome.ended_by.label(),
+        ));
+        let mut events = Vec::new();
+        if !self.owner.is_empty() {
+            let here = telemetry::service_instance_id();
+            // Another replica ended the turn its owner should have ended (not merely
+            // recorded its last result, as any replica does): the moment and the
+            // reason, on the span.
+            let taken_over = self.owner != here && outcome.ended_by.takes_over();
+            attributes.push(KeyValue::new("toolfleet.turn.owner", self.owner.clone()));
+            attributes.push(KeyValue::new("toolfleet.turn.taken_over", taken_over));
+            if taken_over {
+                events.push(opentelemetry::trace::Event::new(
+                    TAKEN_OVER,
+                    std::time::SystemTime::now(),
+                    vec![
+                        KeyValue::new("toolfleet.turn.owner", self.owner.clone()),
+                        KeyValue::new("toolfleet.turn.ended_by", outcome.ended_by.label()),
+                        KeyValue::new("service.instance.id", here.to_string()),
+                    ],
+                    0,
+                ));
+            }
+        }
         self.span
-            .end(spans::TURN, SpanKind::Server, attributes, status);
+            .end(spans::TURN, SpanKind::Server, attributes, events, status);
     }
 }
 
@@ -159,26 +290,50 @@ pub(crate) fn refused_call(
     telemetry::set_error(&span, &error.code, &error.message);
 }
 
+/// Where a result message came from and was taken: the NATS server (first URL) and
+/// the durable consumer.
+pub(crate) struct ResultSource<'a> {
+    /// `server.address`, `server.port`.
+    pub server: (&'a str, i64),
+    /// The results consumer (`messaging.consumer.group.name`).
+    pub group: &'a str,
+}
+
 /// The CONSUMER span of one result message: under the turn span, linked to the worker
-/// span that published it (both contexts are in the message headers).
+/// span that published it (both contexts are in the message headers). Its template is
+/// `template` (`<p>.results.{turn_id}`), with `.{tool}` when the subject names the
+/// call's tool, as workers' result subjects do.
 pub(crate) fn result_received(
     template: &str,
     subject: &str,
     headers: Option<&async_nats::HeaderMap>,
     turn_id: &str,
+    source: &ResultSource<'_>,
 ) -> tracing::Span {
     let tenant = headers
         .and_then(|h| h.get(toolfleet_common::headers::name(HEADER_TENANT_ID)))
         .map(|v| v.to_string());
+    let tool_in_subject = subject
+        .strip_suffix(turn_id)
+        .is_none_or(|head| !head.ends_with(".results."));
+    let template = if tool_in_subject {
+        concat(&[template, ".{tool}"])
+    } else {
+        template.to_string()
+    };
     let span = info_span!(
         "process",
-        otel.name = concat(&[spans::PROCESS, " ", template]).as_str(),
+        otel.name = concat(&[spans::PROCESS, " ", &template]).as_str(),
         otel.kind = "consumer",
         messaging.system = "nats",
         messaging.operation.name = spans::PROCESS,
         messaging.operation.type = "process",
         messaging.destination.name = subject,
-        messaging.destination.template = template,
+        messaging.destination.template = template.as_str(),
+        messaging.consumer.group.name = source.group,
+        messaging.message.id = tracing::field::Empty,
+        server.address = source.server.0,
+        server.port = source.server.1,
         gen_ai.tool.call.id = tracing::field::Empty,
         gen_ai.tool.name = tracing::field::Empty,
         toolfleet.turn.id = turn_id,

@@ -68,14 +68,25 @@ impl Traced {
 
     /// Spawns `fleet-node <role>` exporting to the receiver, as `instance`.
     fn spawn(&mut self, role: &str, instance: &str) -> anyhow::Result<u32> {
+        self.spawn_with(role, instance, &[("OTEL_BSP_SCHEDULE_DELAY", "100")])
+    }
+
+    /// [`Traced::spawn`] on the batch settings of deploy/ (the SDK's defaults: spans
+    /// exported every 5 s), with `extra` environment.
+    fn spawn_with(
+        &mut self,
+        role: &str,
+        instance: &str,
+        extra: &[(&str, &str)],
+    ) -> anyhow::Result<u32> {
         let endpoint = self.receiver.endpoint();
         let resource = format!("service.instance.id={instance},deployment.environment.name=test");
-        let env = [
+        let mut env = vec![
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
             ("OTEL_METRIC_EXPORT_INTERVAL", "500"),
             ("OTEL_RESOURCE_ATTRIBUTES", resource.as_str()),
         ];
+        env.extend_from_slice(extra);
         self.fleet.spawn_node(role, &env)
     }
 
@@ -558,9 +569,54 @@ async fn a_tool_timeout_is_not_the_turn_deadline_and_a_rejection_says_why() -> a
     let join = the(&spans, "join")?;
     assert_eq!(join.attr("error.type"), Some("tool_timeout"));
     assert_eq!(join.status_code, STATUS_ERROR);
+    // The turn failed too (Jaeger's `error=true` finds it), for the call's timeout,
+    // not for the turn's deadline.
     let turn = the(&spans, "turn")?;
-    assert_eq!(turn.attr("error.type"), None);
-    assert_ne!(turn.status_code, STATUS_ERROR);
+    assert_eq!(turn.attr("error.type"), Some("tool_timeout"));
+    assert_eq!(turn.status_code, STATUS_ERROR);
+    assert_eq!(turn.attr("toolfleet.turn.deadline_hit"), Some("false"));
+    assert_eq!(turn.attr("toolfleet.turn.outcome"), Some("complete"));
+
+    // One of two calls failed; every call refused: each turn is ERROR, naming the
+    // worst call's code, and a turn whose calls all succeeded is not.
+    let cases = [
+        (
+            "one-failed",
+            vec![
+                call("fine", "test.behave", json!({"sleep_ms": 1})),
+                call("broken", "test.behave", json!({"fail": "boom"})),
+            ],
+            Some("boom"),
+        ),
+        (
+            "all-refused",
+            vec![
+                call("nope_1", "crm.noSuchTool", json!({})),
+                call("nope_2", "crm.noSuchTool", json!({})),
+            ],
+            Some("unknown_tool"),
+        ),
+        (
+            "all-fine",
+            vec![call("fine", "test.behave", json!({"sleep_ms": 1}))],
+            None,
+        ),
+    ];
+    for (label, calls, expected) in cases {
+        let (mut stream, trace, _) = t.submit(timed_turn("acme", 5000, calls)).await?;
+        read_final(&mut stream, EVENT_WAIT).await?;
+        let spans = t
+            .spans_of(&trace, label, |s| s.iter().any(|s| s.name == "join"))
+            .await?;
+        let turn = the(&spans, "turn")?;
+        assert_eq!(turn.attr("error.type"), expected, "{label}");
+        assert_eq!(
+            turn.status_code == STATUS_ERROR,
+            expected.is_some(),
+            "{label}"
+        );
+        assert_eq!(turn.attr("toolfleet.tenant.id"), Some("acme"), "{label}");
+    }
 
     // A decision that cannot be read: the turn span says why.
     let decision = json!({"type": "tool_calls", "calls": "not a list"});
@@ -670,6 +726,143 @@ async fn a_sampled_out_turn_is_exported_only_when_a_call_failed() -> anyhow::Res
         clean_spans.is_empty(),
         "spans of a sampled-out turn without failures: {:?}",
         clean_spans.iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+
+/// Waits (bounded) until every trace of `traces` holds exactly one `turn` span and no
+/// span whose parent never arrived; prints each tree.
+async fn whole_traces(
+    t: &Traced,
+    traces: &[(String, String, String)],
+) -> anyhow::Result<HashMap<String, Vec<ReceivedSpan>>> {
+    let mut out = HashMap::new();
+    for (label, trace, frontend) in traces {
+        let spans = t
+            .spans_of(trace, label, |s| {
+                s.iter().filter(|s| s.name == "turn").count() == 1
+                    && missing_parent(s, frontend).is_none()
+                    && s.iter().any(|s| s.name.starts_with("execute_tool"))
+            })
+            .await?;
+        assert_no_missing_parent(&spans, frontend);
+        let turns = spans.iter().filter(|s| s.name == "turn").count();
+        assert_eq!(turns, 1, "{label}: {turns} turn spans");
+        out.insert(label.clone(), spans);
+    }
+    Ok(out)
+}
+
+/// kill -9 of a coordinator on the default batch delay (5 s), three times: turns it
+/// ended just before (a second before, and a few milliseconds before) and a turn in
+/// flight. Each turn's trace holds one `turn` span and every span's parent: the killed
+/// replica sent the `turn` span of the turns it ended when it ended them, and the turn
+/// in flight is ended, and its span exported, by the next replica, which names the
+/// killed one as the turn's owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turn_spans_survive_kill_9_on_the_default_batch_delay() -> anyhow::Result<()> {
+    let mut t = Traced::start().await?;
+    let worker = t.spawn_with("worker", "worker-a", &[])?;
+    let mut coordinator = t.spawn_with("coordinator", "coordinator-0", &[])?;
+    t.fleet.wait_for_tools(&["test.behave"]).await?;
+    let mut traces = Vec::new();
+    let mut in_flight = Vec::new();
+    for round in 0..3 {
+        let owner = format!("coordinator-{round}");
+        let next = format!("coordinator-{}", round + 1);
+        for (k, arguments) in [json!({"sleep_ms": 5}), json!({"fail": "boom"})]
+            .into_iter()
+            .enumerate()
+        {
+            let id = format!("ended_{round}_{k}");
+            let request = timed_turn("acme", 10_000, vec![call(&id, "test.behave", arguments)]);
+            let (mut stream, trace, frontend) = t.submit(request).await?;
+            read_final(&mut stream, EVENT_WAIT).await?;
+            traces.push((id, trace, frontend));
+        }
+        if round == 0 {
+            // Killed a second after its last turn ended, nothing in flight.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            t.fleet.kill_node(coordinator).await?;
+            coordinator = t.spawn_with("coordinator", &next, &[])?;
+            continue;
+        }
+        // Killed with a turn in flight, milliseconds after two turns ended.
+        let id = format!("flight_{round}");
+        let (mut stream, trace, frontend) = t.submit_sleep(&id, 800, 10_000).await?;
+        read_ack(&mut stream, EVENT_WAIT).await?;
+        until_state(&mut stream, None, CallState::Running, EVENT_WAIT).await?;
+        t.fleet.kill_node(coordinator).await?;
+        coordinator = t.spawn_with("coordinator", &next, &[])?;
+        let fin = read_final(&mut stream, EVENT_WAIT).await?;
+        assert_eq!(fin.results[0].state, CallState::Done, "{fin:?}");
+        traces.push((id.clone(), trace, frontend));
+        in_flight.push((id, owner, next));
+    }
+    // The survivors flush their batches on the way out.
+    t.stop(&[worker, coordinator]).await?;
+
+    let spans = whole_traces(&t, &traces).await?;
+    for (label, of_turn) in &spans {
+        let turn = the(of_turn, "turn")?;
+        assert!(turn.attr("toolfleet.turn.id").is_some(), "{label}");
+        let failed = label.starts_with("ended_") && label.ends_with("_1");
+        assert_eq!(turn.status_code == STATUS_ERROR, failed, "{label}");
+        if failed {
+            assert_eq!(turn.attr("error.type"), Some("boom"), "{label}");
+        }
+    }
+    for (id, owner, next) in &in_flight {
+        let turn = the(&spans[id], "turn")?;
+        let instance = turn.resource.get("service.instance.id").map(String::as_str);
+        assert_eq!(instance, Some(next.as_str()), "{id}");
+        assert_eq!(
+            turn.attr("toolfleet.turn.owner"),
+            Some(owner.as_str()),
+            "{id}"
+        );
+        assert_eq!(turn.attr("toolfleet.turn.ended_by"), Some("result"), "{id}");
+    }
+    Ok(())
+}
+
+/// A coordinator that dies between storing a turn's `final` and sending it: the next
+/// replica sends the stored `final` (its sweeper, or the client's attach, whichever
+/// comes first) and exports the turn's one `turn` span, marked as taken over, with an
+/// event naming the replica that stored it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_stored_by_a_replica_that_died_gets_one_turn_span() -> anyhow::Result<()> {
+    let mut t = Traced::start().await?;
+    let worker = t.spawn_with("worker", "worker-a", &[])?;
+    let fault = [("TOOLFLEET_FAULT", "exit_after_final_stored")];
+    let _dying = t.spawn_with("coordinator", "coordinator-a", &fault)?;
+    t.fleet.wait_for_tools(&["test.behave"]).await?;
+    let (mut stream, trace, frontend) = t.submit_sleep("stored", 5, 2000).await?;
+    read_ack(&mut stream, EVENT_WAIT).await?;
+    // coordinator-a exits once the final is stored; coordinator-b takes over.
+    let survivor = t.spawn_with("coordinator", "coordinator-b", &[])?;
+    let fin = read_final(&mut stream, EVENT_WAIT).await?;
+    assert_eq!(fin.results[0].state, CallState::Done, "{fin:?}");
+    t.stop(&[worker, survivor]).await?;
+
+    let traces = [("stored-final".to_string(), trace, frontend)];
+    let spans = whole_traces(&t, &traces).await?;
+    let turn = the(&spans["stored-final"], "turn")?;
+    let instance = turn.resource.get("service.instance.id").map(String::as_str);
+    assert_eq!(instance, Some("coordinator-b"));
+    assert_eq!(turn.attr("toolfleet.turn.owner"), Some("coordinator-a"));
+    assert_eq!(turn.attr("toolfleet.turn.taken_over"), Some("true"));
+    let by = turn.attr("toolfleet.turn.ended_by");
+    assert!(matches!(by, Some("resend" | "replay")), "{by:?}");
+    assert_eq!(turn.attr("toolfleet.summary.ok"), Some("1"));
+    let event = turn
+        .events
+        .iter()
+        .find(|(name, _)| name == "toolfleet.turn.taken_over")
+        .ok_or_else(|| anyhow::anyhow!("no taken_over event"))?;
+    assert_eq!(
+        event.1.get("toolfleet.turn.owner").map(String::as_str),
+        Some("coordinator-a")
     );
     Ok(())
 }
