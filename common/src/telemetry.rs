@@ -149,7 +149,7 @@ fn env_choice<T: Copy + Default>(name: &str, choices: &[(&str, T)]) -> Result<T,
 /// Installed telemetry; call [`Telemetry::shutdown`] before exit to flush.
 pub struct Telemetry {
     tracer_provider: Option<SdkTracerProvider>,
-    meter_provider: SdkMeterProvider,
+    meter_provider: Option<SdkMeterProvider>,
     #[cfg(feature = "prometheus")]
     prometheus: prometheus::Registry,
 }
@@ -435,8 +435,14 @@ fn with_exporter(
     ))
 }
 
-fn meter_provider(config: &TelemetryConfig) -> Result<SdkMeterProvider, TelemetryError> {
+/// The meter provider with the readers this build and configuration have (Prometheus,
+/// OTLP), or `None` when there is none: a provider without a reader refuses every
+/// instrument (`InstrumentCreationFailed`, an ERROR line each), so without one the
+/// global no-op provider stays, whose instruments cost nothing and log nothing.
+fn meter_provider(config: &TelemetryConfig) -> Result<Option<SdkMeterProvider>, TelemetryError> {
     let builder = SdkMeterProvider::builder().with_resource(resource(config));
+    #[allow(unused_mut)]
+    let mut readers = 0;
     #[cfg(feature = "prometheus")]
     let builder = {
         let registry = prometheus::Registry::new();
@@ -446,6 +452,7 @@ fn meter_provider(config: &TelemetryConfig) -> Result<SdkMeterProvider, Telemetr
             .build()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
         let _ = PROMETHEUS.set(registry);
+        readers += 1;
         builder.with_reader(reader)
     };
     #[cfg(feature = "otlp")]
@@ -454,11 +461,12 @@ fn meter_provider(config: &TelemetryConfig) -> Result<SdkMeterProvider, Telemetr
             .with_http()
             .build()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        readers += 1;
         builder.with_periodic_exporter(exporter)
     } else {
         builder
     };
-    Ok(builder.build())
+    Ok((readers > 0).then(|| builder.build()))
 }
 
 /// Installs logging, tracing export and metrics for this process.
@@ -496,7 +504,9 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
         }
     });
     let meter_provider = meter_provider(config)?;
-    opentelemetry::global::set_meter_provider(meter_provider.clone());
+    if let Some(provider) = &meter_provider {
+        opentelemetry::global::set_meter_provider(provider.clone());
+    }
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     if let Some(p) = &tracer_provider {
         opentelemetry::global::set_tracer_provider(p.clone());
@@ -553,8 +563,10 @@ impl Telemetry {
             let _ = p.force_flush();
             let _ = p.shutdown();
         }
-        let _ = self.meter_provider.force_flush();
-        let _ = self.meter_provider.shutdown();
+        if let Some(p) = self.meter_provider {
+            let _ = p.force_flush();
+            let _ = p.shutdown();
+        }
     }
 }
 

@@ -43,6 +43,7 @@ pub mod gateway;
 pub mod ops;
 pub mod otlp;
 pub mod pg;
+pub mod poison;
 pub mod python;
 pub mod secured;
 pub mod tls;

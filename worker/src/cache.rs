@@ -201,7 +201,7 @@ impl ResultCache {
                     }
                     span.record("cache.hit", false);
                     cache.inner.misses.fetch_add(1, Ordering::Relaxed);
-                    let output = tool.call(ctx, arguments).await?;
+                    let output = tool.run(ctx, arguments).await?;
                     cache.put(&key, &output).instrument(span).await;
                     Ok(output)
                 })

@@ -37,6 +37,7 @@
 //! | [`prelude`] | what a tool file needs in one `use` |
 //! | [`schema`] | the schemas the model sees, derived from argument and output types |
 //! | [`config`] | `WorkerConfig` from environment variables |
+//! | [`conformance`] | the conformance probe `toolfleet conformance` drives (PROTOCOL §7.11) |
 //! | `consumers` | each tool's durable consumer: created, checked, its delivery settings kept in line with the definition |
 //! | [`registry`] | announcing tools and liveness in Redis |
 //! | `runner` | pulling jobs, running calls, publishing results, acking |
@@ -54,6 +55,7 @@
 pub mod cache;
 mod cancel;
 pub mod config;
+pub mod conformance;
 mod consumers;
 mod keepalive;
 mod output;
@@ -68,6 +70,11 @@ pub mod toolset;
 
 pub use serve::{serve, ServeError};
 pub use toolfleet_worker_macros::{main, tool, ToolError};
+
+/// The Tokio runtime the worker runs on: a tool that sleeps, times out or does async I/O
+/// uses it as `toolfleet_worker::tokio` (`toolfleet_worker::tokio::time::sleep`), so a
+/// tool crate needs no `tokio` dependency of its own.
+pub use tokio;
 
 /// What the macros' generated code names; not part of the API.
 #[doc(hidden)]
@@ -168,6 +175,12 @@ pub async fn run(
         let name = &tool.definition().name;
         if !seen.insert(name.clone()) {
             return Err(WorkerError::Tools(format!("tool {name} registered twice")));
+        }
+        if let Some(kind) = schema::non_object_type(&tool.definition().input_schema) {
+            return Err(WorkerError::Tools(format!(
+                "tool {name}: its arguments are a JSON {kind}, but a call's arguments are \
+                 always an object: take a struct with named fields, or no arguments at all"
+            )));
         }
     }
     run_set(config, ToolSet::new(tools), shutdown).await

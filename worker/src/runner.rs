@@ -361,7 +361,7 @@ async fn execute(
     let execute = execute_span(def, job);
     shared.metrics.in_flight(&def.name, 1);
     let arguments = std::mem::take(&mut job.call.arguments);
-    let run = AssertUnwindSafe(async { tool.tool.call(ctx, arguments).await }).catch_unwind();
+    let run = AssertUnwindSafe(async { tool.tool.run(ctx, arguments).await }).catch_unwind();
     let run = announced(shared, job, attempt, run);
     let outcome = tokio::select! {
         outcome = tokio::time::timeout(budget, run).instrument(execute.clone()) => outcome,
@@ -422,7 +422,20 @@ async fn execute(
             telemetry::set_error(span, &error.code, &error.message);
         }
         let reason = telemetry::bounded_message(&error.message);
-        info!(call = %job.call.id, code = %error.code, %reason, "call failed");
+        // One short line: the job's spans (a dozen fields each) are left out of it; the
+        // trace id ties it to them when spans are exported.
+        let trace_id = spans.first().and_then(|span| telemetry::trace_id(span));
+        info!(
+            parent: None,
+            tool = %def.name,
+            call = %job.call.id,
+            turn = %job.turn_id,
+            attempt,
+            trace_id = trace_id.as_deref().unwrap_or(""),
+            code = %error.code,
+            %reason,
+            "call failed"
+        );
     }
     shared.metrics.call_executed(
         &def.name,

@@ -149,8 +149,22 @@ impl Tool {
         self.definition == other.definition && Arc::ptr_eq(&self.handler, &other.handler)
     }
 
-    /// Runs the handler.
+    /// Calls the tool as the fleet would (unit tests, local runs): `arguments` are first
+    /// checked against the input schema, as the coordinator checks every call, and
+    /// arguments it would refuse fail with `invalid_arguments` without running the
+    /// handler (see [`crate::schema::check_arguments`] for what is checked).
     pub fn call(&self, ctx: ToolContext, arguments: Value) -> ToolFuture {
+        if let Err(reason) =
+            crate::schema::check_arguments(&self.definition.input_schema, &arguments)
+        {
+            let error = CallError::fatal(codes::INVALID_ARGUMENTS, reason);
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        self.run(ctx, arguments)
+    }
+
+    /// Runs the handler on arguments the coordinator has already checked.
+    pub(crate) fn run(&self, ctx: ToolContext, arguments: Value) -> ToolFuture {
         (self.handler)(ctx, arguments)
     }
 }
@@ -205,17 +219,26 @@ impl ToolBuilder {
         self
     }
 
-    /// Finishes the tool with `handler`; the input schema is generated from `A`.
+    /// Finishes the tool with `handler`; the input schema is generated from `A`. A tool
+    /// without arguments takes `()`: its input schema is the empty object, and a call
+    /// with `{}` (or no arguments) runs it.
     pub fn handler<A, F, Fut>(mut self, handler: F) -> Tool
     where
         A: DeserializeOwned + schemars::JsonSchema + Send + 'static,
         F: Fn(ToolContext, A) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<ToolOutput, ToolError>> + Send + 'static,
     {
-        self.definition.input_schema = input_schema_of::<A>(self.allow_unknown_arguments);
+        let schema = input_schema_of::<A>(self.allow_unknown_arguments);
+        let no_arguments = crate::schema::is_unit(&schema);
+        self.definition.input_schema = if no_arguments {
+            crate::schema::no_arguments(self.allow_unknown_arguments)
+        } else {
+            schema
+        };
         let handler = Arc::new(handler);
         let erased = move |ctx: ToolContext, arguments: Value| -> ToolFuture {
             let handler = Arc::clone(&handler);
+            let arguments = if no_arguments { Value::Null } else { arguments };
             Box::pin(async move {
                 let args: A = serde_json::from_value(arguments).map_err(|e| {
                     CallError::fatal(codes::BAD_ARGUMENTS, format!("arguments: {e}"))
@@ -257,6 +280,55 @@ impl ToolBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Range {
+        #[schemars(range(min = 1, max = 10))]
+        n: u32,
+    }
+
+    #[tokio::test]
+    async fn call_refuses_what_the_coordinator_refuses() {
+        let tool =
+            Tool::builder("n.echo", "").handler(|_ctx: ToolContext, args: Range| async move {
+                Ok(ToolOutput::new(json!(args.n)))
+            });
+        let ctx = || ToolContext::new("acme", Map::new());
+        for refused in [
+            json!({"n": 0}),
+            json!({"n": 3, "x": 1}),
+            json!({}),
+            json!({"n": "3"}),
+        ] {
+            let error = tool.call(ctx(), refused.clone()).await.err();
+            assert_eq!(
+                error.map(|e| e.code),
+                Some(codes::INVALID_ARGUMENTS.to_string()),
+                "{refused}"
+            );
+        }
+        let ok = tool.call(ctx(), json!({"n": 10})).await.ok();
+        assert_eq!(ok.map(|o| o.value), Some(json!(10)));
+    }
+
+    #[tokio::test]
+    async fn a_tool_without_arguments_takes_the_empty_object() {
+        let tool = Tool::builder("clock.now", "")
+            .handler(|_ctx: ToolContext, (): ()| async move { Ok(ToolOutput::new(json!("noon"))) });
+        assert_eq!(
+            tool.definition().input_schema,
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
+        );
+        let ctx = || ToolContext::new("acme", Map::new());
+        let ok = tool.call(ctx(), json!({})).await.ok();
+        assert_eq!(ok.map(|o| o.value), Some(json!("noon")));
+        let extra = tool.call(ctx(), json!({"at": 1})).await.err();
+        assert_eq!(
+            extra.map(|e| e.code),
+            Some(codes::INVALID_ARGUMENTS.to_string())
+        );
+    }
 
     #[derive(serde::Deserialize, schemars::JsonSchema)]
     struct Args {

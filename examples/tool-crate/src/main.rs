@@ -1,4 +1,5 @@
-//! Serves the crate's three tools until SIGTERM or Ctrl-C; settings from the environment.
+//! Serves the crate's tools and the conformance probe until SIGTERM or Ctrl-C; settings
+//! from the environment.
 
-#[toolfleet_worker::main(tools = toolfleet_example_tools::tools())]
+#[toolfleet_worker::main(tools = toolfleet_example_tools::served())]
 async fn main() {}

@@ -4,7 +4,9 @@
 //! fleet tool. The function stays as written (callable from unit tests); next to it the
 //! attribute adds `fn <name>_tool() -> toolfleet_worker::Tool`, built with
 //! `Tool::builder(..).typed(..)`: input and output schemas derived from `A` and `O`, the
-//! summary from `O`'s `Display`, `E: Into<ToolError>`.
+//! summary from `O`'s `Display`, `E: Into<ToolError>`. A tool without arguments is
+//! `async fn f()` or `async fn f(ctx: &ToolContext)`: its input schema is the empty
+//! object.
 //!
 //! Attributes: `name = "crm.lookup"` (default: the function's name), `description = ".."`
 //! (default: the doc comment), `idempotent = 3`, `timeout_ms = 2000`,
@@ -91,18 +93,30 @@ fn expand(settings: &Settings, function: &ItemFn) -> syn::Result<Tokens> {
         ));
     }
     let inputs: Vec<&FnArg> = sig.inputs.iter().collect();
-    let args_type = match inputs.first() {
-        Some(FnArg::Typed(arg)) => &arg.ty,
-        _ => {
-            return Err(syn::Error::new(
-                sig.span(),
-                "a #[tool] function takes its arguments first: `async fn f(args: Args, ctx: &ToolContext)`",
-            ))
-        }
+    let typed = |arg: &FnArg| match arg {
+        FnArg::Typed(arg) => Some(arg.ty.clone()),
+        FnArg::Receiver(_) => None,
     };
-    let call = match inputs.len() {
-        1 => quote!(args),
-        2 => quote!(args, &ctx),
+    let is_context = |ty: &syn::Type| matches!(ty, syn::Type::Reference(_));
+    let unit: syn::Type = syn::parse_quote!(());
+    // `async fn f()` and `async fn f(ctx: &ToolContext)` take no arguments: their input
+    // schema is the empty object.
+    let (args_type, call) = match inputs.as_slice() {
+        [] => (unit, quote!()),
+        [only] => match typed(only) {
+            Some(ty) if is_context(&ty) => (unit, quote!(&ctx)),
+            Some(ty) => (*ty, quote!(args)),
+            None => return Err(receiver_error(sig)),
+        },
+        [first, second] => match (typed(first), typed(second)) {
+            (Some(ty), Some(_)) if !is_context(&ty) => (*ty, quote!(args, &ctx)),
+            _ => {
+                return Err(syn::Error::new(
+                    sig.inputs.span(),
+                    "a #[tool] function takes its arguments first: `async fn f(args: Args, ctx: &ToolContext)`",
+                ))
+            }
+        },
         _ => {
             return Err(syn::Error::new(
                 sig.inputs.span(),
@@ -137,11 +151,18 @@ fn expand(settings: &Settings, function: &ItemFn) -> syn::Result<Tokens> {
             ::toolfleet_worker::Tool::builder(#name, #description)
                 #(#modifiers)*
                 .typed(|ctx: ::toolfleet_worker::ToolContext, args: #args_type| async move {
-                    let _ = &ctx;
+                    let _ = (&ctx, &args);
                     #ident(#call).await
                 })
         }
     })
+}
+
+fn receiver_error(sig: &syn::Signature) -> syn::Error {
+    syn::Error::new(
+        sig.span(),
+        "a #[tool] is a free function: `async fn f(args: Args, ctx: &ToolContext)`",
+    )
 }
 
 /// The function's doc comment as one line of text; `None` when it has none.
