@@ -5,12 +5,17 @@ CANCEL_MARKERS, so a test can see that the call saw the cancellation."""
 import asyncio
 import os
 import pathlib
+from typing import TypedDict
 
 from toolfleet_worker import serve, tool
 
 
+class Wait(TypedDict, total=False):
+    wait_ms: int
+
+
 @tool("test.py_wait", timeout_ms=30000)
-async def wait(args, ctx):
+async def wait(args: Wait, ctx):
     """Waits for the turn to be cancelled, at most wait_ms"""
     try:
         await asyncio.wait_for(ctx.cancelled.wait(), args.get("wait_ms", 5000) / 1000)

@@ -8,10 +8,10 @@ from toolfleet_worker.conformance import probe
 publish = _worker.Worker._publish
 
 
-async def publish_float_durations(self, msg, job, result):
+async def publish_float_durations(self, msg, job, result, *rest):
     if result.get("name") == "conformance.faulty":
         result["duration_ms"] = 0.27
-    await publish(self, msg, job, result)
+    await publish(self, msg, job, result, *rest)
 
 
 _worker.Worker._publish = publish_float_durations

@@ -8,7 +8,7 @@ from toolfleet_worker import ToolError, serve, tool
 
 
 @tool("test.py_flaky", idempotent=int(os.environ["FLAKY_ATTEMPTS"]), timeout_ms=2000)
-async def flaky(args, ctx):
+async def flaky(ctx):
     """Fails with a retryable error every time"""
     raise ToolError("flaky", f"attempt {ctx.attempt} failed", retryable=True)
 

@@ -105,6 +105,19 @@ pub fn worker(
     args: &[&str],
     extra: &[(&str, &str)],
 ) -> Result<tokio::process::Child> {
+    worker_command(python, fleet, args, extra)
+        .spawn()
+        .context("starting the Python worker")
+}
+
+/// The command [`worker`] runs (its stderr inherited), for a test that pipes its output
+/// or waits for its exit.
+pub fn worker_command(
+    python: &Path,
+    fleet: &crate::fleet::Fleet,
+    args: &[&str],
+    extra: &[(&str, &str)],
+) -> Command {
     let mut command = Command::new(python);
     command
         .args(args)
@@ -115,6 +128,7 @@ pub fn worker(
         .env("TOOLFLEET_PREFIX", fleet.names.prefix())
         .env("TOOLFLEET_HEARTBEAT_MS", "500")
         .env("TOOLFLEET_ACK_WAIT_MS", "1000")
+        .env("TOOLFLEET_HTTP_ADDR", "off")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -122,7 +136,7 @@ pub fn worker(
     for (key, value) in extra {
         command.env(key, value);
     }
-    command.spawn().context("starting the Python worker")
+    command
 }
 
 /// Sends SIGTERM to a worker started by [`worker`] and waits (at most 15 s) for it to

@@ -1,9 +1,13 @@
-"""toolfleet worker SDK for Python: an async function becomes a fleet tool.
+"""toolfleet worker SDK for Python: a function becomes a fleet tool.
 
-    from toolfleet_worker import tool, serve
+    from typing import TypedDict
+    from toolfleet_worker import Output, tool, serve
 
-    @tool(name="text.stats", input_schema={...}, idempotent=3)
-    async def text_stats(args, ctx):
+    class Text(TypedDict):
+        text: str
+
+    @tool
+    async def text_stats(args: Text):
         "Counts the words of a text."
         words = len(args["text"].split())
         return Output({"words": words}, summary=f"That text has {words} words.")
@@ -15,18 +19,24 @@ This module owns the public surface (the decorator, the types, settings, `serve`
 """
 
 import asyncio
-import json
+import dataclasses
+import inspect
 import os
 import signal
 import socket
 import ssl
 import sys
 import time
+import typing
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-__all__ = ["tool", "serve", "run", "Tool", "Output", "ToolError", "Context", "Settings"]
+from toolfleet_worker._schema import NO_ARGUMENTS, ArgumentsError, arguments_of
+
+__all__ = ["tool", "serve", "run", "Tool", "Output", "ToolError", "Context", "Settings",
+           "ArgumentsError"]
+
 
 class ToolError(Exception):
     """A tool failure with a stable code (PROTOCOL.md 3.5); `retryable` may pass on a retry."""
@@ -61,35 +71,129 @@ class Context:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def _json_value(value):
+    """A pydantic model or dataclass as JSON data; anything else as it is."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
 @dataclass
 class Tool:
-    """A tool: its definition (PROTOCOL.md 3.1) and its handler `async fn(args, ctx)`."""
+    """A tool: its definition (PROTOCOL.md 3.1) and its function, with how the function
+    takes its arguments (`convert`) and context, whether it is a plain `def` (run on a
+    thread) and the summary hook."""
 
     definition: dict
     handler: object
+    convert: object = None
+    takes_args: bool = True
+    takes_ctx: bool = True
+    blocking: bool = False
+    summary: object = None
+
+    async def invoke(self, arguments, ctx):
+        """Runs the function on the call's `arguments` (checked by the coordinator against
+        the input schema) and returns an `Output`. A plain `def` runs on a thread
+        (`asyncio.to_thread`), so blocking code never holds up the worker's event loop."""
+        params = []
+        if self.takes_args and self.convert:
+            try:
+                arguments = self.convert(arguments)
+            except ValueError as e:  # pydantic's ValidationError is one
+                raise ToolError("invalid_arguments", f"arguments: {e}") from e
+        if self.takes_args:
+            params.append(arguments)
+        if self.takes_ctx:
+            params.append(ctx)
+        if self.blocking:
+            out = await asyncio.to_thread(self.handler, *params)
+        else:
+            out = await self.handler(*params)
+        if isinstance(out, Output):
+            return Output(_json_value(out.value), out.summary)
+        summary = self.summary(out) if self.summary else None
+        return Output(_json_value(out), summary)
 
 
-def tool(name=None, *, input_schema=None, output_schema=None, description=None,
-         waiting_hint=None, timeout_ms=30000, idempotent=0, tenant_scoped=False):
-    """Makes `async def f(args, ctx)` a Tool. `idempotent=N` allows N deliveries; the
-    description defaults to the docstring; the input schema defaults to any object."""
+def _is_context(parameter, hints):
+    return hints.get(parameter.name) is Context or (
+        parameter.name in ("ctx", "context") and parameter.name not in hints)
 
-    def wrap(handler):
-        definition = {
-            "name": name or handler.__name__,
-            "description": description or " ".join((handler.__doc__ or "").split()),
-            "input_schema": input_schema or {"type": "object"},
-            "timeout_ms": int(timeout_ms),
-            "retry": {"idempotent": idempotent > 0, "max_attempts": max(int(idempotent), 1)},
-            "tenant_scoped": bool(tenant_scoped),
-        }
-        if output_schema is not None:
-            definition["output_schema"] = output_schema
-        if waiting_hint:
-            definition["waiting_hint"] = waiting_hint
-        return Tool(definition, handler)
 
-    return wrap
+def _make_tool(handler, name, input_schema, output_schema, description, waiting_hint,
+               timeout_ms, idempotent, tenant_scoped, summary, allow_unknown_arguments):
+    if isinstance(handler, Tool):
+        return handler
+    if not callable(handler):
+        raise TypeError(f"@tool goes on a function, not {handler!r}")
+    blocking = not inspect.iscoroutinefunction(handler)
+    try:
+        hints = typing.get_type_hints(handler, include_extras=True)
+    except Exception:  # noqa: BLE001 - unresolvable hints are treated as absent
+        hints = {}
+    positional = [p for p in inspect.signature(handler).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    fn_name = getattr(handler, "__name__", "tool")
+    if len(positional) > 2:
+        raise TypeError(f"tool {fn_name}: takes (args, ctx), (args), (ctx) or nothing")
+    if len(positional) == 2:
+        takes_args, takes_ctx = True, True
+    elif len(positional) == 1:
+        takes_ctx = _is_context(positional[0], hints)
+        takes_args = not takes_ctx
+    else:
+        takes_args, takes_ctx = False, False
+    convert = None
+    if input_schema is None:
+        if takes_args:
+            input_schema, convert = arguments_of(hints.get(positional[0].name), fn_name,
+                                                 allow_unknown_arguments)
+        else:
+            input_schema = dict(NO_ARGUMENTS)
+            if allow_unknown_arguments:
+                input_schema.pop("additionalProperties")
+    definition = {
+        "name": name or fn_name,
+        "description": description or " ".join((handler.__doc__ or "").split()),
+        "input_schema": input_schema,
+        "timeout_ms": int(timeout_ms),
+        "retry": {"idempotent": idempotent > 0, "max_attempts": max(int(idempotent), 1)},
+        "tenant_scoped": bool(tenant_scoped),
+    }
+    if output_schema is not None:
+        definition["output_schema"] = output_schema
+    if waiting_hint:
+        definition["waiting_hint"] = waiting_hint
+    return Tool(definition, handler, convert, takes_args, takes_ctx, blocking, summary)
+
+
+def tool(handler=None, name=None, *, input_schema=None, output_schema=None, description=None,
+         waiting_hint=None, timeout_ms=30000, idempotent=0, tenant_scoped=False, summary=None,
+         allow_unknown_arguments=False):
+    """Makes a function a Tool: bare (`@tool`) or with settings (`@tool("math.double",
+    idempotent=3)`, `@tool(name=...)`).
+
+    The function is `async def` or a plain `def` (run on a thread), and takes
+    `(args, ctx)`, `(args)`, `(ctx)` or nothing. The input schema comes from the type of
+    `args`: a `TypedDict` or a pydantic model (the function then gets the model), with
+    unknown arguments refused unless `allow_unknown_arguments`; `input_schema=` gives
+    one by hand (the function then gets the arguments as a dict). The description
+    defaults to the docstring; `idempotent=N` allows N deliveries; `summary=` maps a
+    plain result to the sentence the narrator speaks."""
+    settings = dict(input_schema=input_schema, output_schema=output_schema,
+                    description=description, waiting_hint=waiting_hint,
+                    timeout_ms=timeout_ms, idempotent=idempotent,
+                    tenant_scoped=tenant_scoped, summary=summary,
+                    allow_unknown_arguments=allow_unknown_arguments)
+    if isinstance(handler, str):
+        handler, name = None, handler
+    if handler is not None:
+        return _make_tool(handler, name, **settings)
+    return lambda fn: _make_tool(fn, name, **settings)
 
 
 def _env_int(name, default):
@@ -114,6 +218,20 @@ def _env_choice(name, default, choices):
     return value
 
 
+def _env_addr(name, default):
+    value = os.environ.get(name, "").strip() or default
+    if value.lower() == "off":
+        return None
+    host, sep, port = value.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not sep or not host or not 0 <= number <= 65535:
+        sys.exit(f"{name}={value!r} is not an address (host:port, or off)")
+    return host.strip("[]"), number
+
+
 def _env_file(name):
     value = os.environ.get(name, "").strip()
     if value and not os.path.isfile(value):
@@ -135,11 +253,13 @@ class Settings:
     redis_url: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_REDIS_URL", "").strip() or "redis://127.0.0.1:6379/")
     prefix: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_PREFIX", "").strip() or "fleet")
     worker_id: str = field(default_factory=lambda: os.environ.get("TOOLFLEET_WORKER_ID", "").strip() or f"py-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    concurrency: int = field(default_factory=lambda: max(_env_int("TOOLFLEET_WORKER_CONCURRENCY", 8), 1))
-    heartbeat: float = field(default_factory=lambda: _env_int("TOOLFLEET_HEARTBEAT_MS", 2000) / 1000)
-    ack_wait: float = field(default_factory=lambda: _env_int("TOOLFLEET_ACK_WAIT_MS", 5000) / 1000)
-    max_result_bytes: int = field(default_factory=lambda: _env_int("TOOLFLEET_MAX_RESULT_BYTES", 512 * 1024))
-    shutdown_grace: float = field(default_factory=lambda: _env_int("TOOLFLEET_SHUTDOWN_GRACE_MS", 10000) / 1000)
+    # The Rust worker's ranges (worker/src/config.rs, `ranges`): zero is refused wherever
+    # it would stop the worker.
+    concurrency: int = field(default_factory=lambda: _env_int_in("TOOLFLEET_WORKER_CONCURRENCY", 8, 1, 65536))
+    heartbeat: float = field(default_factory=lambda: _env_int_in("TOOLFLEET_HEARTBEAT_MS", 2000, 100, 60000) / 1000)
+    ack_wait: float = field(default_factory=lambda: _env_int_in("TOOLFLEET_ACK_WAIT_MS", 5000, 500, 600000) / 1000)
+    max_result_bytes: int = field(default_factory=lambda: _env_int_in("TOOLFLEET_MAX_RESULT_BYTES", 512 * 1024, 1024, 8 * 1024 * 1024))
+    shutdown_grace: float = field(default_factory=lambda: _env_int_in("TOOLFLEET_SHUTDOWN_GRACE_MS", 10000, 0, 600000) / 1000)
     # 7.5: a call is announced `started` once it has run this long (0: as it starts); one
     # that ends sooner goes from `pending` to its terminal state.
     running_after: float = field(default_factory=lambda: _env_int_in("TOOLFLEET_RUNNING_AFTER_MS", 2, 0, 60000) / 1000)
@@ -153,7 +273,9 @@ class Settings:
     # same number as every coordinator's.
     stream_partitions: int = field(default_factory=lambda: _env_int_in("TOOLFLEET_STREAM_PARTITIONS", 1, 1, 64))
     # `create`: make or update the tools' consumers; `bind`: wait for the coordinator's.
-    consumers: str = field(default_factory=lambda: (os.environ.get("TOOLFLEET_WORKER_CONSUMERS", "").strip() or "create").lower())
+    consumers: str = field(default_factory=lambda: _env_choice("TOOLFLEET_WORKER_CONSUMERS", "create", ("create", "bind")))
+    # `/healthz`, `/readyz` and `/metrics` (`host:port`, as the Rust worker's; `off`: none).
+    http_addr: tuple = field(default_factory=lambda: _env_addr("TOOLFLEET_HTTP_ADDR", "0.0.0.0:9091"))
     # TLS (PEM files): the CA to trust and an optional client certificate, per server.
     nats_ca_file: str = field(default_factory=lambda: _env_file("TOOLFLEET_NATS_CA_FILE"))
     nats_cert_file: str = field(default_factory=lambda: _env_file("TOOLFLEET_NATS_CERT_FILE"))
@@ -200,7 +322,8 @@ def rfc3339(seconds=None):
 
 
 def serve(*tools, settings=None):
-    """Serves `tools` until SIGTERM or SIGINT (drains, withdraws); blocks."""
+    """Serves `tools` (`@tool` functions; a plain function is made one as `@tool` would)
+    until SIGTERM or SIGINT (drains, withdraws); blocks."""
     asyncio.run(run(list(tools), settings or Settings()))
 
 
@@ -208,6 +331,7 @@ async def run(tools, settings):
     """Serves `tools` with `settings` until SIGTERM or SIGINT."""
     from toolfleet_worker._worker import Worker
 
+    tools = [t if isinstance(t, Tool) else tool(t) for t in tools]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,6 +12,7 @@ import asyncio
 import json
 import sys
 import time
+import traceback
 import urllib.parse
 
 import nats
@@ -21,7 +22,7 @@ from nats.js.api import (AckPolicy, ConsumerConfig, DiscardPolicy, RetentionPoli
                          StreamConfig)
 from nats.js.errors import NotFoundError
 
-from toolfleet_worker import Context, Output, ToolError, now_ms, rfc3339
+from toolfleet_worker import Context, ToolError, now_ms, rfc3339, _ops, _tracing
 
 PUBLISH_ATTEMPTS = 3
 RETRY_DELAY = 0.1
@@ -76,6 +77,7 @@ class Worker:
         # 9.6: turn id -> when its cancel is forgotten (monotonic s); turn id -> the
         # `cancelled` events of its calls running here.
         self.cancelled_turns, self.running = {}, {}
+        self.ops = _ops.Ops(settings.concurrency)
 
     def log(self, message):
         print(f"[{self.s.worker_id}] {message}", file=sys.stderr, flush=True)
@@ -186,7 +188,7 @@ class Worker:
                 if refusal or what == "definition":
                     self.refusals[(what, name)] = refusal
 
-    async def _publish(self, msg, job, result):
+    async def _publish(self, msg, job, result, trace_headers=None):
         """7.8: publish through JetStream, wait for its ack, then ack the job."""
         body = json.dumps(result).encode()
         if len(body) > self.s.max_result_bytes:
@@ -198,7 +200,8 @@ class Worker:
                                        f"{self.s.max_result_bytes}", False)).encode()
         call_id = job["call"]["id"]
         headers = {"Nats-Msg-Id": f"{job['turn_id']}.{call_id}",
-                   "Fleet-Turn-Id": job["turn_id"], "Fleet-Call-Id": call_id}
+                   "Fleet-Turn-Id": job["turn_id"], "Fleet-Call-Id": call_id,
+                   **(trace_headers or {})}
         # The per-tool result subject (a worker user may publish only its own tools'), in
         # the stream partition the job came from: the job subject's root.
         name = job["call"]["name"]
@@ -230,7 +233,7 @@ class Worker:
     def _is_cancelled(self, turn_id):
         return self.cancelled_turns.get(turn_id, 0) > time.monotonic()
 
-    async def _execute(self, t, job, attempt, base, cancelled):
+    async def _execute(self, t, job, attempt, base, cancelled, process_span=None):
         """7.7: the handler under its budget; a result, or None when the job is retried."""
         call, deadline = job["call"], int(job["deadline_unix_ms"])
         tool_budget = max(min(int(job["timeout_ms"]), t.definition["timeout_ms"]), 1)
@@ -238,10 +241,20 @@ class Worker:
         budget = max(min(tool_budget, turn_budget), 1)
         ctx = Context(job.get("tenant_id"), job["turn_id"], call["id"], job.get("session_id"),
                       deadline, attempt, job.get("context") or {}, cancelled)
+        name = t.definition["name"]
+        with _tracing.execute(name, call["id"], job) as span:
+            result = await self._outcome(t, call, ctx, attempt, base, budget, tool_budget,
+                                         turn_budget, deadline)
+            if result is not None and result["error"]:
+                _tracing.failed([span, process_span], result["error"]["code"],
+                                result["error"]["message"])
+            return result
+
+    async def _outcome(self, t, call, ctx, attempt, base, budget, tool_budget, turn_budget,
+                       deadline):
         try:
-            out = await asyncio.wait_for(t.tool.handler(call.get("arguments") or {}, ctx),
+            out = await asyncio.wait_for(t.tool.invoke(call.get("arguments") or {}, ctx),
                                          budget / 1000)
-            out = out if isinstance(out, Output) else Output(out)
             result = {**base, "ok": True, "state": "done", "result": out.value, "error": None}
             if out.summary:
                 result["summary"] = out.summary
@@ -258,6 +271,9 @@ class Worker:
                 result["error"]["user_message"] = e.user_message
             return result
         except Exception as e:  # noqa: BLE001 - a crash of the tool is tool_panicked
+            # The traceback goes to the log (never into the result, which the model sees).
+            self.log(f"ERROR tool {call['name']} raised on call {call['id']} of turn "
+                     f"{ctx.turn_id}:\n{traceback.format_exc().rstrip()}")
             return _failure(base, "error", "tool_panicked", f"the tool raised: {e!r}", False)
 
     async def _handle(self, t, msg):
@@ -324,21 +340,27 @@ class Worker:
 
         ka = asyncio.create_task(keepalive())
         started, start = time.time(), time.monotonic()
-        try:
-            result = await self._execute(t, job, attempt, base, cancelled)
-        finally:
-            ka.cancel()
-            if announcer is not None:
-                announcer.cancel()
-        if cancelled.is_set():  # the turn's final is out; nobody waits for this result
-            await msg.ack()
-            return
-        if result is None:
-            await msg.nak(delay=RETRY_DELAY)
-            return
-        result.update(started_at=rfc3339(started), ended_at=rfc3339(),
-                      duration_ms=int((time.monotonic() - start) * 1000))
-        await self._publish(msg, job, result)
+        name = t.definition["name"]
+        self.ops.started(name)
+        result = None
+        with _tracing.process(msg.subject, job, attempt, self.s.worker_id, msg.headers) as span:
+            try:
+                result = await self._execute(t, job, attempt, base, cancelled, span)
+            finally:
+                ka.cancel()
+                if announcer is not None:
+                    announcer.cancel()
+                outcome = result["state"] if result is not None else "retry"
+                self.ops.finished(name, outcome, time.monotonic() - start)
+            if cancelled.is_set():  # the turn's final is out; nobody waits for this result
+                await msg.ack()
+                return
+            if result is None:
+                await msg.nak(delay=RETRY_DELAY)
+                return
+            result.update(started_at=rfc3339(started), ended_at=rfc3339(),
+                          duration_ms=int((time.monotonic() - start) * 1000))
+            await self._publish(msg, job, result, _tracing.result_headers(span, msg.headers))
 
     async def _pull(self, t, sub, concurrency, stop, in_flight):
         """7.2: fetch no more jobs than free slots, from one stream partition's consumer."""
@@ -372,6 +394,18 @@ class Worker:
                 slots.release()
 
     async def run(self, stop):
+        provider = _tracing.setup()
+        # The port is bound before anything is announced: a second worker on a taken
+        # port fails before it is registered.
+        await self.ops.start(self.s.http_addr)
+        try:
+            await self._serve(stop)
+        finally:
+            await self.ops.close()
+            if provider is not None:
+                provider.shutdown()
+
+    async def _serve(self, stop):
         options = {"servers": [u.strip() for u in self.s.nats_url.split(",") if u.strip()],
                    "name": f"toolfleet-python-worker {self.s.worker_id}"}
         if self.s.nats_user:
@@ -419,8 +453,12 @@ class Worker:
         in_flight = set()
         # A tool's concurrency is split between its partitions' pulls, at least 1 each.
         each = max(-(-self.s.concurrency // self.s.stream_partitions), 1)
-        await asyncio.gather(*(self._pull(t, sub, each, stop, in_flight)
-                               for t in self.served for sub in t.subs))
+        self.ops.pulls = [asyncio.create_task(self._pull(t, sub, each, stop, in_flight))
+                          for t in self.served for sub in t.subs]
+        self.ops.ready = True
+        await stop.wait()
+        self.ops.ready = False
+        await asyncio.gather(*self.ops.pulls, return_exceptions=True)
         await self._shut_down(beats, in_flight)
 
     async def _shut_down(self, beats, in_flight):
