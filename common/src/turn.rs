@@ -133,6 +133,8 @@ pub fn decode_event(payload: &[u8]) -> serde_json::Result<TurnEvent> {
         turn_id: String,
         text: String,
         calls: Vec<AckCall>,
+        #[serde(default)]
+        deadline_ms: Option<u64>,
     }
     #[derive(Deserialize)]
     struct ToolState {
@@ -172,6 +174,7 @@ pub fn decode_event(payload: &[u8]) -> serde_json::Result<TurnEvent> {
                 turn_id: e.turn_id,
                 text: e.text,
                 calls: e.calls,
+                deadline_ms: e.deadline_ms,
             }
         }
         Some(b"tool_state") => {
@@ -307,6 +310,11 @@ pub enum TurnEvent {
         text: String,
         /// The calls of the decision, in order.
         calls: Vec<AckCall>,
+        /// The turn's budget in milliseconds as the coordinator applied it (the request's
+        /// `deadline_ms` within the limits, else the default): a frontend that attaches
+        /// later reads from the replayed `ack` how long the turn may run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        deadline_ms: Option<u64>,
     },
     /// A call changed state.
     ToolState {

@@ -264,7 +264,7 @@ async fn take_turn(
     let layout = Layout::new(&planned, limits.concurrency);
     trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
-    let first = first_events(&turn_id, &planned, decision.acknowledgement);
+    let first = first_events(&turn_id, &planned, decision.acknowledgement, limits.budget_ms);
     let planned_calls = planned.len();
     let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
     let new_turn = NewTurn {
@@ -476,7 +476,12 @@ async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<Created, CallErr
 /// The turn's first events, stored with the turn and sent before any job leaves: `ack`
 /// (the model's own text, or one composed from the tools' waiting hints), then one state
 /// per call (`pending`, or the refusal).
-fn first_events(turn_id: &str, planned: &[PlannedCall], model_text: Option<String>) -> Vec<String> {
+fn first_events(
+    turn_id: &str,
+    planned: &[PlannedCall],
+    model_text: Option<String>,
+    budget_ms: u64,
+) -> Vec<String> {
     let text = model_text.unwrap_or_else(|| {
         let hints: Vec<&str> = planned
             .iter()
@@ -498,6 +503,7 @@ fn first_events(turn_id: &str, planned: &[PlannedCall], model_text: Option<Strin
         turn_id: turn_id.to_string(),
         text,
         calls,
+        deadline_ms: Some(budget_ms),
     };
     let states = planned.iter().map(|p| {
         let (state, error) = match &p.verdict {

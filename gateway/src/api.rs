@@ -22,7 +22,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
 
-use crate::auth::{API_KEY_HEADER, SECURITY_SCHEME};
+use crate::auth::{API_KEY_HEADER, SECURITY_SCHEME, STREAM_TOKEN_SCHEME};
 use crate::error::ApiError;
 use crate::trace::{add_traceparent, RecordFailure, RecordStatus, ServerSpan};
 use crate::{catalog, mcp, openai, page, stored, turns, Gateway};
@@ -119,7 +119,23 @@ fn api_routes() -> ApiRouter<Arc<Gateway>> {
                     .description(
                         "The turn's events after `Last-Event-ID` (or `after`), then its later \
                          ones until `final`: a browser's `EventSource` reconnects here and \
-                         loses nothing. 204 when the client already holds the `final`.",
+                         loses nothing. 204 when the client already holds the `final`. \
+                         Authenticated by the API key, or by a stream token for this turn in \
+                         `token` (an `EventSource` cannot send headers).",
+                    )
+            }),
+        )
+        .api_route(
+            "/v1/turns/{turn_id}/stream-token",
+            post_with(stored::stream_token, |op| {
+                op.id("turnStreamToken")
+                    .tag("turns")
+                    .summary("A short-lived token that reads one turn's events")
+                    .description(
+                        "A token for `GET /v1/turns/{turn_id}/events?token=…`: it reads this \
+                         turn's events (for the key's tenant) until `expires_at` and nothing \
+                         else, so a backend holding the API key can hand a browser's \
+                         `EventSource` a URL without the key.",
                     )
             }),
         )
@@ -151,6 +167,20 @@ fn describe(api: TransformOpenApi<'_>) -> TransformOpenApi<'_> {
                 description: Some(format!(
                     "An API key from `toolfleet admin keys create`, as a bearer token or in `{API_KEY_HEADER}`."
                 )),
+                extensions: Default::default(),
+            },
+        )
+        .security_scheme(
+            STREAM_TOKEN_SCHEME,
+            SecurityScheme::ApiKey {
+                location: aide::openapi::ApiKeyLocation::Query,
+                name: crate::stream_token::TOKEN_QUERY.into(),
+                description: Some(
+                    "A stream token (`tfs_…`) for the turn in the path, from `POST /v1/turns` \
+                     (the `Toolfleet-Stream-Token` header, or the 202 answer) or \
+                     `POST /v1/turns/{turn_id}/stream-token`."
+                        .into(),
+                ),
                 extensions: Default::default(),
             },
         )
@@ -187,8 +217,13 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
                 HeaderName::from_static("traceparent"),
                 HeaderName::from_static(API_KEY_HEADER),
                 HeaderName::from_static(crate::openai::TOOLS_HEADER),
+                HeaderName::from_static("prefer"),
             ])
-            .expose_headers([header::RETRY_AFTER, HeaderName::from_static("traceparent")]),
+            .expose_headers([
+                header::RETRY_AFTER,
+                HeaderName::from_static("traceparent"),
+                HeaderName::from_static(crate::stream_token::TOKEN_HEADER),
+            ]),
     )
 }
 

@@ -8,6 +8,10 @@
 //! keys gets 429 `rate_limited` with `Retry-After` and costs PostgreSQL nothing. The
 //! tenant comes from the key alone; a request body may repeat it but never choose it
 //! (`turns.rs` checks). Never logs a key.
+//!
+//! Also owns the [`Reader`] extractor of a turn's event stream: an API key as above, or
+//! a stream token (`?token=`, see `stream_token.rs`) naming that turn, for a browser's
+//! `EventSource`, which cannot send headers. Never logs a token.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -26,6 +30,8 @@ use crate::Gateway;
 pub const SECURITY_SCHEME: &str = "api_key";
 /// The header that may carry the key instead of `Authorization`.
 pub const API_KEY_HEADER: &str = "x-api-key";
+/// Name of the stream-token security scheme in the OpenAPI document.
+pub const STREAM_TOKEN_SCHEME: &str = "stream_token";
 
 /// The caller of a request: its key's id and tenant.
 #[derive(Debug, Clone)]
@@ -110,6 +116,94 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
             tenant: record.tenant,
             chat: record.chat,
         })
+    }
+}
+
+/// Who reads a turn's event stream: a [`Caller`] by API key, or the holder of a stream
+/// token for the turn in the path (`?token=`). Either way the reads spend the key's rate.
+#[derive(Debug, Clone)]
+pub struct Reader {
+    /// The key's id (the one that minted the token, for a token).
+    pub key_id: String,
+    /// The tenant whose turn is read.
+    pub tenant: String,
+}
+
+/// The `token` query parameter of a stream request.
+#[derive(Debug, serde::Deserialize)]
+struct TokenQuery {
+    #[serde(default)]
+    token: Option<String>,
+}
+
+/// The `turn_id` of the path.
+#[derive(Debug, serde::Deserialize)]
+struct TurnIdPath {
+    turn_id: String,
+}
+
+impl FromRequestParts<Arc<Gateway>> for Reader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        gateway: &Arc<Gateway>,
+    ) -> Result<Self, Self::Rejection> {
+        if presented_key(parts).is_some() {
+            let caller = Caller::from_request_parts(parts, gateway).await?;
+            return Ok(Self {
+                key_id: caller.key_id,
+                tenant: caller.tenant,
+            });
+        }
+        let token = axum::extract::Query::<TokenQuery>::try_from_uri(&parts.uri)
+            .ok()
+            .and_then(|q| q.0.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                ApiError::unauthorized(
+                    "an API key (Authorization: Bearer <key>) or a stream token (?token=) is required",
+                )
+            })?;
+        let axum::extract::Path(path) =
+            axum::extract::Path::<TurnIdPath>::from_request_parts(parts, gateway)
+                .await
+                .map_err(|_| ApiError::invalid_request("the path names no turn"))?;
+        let grant = gateway
+            .stream_tokens
+            .check(&token, &path.turn_id)
+            .map_err(|e| ApiError::unauthorized(e.to_string()))?;
+        gateway.limiter.take(&grant.key_id).map_err(|wait| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                codes::RATE_LIMITED,
+                format!("this key's request rate is exhausted; retry in {wait} s"),
+            )
+            .retry_after(wait)
+        })?;
+        Ok(Self {
+            key_id: grant.key_id,
+            tenant: grant.tenant,
+        })
+    }
+}
+
+impl aide::OperationInput for Reader {
+    fn operation_input(ctx: &mut GenContext, operation: &mut Operation) {
+        Caller::operation_input(ctx, operation);
+        let requirement: SecurityRequirement = [(STREAM_TOKEN_SCHEME.to_string(), Vec::new())]
+            .into_iter()
+            .collect();
+        if !operation.security.contains(&requirement) {
+            operation.security.push(requirement);
+        }
+    }
+
+    fn inferred_early_responses(
+        ctx: &mut GenContext,
+        operation: &mut Operation,
+    ) -> Vec<(Option<DocStatus>, Response)> {
+        Caller::inferred_early_responses(ctx, operation)
     }
 }
 

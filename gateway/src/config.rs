@@ -41,6 +41,12 @@ pub const DEFAULT_AUTH_FAILURE_BURST: u32 = 20;
 /// `TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN` is unset.
 pub const DEFAULT_AUTH_FAILURES_PER_MIN: u32 = 30;
 
+/// How long a stream token lives at least when `TOOLFLEET_GATEWAY_STREAM_TOKEN_TTL_MS` is
+/// unset.
+pub const DEFAULT_STREAM_TOKEN_TTL: Duration = Duration::from_secs(600);
+/// The shortest stream-token secret accepted, in bytes.
+pub const MIN_STREAM_TOKEN_SECRET: usize = 32;
+
 /// How the gateway checks API keys: the cache of known keys, the cache of unknown keys,
 /// and the limit on failed checks per client address. Unknown keys never take a place
 /// of a known one: the two caches are bounded apart.
@@ -176,6 +182,13 @@ pub struct GatewayConfig {
     /// default the loopback names): the MCP transport refuses others, against DNS
     /// rebinding. Add the gateway's public host names.
     pub mcp_allowed_hosts: Vec<String>,
+    /// The secret stream tokens are signed with (`TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET`,
+    /// at least 32 bytes; the same on every replica behind one address). Unset: a random
+    /// secret per process, so a token works only on the gateway that minted it.
+    pub stream_token_secret: Option<crate::stream_token::TokenSecret>,
+    /// How long a stream token lives at least (`TOOLFLEET_GATEWAY_STREAM_TOKEN_TTL_MS`,
+    /// default 10 min); a token minted with a turn lives past that turn's deadline.
+    pub stream_token_ttl: Duration,
 }
 
 /// The OpenAI-compatible upstream of `/v1/chat/completions` and the loop's limits.
@@ -289,6 +302,8 @@ impl GatewayConfig {
             upstream: UpstreamConfig::default(),
             ops_addr: None,
             mcp_allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
+            stream_token_secret: None,
+            stream_token_ttl: DEFAULT_STREAM_TOKEN_TTL,
         }
     }
 
@@ -354,7 +369,29 @@ impl GatewayConfig {
             .filter(|h| !h.is_empty())
             .map(String::from)
             .collect(),
+            stream_token_secret: stream_token_secret()?,
+            stream_token_ttl: env_ms_in(
+                "TOOLFLEET_GATEWAY_STREAM_TOKEN_TTL_MS",
+                d.stream_token_ttl,
+                1000..=86_400_000,
+            )?,
         })
+    }
+}
+
+/// `TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET`: unset or empty is none, shorter than
+/// [`MIN_STREAM_TOKEN_SECRET`] bytes an error (the value is never repeated).
+fn stream_token_secret() -> Result<Option<crate::stream_token::TokenSecret>, ConfigError> {
+    const NAME: &str = "TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET";
+    let text = env_string(NAME, "");
+    match text.len() {
+        0 => Ok(None),
+        n if n < MIN_STREAM_TOKEN_SECRET => Err(ConfigError {
+            name: NAME.into(),
+            value: "***".into(),
+            reason: format!("at least {MIN_STREAM_TOKEN_SECRET} bytes are required"),
+        }),
+        _ => Ok(Some(crate::stream_token::TokenSecret::new(&text))),
     }
 }
 

@@ -23,6 +23,7 @@
 //! | `page` | the live turn page at `/` (plain HTML, CSS and JS, no build step) |
 //! | `trace` | the server span with HTTP semantic conventions, `traceparent` in and out |
 //! | `turns` | `POST /v1/turns`, SSE and JSON |
+//! | `stream_token` | short-lived, turn-scoped tokens that let a browser's `EventSource` read one turn |
 //! | `stored` | `GET /v1/turns/{id}`, `GET /v1/turns/{id}/events` (resumed after `Last-Event-ID`), `DELETE /v1/turns/{id}` |
 //!
 //! A turn's path: `api` routes `POST /v1/turns` → `trace` opens the server span (parent:
@@ -43,6 +44,7 @@ pub mod mcp;
 pub mod openai;
 pub mod page;
 pub mod stored;
+pub mod stream_token;
 pub mod trace;
 pub mod turns;
 
@@ -96,6 +98,8 @@ pub struct Gateway {
     pub upstream: Option<openai::Upstream>,
     /// Each tenant's OpenAI-format catalog as the chat loop last read it.
     pub chat_catalogs: openai::CatalogCache,
+    /// Mints and checks the stream tokens of `EventSource` readers.
+    pub stream_tokens: stream_token::StreamTokens,
 }
 
 impl Gateway {
@@ -108,6 +112,13 @@ impl Gateway {
             slots: TurnSlots::new(config.max_turns),
             upstream: openai::Upstream::new(&config.upstream)?,
             chat_catalogs: openai::CatalogCache::new(config.upstream.catalog_cache),
+            stream_tokens: stream_token::StreamTokens::new(
+                config
+                    .stream_token_secret
+                    .clone()
+                    .unwrap_or_else(stream_token::TokenSecret::random),
+                config.stream_token_ttl,
+            ),
             client,
             config,
         })

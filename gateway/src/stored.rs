@@ -1,7 +1,8 @@
 //! A turn by id: `GET /v1/turns/{turn_id}` (its stored events and, once it ended, its
 //! `final`), `GET /v1/turns/{turn_id}/events` (the same as Server-Sent Events, resumed
 //! after `Last-Event-ID` so a browser's `EventSource` reconnect loses nothing) and
-//! `DELETE /v1/turns/{turn_id}` (cancel it).
+//! `DELETE /v1/turns/{turn_id}` (cancel it), and `POST /v1/turns/{turn_id}/stream-token`
+//! (a short-lived token with which a browser's `EventSource` reads that turn's events).
 //!
 //! Owns reading a stored turn through the client's attach (with the key's tenant, so a
 //! key never reads or cancels another tenant's turn) and answering in JSON or SSE.
@@ -21,7 +22,7 @@ use toolfleet_common::client::TurnStream;
 use toolfleet_common::turn::{CancelOutcome, CancelReply};
 use toolfleet_common::TurnEvent;
 
-use crate::auth::Caller;
+use crate::auth::{Caller, Reader};
 use crate::error::{documented_responses, ApiError};
 use crate::extract::ApiQuery;
 use crate::turns::{event_stream, EVENT_STREAM};
@@ -49,6 +50,68 @@ pub struct EventsQuery {
     /// wins when both are given).
     #[serde(default)]
     pub after: Option<u64>,
+    /// A stream token for this turn (from `POST /v1/turns` or
+    /// `POST /v1/turns/{turn_id}/stream-token`), for a client that cannot send an API
+    /// key header: a browser's `EventSource`.
+    #[serde(default)]
+    pub token: Option<String>,
+}
+
+/// A stream token for one turn.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct StreamToken {
+    /// The turn the token reads.
+    pub turn_id: String,
+    /// The token (`tfs_…`): reads this turn's events only, until `expires_at`.
+    pub token: String,
+    /// When the token stops working, seconds since the Unix epoch.
+    pub expires_at: u64,
+    /// The path an `EventSource` opens: `/v1/turns/{turn_id}/events?token=…`.
+    pub events_url: String,
+}
+
+impl StreamToken {
+    /// A token of `gateway` for `turn_id`, minted by `key_id` of `tenant`, living at
+    /// least `life`.
+    pub fn mint(
+        gateway: &Gateway,
+        turn_id: &str,
+        key_id: &str,
+        tenant: &str,
+        life: Duration,
+    ) -> Self {
+        let grant = gateway.stream_tokens.grant(turn_id, key_id, tenant, life);
+        let token = gateway.stream_tokens.mint(&grant);
+        Self {
+            turn_id: turn_id.to_string(),
+            events_url: format!("/v1/turns/{turn_id}/events?token={token}"),
+            token,
+            expires_at: grant.expires_at,
+        }
+    }
+}
+
+/// `POST /v1/turns/{turn_id}/stream-token`: a token with which a client that cannot send
+/// headers (a browser's `EventSource`) reads this turn's events. The turn need not exist
+/// yet; the token reads only a turn of the key's tenant.
+pub async fn stream_token(
+    State(gateway): State<Arc<Gateway>>,
+    caller: Caller,
+    Path(path): Path<TurnPath>,
+) -> Result<axum::Json<StreamToken>, ApiError> {
+    if !toolfleet_common::turn::valid_turn_id(&path.turn_id) {
+        return Err(ApiError::invalid_request(format!(
+            "turn id {:?} must be 1-64 characters of [A-Za-z0-9_-]",
+            path.turn_id
+        )));
+    }
+    Ok(axum::Json(StreamToken::mint(
+        &gateway,
+        &path.turn_id,
+        &caller.key_id,
+        &caller.tenant,
+        gateway.stream_tokens.ttl,
+    )))
 }
 
 /// Whether a stored turn has ended.
@@ -157,7 +220,7 @@ fn resume_after(headers: &HeaderMap, query: &EventsQuery) -> Result<u64, ApiErro
 /// `GET /v1/turns/{turn_id}/events`.
 pub async fn events(
     State(gateway): State<Arc<Gateway>>,
-    caller: Caller,
+    caller: Reader,
     Path(path): Path<TurnPath>,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
@@ -178,8 +241,10 @@ pub async fn events(
         .client
         .attach_from(&path.turn_id, Some(&caller.tenant), 0)
         .await?;
-    let wait = gateway.event_wait(None);
     let mut event = next(&mut stream, FIRST_EVENT_WAIT).await?;
+    // The replayed `ack` names the turn's own deadline: a long turn is waited for as
+    // long as its submitter was, not for the default deadline.
+    let wait = gateway.event_wait(ack_deadline_ms(&event));
     while stream.last_seq() <= after {
         if event.is_last() {
             return Ok(ResumedEvents::Done);
@@ -189,6 +254,15 @@ pub async fn events(
     Ok(ResumedEvents::Stream(event_stream(
         event, stream, wait, slot, None,
     )))
+}
+
+/// The turn's deadline as its `ack` states it (a turn without calls has no `ack`: its
+/// `final` follows at once).
+fn ack_deadline_ms(event: &TurnEvent) -> Option<u64> {
+    match event {
+        TurnEvent::Ack { deadline_ms, .. } => *deadline_ms,
+        _ => None,
+    }
 }
 
 /// What `GET /v1/turns/{turn_id}/events` answers.

@@ -1,6 +1,7 @@
 //! `POST /v1/turns`: a turn submitted over HTTP, answered as Server-Sent Events
 //! (`Accept: text/event-stream`) or as one JSON body holding the `final` event (and,
-//! with `?events=true`, every event).
+//! with `?events=true`, every event), or, with `Prefer: respond-async`, `202` once the
+//! turn is accepted with a stream token to follow it (a browser's `EventSource`).
 //!
 //! Owns turning an HTTP body into a [`TurnRequest`] for the key's tenant, following the
 //! turn through [`toolfleet_common::FleetClient`], and writing its events in either mode.
@@ -120,6 +121,17 @@ impl TurnBody {
     }
 }
 
+/// Whether the client asked for `202` once the turn is accepted (`Prefer: respond-async`,
+/// RFC 7240).
+fn wants_async(headers: &HeaderMap) -> bool {
+    headers
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
+}
+
 /// How the client asked to be answered.
 fn wants_events(headers: &HeaderMap) -> bool {
     headers
@@ -153,11 +165,41 @@ pub async fn submit(
     if let TurnEvent::Error { error, .. } = &first {
         return Err(ApiError::from_turn_error(error));
     }
-    if wants_events(&headers) {
+    // A token to follow this turn with, living past its deadline.
+    let token = crate::stored::StreamToken::mint(
+        &gateway,
+        stream.turn_id(),
+        &caller.key_id,
+        &caller.tenant,
+        wait,
+    );
+    if wants_async(&headers) {
+        return Ok(TurnReply::Accepted(token));
+    }
+    let reply = reply(
+        &gateway, &caller, &headers, &query, first, stream, wait, slot,
+    )
+    .await?;
+    Ok(TurnReply::WithToken(Box::new(reply), token.token))
+}
+
+/// The stream or JSON answer of an accepted turn whose first event is `first`.
+#[allow(clippy::too_many_arguments)]
+async fn reply(
+    gateway: &Arc<Gateway>,
+    caller: &Caller,
+    headers: &HeaderMap,
+    query: &TurnQuery,
+    first: TurnEvent,
+    mut stream: TurnStream,
+    wait: Duration,
+    slot: OwnedSemaphorePermit,
+) -> Result<TurnReply, ApiError> {
+    if wants_events(headers) {
         // A client that goes away mid-stream cancels the turn when so configured;
         // otherwise the turn runs on and `GET /v1/turns/{id}/events` resumes it.
         let on_drop = gateway.config.cancel_on_disconnect.then(|| CancelOnDrop {
-            gateway: Arc::clone(&gateway),
+            gateway: Arc::clone(gateway),
             turn_id: stream.turn_id().to_string(),
             tenant: caller.tenant.clone(),
         });
@@ -294,6 +336,10 @@ pub enum TurnReply {
     Events(axum::response::Response),
     /// `application/json`.
     Json(TurnAnswer),
+    /// `202 Accepted` (`Prefer: respond-async`): the turn runs; follow it with the token.
+    Accepted(crate::stored::StreamToken),
+    /// Another reply with the `Toolfleet-Stream-Token` header.
+    WithToken(Box<TurnReply>, String),
 }
 
 impl IntoResponse for TurnReply {
@@ -301,6 +347,23 @@ impl IntoResponse for TurnReply {
         match self {
             Self::Events(response) => response,
             Self::Json(answer) => axum::Json(answer).into_response(),
+            Self::Accepted(token) => {
+                let mut response = (StatusCode::ACCEPTED, axum::Json(token)).into_response();
+                response.headers_mut().insert(
+                    "preference-applied",
+                    HeaderValue::from_static("respond-async"),
+                );
+                response
+            }
+            Self::WithToken(reply, token) => {
+                let mut response = reply.into_response();
+                if let Ok(value) = HeaderValue::from_str(&token) {
+                    response
+                        .headers_mut()
+                        .insert(crate::stream_token::TOKEN_HEADER, value);
+                }
+                response
+            }
         }
     }
 }
@@ -347,6 +410,14 @@ impl aide::OperationOutput for TurnReply {
                 false,
             )),
         );
+        response.headers.insert(
+            "Toolfleet-Stream-Token".into(),
+            ReferenceOr::Item(string_header(
+                "A stream token for this turn: `GET /v1/turns/{turn_id}/events?token=…` \
+                 reads its events without the API key (a browser's `EventSource`).",
+                false,
+            )),
+        );
         Some(response)
     }
 
@@ -355,7 +426,25 @@ impl aide::OperationOutput for TurnReply {
         operation: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
         let ok = Self::operation_response(ctx, operation);
-        documented_responses(ctx, operation, ok, Vec::new(), &TURN_ERRORS)
+        let mut accepted = Response {
+            description: "With `Prefer: respond-async`: the turn was accepted and runs on; \
+                `events_url` follows it (with the stream token, no API key needed)."
+                .into(),
+            ..Default::default()
+        };
+        let json_schema = ctx.schema.subschema_for::<crate::stored::StreamToken>();
+        accepted.content.insert(
+            "application/json".into(),
+            MediaType {
+                schema: Some(SchemaObject {
+                    json_schema,
+                    example: None,
+                    external_docs: None,
+                }),
+                ..Default::default()
+            },
+        );
+        documented_responses(ctx, operation, ok, vec![(202, accepted)], &TURN_ERRORS)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The gateway driven by real HTTP clients of other ecosystems: schemathesis (PyPI) runs
 //! the gateway's own OpenAPI document against it, and Playwright (PyPI) drives Debian's
-//! headless Chromium through the live turn page. Both come from a virtual environment
+//! headless Chromium through the live turn page and drives a real `EventSource` that
+//! authenticates with a stream token. Both come from a virtual environment
 //! the test provisions (`tests/python/requirements-gateway.txt`).
 
 use std::path::{Path, PathBuf};
@@ -167,6 +168,81 @@ async fn the_live_page_shows_every_call_of_a_turn_in_chromium() -> Result<()> {
     assert!(std::fs::metadata(&screenshot)?.len() > 10_000);
     if std::env::var_os("TOOLFLEET_UPDATE_SCREENSHOT").is_some() {
         std::fs::copy(&screenshot, repo_path(SCREENSHOT))?;
+    }
+    Ok(())
+}
+
+/// A turn whose calls end at 300, 1500 and 3500 ms: long enough that a stream cut after
+/// its first events misses some while the browser waits to reconnect.
+fn long_turn(turn_id: &str) -> Value {
+    serde_json::json!({
+        "turn_id": turn_id,
+        "deadline_ms": 20000,
+        "decision": {"type": "tool_calls", "calls": [
+            {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 300}},
+            {"id": "c2", "toolName": "test.behave", "arguments": {"sleep_ms": 1500}},
+            {"id": "c3", "toolName": "test.behave", "arguments": {"sleep_ms": 3500}}
+        ]}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browsers_event_source_follows_a_turn_with_a_stream_token_through_a_dropped_connection(
+) -> Result<()> {
+    anyhow::ensure!(
+        Path::new(CHROMIUM).is_file(),
+        "{CHROMIUM} not found: apt-get install chromium"
+    );
+    let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
+    let (_fleet, _db, gateway, key, _nodes) = served().await?;
+    let stdout = output(
+        Command::new(&python)
+            .arg(repo_path("tests/python/event_source.py"))
+            .arg(&gateway.base)
+            .arg(&key)
+            .arg(long_turn("browser-es-1").to_string()),
+        Duration::from_secs(150),
+    )
+    .await?;
+    let report: Value = serde_json::from_str(stdout.trim())?;
+    // The backend's submit was accepted at once, with a URL that carries no key.
+    assert_eq!(report["status"], 202, "{report}");
+    assert_eq!(report["key_in_url"], false, "{report}");
+    let events = report["events"].as_array().context("no events")?;
+    let ids: Vec<u64> = events
+        .iter()
+        .map(|e| e["id"].as_str().and_then(|id| id.parse().ok()))
+        .collect::<Option<_>>()
+        .context("an event without id")?;
+    // Every event once, in order, across the cut: ack, 3 pending, 3 done, narration, final.
+    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "{report}");
+    assert!(ids.len() >= 9, "{report}");
+    let finals = events.iter().filter(|e| e["type"] == "final").count();
+    assert_eq!(finals, 1, "{report}");
+    assert_eq!(events.last().map(|e| &e["type"]), Some(&"final".into()));
+    let states: Vec<&str> = report["final"]["results"]
+        .as_array()
+        .context("no results")?
+        .iter()
+        .filter_map(|r| r["state"].as_str())
+        .collect();
+    assert_eq!(states, ["done", "done", "done"], "{report}");
+    // The browser reconnected by itself, naming the last event it had.
+    assert!(report["opens"].as_u64() >= Some(2), "{report}");
+    let requests = report["events_requests"]
+        .as_array()
+        .context("no requests")?;
+    assert!(requests.len() >= 2, "{report}");
+    assert_eq!(requests[0]["last_event_id"], Value::Null, "{report}");
+    let resumed_after: u64 = requests[1]["last_event_id"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .context("the reconnect named no Last-Event-ID")?;
+    assert!((2..ids.len() as u64).contains(&resumed_after), "{report}");
+    // Without a token, or with another turn's, the EventSource is refused and closes.
+    for refused in ["no_token", "wrong_turn"] {
+        assert_eq!(report[refused]["readyState"], 2, "{refused}: {report}");
+        assert_eq!(report[refused]["events"], 0, "{refused}: {report}");
     }
     Ok(())
 }
