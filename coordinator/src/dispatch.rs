@@ -4,9 +4,10 @@
 //!
 //! Owns the turn's call layout (which calls run now, which wait for a slot, which were
 //! refused up front), building each [`JobEnvelope`], publishing jobs and waiting for
-//! their stream acks, and releasing the next held-back call when a slot frees. A job
-//! that cannot be published gets a `dispatch_failed` result recorded through
-//! `results.rs`, so the turn still ends.
+//! their stream acks, and releasing the next held-back call when a slot frees. Every
+//! job passes through its tool's lane first (`sharing.rs`), which publishes it here
+//! when the tool has a slot for it. A job that cannot be published gets a
+//! `dispatch_failed` result recorded through `results.rs`, so the turn still ends.
 //!
 //! Never decides whether a call may run (`validate.rs` does) and never publishes to a
 //! frontend (`events.rs` does). Next: workers run the jobs, and their results come back
@@ -122,15 +123,37 @@ pub(crate) fn build_jobs(
     jobs
 }
 
-/// Publishes `jobs` (all at once, then waits for every stream ack). A job that cannot
-/// be published gets a `dispatch_failed` result. Returns the keys of the jobs the
-/// stream acknowledged.
+/// Dispatches `jobs` of one turn: through their tools' lanes, shared fairly between
+/// tenants (`sharing.rs`), or straight onto the stream with `TOOLFLEET_FAIR_SHARING=off`.
+/// Returns the keys of the jobs published or stored in a lane.
 pub(crate) async fn dispatch(
     replica: &Arc<Replica>,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
 ) -> Vec<String> {
+    if replica.config.fair_sharing {
+        Box::pin(crate::sharing::dispatch_fairly(
+            replica, turn_id, jobs, trace,
+        ))
+        .await
+    } else {
+        publish(replica, turn_id, jobs, trace).await
+    }
+}
+
+/// Publishes `jobs` (all at once, then waits for every stream ack). A job that cannot
+/// be published gets a `dispatch_failed` result. Returns the keys of the jobs the
+/// stream acknowledged.
+pub(crate) async fn publish(
+    replica: &Arc<Replica>,
+    turn_id: &str,
+    jobs: Vec<(String, JobEnvelope)>,
+    trace: Option<&TurnTrace>,
+) -> Vec<String> {
+    if jobs.is_empty() {
+        return Vec::new();
+    }
     let mut published = Vec::with_capacity(jobs.len());
     let mut pending = Vec::with_capacity(jobs.len());
     let (address, port) = telemetry::server_of(&replica.config.nats_url);
@@ -312,9 +335,10 @@ async fn publish_job(
     publishing.await.map_err(|e| e.to_string())
 }
 
-/// Publishes the jobs of queued calls that freed slots released (by any replica's
+/// Dispatches the jobs of queued calls that freed slots released (by any replica's
 /// recording: the queue is stored with the turn), under the turn span, and confirms
-/// each published one so a duplicate result no longer hands it out again.
+/// each one published or stored in its tool's lane, so a duplicate result no longer
+/// hands it out again.
 pub(crate) async fn dispatch_released(
     replica: &Arc<Replica>,
     turn_id: &str,

@@ -267,6 +267,18 @@ async fn take_turn(
     let first = first_events(&turn_id, &planned, decision.acknowledgement, limits.budget_ms);
     let planned_calls = planned.len();
     let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
+    let tenant = &request.tenant_id;
+    let shared = crate::sharing::admit_turn(
+        &replica,
+        &turn_id,
+        tenant,
+        &jobs,
+        deadline,
+        limits.budget_ms,
+    );
+    if let Err(error) = shared.await {
+        return reject(&replica, Some(turn_id), reply, error, trace).await;
+    }
     let new_turn = NewTurn {
         turn_id: &turn_id,
         reply: reply.as_str(),
@@ -350,6 +362,14 @@ fn read_decision(
     config: &crate::CoordinatorConfig,
     request: &TurnRequest,
 ) -> Result<ToolCallsDecision, Result<String, CallError>> {
+    if request.deadline_ms == Some(0) {
+        // 0 is no budget at all: every call would time out. A frontend that means "the
+        // default" leaves the field out.
+        return Err(Err(CallError::fatal(
+            turn_codes::INVALID_REQUEST,
+            "deadline_ms must be at least 1 (leave it out for the default)",
+        )));
+    }
     match parse_decision(&request.decision, config.max_decision_calls) {
         Ok(Decision::ToolCalls(d)) => Ok(d),
         Ok(Decision::Final { text }) => Err(Ok(text)),

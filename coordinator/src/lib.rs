@@ -15,6 +15,8 @@
 //! | 2 | `limits` | the turn's call cap, concurrency and deadline from config, tenant and request |
 //! | 3 | [`validate`] | per-call verdicts: dispatch or refuse, with the refusal's code |
 //! | 4 | `dispatch` | build the jobs, publish them (again with the same id when unconfirmed); publish paced calls as slots release them |
+//! | - | `sharing` | every job through its tool's lane, shared fairly between tenants; tenants' own limits (`overloaded`) |
+//! | - | `lanes` | the lanes in Redis: a weighted fair queue per tool in front of its stream (Lua); tenants' turns in flight |
 //! | 5 | `deadline` | the clock that ends owned turns at their deadlines; the sweeper for turns whose owner is gone |
 //! | 6 | `results` | the shared results consumer: record each result, report its state |
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
@@ -45,12 +47,14 @@ mod fault;
 mod finalize;
 mod intake;
 pub mod join;
+mod lanes;
 mod limits;
 mod memory;
 pub mod narrate;
 mod progress;
 pub mod registry;
 mod results;
+mod sharing;
 mod startup;
 mod trace;
 mod turns;

@@ -10,6 +10,10 @@
 //! is counted and ignored. A result whose tool differs from its subject's tool or from
 //! its call's tool (a worker forging another tool's result) is counted and refused.
 //!
+//! Every result but a forged one also frees its call's slot in its tool's lane
+//! (`sharing.rs`), which may hand out another tenant's waiting call for this replica to
+//! publish.
+//!
 //! A result of a paced turn frees a slot: the `RECORD` script releases the next queued
 //! call in the same step and this replica publishes its job (`dispatch.rs`), whichever
 //! replica owns the turn; a duplicate result publishes again the released calls whose
@@ -39,6 +43,8 @@ use crate::dispatch::dispatch_released;
 use crate::events;
 use crate::finalize::{close_ahead, finish, send_closed_ahead, ClosedAhead, TurnEnd};
 use crate::join::{ClosingAhead, JoinError, Recorded};
+use crate::lanes::LaneError;
+use crate::sharing;
 use crate::startup::Replica;
 use crate::trace;
 use crate::turns::TurnGate;
@@ -291,6 +297,9 @@ struct Traced<'a> {
     tenant: &'a str,
 }
 
+/// Records `result` and reports what follows; then frees the call's slot in its
+/// tool's lane (a lane that cannot be reached fails the recording, so the result is
+/// delivered again: the join counts it as a duplicate, the lane frees the slot once).
 async fn try_record(
     replica: &Arc<Replica>,
     turn_id: &str,
@@ -299,17 +308,32 @@ async fn try_record(
     body: Option<&[u8]>,
     traced: Traced<'_>,
 ) -> Result<(), JoinError> {
-    replica
+    let tool = result.name.clone();
+    let outcome = replica
         .turns
         .gated(turn_id, |gate| {
             record_and_report(replica, gate, turn_id, key, result, body, traced)
         })
+        .await?;
+    if matches!(outcome, "wrong_tool" | "unknown_call") {
+        return Ok(());
+    }
+    sharing::release(replica, &tool, turn_id, key)
         .await
+        .map_err(|error| match error {
+            LaneError::Redis(e) => JoinError::Redis(e),
+            LaneError::Decode(e) => JoinError::Decode(e),
+        })?;
+    if outcome == "complete" {
+        sharing::turn_ended(replica, traced.tenant, turn_id).await;
+    }
+    Ok(())
 }
 
 /// Records one result and publishes what follows. Results of one turn are recorded
 /// concurrently; the gate keeps each call's state before the turn's `final`. `body` is
-/// the result's JSON as received, stored instead of encoding `result` again.
+/// the result's JSON as received, stored instead of encoding `result` again. Returns
+/// the outcome's kind (`Recorded::kind`).
 async fn record_and_report(
     replica: &Arc<Replica>,
     gate: Arc<TurnGate>,
@@ -318,13 +342,14 @@ async fn record_and_report(
     result: CallResult,
     body: Option<&[u8]>,
     traced: Traced<'_>,
-) -> Result<(), JoinError> {
+) -> Result<&'static str, JoinError> {
     let recording = gate.recording.read().await;
     let span = traced.span;
     let state = events::encode(&events::result_state(turn_id, &result)).unwrap_or_default();
     let (outcome, ahead) =
         record_closing_ahead(replica, turn_id, key, &result, body, &state, traced).await?;
-    span.record("toolfleet.result.outcome", outcome.kind());
+    let kind = outcome.kind();
+    span.record("toolfleet.result.outcome", kind);
     match outcome {
         Recorded::UnknownTurn | Recorded::UnknownCall => {
             debug!(%turn_id, call = %key, "result for no known call ignored");
@@ -400,7 +425,7 @@ async fn record_and_report(
             Box::pin(finish(replica, end)).await;
         }
     }
-    Ok(())
+    Ok(kind)
 }
 
 /// Runs `RECORD` for `result` (stored as `body`, or encoded when there is none), with

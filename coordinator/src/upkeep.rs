@@ -40,7 +40,8 @@ pub(crate) fn needed(replica: &Replica) -> Vec<Needed> {
 }
 
 /// Every `period` until `stop`: the turns this replica owns and, for each tool in the
-/// registry, its consumer's pending and ack-pending jobs and the age of its oldest job.
+/// registry, its consumer's pending and ack-pending jobs and the age of its oldest job;
+/// then every tool's lane's upkeep and the tenants' gauges (`sharing::tick`).
 pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: CancellationToken) {
     loop {
         replica.metrics.turns_in_flight(replica.turns.count());
@@ -50,6 +51,12 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
                 debug!(tool = %tool.definition.name, %error, "queue lag not sampled");
             }
         }
+        let tools: Vec<String> = snapshot
+            .sorted()
+            .iter()
+            .map(|t| t.definition.name.clone())
+            .collect();
+        crate::sharing::tick(&replica, &tools).await;
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}

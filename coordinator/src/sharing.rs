@@ -1,0 +1,511 @@
+//! How tenants share the fleet: every job passes through its tool's lane
+//! (`lanes.rs`), and each tenant's own limits are applied before its turn is stored.
+//!
+//! Owns the policy around the lanes: the tool's slots (live workers ×
+//! `TOOLFLEET_LANE_WORKER_SLOTS`), a tenant's weight and cap from the tenants file,
+//! publishing the calls a lane hands out (whichever turn they belong to) and confirming
+//! them, freeing a slot when a result is recorded, the per-tenant refusals with
+//! `overloaded` (too many turns in flight, or a backlog on a tool that would outlive the
+//! new turn's deadline), the lanes' upkeep and the per-tenant metrics.
+//!
+//! A lane that Redis cannot reach never stops a call: its jobs are published at once,
+//! unshared. Never publishes a frontend event; a refusal is returned to `intake.rs`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use toolfleet_common::call::unix_ms;
+use toolfleet_common::turn::turn_codes;
+use toolfleet_common::{CallError, JobEnvelope};
+use tracing::{debug, warn};
+
+use crate::config::TenantPolicy;
+use crate::dispatch::{publish, Jobs};
+use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError, LaneStore};
+use crate::startup::Replica;
+use crate::trace::TurnTrace;
+
+/// How long a slot outlives its call's deadline when no result frees it.
+const SLOT_GRACE_MS: u64 = 1000;
+
+/// A call handed out and not confirmed published after this long is handed out again
+/// (its publisher died); the stream de-duplicates a second copy.
+const RESEND_AFTER_MS: u64 = 3000;
+
+/// How long a lane seen with calls waiting counts as contended here, so a new turn's
+/// backlog is looked at; other turns skip the look.
+const CONTENDED_FOR_MS: u64 = 2000;
+
+/// What a lane keeps of a waiting call: its job and its turn's stored trace identity.
+#[derive(Debug, Serialize, Deserialize)]
+struct Waiting {
+    job: JobEnvelope,
+    #[serde(default)]
+    trace: String,
+}
+
+/// This replica's lanes: the store and the lanes it lately saw contended.
+pub(crate) struct Lanes {
+    store: LaneStore,
+    /// Tool → when this replica last saw calls waiting on its lane (Unix ms).
+    contended: Mutex<HashMap<String, u64>>,
+}
+
+impl Lanes {
+    /// Lanes over `store`.
+    pub(crate) fn new(store: LaneStore) -> Self {
+        Self {
+            store,
+            contended: Mutex::default(),
+        }
+    }
+
+    fn note(&self, tool: &str, waiting: u64) {
+        if let Ok(mut seen) = self.contended.lock() {
+            if waiting > 0 {
+                seen.insert(tool.to_string(), unix_ms());
+            } else {
+                seen.remove(tool);
+            }
+        }
+    }
+
+    fn contended(&self, tool: &str, now_ms: u64) -> bool {
+        self.contended
+            .lock()
+            .ok()
+            .and_then(|seen| seen.get(tool).copied())
+            .is_some_and(|at| now_ms.saturating_sub(at) < CONTENDED_FOR_MS)
+    }
+}
+
+/// The clock of `tool`'s lane now: its slots from the registry's live workers.
+fn clock(replica: &Replica, tool: &str) -> LaneClock {
+    let workers = replica
+        .registry
+        .snapshot()
+        .get(tool)
+        .map_or(1, |t| t.live_workers.max(1));
+    LaneClock {
+        now_ms: unix_ms(),
+        slots: workers.saturating_mul(replica.config.lane_worker_slots),
+        headroom_ms: crate::limits::millis(replica.config.lane_headroom),
+        grace_ms: SLOT_GRACE_MS,
+    }
+}
+
+/// The cap on `tenant`'s calls in flight on `tool` (0: none).
+fn cap(policy: &TenantPolicy, tool: &str) -> usize {
+    policy.calls_in_flight_on(tool).unwrap_or(0)
+}
+
+/// Publishes `jobs` of one turn through their tools' lanes: the calls that fit now are
+/// published (with any other tenant's calls the lane hands out with them), the rest
+/// wait in the lane. Returns the keys published or stored in a lane.
+pub(crate) async fn dispatch_fairly(
+    replica: &Arc<Replica>,
+    turn_id: &str,
+    jobs: Vec<(String, JobEnvelope)>,
+    trace: Option<&TurnTrace>,
+) -> Vec<String> {
+    let Some(tenant) = jobs.first().map(|(_, job)| job.tenant_id.clone()) else {
+        return Vec::new();
+    };
+    let policy = replica.config.tenants.get(&tenant);
+    let stored_trace = TurnTrace::stored(trace).1;
+    let mut by_tool: BTreeMap<String, Vec<(String, JobEnvelope)>> = BTreeMap::new();
+    for (key, job) in jobs {
+        by_tool
+            .entry(job.call.name.clone())
+            .or_default()
+            .push((key, job));
+    }
+    let label = replica.config.tenants.label(&tenant);
+    let mut accepted = Vec::new();
+    let mut now = Vec::new();
+    let mut others = Vec::new();
+    for (tool, group) in by_tool {
+        let entries: Vec<LaneEntry> = group
+            .iter()
+            .map(|(key, job)| LaneEntry {
+                member: lanes::member(turn_id, key),
+                deadline_ms: job.deadline_unix_ms,
+                payload: encode(job, &stored_trace),
+            })
+            .collect();
+        let share = (tenant.as_str(), policy.weight(), cap(policy, &tool));
+        let clock = clock(replica, &tool);
+        let admitted = match replica
+            .lanes
+            .store
+            .admit(&tool, clock, share, &entries)
+            .await
+        {
+            Ok(admitted) => admitted,
+            Err(error) => {
+                warn!(%turn_id, %tool, %error, "the tool's lane is unavailable; publishing unshared");
+                replica.metrics.redis_error("lane_admit");
+                now.extend(group);
+                continue;
+            }
+        };
+        replica.lanes.note(&tool, admitted.waiting);
+        let mut run: HashMap<&str, ()> = admitted.again.iter().map(|m| (m.as_str(), ())).collect();
+        for out in &admitted.handed_out {
+            if entries.iter().any(|e| e.member == out.member) {
+                run.insert(out.member.as_str(), ());
+            } else {
+                others.push((tool.clone(), out.clone()));
+            }
+        }
+        for ((key, job), entry) in group.into_iter().zip(&entries) {
+            if run.contains_key(entry.member.as_str()) {
+                replica.metrics.lane_waited(&label, 0.0);
+                now.push((key, job));
+            } else {
+                accepted.push(key);
+            }
+        }
+    }
+    accepted.extend(publish(replica, turn_id, now, trace).await);
+    publish_handed_out(replica, others).await;
+    accepted
+}
+
+/// The payload a lane keeps for `job`.
+fn encode(job: &JobEnvelope, trace: &str) -> String {
+    #[derive(Serialize)]
+    struct Borrowed<'a> {
+        job: &'a JobEnvelope,
+        trace: &'a str,
+    }
+    serde_json::to_string(&Borrowed { job, trace }).unwrap_or_default()
+}
+
+/// The calls of one turn that lanes handed out: the turn's stored trace, and each
+/// call's tool, key and job in the order handed out.
+type HandedTurn = (String, Vec<(String, String, JobEnvelope)>);
+
+/// Publishes calls lanes handed out (of any turn, by `tool`), each under its turn's
+/// span, and confirms the published ones so no tick hands them out again.
+pub(crate) async fn publish_handed_out(replica: &Arc<Replica>, calls: Vec<(String, HandedOut)>) {
+    if calls.is_empty() {
+        return;
+    }
+    let now_ms = unix_ms();
+    let mut turns: BTreeMap<String, HandedTurn> = BTreeMap::new();
+    for (tool, out) in calls {
+        let Some((turn_id, key)) = lanes::split_member(&out.member) else {
+            warn!(member = %out.member, "a lane handed out a call it cannot name");
+            continue;
+        };
+        let waiting: Waiting = match serde_json::from_str(&out.payload) {
+            Ok(w) => w,
+            Err(error) => {
+                warn!(%turn_id, call = %key, %error, "a lane handed out a call that does not decode");
+                continue;
+            }
+        };
+        let waited = now_ms.saturating_sub(out.queued_ms) as f64 / 1000.0;
+        let label = replica.config.tenants.label(&out.tenant);
+        replica.metrics.lane_waited(&label, waited);
+        let entry = turns
+            .entry(turn_id.to_string())
+            .or_insert_with(|| (waiting.trace.clone(), Vec::new()));
+        entry.1.push((tool, key.to_string(), waiting.job));
+    }
+    for (turn_id, (stored, calls)) in turns {
+        let trace = replica
+            .turns
+            .trace(&turn_id)
+            .or_else(|| TurnTrace::decode(&stored));
+        let tools: HashMap<String, String> = calls
+            .iter()
+            .map(|(tool, key, _)| (key.clone(), tool.clone()))
+            .collect();
+        let jobs = calls.into_iter().map(|(_, key, job)| (key, job)).collect();
+        let published = Box::pin(publish(replica, &turn_id, jobs, trace.as_ref())).await;
+        let mut by_tool: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for key in &published {
+            if let Some(tool) = tools.get(key) {
+                by_tool
+                    .entry(tool.as_str())
+                    .or_default()
+                    .push(lanes::member(&turn_id, key));
+            }
+        }
+        for (tool, members) in by_tool {
+            if let Err(error) = replica.lanes.store.confirm(tool, &members).await {
+                // Harmless: the next tick hands them out again, and the stream
+                // de-duplicates the second copy.
+                debug!(%turn_id, %tool, %error, "could not confirm calls a lane handed out");
+            }
+        }
+    }
+}
+
+/// Frees the lane slot of the call `key` of `turn_id` on `tool` (its result was
+/// recorded, or came late or twice) and publishes what the lane hands out instead.
+/// `Err` when the lane could not be reached: the result is then delivered again, and
+/// freeing twice frees once.
+pub(crate) async fn release(
+    replica: &Arc<Replica>,
+    tool: &str,
+    turn_id: &str,
+    key: &str,
+) -> Result<(), LaneError> {
+    if !replica.config.fair_sharing {
+        return Ok(());
+    }
+    let member = lanes::member(turn_id, key);
+    let freed = replica
+        .lanes
+        .store
+        .release(tool, clock(replica, tool), &member)
+        .await
+        .inspect_err(|_| replica.metrics.redis_error("lane_release"))?;
+    replica.lanes.note(tool, freed.waiting);
+    let calls = freed
+        .handed_out
+        .into_iter()
+        .map(|out| (tool.to_string(), out))
+        .collect();
+    Box::pin(publish_handed_out(replica, calls)).await;
+    Ok(())
+}
+
+/// Stops counting `turn_id` among `tenant`'s turns in flight (it completed), when the
+/// tenant's turns are limited. Best effort: a turn not removed stops counting at its
+/// deadline.
+pub(crate) async fn turn_ended(replica: &Replica, tenant: &str, turn_id: &str) {
+    if tenant.is_empty()
+        || replica
+            .config
+            .tenants
+            .get(tenant)
+            .max_turns_in_flight
+            .is_none()
+    {
+        return;
+    }
+    if let Err(error) = replica.lanes.store.end_turn(tenant, turn_id).await {
+        debug!(%turn_id, %error, "could not stop counting a turn in flight");
+    }
+}
+
+/// Whether the tenant may start a turn of `jobs` ending at `deadline_ms`: under its
+/// limit of turns in flight, and without a backlog on any of the turn's tools that
+/// would outlive `budget_ms`. Else the `overloaded` refusal, with a retry hint. A check
+/// that cannot reach Redis lets the turn in.
+pub(crate) async fn admit_turn(
+    replica: &Replica,
+    turn_id: &str,
+    tenant: &str,
+    jobs: &Jobs,
+    deadline_ms: u64,
+    budget_ms: u64,
+) -> Result<(), CallError> {
+    if !replica.config.fair_sharing || (jobs.now.is_empty() && jobs.queued.is_empty()) {
+        return Ok(());
+    }
+    let policy = replica.config.tenants.get(tenant);
+    let now_ms = unix_ms();
+    let mut calls: BTreeMap<&str, u64> = BTreeMap::new();
+    for (_, job) in jobs.now.iter().chain(&jobs.queued) {
+        *calls.entry(job.call.name.as_str()).or_default() += 1;
+    }
+    for (tool, n) in calls {
+        if !replica.lanes.contended(tool, now_ms) {
+            continue;
+        }
+        let standing = match replica.lanes.store.peek(tool, tenant).await {
+            Ok(standing) => standing,
+            Err(error) => {
+                debug!(%tool, %error, "a lane's backlog not read; the turn goes in");
+                continue;
+            }
+        };
+        let slots = clock(replica, tool).slots;
+        if let Some(wait) = backlog_wait(standing, n, slots, policy, tool) {
+            if standing.waiting > 0 && wait.total_ms > budget_ms as f64 {
+                replica
+                    .metrics
+                    .tenant_refused(&replica.config.tenants.label(tenant), "backlog");
+                let retry = wait.drained_ms.ceil().max(100.0) as u64;
+                return Err(CallError::retryable(
+                    turn_codes::OVERLOADED,
+                    format!(
+                        "this tenant's {} calls waiting for {tool} would hold this turn about {:.0} ms, past its {budget_ms} ms deadline; nothing was stored, retry after {retry} ms",
+                        standing.waiting, wait.total_ms
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(limit) = policy.max_turns_in_flight {
+        let taken = replica
+            .lanes
+            .store
+            .take_turn(tenant, turn_id, deadline_ms, limit, now_ms)
+            .await;
+        match taken {
+            Ok(Ok(())) => {}
+            Ok(Err(first_deadline)) => {
+                replica
+                    .metrics
+                    .tenant_refused(&replica.config.tenants.label(tenant), "turns_in_flight");
+                let retry = first_deadline.saturating_sub(now_ms).clamp(100, 60_000);
+                return Err(CallError::retryable(
+                    turn_codes::OVERLOADED,
+                    format!(
+                        "this tenant has {limit} turns in flight, its limit (max_turns_in_flight in the tenants file); nothing was stored, retry after {retry} ms"
+                    ),
+                ));
+            }
+            Err(error) => {
+                warn!(%turn_id, %error, "a tenant's turns in flight not counted; the turn goes in");
+                replica.metrics.redis_error("tenant_turns");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How long a new turn's calls would wait behind its tenant's backlog on one lane.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct BacklogWait {
+    /// Until the tenant's calls waiting now have started, ms.
+    pub drained_ms: f64,
+    /// Until the new turn's calls have started too, ms.
+    pub total_ms: f64,
+}
+
+/// The wait of `new` calls behind `standing` on a lane of `slots` slots: the tenant's
+/// share of the slots is its weight over the weights waiting (at most its cap), and a
+/// slot frees every mean slot time. `None` before the lane has a mean.
+pub(crate) fn backlog_wait(
+    standing: lanes::Standing,
+    new: u64,
+    slots: usize,
+    policy: &TenantPolicy,
+    tool: &str,
+) -> Option<BacklogWait> {
+    if standing.mean_ms <= 0.0 {
+        return None;
+    }
+    let weight = f64::from(policy.weight());
+    let weights = (standing.weights as f64).max(weight);
+    let mut share = slots as f64 * weight / weights;
+    if let Some(cap) = policy.calls_in_flight_on(tool) {
+        share = share.min(cap as f64);
+    }
+    let per_call = standing.mean_ms / share.max(1.0);
+    Some(BacklogWait {
+        drained_ms: standing.waiting as f64 * per_call,
+        total_ms: (standing.waiting + new) as f64 * per_call,
+    })
+}
+
+/// Every `tool`'s lane's upkeep (lapsed slots, unconfirmed calls handed out again) and
+/// the per-tenant gauges, summed over the tools.
+pub(crate) async fn tick(replica: &Arc<Replica>, tools: &[String]) {
+    if !replica.config.fair_sharing {
+        return;
+    }
+    let mut counts = Vec::new();
+    for tool in tools {
+        let ticked = match replica
+            .lanes
+            .store
+            .tick(tool, clock(replica, tool), RESEND_AFTER_MS)
+            .await
+        {
+            Ok(ticked) => ticked,
+            Err(error) => {
+                debug!(%tool, %error, "lane upkeep skipped");
+                continue;
+            }
+        };
+        let waiting: u64 = ticked.tenants.iter().map(|(_, w, _)| w).sum();
+        replica.lanes.note(tool, waiting);
+        let calls = ticked
+            .handed_out
+            .into_iter()
+            .map(|out| (tool.clone(), out))
+            .collect();
+        publish_handed_out(replica, calls).await;
+        counts.extend(ticked.tenants);
+    }
+    let mut by_label: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for label in replica.config.tenants.tenants.keys() {
+        by_label.insert(replica.config.tenants.label(label), (0, 0));
+    }
+    by_label.insert("_other".to_string(), (0, 0));
+    for (tenant, (waiting, in_flight)) in lanes::sum_counts(&counts) {
+        let sum = by_label
+            .entry(replica.config.tenants.label(tenant))
+            .or_default();
+        sum.0 += waiting;
+        sum.1 += in_flight;
+    }
+    for (label, (waiting, in_flight)) in by_label {
+        replica.metrics.tenant_calls(&label, waiting, in_flight);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lanes::Standing;
+
+    fn standing(waiting: u64, mean_ms: f64, weights: u64) -> Standing {
+        Standing {
+            waiting,
+            in_flight: 8,
+            mean_ms,
+            weights,
+        }
+    }
+
+    #[test]
+    fn a_backlog_is_measured_in_the_tenants_share() {
+        let policy = TenantPolicy::default();
+        // Alone on 8 slots of 200 ms: 256 calls take 6.4 s to start.
+        let wait = backlog_wait(standing(256, 200.0, 1), 4, 8, &policy, "t");
+        assert_eq!(
+            wait,
+            Some(BacklogWait {
+                drained_ms: 6400.0,
+                total_ms: 6500.0
+            })
+        );
+        // Beside another tenant of the same weight: half the slots, twice as long.
+        let shared = backlog_wait(standing(256, 200.0, 2), 4, 8, &policy, "t");
+        assert_eq!(shared.map(|w| w.drained_ms), Some(12_800.0));
+        // Capped at 2 calls in flight: a quarter of the slots.
+        let capped = TenantPolicy {
+            max_calls_in_flight: Some(2),
+            ..TenantPolicy::default()
+        };
+        let wait = backlog_wait(standing(10, 200.0, 1), 0, 8, &capped, "t");
+        assert_eq!(wait.map(|w| w.drained_ms), Some(1000.0));
+        // No mean yet: no estimate.
+        assert_eq!(backlog_wait(standing(10, 0.0, 1), 1, 8, &policy, "t"), None);
+    }
+
+    #[test]
+    fn a_waiting_call_keeps_its_job_and_trace() {
+        let job: JobEnvelope = serde_json::from_value(serde_json::json!({
+            "turn_id": "t1", "tenant_id": "acme",
+            "call": {"id": "c1", "name": "crm.get", "arguments": {}},
+            "deadline_unix_ms": 5, "timeout_ms": 1, "dispatched_unix_ms": 0
+        }))
+        .unwrap_or_else(|e| panic!("job: {e}"));
+        let payload = encode(&job, "trace-id");
+        let back: Waiting =
+            serde_json::from_str(&payload).unwrap_or_else(|e| panic!("payload: {e}"));
+        assert_eq!(back.job.call.id, "c1");
+        assert_eq!(back.trace, "trace-id");
+    }
+}
