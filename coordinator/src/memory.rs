@@ -35,6 +35,10 @@ pub(crate) const SAMPLE_PERIOD: Duration = Duration::from_millis(500);
 /// turns a second per replica, above what a fleet ends.
 pub(crate) const TRIM_PER_BUCKET: usize = 250;
 
+/// What one ended turn is taken to hold when choosing how many to delete: a three-call
+/// turn of small results (docs/OPERATIONS.md, *Sizing Redis*).
+const TURN_BYTES: u64 = 8 * 1024;
+
 /// Redis's memory at the last sample.
 #[derive(Debug)]
 pub(crate) struct StoreMemory {
@@ -73,6 +77,22 @@ impl StoreMemory {
     /// Whether ended turns are to give way now.
     pub fn trimming(&self) -> bool {
         self.past(self.trim_percent)
+    }
+
+    /// How many ended turns of each of `buckets` index buckets one sample deletes: about
+    /// as many as free the memory past the trim share, so memory settles just under it
+    /// instead of dropping far and climbing again; at least 1, at most
+    /// [`TRIM_PER_BUCKET`].
+    pub fn trim_per_bucket(&self, buckets: u32) -> usize {
+        let (used, max) = (
+            self.used.load(Ordering::Relaxed),
+            self.max.load(Ordering::Relaxed),
+        );
+        let limit = u128::from(max) * u128::from(self.trim_percent) / 100;
+        let excess = u128::from(used).saturating_sub(limit);
+        let turns = excess / u128::from(TURN_BYTES) + 1;
+        let per_bucket = turns.div_ceil(u128::from(buckets.max(1)));
+        usize::try_from(per_bucket).map_or(TRIM_PER_BUCKET, |n| n.clamp(1, TRIM_PER_BUCKET))
     }
 
     /// Whether the last sample is at or past `percent` of a `maxmemory`.
@@ -166,7 +186,10 @@ pub(crate) async fn sample(
         }
         if replica.memory.trimming() {
             let retention = u64::try_from(replica.config.retention.as_millis()).unwrap_or(u64::MAX);
-            match replica.join.trim_ended(TRIM_PER_BUCKET, retention).await {
+            let per_bucket = replica
+                .memory
+                .trim_per_bucket(replica.config.deadline_buckets);
+            match replica.join.trim_ended(per_bucket, retention).await {
                 Ok(0) => {}
                 Ok(trimmed) => {
                     replica.metrics.turns_trimmed(trimmed);
@@ -209,6 +232,14 @@ mod tests {
         never.record(100, 100);
         assert_eq!(never.full(), None);
         assert!(!never.trimming());
+        // Past the trim share by 1 MiB over 16 buckets: 129 turns of 8 KiB, 9 a bucket.
+        let trim = StoreMemory::new(85, 70);
+        trim.record(70 + (1 << 20), 100 + (1 << 20) * 100 / 70);
+        assert!((1..=TRIM_PER_BUCKET).contains(&trim.trim_per_bucket(16)));
+        trim.record(71 << 20, 100 << 20);
+        assert_eq!(trim.trim_per_bucket(16), 9);
+        trim.record(1 << 40, (1 << 40) + 1);
+        assert_eq!(trim.trim_per_bucket(16), TRIM_PER_BUCKET);
     }
 
     #[test]

@@ -189,6 +189,8 @@ fn spawn_node(
 pub struct ChaosFleet {
     /// NATS URL of the fleet's server (comma-separated nodes on a cluster).
     pub nats_url: String,
+    /// Redis URL of the fleet's server (its cluster's nodes on a cluster).
+    pub redis_url: String,
     /// A frontend client that reconnects for as long as the fleet runs.
     pub client: FleetClient,
     servers: Servers,
@@ -278,6 +280,7 @@ impl ChaosFleet {
         );
         let fleet = Self {
             nats_url,
+            redis_url: redis_url.clone(),
             client,
             servers,
             coordinators,

@@ -216,6 +216,12 @@ pub struct ChaosArgs {
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Set the fleet's Redis `maxmemory` to this many megabytes (with `noeviction`, as
+    /// deploy/ runs it) for a soak: a long `--faults none --each 30m` run shows whether
+    /// memory reaches a plateau, and the turns refused with `overloaded` past it. One
+    /// Redis server only (not with `--cluster`).
+    #[arg(long, value_name = "MB", value_parser = clap::value_parser!(u64).range(8..=1_048_576))]
+    redis_maxmemory: Option<u64>,
     /// Seed of the call durations and the kill schedule (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
@@ -285,6 +291,10 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
             fault.name()
         );
     }
+    ensure!(
+        args.redis_maxmemory.is_none() || !args.cluster,
+        "--redis-maxmemory sets one Redis server's limit: not with --cluster"
+    );
     if let Some(dir) = &args.logs {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -337,9 +347,13 @@ async fn run_fault(
         fleet.nats_url,
         args.each
     );
+    if let Some(mb) = args.redis_maxmemory {
+        limit_redis(&fleet.redis_url, mb).await?;
+    }
     let spec = args.load_spec(seed);
     let drain = spec.deadline + spec.patience + DRAIN_MARGIN;
     let (stop, abort) = (CancellationToken::new(), interrupt.child_token());
+    let memory = tokio::spawn(sample_memory(fleet.redis_url.clone(), stop.clone()));
     let load = tokio::spawn(load::run(
         fleet.client.clone(),
         spec,
@@ -366,12 +380,66 @@ async fn run_fault(
             Vec::new()
         }
     };
+    let memory = memory.await.unwrap_or_default();
     fleet.stop().await;
     if interrupt.is_cancelled() {
         bail!("interrupted; every process stopped and its data removed");
     }
     let deadline = Duration::from_millis(args.deadline_ms);
-    Ok(FaultReport::tally(fault, kills?, seconds, args.late_after, deadline, records).await)
+    let mut report =
+        FaultReport::tally(fault, kills?, seconds, args.late_after, deadline, records).await;
+    report.redis_memory = memory;
+    Ok(report)
+}
+
+/// Sets the Redis server's `maxmemory` to `mb` megabytes, with `noeviction`.
+async fn limit_redis(redis_url: &str, mb: u64) -> Result<()> {
+    let mut redis = toolfleet_common::redis_client::connect(redis_url, Default::default()).await?;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(mb * 1024 * 1024)
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(&mut redis)
+        .await?;
+    Ok(())
+}
+
+/// Redis's memory every [`report::MEMORY_EVERY`] until `stop` (a sample that fails,
+/// while Redis is down, is left out).
+async fn sample_memory(redis_url: String, stop: CancellationToken) -> Vec<report::MemorySample> {
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let Ok(mut redis) =
+        toolfleet_common::redis_client::connect(&redis_url, Default::default()).await
+    else {
+        return samples;
+    };
+    loop {
+        let info: redis::RedisResult<String> = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut redis)
+            .await;
+        if let Ok(info) = info {
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            if let Some(used_bytes) = field("used_memory") {
+                samples.push(report::MemorySample {
+                    at_s: (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+                    used_bytes,
+                    max_bytes: field("maxmemory").unwrap_or(0),
+                });
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return samples,
+            _ = tokio::time::sleep(report::MEMORY_EVERY) => {}
+        }
+    }
 }
 
 /// Until `until`: waits `--kill-every`, kills a random process of `fault` kind, waits

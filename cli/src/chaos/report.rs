@@ -65,6 +65,22 @@ pub struct FaultReport {
     pub lost_turns: Vec<LostTurn>,
     /// Up to 20 counted-twice turns' ids.
     pub counted_twice_turn_ids: Vec<String>,
+    /// Redis's `used_memory` every [`MEMORY_EVERY`] of the load, bytes.
+    pub redis_memory: Vec<MemorySample>,
+}
+
+/// How often the load samples Redis's memory.
+pub const MEMORY_EVERY: Duration = Duration::from_secs(5);
+
+/// Redis's memory at one moment of the load.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct MemorySample {
+    /// Seconds since the load started.
+    pub at_s: f64,
+    /// `used_memory`, bytes.
+    pub used_bytes: u64,
+    /// `maxmemory`, bytes (0: none).
+    pub max_bytes: u64,
 }
 
 /// What the frontend saw of one lost turn.
@@ -218,6 +234,24 @@ pub fn table(reports: &[FaultReport], late_after: Duration) -> String {
         );
     }
     for r in reports {
+        if let Some(peak) = r.redis_memory.iter().map(|m| m.used_bytes).max() {
+            let mb = |bytes: u64| bytes as f64 / 1_048_576.0;
+            let series: Vec<String> = r
+                .redis_memory
+                .iter()
+                .map(|m| format!("{:.1}", mb(m.used_bytes)))
+                .collect();
+            let max = r.redis_memory.last().map_or(0, |m| m.max_bytes);
+            let _ = writeln!(
+                out,
+                "{} Redis used_memory MB every {} s (maxmemory {:.0} MB): {}; peak {:.1}",
+                r.fault,
+                MEMORY_EVERY.as_secs(),
+                mb(max),
+                series.join(" "),
+                mb(peak)
+            );
+        }
         if r.heard_through_standby > 0 {
             let _ = writeln!(
                 out,
