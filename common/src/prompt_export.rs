@@ -8,7 +8,8 @@
 //! batch processor and:
 //!
 //! - hands the span named `closing` (`turn`) to a thread of its own, which exports it at
-//!   once (with whatever else of that kind is queued by then) through its own exporter:
+//!   once through its own exporter — or, when its last request went out less than
+//!   [`MIN_INTERVAL`] ago, at that mark together with the others that ended meanwhile:
 //!   the span is sent while the replica that ended the turn is alive, its end costs the
 //!   turn's task nothing but a channel send;
 //! - holds each span whose parent is a *local* span (a Redis script span under its
@@ -24,7 +25,7 @@
 //! through the batch processor like any other. Never changes a span.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -46,6 +47,10 @@ const QUEUE: usize = 4096;
 
 /// Closing spans exported in one request at most.
 const MAX_BATCH: usize = 512;
+
+/// Shortest time between two requests of the export thread: at most 100 requests a
+/// second however many turns end, while a turn ending after a quiet spell goes at once.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 /// What the export thread is asked to do.
 enum Message {
@@ -152,46 +157,57 @@ impl<P: SpanProcessor> PromptClosing<P> {
     }
 }
 
-/// The export thread: exports closing spans as they come, several per request when
-/// they queue up, until asked to shut down. A flush is answered once every span queued
-/// before it was exported.
+/// The export thread: exports a closing span as soon as it comes, unless the last
+/// request went out less than [`MIN_INTERVAL`] ago: then at that mark, with every
+/// closing span that came meanwhile (at most [`MAX_BATCH`] a request). A flush is
+/// answered once every span queued before it was exported.
 fn export_loop<E: SpanExporter>(mut exporter: E, receiver: Receiver<Message>) {
     let mut batch: Vec<SpanData> = Vec::new();
-    let export = |exporter: &E, batch: &mut Vec<SpanData>| {
+    let mut last: Option<Instant> = None;
+    let export = |exporter: &E, batch: &mut Vec<SpanData>, last: &mut Option<Instant>| {
         if !batch.is_empty() {
             let _ = futures::executor::block_on(exporter.export(std::mem::take(batch)));
+            *last = Some(Instant::now());
         }
     };
-    while let Ok(first) = receiver.recv() {
-        let mut message = first;
-        loop {
-            match message {
-                Message::Span(span) => {
-                    batch.push(*span);
-                    if batch.len() >= MAX_BATCH {
-                        export(&exporter, &mut batch);
-                    }
-                }
-                Message::Resource(resource) => {
-                    export(&exporter, &mut batch);
-                    exporter.set_resource(&resource);
-                }
-                Message::Flush(answer) => {
-                    export(&exporter, &mut batch);
-                    let _ = answer.send(Ok(()));
-                }
-                Message::Shutdown(answer) => {
-                    export(&exporter, &mut batch);
-                    let _ = answer.send(exporter.shutdown());
+    loop {
+        let message = if batch.is_empty() {
+            match receiver.recv() {
+                Ok(message) => message,
+                Err(_) => return,
+            }
+        } else {
+            let now = Instant::now();
+            let due = last.map_or(now, |at| at + MIN_INTERVAL);
+            if batch.len() >= MAX_BATCH || now >= due {
+                export(&exporter, &mut batch, &mut last);
+                continue;
+            }
+            match receiver.recv_timeout(due - now) {
+                Ok(message) => message,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => {
+                    export(&exporter, &mut batch, &mut last);
                     return;
                 }
             }
-            match receiver.try_recv() {
-                Ok(next) => message = next,
-                Err(_) => break,
+        };
+        match message {
+            Message::Span(span) => batch.push(*span),
+            Message::Resource(resource) => {
+                export(&exporter, &mut batch, &mut last);
+                exporter.set_resource(&resource);
+            }
+            Message::Flush(answer) => {
+                export(&exporter, &mut batch, &mut last);
+                let _ = answer.send(Ok(()));
+            }
+            Message::Shutdown(answer) => {
+                export(&exporter, &mut batch, &mut last);
+                let _ = answer.send(exporter.shutdown());
+                return;
             }
         }
-        export(&exporter, &mut batch);
     }
 }
 
@@ -384,6 +400,31 @@ mod tests {
             p.shutdown_with_timeout(Duration::from_secs(5)).ok(),
             Some(())
         );
+    }
+
+    #[test]
+    fn closing_spans_that_end_together_share_a_request() {
+        #[derive(Debug, Clone, Default)]
+        struct Requests(Arc<Mutex<Vec<usize>>>);
+        impl SpanExporter for Requests {
+            async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+                if let Ok(mut v) = self.0.lock() {
+                    v.push(batch.len());
+                }
+                Ok(())
+            }
+        }
+        let requests = Requests::default();
+        let p = PromptClosing::new(Collected::default(), requests.clone(), "turn");
+        for i in 0..50 {
+            p.on_end(span(100 + i, 1, true, "turn"));
+        }
+        assert_eq!(p.force_flush().ok(), Some(()));
+        let sizes = requests.0.lock().map(|v| v.clone()).unwrap_or_default();
+        assert_eq!(sizes.iter().sum::<usize>(), 50);
+        // The first at once; the others within the interval after it, together.
+        assert!(sizes.len() <= 3, "{sizes:?}");
+        let _ = p.shutdown_with_timeout(Duration::from_secs(5));
     }
 
     #[test]
