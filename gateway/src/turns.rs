@@ -58,8 +58,10 @@ pub struct TurnBody {
     /// The model's decision in any supported shape (OpenAI Chat Completions or Responses,
     /// Anthropic Messages, the simple form, `parallel`).
     pub decision: Value,
-    /// Budget for the whole turn in milliseconds.
+    /// Budget for the whole turn in milliseconds, at least 1; leave it out for the
+    /// default (0 or a negative number is refused with 400 `invalid_request`).
     #[serde(default)]
+    #[schemars(range(min = 1))]
     pub deadline_ms: Option<u64>,
     /// Limits for this turn.
     #[serde(default)]
@@ -102,6 +104,11 @@ impl TurnBody {
                     "the body names another tenant than the API key's",
                 ));
             }
+        }
+        if self.deadline_ms == Some(0) {
+            return Err(ApiError::invalid_request(
+                "deadline_ms must be at least 1 (leave it out for the default)",
+            ));
         }
         if let Some(id) = self.turn_id.as_deref().filter(|id| !valid_turn_id(id)) {
             return Err(ApiError::invalid_request(format!(
@@ -482,6 +489,14 @@ mod tests {
         assert!(same.is_ok());
         let other = body(json!({"decision": {}, "tenant_id": "globex"})).into_request(&caller());
         assert_eq!(other.err().map(|e| e.status), Some(StatusCode::FORBIDDEN));
+        for deadline in [json!(0), json!(-5)] {
+            let zero = serde_json::from_value::<TurnBody>(
+                json!({"decision": {}, "deadline_ms": deadline}),
+            )
+            .map_err(|_| ApiError::invalid_request("unparsed"))
+            .and_then(|b| b.into_request(&caller()));
+            assert_eq!(zero.err().map(|e| e.status), Some(StatusCode::BAD_REQUEST));
+        }
         let bad_id = body(json!({"decision": {}, "turn_id": "a.b"})).into_request(&caller());
         assert_eq!(
             bad_id.err().map(|e| e.status),

@@ -159,6 +159,18 @@ fn tool_messages(request: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `answer` reporting `prompt` and `completion` tokens.
+fn with_usage(answer: Scripted, prompt: u64, completion: u64) -> Scripted {
+    match answer {
+        Scripted::Answer(mut response) => {
+            response["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion,
+                                       "total_tokens": prompt + completion});
+            Scripted::Answer(response)
+        }
+        other => other,
+    }
+}
+
 fn customer() -> Value {
     json!({"customerId": "cust_001"})
 }
@@ -203,16 +215,34 @@ async fn one_round_of_three_parallel_fleet_calls_then_the_answer() -> Result<()>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_rounds_run_before_the_answer() -> Result<()> {
     let script = vec![
-        calls_answer(&[("r1", "test__behave", json!({"value": 1}))]),
-        calls_answer(&[
-            ("r2a", "test__behave", json!({"value": 2})),
-            ("r2b", "crm__getOpenInvoices", customer()),
-        ]),
-        text_answer("Two rounds done."),
+        with_usage(
+            calls_answer(&[("r1", "test__behave", json!({"value": 1}))]),
+            110,
+            7,
+        ),
+        with_usage(
+            calls_answer(&[
+                ("r2a", "test__behave", json!({"value": 2})),
+                ("r2b", "crm__getOpenInvoices", customer()),
+            ]),
+            240,
+            31,
+        ),
+        with_usage(text_answer("Two rounds done."), 300, 12),
     ];
     let run = run("two_rounds", script).await?;
     assert_parity(&run);
     assert_eq!(run.plain["content"], "Two rounds done.");
+    // Every round the model answered is billed, streamed (include_usage) and not.
+    for mode in [&run.plain, &run.streamed] {
+        let usage = &mode["usage"];
+        let counts = [
+            &usage["prompt_tokens"],
+            &usage["completion_tokens"],
+            &usage["total_tokens"],
+        ];
+        assert_eq!(counts, [650, 50, 700], "{usage}");
+    }
     assert_eq!(run.plain["toolfleet"]["rounds"], 2);
     let last = &run.requests[2];
     let ids: Vec<String> = tool_messages(last).into_iter().map(|(id, _)| id).collect();

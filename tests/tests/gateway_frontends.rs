@@ -217,3 +217,39 @@ async fn a_stream_token_reads_its_one_turn_and_nothing_else() -> Result<()> {
     assert_eq!(replayed.last().map(|e| e.event.as_str()), Some("final"));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_of_zero_is_refused_not_clamped() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let key = create_key(&db, "demo").await?;
+    let decision = json!({"type": "tool_calls", "calls": [
+        {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 10}}
+    ]});
+    // Over HTTP, in both modes: 400 invalid_request, never a 200 of timeouts.
+    for deadline in [json!(0), json!(-1)] {
+        let body = json!({"deadline_ms": deadline, "decision": decision});
+        let json_mode = gateway.json_turn(&key, &body).await?;
+        assert_eq!(code(json_mode).await?, (400, "invalid_request".into()));
+        let streamed = gateway.stream_turn(&key, &body).await?;
+        assert_eq!(code(streamed).await?, (400, "invalid_request".into()));
+    }
+    // A NATS frontend sending 0 gets one error event with the same code.
+    let request: toolfleet_common::TurnRequest = serde_json::from_value(json!({
+        "turn_id": "zero-deadline", "tenant_id": "demo", "deadline_ms": 0,
+        "decision": decision,
+    }))?;
+    let mut stream = fleet.client.submit(request).await?;
+    match stream.next_event(Duration::from_secs(10)).await? {
+        toolfleet_common::TurnEvent::Error { error, .. } => {
+            assert_eq!(error.code, "invalid_request");
+            assert!(!error.retryable);
+        }
+        other => anyhow::bail!("expected an error event, got {other:?}"),
+    }
+    // 1 ms is a (hopeless) budget, not a refusal.
+    let body = json!({"deadline_ms": 1, "decision": decision});
+    assert_eq!(gateway.json_turn(&key, &body).await?.status(), 200);
+    Ok(())
+}

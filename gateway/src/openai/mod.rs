@@ -207,6 +207,12 @@ async fn start(
             .map_err(|e| ApiError::invalid_request(format!("the `{EXTENSION}` object: {e}")))?,
         None => LoopOptions::default(),
     };
+    if options.deadline_ms == Some(0) {
+        return Err(ApiError::invalid_request(format!(
+            "`{EXTENSION}.deadline_ms` must be at least 1 (leave it out for the default)"
+        ))
+        .into());
+    }
     if !body.get("messages").is_some_and(Value::is_array) {
         return Err(ApiError::invalid_request("`messages` must be an array").into());
     }
@@ -243,6 +249,8 @@ async fn start(
         asked: 0,
         rounds: 0,
         fleet_calls: 0,
+        usage: Value::Null,
+        usage_rounds: 0,
     };
     conversation.fill_fleet_results().await;
     conversation.asked = conversation.messages().len();
@@ -447,6 +455,9 @@ struct Conversation {
     deadline_ms: Option<u64>,
     rounds: u32,
     fleet_calls: usize,
+    /// `usage` summed over every model round that reported one, and how many did.
+    usage: Value,
+    usage_rounds: u32,
 }
 
 /// What a round's answer means.
@@ -509,12 +520,22 @@ impl Conversation {
             let own = assemble(&chunks);
             let frames = if answer == own {
                 chunks
-            } else if strip_extension(&answer) == own {
+            } else if without_usage(&strip_extension(&answer)) == without_usage(&own) {
                 let mut chunks = chunks;
                 if let (Some(Value::Object(last)), Some(extension)) =
                     (chunks.last_mut(), answer.get(EXTENSION))
                 {
                     last.insert(EXTENSION.into(), extension.clone());
+                }
+                // The chunk that carries the round's usage carries the summed one.
+                if let Some(usage) = answer.get("usage") {
+                    let carrier = chunks
+                        .iter_mut()
+                        .rev()
+                        .find(|c| c.get("usage").is_some_and(|u| !u.is_null()));
+                    if let Some(Value::Object(chunk)) = carrier {
+                        chunk.insert("usage".into(), usage.clone());
+                    }
                 }
                 chunks
             } else {
@@ -532,6 +553,10 @@ impl Conversation {
 
     /// Decides on one round's `response`, running its fleet calls when it has any.
     async fn step(&mut self, response: Value) -> Step {
+        if let Some(round) = response.get("usage").filter(|u| u.is_object()) {
+            add_usage(&mut self.usage, round);
+            self.usage_rounds += 1;
+        }
         let message = response
             .pointer("/choices/0/message")
             .cloned()
@@ -621,6 +646,12 @@ impl Conversation {
         let span = tracing::Span::current();
         span.record("toolfleet.openai.rounds", self.rounds);
         span.record("toolfleet.openai.fleet_calls", self.fleet_calls as u64);
+        // The caller is billed for every round the model answered, not only the last.
+        if self.usage_rounds > 1 {
+            if let Value::Object(fields) = &mut response {
+                fields.insert("usage".into(), self.usage.clone());
+            }
+        }
         if self.rounds == 0 && extra.is_none() {
             return response;
         }
@@ -854,6 +885,44 @@ fn failed_results(calls: &[Value], code: &str, message: &str) -> Vec<Value> {
 }
 
 /// `value` without the extension object.
+/// Adds one round's `usage` into `total`: numbers are summed, nested objects
+/// (`prompt_tokens_details`, …) field by field, anything else kept from the latest round.
+fn add_usage(total: &mut Value, round: &Value) {
+    let (Value::Object(sum), Value::Object(add)) = (&mut *total, round) else {
+        *total = round.clone();
+        return;
+    };
+    for (name, value) in add {
+        match (sum.get_mut(name), value) {
+            (Some(Value::Number(a)), Value::Number(b)) => {
+                if let (Some(x), Some(y)) = (a.as_u64(), b.as_u64()) {
+                    *a = (x + y).into();
+                } else if let Some(n) = a
+                    .as_f64()
+                    .zip(b.as_f64())
+                    .and_then(|(x, y)| serde_json::Number::from_f64(x + y))
+                {
+                    *a = n;
+                }
+            }
+            (Some(inner @ Value::Object(_)), Value::Object(_)) => add_usage(inner, value),
+            (Some(slot), _) => *slot = value.clone(),
+            (None, _) => {
+                sum.insert(name.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// `value` without its `usage`.
+fn without_usage(value: &Value) -> Value {
+    let mut value = value.clone();
+    if let Value::Object(fields) = &mut value {
+        fields.remove("usage");
+    }
+    value
+}
+
 fn strip_extension(value: &Value) -> Value {
     let mut value = value.clone();
     if let Value::Object(fields) = &mut value {
@@ -873,6 +942,28 @@ mod tests {
 
     fn tool(name: &str) -> Value {
         json!({"type": "function", "function": {"name": name, "description": "d", "parameters": {"type": "object"}}})
+    }
+
+    #[test]
+    fn usage_is_summed_over_rounds_field_by_field() {
+        let mut total = Value::Null;
+        add_usage(
+            &mut total,
+            &json!({"prompt_tokens": 110, "completion_tokens": 7, "total_tokens": 117,
+                    "prompt_tokens_details": {"cached_tokens": 100}}),
+        );
+        add_usage(
+            &mut total,
+            &json!({"prompt_tokens": 240, "completion_tokens": 31, "total_tokens": 271,
+                    "prompt_tokens_details": {"cached_tokens": 64},
+                    "completion_tokens_details": {"reasoning_tokens": 12}}),
+        );
+        assert_eq!(
+            total,
+            json!({"prompt_tokens": 350, "completion_tokens": 38, "total_tokens": 388,
+                   "prompt_tokens_details": {"cached_tokens": 164},
+                   "completion_tokens_details": {"reasoning_tokens": 12}})
+        );
     }
 
     #[test]
