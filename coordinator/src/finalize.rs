@@ -5,7 +5,10 @@
 //! and publishing `narration` + `final` (or the turn-level `error` of a rejected turn);
 //! then exporting the turn span (`trace.rs`) from the identity stored with the turn, so
 //! the replica that ends a turn produces its span even when another took it; then
-//! forgetting the turn here and telling its owner when that is another replica.
+//! forgetting the turn here and telling its owner when that is another replica. The
+//! span is exported by whichever replica marks the stored `final` sent first: the one
+//! that ended the turn, or one that sent a `final` stored by a replica that died
+//! before sending it ([`sweep_turn`]'s resend, [`replayed_final`] after an attach).
 //!
 //! Only a caller that the join let end the turn reaches here with a [`Closing`]: the
 //! result that completed it (`results.rs`), the deadline clock or the sweeper

@@ -4,11 +4,14 @@
 //! Owns [`TurnTrace`]: the turn span's ids and start, fixed at intake
 //! ([`TurnTrace::begin`]), stored with the turn in the join (`trace` field, one JSON
 //! value written by the `CREATE` script and returned by `RECORD`/`FINALIZE` — no extra
-//! round trip) and exported by the replica that publishes the turn's end
-//! ([`TurnTrace::end`]). Every coordinator span of a turn is parented under
-//! [`TurnTrace::parent`] before the `turn` span exists, so a replica killed mid-turn
-//! leaves no child without its parent. Also owns the spans of refused calls, of each
-//! result received (CONSUMER, under the worker's span) and of the join's scripts.
+//! round trip) and exported by the replica that marks the turn's `final` sent first
+//! ([`TurnTrace::end`]; `finalize.rs` decides when), the moment it ends
+//! (`toolfleet_common::prompt_export`). Every coordinator span of a turn is parented
+//! under [`TurnTrace::parent`] before the `turn` span exists, so a replica killed
+//! mid-turn leaves no child without its parent. Also owns what the `turn` span says of
+//! a failed turn ([`worst_outcome`]) and of a turn another replica took over
+//! ([`EndedBy`]), and the spans of refused calls, of each result received (CONSUMER,
+//! under the worker's span) and of the join's scripts.
 //!
 //! Never decides how a turn ends (`finalize.rs` does) and never publishes anything.
 
