@@ -132,6 +132,11 @@ pub struct CallError {
     /// `None`, and absent from errors written by parties that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_message: Option<String>,
+    /// For a retryable refusal (`overloaded`): how long to wait before trying again, in
+    /// milliseconds. A client that asks again sooner only adds to the load that refused
+    /// it. Absent on the wire when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl CallError {
@@ -142,6 +147,7 @@ impl CallError {
             message: message.into(),
             retryable: false,
             user_message: None,
+            retry_after_ms: None,
         }
     }
 
@@ -152,7 +158,15 @@ impl CallError {
             message: message.into(),
             retryable: true,
             user_message: None,
+            retry_after_ms: None,
         }
+    }
+
+    /// Adds how long to wait before trying again (see [`CallError::retry_after_ms`]).
+    #[must_use]
+    pub fn retry_after(mut self, wait: std::time::Duration) -> Self {
+        self.retry_after_ms = Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX));
+        self
     }
 
     /// Adds the sentence the end user may hear about this error (see

@@ -67,7 +67,8 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
         let message = format!(
             "this coordinator follows {max} turns, its limit (TOOLFLEET_MAX_TURNS_IN_PROGRESS); nothing was stored, retry after {OVERLOADED_RETRY_MS} ms"
         );
-        let error = CallError::retryable(turn_codes::OVERLOADED, message);
+        let error = CallError::retryable(turn_codes::OVERLOADED, message)
+            .retry_after(std::time::Duration::from_millis(OVERLOADED_RETRY_MS));
         return reject(&replica, turn_id, reply, error, trace).await;
     };
     if let Some(full) = replica.memory.full() {
@@ -76,7 +77,8 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
             "the turn store holds {} of its {} bytes, past the {} % at which new turns wait (TOOLFLEET_REDIS_SHED_PERCENT) so the turns in flight can end; nothing was stored, retry after {OVERLOADED_RETRY_MS} ms",
             full.used, full.max, full.shed_percent
         );
-        let error = CallError::retryable(turn_codes::OVERLOADED, message);
+        let error = CallError::retryable(turn_codes::OVERLOADED, message)
+            .retry_after(std::time::Duration::from_millis(OVERLOADED_RETRY_MS));
         return reject(&replica, turn_id, reply, error, trace).await;
     }
     let max_context = replica.config.max_context_bytes;
@@ -264,7 +266,12 @@ async fn take_turn(
     let layout = Layout::new(&planned, limits.concurrency);
     trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
-    let first = first_events(&turn_id, &planned, decision.acknowledgement, limits.budget_ms);
+    let first = first_events(
+        &turn_id,
+        &planned,
+        decision.acknowledgement,
+        limits.budget_ms,
+    );
     let planned_calls = planned.len();
     let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
     let tenant = &request.tenant_id;

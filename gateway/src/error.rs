@@ -145,7 +145,9 @@ impl ApiError {
         };
         let out = Self::new(status, &error.code, error.message.clone());
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            out.retry_after(1)
+            // The fleet's own wait when it names one, in whole seconds, at least 1.
+            let wait_s = error.retry_after_ms.map_or(1, |ms| ms.div_ceil(1000));
+            out.retry_after(wait_s)
         } else {
             out
         }

@@ -95,7 +95,9 @@ async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> 
                     .ok()?;
                 match events.last()? {
                     TurnEvent::Error { error, .. }
-                        if error.code == turn_codes::OVERLOADED && error.retryable =>
+                        if error.code == turn_codes::OVERLOADED
+                            && error.retryable
+                            && error.retry_after_ms == Some(1000) =>
                     {
                         Some(())
                     }

@@ -356,6 +356,7 @@ mod tests {
                 message: "no customer \"nobody\"".into(),
                 retryable: false,
                 user_message: Some("I couldn't find a customer with that id.".into()),
+                retry_after_ms: None,
             })
         );
     }

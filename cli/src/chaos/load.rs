@@ -54,6 +54,8 @@ pub enum Ending {
         reason: String,
         /// Whether a turn `error` event said so (`reason` is then its code).
         by_event: bool,
+        /// How long the refusal asked to wait before trying again.
+        retry_after: Option<Duration>,
     },
     /// A turn-level `error` event that is not a refusal.
     Error {
@@ -131,7 +133,20 @@ pub async fn run(
             let mut rng = fastrand::Rng::with_seed(spec.seed.wrapping_add(slot as u64));
             let mut records = Vec::new();
             while !stop.is_cancelled() {
-                records.push(one_turn(&client, &spec, &mut rng).await);
+                let record = one_turn(&client, &spec, &mut rng).await;
+                // A refusal that names a wait (`overloaded`) is honoured, as a frontend
+                // should: asking again at once only adds to the load.
+                let wait = match &record.ending {
+                    Ending::Refused { retry_after, .. } => *retry_after,
+                    _ => None,
+                };
+                records.push(record);
+                if let Some(wait) = wait {
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::time::sleep(wait) => {}
+                    }
+                }
             }
             records
         });
@@ -199,6 +214,7 @@ fn refused(turn_id: String, reason: String) -> TurnRecord {
         ending: Ending::Refused {
             reason,
             by_event: false,
+            retry_after: None,
         },
     }
 }
@@ -287,6 +303,7 @@ fn turn_error(error: &CallError) -> Ending {
         Ending::Refused {
             reason: error.code.clone(),
             by_event: true,
+            retry_after: error.retry_after_ms.map(Duration::from_millis),
         }
     } else {
         Ending::Error {
@@ -401,6 +418,7 @@ mod tests {
             message: String::new(),
             retryable,
             user_message: None,
+            retry_after_ms: None,
         };
         assert!(matches!(
             turn_error(&error(turn_codes::UNAVAILABLE, false)),

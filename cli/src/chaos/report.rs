@@ -126,7 +126,9 @@ impl FaultReport {
         for record in records {
             report.accepted += usize::from(record.acked);
             match record.ending {
-                Ending::Refused { reason, by_event } => {
+                Ending::Refused {
+                    reason, by_event, ..
+                } => {
                     report.refused += 1;
                     if by_event {
                         *report.errors_by_code.entry(reason.clone()).or_default() += 1;
