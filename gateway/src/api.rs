@@ -51,6 +51,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(limit))
+        .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::map_response(move |r: Response| {
             json_too_large(r, limit)
         }))
@@ -225,6 +226,70 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
                 HeaderName::from_static(crate::stream_token::TOKEN_HEADER),
             ]),
     )
+}
+
+/// Codes of the errors only the HTTP layer itself answers.
+pub mod http_codes {
+    /// 405: the path exists, the method does not.
+    pub const METHOD_NOT_ALLOWED: &str = "method_not_allowed";
+    /// 406: the `Accept` header names nothing the route answers (`/mcp`).
+    pub const NOT_ACCEPTABLE: &str = "not_acceptable";
+    /// 415: the body's content type is not one the route reads (`/mcp`).
+    pub const UNSUPPORTED_MEDIA_TYPE: &str = "unsupported_media_type";
+    /// Any other error the HTTP layer or the MCP transport answered.
+    pub const HTTP_ERROR: &str = "http_error";
+}
+
+/// Longest plain-text error body kept as a message.
+const PLAIN_ERROR_BYTES: usize = 4096;
+
+/// An error answered by a layer that is not a handler (axum's 405, the MCP transport's
+/// Host, Accept and content-type refusals) in the `{"error": {...}}` shape, its status and
+/// other headers (`Allow`, `Retry-After`, `Mcp-Session-Id`) kept. Event streams and JSON
+/// answers pass unchanged.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let plain = !response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| {
+            v.as_bytes().starts_with(b"application/json")
+                || v.as_bytes().starts_with(b"text/event-stream")
+        });
+    if !(status.is_client_error() || status.is_server_error()) || !plain {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, PLAIN_ERROR_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::BAD_REQUEST => toolfleet_common::turn::turn_codes::INVALID_REQUEST,
+        StatusCode::UNAUTHORIZED => crate::error::codes::UNAUTHORIZED,
+        StatusCode::FORBIDDEN => crate::error::codes::FORBIDDEN,
+        StatusCode::NOT_FOUND => crate::error::codes::NOT_FOUND,
+        StatusCode::METHOD_NOT_ALLOWED => http_codes::METHOD_NOT_ALLOWED,
+        StatusCode::NOT_ACCEPTABLE => http_codes::NOT_ACCEPTABLE,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => http_codes::UNSUPPORTED_MEDIA_TYPE,
+        StatusCode::PAYLOAD_TOO_LARGE => crate::error::codes::PAYLOAD_TOO_LARGE,
+        StatusCode::TOO_MANY_REQUESTS => crate::error::codes::RATE_LIMITED,
+        _ => http_codes::HTTP_ERROR,
+    };
+    let message = match text.is_empty() {
+        true => status
+            .canonical_reason()
+            .unwrap_or("the request was refused")
+            .to_string(),
+        false => text,
+    };
+    let shaped = ApiError::new(status, code, message).into_response();
+    let (shaped_parts, shaped_body) = shaped.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    for (name, value) in &shaped_parts.headers {
+        parts.headers.insert(name.clone(), value.clone());
+    }
+    Response::from_parts(parts, shaped_body)
 }
 
 /// The body limit layer's own 413 answered in the error shape.

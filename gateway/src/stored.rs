@@ -143,9 +143,21 @@ pub struct StoredTurn {
 async fn next(stream: &mut TurnStream, wait: Duration) -> Result<TurnEvent, ApiError> {
     let event = stream.next_event(wait).await?;
     if let TurnEvent::Error { error, .. } = &event {
-        return Err(ApiError::from_turn_error(error));
+        return Err(refusal(stream.turn_id(), error));
     }
     Ok(event)
+}
+
+/// The HTTP error of a turn-level `error`, in the words of the key's view: the
+/// coordinator's `unknown_turn` speaks of NATS frontends, an HTTP client has a tenant.
+fn refusal(turn_id: &str, error: &toolfleet_common::CallError) -> ApiError {
+    let mut refused = ApiError::from_turn_error(error);
+    if error.code == toolfleet_common::turn::turn_codes::UNKNOWN_TURN {
+        refused.message = format!(
+            "no turn {turn_id} is stored for this key's tenant (never submitted, or past its retention)"
+        );
+    }
+    refused
 }
 
 /// `GET /v1/turns/{turn_id}`.
@@ -162,7 +174,7 @@ pub async fn get(
     let mut events = vec![next(&mut stream, FIRST_EVENT_WAIT).await?];
     while !events.last().is_some_and(TurnEvent::is_last) {
         match stream.next_event(REPLAY_IDLE).await {
-            Ok(TurnEvent::Error { error, .. }) => return Err(ApiError::from_turn_error(&error)),
+            Ok(TurnEvent::Error { error, .. }) => return Err(refusal(&path.turn_id, &error)),
             Ok(event) => events.push(event),
             Err(_) => break,
         }

@@ -253,3 +253,43 @@ async fn a_deadline_of_zero_is_refused_not_clamped() -> Result<()> {
     assert_eq!(gateway.json_turn(&key, &body).await?.status(), 200);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_is_in_the_json_error_shape() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let key = create_key(&db, "demo").await?;
+    let http = &gateway.http;
+    // A method the route does not have: 405 with Allow, in the shape.
+    let put = http
+        .put(gateway.url("/v1/turns"))
+        .bearer_auth(&key)
+        .send()
+        .await?;
+    assert!(put.headers().contains_key("allow"));
+    assert_eq!(code(put).await?, (405, "method_not_allowed".into()));
+    // The MCP transport's Host check (against DNS rebinding): 403, in the shape.
+    let mcp = http
+        .post(gateway.url("/mcp"))
+        .bearer_auth(&key)
+        .header("host", "evil.example")
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+        .send()
+        .await?;
+    assert_eq!(code(mcp).await?, (403, "forbidden".into()));
+    // An unknown turn speaks of the key's tenant, not of NATS frontends.
+    let unknown = http
+        .get(gateway.url("/v1/turns/never-submitted"))
+        .bearer_auth(&key)
+        .send()
+        .await?;
+    assert_eq!(unknown.status(), 404);
+    let body: Value = unknown.json().await?;
+    assert_eq!(body["error"]["code"], "unknown_turn");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(!message.contains("frontend"), "{message}");
+    assert_eq!(body["error"]["retryable"], false);
+    Ok(())
+}
