@@ -339,7 +339,8 @@ pub(crate) async fn admit_turn(
                         "this tenant's {} calls waiting for {tool} would hold this turn about {:.0} ms, past its {budget_ms} ms deadline; nothing was stored, retry after {retry} ms",
                         standing.waiting, wait.total_ms
                     ),
-                ));
+                )
+                .retry_after(std::time::Duration::from_millis(retry)));
             }
         }
     }
@@ -361,7 +362,8 @@ pub(crate) async fn admit_turn(
                     format!(
                         "this tenant has {limit} turns in flight, its limit (max_turns_in_flight in the tenants file); nothing was stored, retry after {retry} ms"
                     ),
-                ));
+                )
+                .retry_after(std::time::Duration::from_millis(retry)));
             }
             Err(error) => {
                 warn!(%turn_id, %error, "a tenant's turns in flight not counted; the turn goes in");

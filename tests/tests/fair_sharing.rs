@@ -61,7 +61,16 @@ async fn outcome(
     let events = read_to_end(&mut stream, EVENT_WAIT).await?;
     Ok(match events.last() {
         Some(TurnEvent::Final(fin)) => Ok(fin.clone()),
-        Some(TurnEvent::Error { error, .. }) => Err(error.code.clone()),
+        Some(TurnEvent::Error { error, .. }) => {
+            // Every refusal here is `overloaded`, which says when to try again.
+            if error.code == turn_codes::OVERLOADED {
+                assert!(
+                    error.retryable && error.retry_after_ms.is_some(),
+                    "{error:?}"
+                );
+            }
+            Err(error.code.clone())
+        }
         other => anyhow::bail!("the turn ended with {other:?}"),
     })
 }

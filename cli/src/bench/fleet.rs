@@ -169,6 +169,11 @@ impl Env {
                 "TOOLFLEET_WORKER_CONCURRENCY",
                 spec.worker_concurrency.to_string(),
             ),
+            // The coordinators' lanes count the workers' slots alike.
+            (
+                "TOOLFLEET_LANE_WORKER_SLOTS",
+                spec.worker_concurrency.clamp(1, 4096).to_string(),
+            ),
             ("TOOLFLEET_WORKER_ID", format!("{prefix}-{role}-{index}")),
             ("TOOLFLEET_RETENTION_MS", "60000".to_string()),
             ("RUST_LOG", log_filter),

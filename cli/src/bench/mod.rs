@@ -29,6 +29,7 @@ mod report;
 mod sink;
 mod skeleton;
 pub(crate) mod stats;
+mod tenants;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -87,9 +88,12 @@ pub enum Phase {
     /// Instructions per turn of the coordinator, the worker and the client (turns of
     /// the overhead phase) under valgrind's callgrind; skipped without valgrind.
     Instructions,
+    /// A tenant keeping 64 turns of four 200 ms calls in flight on one worker of 8
+    /// slots, alone and beside a light tenant's one-call turns: both tenants' figures.
+    Tenants,
 }
 
-const ALL_PHASES: [Phase; 10] = [
+const ALL_PHASES: [Phase; 11] = [
     Phase::Floor,
     Phase::Overhead,
     Phase::Throughput,
@@ -100,6 +104,7 @@ const ALL_PHASES: [Phase; 10] = [
     Phase::Cancel,
     Phase::Openai,
     Phase::Instructions,
+    Phase::Tenants,
 ];
 
 /// Arguments of `toolfleet bench`.
@@ -126,6 +131,9 @@ pub struct BenchArgs {
     /// Calls each worker runs at once in the scaling phase.
     #[arg(long, default_value_t = 8)]
     worker_concurrency: usize,
+    /// The light tenant's one-call turns in the tenants phase (default 50, quick 10).
+    #[arg(long)]
+    light_turns: Option<usize>,
     /// Turns in flight in the memory phase.
     #[arg(long, default_value_t = 1000)]
     memory_turns: usize,
@@ -179,6 +187,10 @@ struct Plan {
     memory_turns: usize,
     memory_sleep_ms: u64,
     node_threads: Option<usize>,
+    tenants_heavy_turns: usize,
+    tenants_light_turns: usize,
+    tenants_warmup_s: f64,
+    tenants_seconds: f64,
 }
 
 impl Plan {
@@ -202,6 +214,10 @@ impl Plan {
             memory_turns: args.memory_turns.max(1),
             memory_sleep_ms: if q { 3_000 } else { 5_000 },
             node_threads: args.node_threads,
+            tenants_heavy_turns: 64,
+            tenants_light_turns: args.light_turns.unwrap_or(if q { 10 } else { 50 }).max(1),
+            tenants_warmup_s: if q { 1.0 } else { 3.0 },
+            tenants_seconds: if q { 3.0 } else { 8.0 },
         }
     }
 }
@@ -252,6 +268,7 @@ struct ModeReport {
     http: Option<Measured<http::Http>>,
     openai: Option<Measured<openai::Openai>>,
     instructions: Option<Measured<instructions::Instructions>>,
+    tenants: Option<Measured<tenants::Tenants>>,
 }
 
 /// Whether one configuration exports traces.
@@ -611,7 +628,16 @@ impl Stage<'_> {
                 }
                 progress.done();
             }
-            Phase::Scaling | Phase::Memory | Phase::Http | Phase::Openai | Phase::Instructions => {
+            Phase::Tenants if !attach => {
+                report.tenants = Some(self.tenants().await?);
+                progress.done();
+            }
+            Phase::Scaling
+            | Phase::Memory
+            | Phase::Http
+            | Phase::Openai
+            | Phase::Instructions
+            | Phase::Tenants => {
                 progress.note("  skipped: needs a fleet the bench starts");
             }
         }
@@ -662,6 +688,25 @@ impl Stage<'_> {
                 secs(plan.throughput_seconds),
                 10_000,
                 &probe,
+                progress,
+            )
+            .await
+        })
+        .await
+    }
+
+    /// The tenants phase: a flooding tenant beside a light one, on one worker of 8
+    /// slots.
+    async fn tenants(&self) -> Result<Measured<tenants::Tenants>> {
+        let plan = self.plan;
+        let progress = &self.env.progress;
+        self.on_fleet("tenants", 1, 8, |client, _| async move {
+            tenants::tenants(
+                &client,
+                plan.tenants_heavy_turns,
+                plan.tenants_light_turns,
+                secs(plan.tenants_warmup_s),
+                secs(plan.tenants_seconds),
                 progress,
             )
             .await

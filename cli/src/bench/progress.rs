@@ -145,7 +145,12 @@ pub fn stages(phases: &[Phase], modes: &[Mode], plan: &Plan, attach: bool) -> u6
     let per_mode: usize = phases
         .iter()
         .map(|phase| match phase {
-            Phase::Scaling | Phase::Memory | Phase::Http | Phase::Openai | Phase::Instructions
+            Phase::Scaling
+            | Phase::Memory
+            | Phase::Http
+            | Phase::Openai
+            | Phase::Instructions
+            | Phase::Tenants
                 if attach =>
             {
                 0
@@ -192,7 +197,7 @@ mod tests {
         let plan = plan(&["--quick"]);
         let both = [Mode::Off, Mode::On];
         // Ten phases, the scaling phase four times (1, 2, 4, 8 workers), in two modes.
-        assert_eq!(stages(&ALL_PHASES, &both, &plan, false), 26);
+        assert_eq!(stages(&ALL_PHASES, &both, &plan, false), 28);
         assert_eq!(stages(&[Phase::Overhead], &both, &plan, false), 2);
         // Attached: one mode, and no scaling, memory, http, openai or instructions phase.
         assert_eq!(stages(&ALL_PHASES, &[Mode::Attached], &plan, true), 5);

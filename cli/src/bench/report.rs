@@ -336,6 +336,7 @@ fn figures_table(plan: &Plan, reports: &[ModeReport]) -> Table {
     throughput_rows(&mut t, plan, reports);
     parallel_rows(&mut t, reports);
     cancel_rows(&mut t, reports);
+    tenants_rows(&mut t, reports);
     scaling_rows(&mut t, plan, reports);
     memory_rows(&mut t, plan, reports);
     http_rows(&mut t, reports);
@@ -643,6 +644,44 @@ fn cancel_rows(t: &mut Table, reports: &[ModeReport]) {
             }),
             ("turns measured (failed)", |m| {
                 counted(&m.figures.cancel_to_final, m.figures.failed)
+            }),
+        ],
+    );
+}
+
+/// Adds the tenants phase's rows.
+fn tenants_rows(t: &mut Table, reports: &[ModeReport]) {
+    phase_rows::<super::tenants::Tenants>(
+        t,
+        reports,
+        "tenants: heavy 64 × (4 × test.behave 200 ms) beside light 1 × 10 ms, 1 worker × 8",
+        |r| r.tenants.as_ref(),
+        &[
+            ("heavy turns/s alone / beside light (ratio)", |m| {
+                let f = &m.figures;
+                let ratio = match f.heavy_alone_turns_per_s > 0.0 {
+                    true => f.heavy_beside_turns_per_s / f.heavy_alone_turns_per_s * 100.0,
+                    false => 0.0,
+                };
+                format!(
+                    "{} / {} ({ratio:.0}%)",
+                    f1(f.heavy_alone_turns_per_s),
+                    f1(f.heavy_beside_turns_per_s)
+                )
+            }),
+            ("light turn p50 / p99 / max ms", |m| {
+                let l = &m.figures.light_turn;
+                format!("{} / {}", p50_p99(l), ms(l.max_ms))
+            }),
+            ("light turns (deadline hit, failed)", |m| {
+                let f = &m.figures;
+                format!(
+                    "{} ({}, {})",
+                    f.light_turn.count, f.light_deadline_hit, f.light_failed
+                )
+            }),
+            ("heavy turns failed, turns lost", |m| {
+                format!("{}, {}", m.figures.heavy_failed, m.figures.lost)
             }),
         ],
     );
