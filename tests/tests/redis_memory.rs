@@ -31,6 +31,40 @@ async fn memory(admin: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u
     ))
 }
 
+/// Gives Redis a `maxmemory` 8 MiB above what it holds now, with `noeviction`; the limit.
+async fn limit_memory(admin: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+    let (used, _) = memory(admin).await?;
+    let max = used + 8 * 1024 * 1024;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(max)
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(admin)
+        .await?;
+    Ok(max)
+}
+
+/// Writes junk keys until Redis holds `percent` of `max`; how many it wrote.
+async fn fill_to(
+    admin: &mut redis::aio::MultiplexedConnection,
+    max: u64,
+    percent: u64,
+) -> Result<u32> {
+    let junk = "x".repeat(JUNK_VALUE);
+    let mut n = 0u32;
+    while memory(admin).await?.0 < max / 100 * percent {
+        let () = redis::cmd("SET")
+            .arg(format!("junk:{n}"))
+            .arg(&junk)
+            .query_async(admin)
+            .await?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> Result<()> {
     let fleet = Fleet::start().await?;
@@ -40,20 +74,7 @@ async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> 
         .client()?
         .get_multiplexed_async_connection()
         .await?;
-    let (used, _) = memory(&mut admin).await?;
-    let max = used + 8 * 1024 * 1024;
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(max)
-        .query_async(&mut admin)
-        .await?;
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query_async(&mut admin)
-        .await?;
+    let max = limit_memory(&mut admin).await?;
 
     // A turn in flight: its call runs while Redis fills.
     let slow = vec![call(
@@ -67,19 +88,7 @@ async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> 
         .await?;
 
     // Fill to about 93 % of maxmemory.
-    let junk = "x".repeat(JUNK_VALUE);
-    let mut n = 0u32;
-    while {
-        let (now, _) = memory(&mut admin).await?;
-        now < max / 100 * 93
-    } {
-        let () = redis::cmd("SET")
-            .arg(format!("junk:{n}"))
-            .arg(&junk)
-            .query_async(&mut admin)
-            .await?;
-        n += 1;
-    }
+    let n = fill_to(&mut admin, max, 93).await?;
 
     let quick = || vec![call("quick", "test.behave", json!({"value": 2}))];
     eventually_named(
@@ -191,24 +200,8 @@ async fn ended_turns_give_way_when_redis_runs_short_and_open_turns_never() -> Re
 
     // Redis at about 75 % of its maxmemory: past the trim share (70 %), short of the
     // shed share (85 %).
-    let (used, _) = memory(&mut admin).await?;
-    let max = used + 8 * 1024 * 1024;
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(max)
-        .query_async(&mut admin)
-        .await?;
-    let junk = "x".repeat(JUNK_VALUE);
-    let mut n = 0u32;
-    while memory(&mut admin).await?.0 < max / 100 * 75 {
-        let () = redis::cmd("SET")
-            .arg(format!("junk:{n}"))
-            .arg(&junk)
-            .query_async(&mut admin)
-            .await?;
-        n += 1;
-    }
+    let max = limit_memory(&mut admin).await?;
+    fill_to(&mut admin, max, 75).await?;
 
     eventually_named("the ended turns deleted", Duration::from_secs(10), || {
         let ended = ended.clone();
