@@ -11,11 +11,20 @@
 use std::collections::HashMap;
 
 use serde::ser::{SerializeStruct, Serializer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::call::{codes, CallError, CallResult, CallState, Summary};
-use crate::turn::History;
+
+/// History ready to append to the frontend's session.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct History {
+    /// OpenAI `role: "tool"` messages, one per call id the model produced.
+    pub openai: Vec<Value>,
+    /// One Anthropic `user` message whose `content` holds a `tool_result` block per
+    /// call id the model produced.
+    pub anthropic: Vec<Value>,
+}
 
 /// Renders `results` (in decision order) as ready-to-append history.
 ///

@@ -252,15 +252,7 @@ pub struct AckCall {
     pub name: String,
 }
 
-/// History ready to append to the frontend's session.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-pub struct History {
-    /// OpenAI `role: "tool"` messages, one per call id the model produced.
-    pub openai: Vec<Value>,
-    /// One Anthropic `user` message whose `content` holds a `tool_result` block per
-    /// call id the model produced.
-    pub anthropic: Vec<Value>,
-}
+pub use crate::history::History;
 
 /// The last event of a turn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
