@@ -23,10 +23,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
+use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::redis_client::RedisConnection;
 use tracing::{debug, warn};
 
-use crate::startup::Replica;
+use crate::join::JoinStore;
 
 /// How often a replica reads Redis's memory.
 pub(crate) const SAMPLE_PERIOD: Duration = Duration::from_millis(500);
@@ -165,13 +166,32 @@ fn collect_texts(value: &redis::Value, texts: &mut Vec<String>) {
     }
 }
 
+/// What [`sample`] works with: the replica's memory reading, the join it trims, its
+/// metrics, the retention and the number of index buckets.
+pub(crate) struct Sampler {
+    /// The replica's reading, which intake consults.
+    pub memory: Arc<StoreMemory>,
+    /// The turn store, whose ended turns give way.
+    pub join: JoinStore,
+    /// Where samples and trims are counted.
+    pub metrics: FleetMetrics,
+    /// `TOOLFLEET_RETENTION_MS`: index entries older than this are dropped.
+    pub retention: Duration,
+    /// `TOOLFLEET_DEADLINE_BUCKETS`.
+    pub buckets: u32,
+}
+
 /// Reads Redis's memory every [`SAMPLE_PERIOD`] until `stop`, deleting the oldest
 /// ended turns while it is past the trim share.
-pub(crate) async fn sample(
-    replica: Arc<Replica>,
-    mut redis: RedisConnection,
-    stop: CancellationToken,
-) {
+pub(crate) async fn sample(sampler: Sampler, mut redis: RedisConnection, stop: CancellationToken) {
+    let Sampler {
+        memory,
+        join,
+        metrics,
+        retention,
+        buckets,
+    } = sampler;
+    let retention = u64::try_from(retention.as_millis()).unwrap_or(u64::MAX);
     loop {
         let answer: redis::RedisResult<redis::Value> = redis::cmd("INFO")
             .arg("memory")
@@ -179,24 +199,21 @@ pub(crate) async fn sample(
             .await;
         match answer.as_ref().ok().and_then(parse_info) {
             Some((used, max)) => {
-                replica.memory.record(used, max);
-                replica.metrics.redis_memory(used, max);
+                memory.record(used, max);
+                metrics.redis_memory(used, max);
             }
             None => debug!(error = ?answer.err(), "Redis memory not sampled"),
         }
-        if replica.memory.trimming() {
-            let retention = u64::try_from(replica.config.retention.as_millis()).unwrap_or(u64::MAX);
-            let per_bucket = replica
-                .memory
-                .trim_per_bucket(replica.config.deadline_buckets);
-            match replica.join.trim_ended(per_bucket, retention).await {
+        if memory.trimming() {
+            let per_bucket = memory.trim_per_bucket(buckets);
+            match join.trim_ended(per_bucket, retention).await {
                 Ok(0) => {}
                 Ok(trimmed) => {
-                    replica.metrics.turns_trimmed(trimmed);
+                    metrics.turns_trimmed(trimmed);
                     warn!(trimmed, "ended turns deleted before their retention ran out: Redis is near its maxmemory");
                 }
                 Err(error) => {
-                    replica.metrics.redis_error("trim_ended");
+                    metrics.redis_error("trim_ended");
                     warn!(%error, "could not delete ended turns");
                 }
             }

@@ -63,7 +63,7 @@ pub(crate) struct Replica {
     /// The tool consumers this replica created or checked, by definition.
     pub consumers: crate::consumers::Ensured,
     /// Redis's memory at the last sample; new turns are refused while it is near full.
-    pub memory: crate::memory::StoreMemory,
+    pub memory: Arc<crate::memory::StoreMemory>,
     /// The tools' lanes, shared fairly between tenants (`sharing.rs`).
     pub lanes: crate::sharing::Lanes,
 }
@@ -137,10 +137,10 @@ pub async fn run_with_narrator(
         turns: OwnedTurns::default(),
         health: health.clone(),
         consumers: Default::default(),
-        memory: crate::memory::StoreMemory::new(
+        memory: Arc::new(crate::memory::StoreMemory::new(
             config.redis_shed_percent,
             config.redis_trim_percent,
-        ),
+        )),
         lanes: crate::sharing::Lanes::new(crate::lanes::LaneStore::new(
             redis.clone(),
             names.clone(),
@@ -205,7 +205,14 @@ async fn spawn_background(
     let (nats, names, health) = (&replica.nats, &replica.names, &replica.health);
     let changes = nats.subscribe(names.registry_changed()).await?;
     let announced = nats.subscribe(names.registry_changed_any()).await?;
-    let memory = crate::memory::sample(Arc::clone(replica), redis.clone(), stop.clone());
+    let sampler = crate::memory::Sampler {
+        memory: Arc::clone(&replica.memory),
+        join: replica.join.clone(),
+        metrics: replica.metrics.clone(),
+        retention: replica.config.retention,
+        buckets: replica.config.deadline_buckets,
+    };
+    let memory = crate::memory::sample(sampler, redis.clone(), stop.clone());
     health.supervise(background, "redis_memory", stop, memory);
     health.supervise(
         background,

@@ -8,17 +8,18 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use redis::aio::MultiplexedConnection;
 use serde_json::json;
 use toolfleet_common::turn::turn_codes;
 use toolfleet_common::TurnEvent;
 use toolfleet_tests::eventually_named;
-use toolfleet_tests::fleet::{call, read_to_end, timed_turn, Fleet};
+use toolfleet_tests::fleet::{call, read_to_end, timed_turn, Fleet, Running};
 
 /// Bytes of one junk value the test fills Redis with.
 const JUNK_VALUE: usize = 64 * 1024;
 
 /// `used_memory` and `maxmemory` of the server.
-async fn memory(admin: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
+async fn memory(admin: &mut MultiplexedConnection) -> Result<(u64, u64)> {
     let info: String = redis::cmd("INFO").arg("memory").query_async(admin).await?;
     let field = |name: &str| {
         info.lines()
@@ -32,7 +33,7 @@ async fn memory(admin: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u
 }
 
 /// Gives Redis a `maxmemory` 8 MiB above what it holds now, with `noeviction`; the limit.
-async fn limit_memory(admin: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+async fn limit_memory(admin: &mut MultiplexedConnection) -> Result<u64> {
     let (used, _) = memory(admin).await?;
     let max = used + 8 * 1024 * 1024;
     let () = redis::cmd("CONFIG")
@@ -47,11 +48,7 @@ async fn limit_memory(admin: &mut redis::aio::MultiplexedConnection) -> Result<u
 }
 
 /// Writes junk keys until Redis holds `percent` of `max`; how many it wrote.
-async fn fill_to(
-    admin: &mut redis::aio::MultiplexedConnection,
-    max: u64,
-    percent: u64,
-) -> Result<u32> {
+async fn fill_to(admin: &mut MultiplexedConnection, max: u64, percent: u64) -> Result<u32> {
     let junk = "x".repeat(JUNK_VALUE);
     let mut n = 0u32;
     while memory(admin).await?.0 < max / 100 * percent {
@@ -65,15 +62,21 @@ async fn fill_to(
     Ok(n)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> Result<()> {
+/// A fleet with the demo and test packs, and an admin connection to its Redis.
+async fn fleet_with_admin() -> Result<(Fleet, (Running, Running), MultiplexedConnection)> {
     let fleet = Fleet::start().await?;
-    let _nodes = fleet.start_default().await?;
-    let mut admin = fleet
+    let nodes = fleet.start_default().await?;
+    let admin = fleet
         .redis
         .client()?
         .get_multiplexed_async_connection()
         .await?;
+    Ok((fleet, nodes, admin))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> Result<()> {
+    let (fleet, _nodes, mut admin) = fleet_with_admin().await?;
     let max = limit_memory(&mut admin).await?;
 
     // A turn in flight: its call runs while Redis fills.
@@ -150,13 +153,7 @@ async fn new_turns_wait_while_redis_is_nearly_full_and_turns_in_flight_end() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ended_turns_give_way_when_redis_runs_short_and_open_turns_never() -> Result<()> {
-    let fleet = Fleet::start().await?;
-    let _nodes = fleet.start_default().await?;
-    let mut admin = fleet
-        .redis
-        .client()?
-        .get_multiplexed_async_connection()
-        .await?;
+    let (fleet, _nodes, mut admin) = fleet_with_admin().await?;
     let exists = |turn_id: String| {
         let key = fleet.names.turn_meta_key(&turn_id);
         let client = fleet.redis.client();
