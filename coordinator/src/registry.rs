@@ -125,129 +125,189 @@ impl Registry {
         Ok(defined.len())
     }
 
-    /// Re-reads definitions and liveness from Redis.
+    /// Re-reads definitions and liveness from Redis: [`read_stored`], then the pure
+    /// [`reconcile`] against the current snapshot, then its verdicts written back.
     pub async fn refresh(
         &self,
         redis: &mut RedisConnection,
         names: &Names,
     ) -> redis::RedisResult<()> {
-        let announced: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(names.tool_names_key())
-            .query_async(redis)
-            .await?;
         let now = unix_ms();
-        let mut pipe = redis::pipe();
-        for name in &announced {
-            pipe.cmd("HMGET")
-                .arg(names.tool_definition_key(name))
-                .arg("definition")
-                .arg("by");
-            pipe.cmd("ZCOUNT")
-                .arg(names.tool_workers_key(name))
-                .arg(now)
-                .arg("+inf");
-        }
-        let read: Vec<redis::Value> = if announced.is_empty() {
-            Vec::new()
-        } else {
-            pipe.query_async(redis).await?
-        };
-        // A name without a definition (announced by someone who may not write it) is no
-        // tool.
-        let mut raw = HashMap::with_capacity(announced.len());
-        let mut by = HashMap::with_capacity(announced.len());
-        let mut counts = Vec::with_capacity(announced.len());
-        let mut gone = Vec::new();
-        for (name, pair) in announced.iter().zip(read.chunks(2)) {
-            let [fields, count] = pair else { continue };
-            let Ok((Some(source), writer)) =
-                redis::from_redis_value_ref::<(Option<String>, Option<String>)>(fields)
-            else {
-                gone.push(name);
-                continue;
-            };
-            raw.insert(name.clone(), source);
-            by.insert(name.clone(), writer.unwrap_or_default());
-            counts.push(redis::from_redis_value_ref::<usize>(count).unwrap_or(0));
-        }
-        let tool_names: Vec<&String> = announced.iter().filter(|n| raw.contains_key(*n)).collect();
-        let previous = self.snapshot();
-        let mut tools = HashMap::with_capacity(raw.len());
-        let mut rejected = HashMap::new();
-        let mut verdicts = redis::pipe();
-        let mut verdict_count = 0usize;
-        if !gone.is_empty() {
-            verdicts.srem(names.tool_names_key(), &gone).ignore();
-            verdict_count += 1;
-        }
-        for (name, live) in tool_names.into_iter().zip(counts) {
-            let Some(source) = raw.get(name) else {
-                continue;
-            };
-            let registered_by = by.get(name.as_str()).cloned().unwrap_or_default();
-            let known = match previous.get(name) {
-                Some(old) if old.source == *source => Arc::new(KnownTool {
-                    definition: old.definition.clone(),
-                    validator: old.validator.clone(),
-                    schema_error: old.schema_error.clone(),
-                    live_workers: live,
-                    source: source.clone(),
-                    registered_by,
-                }),
-                _ if previous.rejected.get(name.as_str()) == Some(source) => {
-                    rejected.insert(name.clone(), source.clone());
-                    continue;
-                }
-                _ => match decode_definition(name, source) {
-                    Ok(definition) => {
-                        info!(tool = %name, by = %registered_by, "tool definition registered");
-                        verdicts
-                            .hdel(names.rejected_definitions_key(), name.as_str())
-                            .ignore();
-                        verdict_count += 1;
-                        let (validator, schema_error) =
-                            match jsonschema::validator_for(&definition.input_schema) {
-                                Ok(v) => (Some(Arc::new(v)), None),
-                                Err(e) => (None, Some(e.to_string())),
-                            };
-                        Arc::new(KnownTool {
-                            definition,
-                            validator,
-                            schema_error,
-                            live_workers: live,
-                            source: source.clone(),
-                            registered_by,
-                        })
+        let stored = read_stored(redis, names, now).await?;
+        let Reconciled { snapshot, verdicts } = reconcile(&self.snapshot(), stored, now);
+        if !verdicts.is_empty() {
+            let mut pipe = redis::pipe();
+            for verdict in &verdicts {
+                match verdict {
+                    Verdict::Gone(gone) => pipe.srem(names.tool_names_key(), gone).ignore(),
+                    Verdict::Accepted(name) => pipe
+                        .hdel(names.rejected_definitions_key(), name.as_str())
+                        .ignore(),
+                    Verdict::Refused(name, rejection) => {
+                        let body = serde_json::to_string(rejection).unwrap_or_default();
+                        pipe.hset(names.rejected_definitions_key(), name.as_str(), body)
+                            .ignore()
                     }
-                    Err(reason) => {
-                        warn!(tool = %name, %reason, "tool definition refused");
-                        let rejection = Rejection {
-                            reason,
-                            at_unix_ms: now,
-                            turn_id: None,
-                            tool_call_id: None,
-                        };
-                        let body = serde_json::to_string(&rejection).unwrap_or_default();
-                        verdicts
-                            .hset(names.rejected_definitions_key(), name.as_str(), body)
-                            .ignore();
-                        verdict_count += 1;
-                        rejected.insert(name.clone(), source.clone());
-                        continue;
-                    }
-                },
-            };
-            tools.insert(name.clone(), known);
+                };
+            }
+            let _: () = pipe.query_async(redis).await?;
         }
-        if verdict_count > 0 {
-            let _: () = verdicts.query_async(redis).await?;
-        }
-        let snapshot = Arc::new(Snapshot { tools, rejected });
+        let snapshot = Arc::new(snapshot);
         match self.current.write() {
             Ok(mut guard) => *guard = snapshot,
             Err(poisoned) => *poisoned.into_inner() = snapshot,
         }
         Ok(())
+    }
+}
+
+/// One tool as Redis holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct StoredTool {
+    name: String,
+    /// The definition's JSON.
+    source: String,
+    /// Who wrote it.
+    by: String,
+    /// Workers alive now.
+    live: usize,
+}
+
+/// What one refresh read: the tools with a definition, in the names set's order, and
+/// the names whose definition is gone.
+#[derive(Debug, Default)]
+struct Stored {
+    tools: Vec<StoredTool>,
+    gone: Vec<String>,
+}
+
+/// What a refresh writes back.
+#[derive(Debug, Clone, PartialEq)]
+enum Verdict {
+    /// Names without a definition: removed from the names set.
+    Gone(Vec<String>),
+    /// A new definition decoded: any earlier refusal of it is removed.
+    Accepted(String),
+    /// A new definition refused, and why.
+    Refused(String, Rejection),
+}
+
+/// A refresh's new snapshot and what it writes back.
+struct Reconciled {
+    snapshot: Snapshot,
+    verdicts: Vec<Verdict>,
+}
+
+/// Reads the names set, then each name's definition and live-worker count (one
+/// pipeline).
+async fn read_stored(
+    redis: &mut RedisConnection,
+    names: &Names,
+    now: u64,
+) -> redis::RedisResult<Stored> {
+    let announced: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(names.tool_names_key())
+        .query_async(redis)
+        .await?;
+    if announced.is_empty() {
+        return Ok(Stored::default());
+    }
+    let mut pipe = redis::pipe();
+    for name in &announced {
+        pipe.cmd("HMGET")
+            .arg(names.tool_definition_key(name))
+            .arg("definition")
+            .arg("by");
+        pipe.cmd("ZCOUNT")
+            .arg(names.tool_workers_key(name))
+            .arg(now)
+            .arg("+inf");
+    }
+    let read: Vec<redis::Value> = pipe.query_async(redis).await?;
+    let mut stored = Stored::default();
+    for (name, pair) in announced.into_iter().zip(read.chunks(2)) {
+        let [fields, count] = pair else { continue };
+        match redis::from_redis_value_ref::<(Option<String>, Option<String>)>(fields) {
+            Ok((Some(source), writer)) => stored.tools.push(StoredTool {
+                name,
+                source,
+                by: writer.unwrap_or_default(),
+                live: redis::from_redis_value_ref::<usize>(count).unwrap_or(0),
+            }),
+            // A name without a definition is no tool.
+            _ => stored.gone.push(name),
+        }
+    }
+    Ok(stored)
+}
+
+/// The snapshot `stored` makes, reusing what `previous` already compiled for an
+/// unchanged definition and refusing again nothing it refused before; the verdicts to
+/// write back. No I/O.
+fn reconcile(previous: &Snapshot, stored: Stored, now: u64) -> Reconciled {
+    let mut tools = HashMap::with_capacity(stored.tools.len());
+    let mut rejected = HashMap::new();
+    let mut verdicts = Vec::new();
+    if !stored.gone.is_empty() {
+        verdicts.push(Verdict::Gone(stored.gone));
+    }
+    for StoredTool {
+        name,
+        source,
+        by,
+        live,
+    } in stored.tools
+    {
+        let known = match previous.get(&name) {
+            Some(old) if old.source == source => KnownTool {
+                definition: old.definition.clone(),
+                validator: old.validator.clone(),
+                schema_error: old.schema_error.clone(),
+                live_workers: live,
+                source,
+                registered_by: by,
+            },
+            _ if previous.rejected.get(&name) == Some(&source) => {
+                rejected.insert(name, source);
+                continue;
+            }
+            _ => match decode_definition(&name, &source) {
+                Ok(definition) => {
+                    info!(tool = %name, by = %by, "tool definition registered");
+                    verdicts.push(Verdict::Accepted(name.clone()));
+                    let (validator, schema_error) =
+                        match jsonschema::validator_for(&definition.input_schema) {
+                            Ok(v) => (Some(Arc::new(v)), None),
+                            Err(e) => (None, Some(e.to_string())),
+                        };
+                    KnownTool {
+                        definition,
+                        validator,
+                        schema_error,
+                        live_workers: live,
+                        source,
+                        registered_by: by,
+                    }
+                }
+                Err(reason) => {
+                    warn!(tool = %name, %reason, "tool definition refused");
+                    let rejection = Rejection {
+                        reason,
+                        at_unix_ms: now,
+                        turn_id: None,
+                        tool_call_id: None,
+                    };
+                    verdicts.push(Verdict::Refused(name.clone(), rejection));
+                    rejected.insert(name, source);
+                    continue;
+                }
+            },
+        };
+        tools.insert(name, Arc::new(known));
+    }
+    Reconciled {
+        snapshot: Snapshot { tools, rejected },
+        verdicts,
     }
 }
 
@@ -269,6 +329,55 @@ fn decode_definition(name: &str, source: &str) -> Result<ToolDefinition, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stored(name: &str, source: &str, live: usize) -> StoredTool {
+        StoredTool {
+            name: name.into(),
+            source: source.into(),
+            by: "worker/w1".into(),
+            live,
+        }
+    }
+
+    #[test]
+    fn a_refresh_reconciles_new_unchanged_refused_and_gone_tools() {
+        let good = |name: &str| {
+            serde_json::json!({"name": name, "description": "d", "input_schema": {"type": "object"}})
+                .to_string()
+        };
+        let first = reconcile(
+            &Snapshot::default(),
+            Stored {
+                tools: vec![
+                    stored("crm.a", &good("crm.a"), 1),
+                    stored("crm.b", &good("crm.other"), 1),
+                ],
+                gone: vec!["junk".into()],
+            },
+            1,
+        );
+        assert!(first.snapshot.get("crm.a").is_some());
+        assert!(first.snapshot.get("crm.b").is_none() && first.snapshot.knows("crm.b"));
+        assert_eq!(first.verdicts.len(), 3);
+        assert_eq!(first.verdicts[0], Verdict::Gone(vec!["junk".into()]));
+        assert_eq!(first.verdicts[1], Verdict::Accepted("crm.a".into()));
+        assert!(matches!(&first.verdicts[2], Verdict::Refused(name, _) if name == "crm.b"));
+
+        // The same sources again: nothing to write back, liveness updated.
+        let again = reconcile(
+            &first.snapshot,
+            Stored {
+                tools: vec![
+                    stored("crm.a", &good("crm.a"), 3),
+                    stored("crm.b", &good("crm.other"), 1),
+                ],
+                gone: Vec::new(),
+            },
+            2,
+        );
+        assert!(again.verdicts.is_empty());
+        assert_eq!(again.snapshot.get("crm.a").map(|t| t.live_workers), Some(3));
+    }
 
     #[test]
     fn a_definition_must_name_the_tool_of_its_key() {
