@@ -29,6 +29,11 @@ pub struct ToolDefinition {
     /// ("checking your billing"); composed into the acknowledgement.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_hint: Option<String>,
+    /// What the tool gives, as a noun phrase a person hears ("your order status",
+    /// "the weather forecast"); the narrator says it instead of the tool's name
+    /// ("I couldn't get your order status right now."), which is never spoken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spoken_name: Option<String>,
     /// Per-call timeout in milliseconds.
     #[serde(default = "default_timeout")]
     pub timeout_ms: u64,
@@ -208,6 +213,7 @@ impl ToolDefinition {
             input_schema: json!({"type": "object"}),
             output_schema: None,
             waiting_hint: None,
+            spoken_name: None,
             timeout_ms: DEFAULT_TOOL_TIMEOUT_MS,
             retry: RetryPolicy::default(),
             tenant_scoped: false,

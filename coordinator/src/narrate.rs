@@ -5,14 +5,19 @@
 //! The template's rules, in order:
 //! - some call succeeded: the successful results in call order, each spoken as
 //!   [`spoken_result`] says (the tool's own `summary` when it gave one, else its text,
-//!   else a small flat object as "square: 49" phrases, else a JSON excerpt), then the
-//!   failed calls named by their waiting hints ("I couldn't check your billing right
-//!   now.");
+//!   else a small flat object as "square: 49" phrases, else a neutral sentence with the
+//!   tool's spoken name), then one sentence for every failed call ("I couldn't check
+//!   your billing or get your order status right now, and I couldn't look up your
+//!   appointments in time."), each named by its waiting hint or its spoken name, and
+//!   counted when it has neither ("complete one other request");
 //! - every call failed, each with a definite reason for the user (state `error`, not
 //!   `retryable`, with a `user_message`): those messages, each once, in first-seen order
 //!   (twelve `customer_not_found` calls are one sentence);
 //! - otherwise (no calls, or any failure that is retryable, a timeout, skipped or has no
 //!   user message): [`FALLBACK`], because nothing the user could act on can be said.
+//!
+//! A tool's name (`crm.getOpenInvoices`, or one the model made up) and raw JSON are
+//! never spoken: both are for programs, and the answer is for a person's ears.
 //!
 //! It never reads an error's `message` (written for logs and the model, not the user),
 //! and it does no I/O.
@@ -68,14 +73,14 @@ pub trait Narrator: Send + Sync {
     }
 }
 
-/// Successful results in call order (each tool's own summary when it gave one), then the
-/// failed calls by name; when nothing succeeded, the failures' user messages if every
+/// Successful results in call order (each tool's own summary when it gave one), then one
+/// sentence naming the failed calls in words; when nothing succeeded, the failures' user messages if every
 /// failure is definite and has one, and the fallback line otherwise.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TemplateNarrator;
 
-/// Longest JSON excerpt spoken for a result without a summary.
-const EXCERPT_CHARS: usize = 200;
+/// Longest sentence of `name: value` phrases spoken for a result without a summary.
+const PHRASES_CHARS: usize = 200;
 
 impl TemplateNarrator {
     /// The chunks for `input`.
@@ -94,50 +99,19 @@ impl TemplateNarrator {
             return definite_reasons(input.results).unwrap_or_else(|| vec![FALLBACK.to_string()]);
         }
         let mut chunks: Vec<String> = Vec::new();
-        for r in input.results.iter().filter(|r| r.ok) {
-            let chunk = spoken_result(r);
+        for (r, tool) in input.results.iter().zip(&input.tools).filter(|(r, _)| r.ok) {
+            let chunk = spoken_result(r, *tool);
             if !chunks.contains(&chunk) {
                 chunks.push(chunk);
             }
         }
-        let mut errored: Vec<String> = Vec::new();
-        let mut timed_out: Vec<String> = Vec::new();
-        let mut stopped: Vec<String> = Vec::new();
-        for (r, tool) in input.results.iter().zip(&input.tools) {
-            if r.ok {
-                continue;
-            }
-            let action = tool
-                .and_then(|t| t.waiting_hint.as_deref())
-                .map(base_form)
-                .unwrap_or_else(|| {
-                    if r.name.is_empty() {
-                        "complete one of the requests".to_string()
-                    } else {
-                        format!("get a result from {}", r.name)
-                    }
-                });
-            let list = match r.state {
-                CallState::Timeout => &mut timed_out,
-                CallState::Cancelled => &mut stopped,
-                _ => &mut errored,
-            };
-            if !list.contains(&action) {
-                list.push(action);
-            }
-        }
-        if !errored.is_empty() {
-            chunks.push(format!("I couldn't {} right now.", join_and(&errored)));
-        }
-        if !timed_out.is_empty() {
-            chunks.push(format!("I couldn't {} in time.", join_and(&timed_out)));
-        }
-        if !stopped.is_empty() {
-            chunks.push(format!(
-                "I stopped before I could {}, as you asked.",
-                join_and(&stopped)
-            ));
-        }
+        let failed = input
+            .results
+            .iter()
+            .zip(&input.tools)
+            .filter(|(r, _)| !r.ok)
+            .map(|(r, tool)| (r.state, *tool));
+        chunks.extend(failures_sentence(failed));
         chunks
     }
 }
@@ -181,6 +155,118 @@ fn definite_reasons(results: &[CallResult]) -> Option<Vec<String>> {
     Some(reasons)
 }
 
+/// Longest spoken name used; a longer one is ignored, as if the tool gave none.
+const SPOKEN_NAME_CHARS: usize = 80;
+
+/// What a tool gives as a person hears it: its definition's `spoken_name`, trimmed,
+/// without a closing full stop; `None` when it gave none, a blank or overlong one, or
+/// one that is only its own tool name.
+fn spoken_name(tool: Option<&ToolDefinition>) -> Option<String> {
+    let tool = tool?;
+    let name = tool
+        .spoken_name
+        .as_deref()?
+        .trim()
+        .trim_end_matches('.')
+        .trim();
+    let usable = !name.is_empty()
+        && name.chars().count() <= SPOKEN_NAME_CHARS
+        && !name.eq_ignore_ascii_case(&tool.name);
+    usable.then(|| name.to_string())
+}
+
+/// What the narrator says it could not do for a failed call of `tool`: the base form of
+/// its waiting hint ("check your billing"), else "get" and its spoken name ("get your
+/// order status"); `None` when the tool is unknown or gave neither, because a tool's
+/// name is never spoken.
+fn failed_action(tool: Option<&ToolDefinition>) -> Option<String> {
+    let hint = tool
+        .and_then(|t| t.waiting_hint.as_deref())
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(base_form);
+    hint.or_else(|| spoken_name(tool).map(|name| format!("get {name}")))
+}
+
+/// The failed calls of a turn in which something succeeded, as one sentence, or `None`
+/// when none failed. One clause per way of failing, in this order: `I couldn't … right
+/// now` (errors and skipped calls), `I couldn't … in time` (timeouts), `I stopped before
+/// I could …, as you asked` (cancelled); each names the calls' actions once, in call
+/// order, joined with "or", and counts the calls it has no words for ("complete one other
+/// request", "complete two of the requests").
+fn failures_sentence<'a>(
+    failed: impl Iterator<Item = (CallState, Option<&'a ToolDefinition>)>,
+) -> Option<String> {
+    // (actions, calls without words) for errors, timeouts and cancellations.
+    let mut groups: [(Vec<String>, usize); 3] = Default::default();
+    for (state, tool) in failed {
+        let group = match state {
+            CallState::Timeout => &mut groups[1],
+            CallState::Cancelled => &mut groups[2],
+            _ => &mut groups[0],
+        };
+        match failed_action(tool) {
+            Some(action) if !group.0.contains(&action) => group.0.push(action),
+            Some(_) => {}
+            None => group.1 += 1,
+        }
+    }
+    let clauses: Vec<String> = groups
+        .into_iter()
+        .enumerate()
+        .filter_map(|(kind, (mut actions, unnamed))| {
+            match (actions.is_empty(), unnamed) {
+                (true, 0) => return None,
+                (true, n) => actions.push(format!("complete {} of the requests", count_words(n))),
+                (false, 0) => {}
+                (false, 1) => actions.push("complete one other request".to_string()),
+                (false, n) => actions.push(format!("complete {} other requests", count_words(n))),
+            }
+            let actions = join_or(&actions);
+            Some(match kind {
+                0 => format!("I couldn't {actions} right now"),
+                1 => format!("I couldn't {actions} in time"),
+                _ => format!("I stopped before I could {actions}, as you asked"),
+            })
+        })
+        .collect();
+    match clauses.as_slice() {
+        [] => None,
+        [one] => Some(format!("{one}.")),
+        [init @ .., last] => Some(format!("{}, and {last}.", init.join(", "))),
+    }
+}
+
+/// A count as spoken: words up to twelve, digits above.
+fn count_words(n: usize) -> String {
+    const WORDS: [&str; 13] = [
+        "no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+        "eleven", "twelve",
+    ];
+    WORDS
+        .get(n)
+        .map_or_else(|| n.to_string(), |w| (*w).to_string())
+}
+
+/// Alternatives as spoken: "a", "a or b", "a, b, or c".
+fn join_or(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [a, b] => format!("{a} or {b}"),
+        [init @ .., last] => format!("{}, or {last}", init.join(", ")),
+    }
+}
+
+/// `text` with its first letter in upper case.
+fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
 /// Field names under which a tool wraps its one answer: the Python MCP SDK's
 /// structured output of a function returning a plain value is `{"result": ...}`.
 const WRAPPERS: &[&str] = &[
@@ -193,14 +279,20 @@ const MAX_PHRASES: usize = 6;
 /// Longest text result spoken.
 const TEXT_CHARS: usize = 1000;
 
-/// A successful result as spoken: the tool's `summary` when it gave one; else its
-/// value, unwrapped from a lone [`WRAPPERS`] field (`{"result": "HI THERE"}`), as
+/// A successful result of `tool` as spoken: the tool's `summary` when it gave one; else
+/// its value, unwrapped from a lone [`WRAPPERS`] field (`{"result": "HI THERE"}`), as
 /// - text: the text itself (`HI THERE`);
 /// - an object of at most [`MAX_PHRASES`] fields, each a string, number, yes/no or a
 ///   short list of those: one phrase a field, its name in words (`square: 49.`,
 ///   `city: Oslo, high c: 21.`; null fields left out);
-/// - anything else: `Here is what <tool> returned: <JSON excerpt>.`
-pub fn spoken_result(r: &CallResult) -> String {
+/// - a number, yes/no or a short list of those: the value after the tool's spoken name
+///   (`Your order count is 3.`), or after "The result is" for a tool without one;
+/// - nothing (null, empty): `There was nothing to report for <spoken name>.`;
+/// - anything else: a neutral sentence, `I got <spoken name>.` (`I got that for you.`
+///   for a tool without one).
+///
+/// Never raw JSON and never the tool's name: neither is anything a person should hear.
+pub fn spoken_result(r: &CallResult, tool: Option<&ToolDefinition>) -> String {
     if let Some(summary) = r
         .summary
         .as_deref()
@@ -209,15 +301,58 @@ pub fn spoken_result(r: &CallResult) -> String {
     {
         return summary.to_string();
     }
-    let value = r.result.as_ref().map(unwrapped);
-    let spoken = match value {
-        Some(Value::String(text)) if !text.trim().is_empty() => {
+    let value = r.result.as_ref().map(unwrapped).unwrap_or(&Value::Null);
+    let named = spoken_name(tool);
+    if let Some(spoken) = match value {
+        Value::String(text) if !text.trim().is_empty() => {
             Some(cut(text.trim().to_string(), TEXT_CHARS))
         }
-        Some(Value::Object(fields)) => phrases(fields),
+        Value::Object(fields) => phrases(fields),
         _ => None,
+    } {
+        return spoken;
+    }
+    if is_nothing(value) {
+        return match named {
+            Some(name) => format!("There was nothing to report for {name}."),
+            None => "There was nothing to report.".to_string(),
+        };
+    }
+    let said = match value {
+        Value::Array(items) if items.len() <= MAX_PHRASES => items
+            .iter()
+            .map(scalar)
+            .collect::<Option<Vec<_>>>()
+            .map(|i| join_and(&i)),
+        other => scalar(other),
     };
-    spoken.unwrap_or_else(|| format!("Here is what {} returned: {}.", r.name, excerpt(value)))
+    match (said, named) {
+        (Some(said), Some(name)) => full_stop(format!("{} is {said}", capitalized(&name))),
+        (Some(said), None) => full_stop(format!("The result is {said}")),
+        (None, Some(name)) => format!("I got {name}."),
+        (None, None) => "I got that for you.".to_string(),
+    }
+}
+
+/// Whether `value` holds nothing a person could be told: null, blank text, an empty list,
+/// an object whose fields are all null.
+fn is_nothing(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::String(s) => s.trim().is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(Value::is_null),
+        _ => false,
+    }
+}
+
+/// `sentence` ending in a full stop (or the mark it already ends with).
+fn full_stop(sentence: String) -> String {
+    if sentence.ends_with(['.', '!', '?']) {
+        sentence
+    } else {
+        format!("{sentence}.")
+    }
 }
 
 /// `value` without the lone wrapper fields around its answer.
@@ -234,7 +369,7 @@ fn unwrapped(value: &Value) -> &Value {
 }
 
 /// A small flat object as one sentence of `name: value` phrases; `None` when it is
-/// empty, too large, nested, or longer than [`EXCERPT_CHARS`] spoken.
+/// empty, too large, nested, or longer than [`PHRASES_CHARS`] spoken.
 fn phrases(fields: &serde_json::Map<String, Value>) -> Option<String> {
     let present: Vec<(&String, &Value)> = fields.iter().filter(|(_, v)| !v.is_null()).collect();
     if present.is_empty() || present.len() > MAX_PHRASES {
@@ -252,14 +387,10 @@ fn phrases(fields: &serde_json::Map<String, Value>) -> Option<String> {
         spoken.push(format!("{}: {said}", words(name)));
     }
     let sentence = spoken.join(", ");
-    if sentence.chars().count() > EXCERPT_CHARS {
+    if sentence.chars().count() > PHRASES_CHARS {
         return None;
     }
-    if sentence.ends_with(['.', '!', '?']) {
-        Some(sentence)
-    } else {
-        Some(format!("{sentence}."))
-    }
+    Some(full_stop(sentence))
 }
 
 /// A string, number or boolean as spoken; `None` for anything else.
@@ -305,18 +436,6 @@ fn words(name: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn excerpt(value: Option<&Value>) -> String {
-    let text = match value {
-        None | Some(Value::Null) => return "nothing".to_string(),
-        Some(Value::String(s)) if s.trim().is_empty() => return "nothing".to_string(),
-        Some(Value::Array(a)) if a.is_empty() => return "nothing".to_string(),
-        Some(Value::Object(o)) if o.values().all(Value::is_null) => return "nothing".to_string(),
-        Some(Value::String(s)) => s.clone(),
-        Some(v) => v.to_string(),
-    };
-    cut(text, EXCERPT_CHARS)
 }
 
 /// `text` cut to `chars` characters, with `…` when cut.
@@ -493,7 +612,44 @@ mod tests {
     }
 
     fn spoken(value: Value) -> String {
-        spoken_result(&CallResult::success(&call("hold.tool"), value))
+        spoken_result(&CallResult::success(&call("hold.tool"), value), None)
+    }
+
+    /// A known tool `name` with an optional waiting hint and spoken name.
+    fn tool(name: &str, hint: Option<&str>, spoken_name: Option<&str>) -> ToolDefinition {
+        let mut tool = ToolDefinition::new(name, "");
+        tool.waiting_hint = hint.map(str::to_string);
+        tool.spoken_name = spoken_name.map(str::to_string);
+        tool
+    }
+
+    /// A call of `name` that ended in `state`, with an error written for logs.
+    fn failed(name: &str, state: CallState) -> CallResult {
+        CallResult::failure(
+            &call(name),
+            state,
+            CallError::retryable("upstream_down", format!("{name}: connection refused")),
+        )
+    }
+
+    fn succeeded(name: &str, summary: &str) -> CallResult {
+        let mut r = CallResult::success(&call(name), json!({"any": "thing"}));
+        r.summary = Some(summary.into());
+        r
+    }
+
+    /// Asserts that no chunk speaks a tool name, JSON or an error written for logs.
+    fn assert_hearable(chunks: &[String], names: &[&str]) {
+        for chunk in chunks {
+            for name in names {
+                assert!(!chunk.contains(name), "{chunk:?} speaks {name}");
+            }
+            assert!(
+                !chunk.contains(['{', '}', '[', ']', '"']),
+                "{chunk:?} speaks JSON"
+            );
+            assert!(!chunk.contains("connection refused"), "{chunk:?}");
+        }
     }
 
     #[test]
@@ -507,6 +663,7 @@ mod tests {
         assert_eq!(spoken(json!("plain text")), "plain text");
         // A small flat object is one phrase a field, null fields left out.
         assert_eq!(spoken(json!({"square": 49})), "square: 49.");
+        assert_eq!(spoken(json!({"slept": 7})), "slept: 7.");
         assert_eq!(
             spoken(json!({"city": "Oslo", "high_c": 21, "sky": null, "customerID": "c1"})),
             "city: Oslo, customer ID: c1, high c: 21."
@@ -518,30 +675,203 @@ mod tests {
         assert_eq!(spoken(json!({"status": "Booked."})), "status: Booked.");
         // A lone field that is not a wrapper keeps its name.
         assert_eq!(spoken(json!({"status": "confirmed"})), "status: confirmed.");
-        // Numbers, nested or large objects and nothing at all keep the excerpt.
-        assert_eq!(
-            spoken(json!({"result": 49})),
-            "Here is what hold.tool returned: 49."
-        );
-        assert_eq!(
-            spoken(json!({"a": {"b": 1}})),
-            r#"Here is what hold.tool returned: {"a":{"b":1}}."#
-        );
+        // A bare value or a short list of values is the result.
+        assert_eq!(spoken(json!({"result": 49})), "The result is 49.");
+        assert_eq!(spoken(json!(["a", "b"])), "The result is a and b.");
+        // Nested or large objects get a neutral sentence, never their JSON or the tool.
+        assert_eq!(spoken(json!({"a": {"b": 1}})), "I got that for you.");
         let wide: serde_json::Map<String, Value> =
             (0..7).map(|i| (format!("f{i}"), json!(i))).collect();
-        assert!(spoken(Value::Object(wide)).starts_with("Here is what hold.tool returned: {"));
-        assert_eq!(
-            spoken(json!({})),
-            "Here is what hold.tool returned: nothing."
-        );
-        assert_eq!(
-            spoken(json!([])),
-            "Here is what hold.tool returned: nothing."
-        );
+        assert_eq!(spoken(Value::Object(wide)), "I got that for you.");
+        // Nothing at all is said as nothing.
+        for nothing in [json!({}), json!([]), json!(null), json!({"result": " "})] {
+            assert_eq!(spoken(nothing), "There was nothing to report.");
+        }
         // The tool's own summary comes first.
         let mut summarized = CallResult::success(&call("hold.tool"), json!({"square": 49}));
         summarized.summary = Some("Forty-nine.".into());
-        assert_eq!(spoken_result(&summarized), "Forty-nine.");
+        assert_eq!(spoken_result(&summarized, None), "Forty-nine.");
+    }
+
+    #[test]
+    fn a_spoken_name_stands_where_the_result_has_no_words() {
+        let orders = tool("aa.orders.status", None, Some(" your order status. "));
+        let said = |value: Value| {
+            spoken_result(
+                &CallResult::success(&call("aa.orders.status"), value),
+                Some(&orders),
+            )
+        };
+        assert_eq!(said(json!({"result": 3})), "Your order status is 3.");
+        assert_eq!(
+            said(json!({"orders": [{"id": 1}, {"id": 2}]})),
+            "I got your order status."
+        );
+        assert_eq!(
+            said(json!([])),
+            "There was nothing to report for your order status."
+        );
+        // Text and phrases need no name.
+        assert_eq!(said(json!({"result": "Shipped"})), "Shipped");
+        // A blank, overlong or self-naming spoken name is no name.
+        for unusable in ["  ", "aa.orders.status", &"x".repeat(SPOKEN_NAME_CHARS + 1)] {
+            let t = tool("aa.orders.status", None, Some(unusable));
+            let r = CallResult::success(&call("aa.orders.status"), json!({"a": {"b": 1}}));
+            assert_eq!(
+                spoken_result(&r, Some(&t)),
+                "I got that for you.",
+                "{unusable:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn failures_without_words_are_counted_never_named() {
+        // The turn that once said "I couldn't get a result from aa.orders.status, get a
+        // result from aa.text.stats and get a result from aa.nope right now."
+        let orders = tool("aa.orders.status", None, None);
+        let stats = tool("aa.text.stats", None, None);
+        let results = [
+            succeeded("crm.getOpenInvoices", "You have no open invoices."),
+            failed("aa.orders.status", CallState::Error),
+            failed("aa.text.stats", CallState::Error),
+            failed("aa.nope", CallState::Error),
+        ];
+        let chunks = narrate(&results, vec![None, Some(&orders), Some(&stats), None]);
+        assert_eq!(
+            chunks,
+            [
+                "You have no open invoices.",
+                "I couldn't complete three of the requests right now."
+            ]
+        );
+        assert_hearable(&chunks, &["aa.orders.status", "aa.text.stats", "aa.nope"]);
+        // One alone.
+        let chunks = narrate(&results[..2], vec![None, Some(&orders)]);
+        assert_eq!(
+            chunks[1],
+            "I couldn't complete one of the requests right now."
+        );
+    }
+
+    #[test]
+    fn failures_with_words_are_one_sentence_joined_with_or() {
+        let billing = tool("crm.getOpenInvoices", Some("checking your billing"), None);
+        let orders = tool("aa.orders.status", None, Some("your order status"));
+        let stats = tool("aa.text.stats", None, Some("the text statistics"));
+        let results = [
+            succeeded("crm.listUpcomingAppointments", "You have one appointment."),
+            failed("crm.getOpenInvoices", CallState::Error),
+            failed("aa.orders.status", CallState::Error),
+            failed("aa.nope", CallState::Error),
+            failed("crm.getOpenInvoices", CallState::Error),
+            failed("aa.text.stats", CallState::Skipped),
+        ];
+        let chunks = narrate(
+            &results,
+            vec![
+                None,
+                Some(&billing),
+                Some(&orders),
+                None,
+                Some(&billing),
+                Some(&stats),
+            ],
+        );
+        assert_eq!(
+            chunks[1],
+            "I couldn't check your billing, get your order status, get the text statistics, \
+             or complete one other request right now."
+        );
+        assert_eq!(chunks.len(), 2);
+        assert_hearable(&chunks, &["crm.", "aa."]);
+
+        // Two alternatives take "or" alone; two unnamed beside a named one are counted.
+        let two = narrate(&results[..3], vec![None, Some(&billing), Some(&orders)]);
+        assert_eq!(
+            two[1],
+            "I couldn't check your billing or get your order status right now."
+        );
+        let counted = [
+            results[0].clone(),
+            failed("crm.getOpenInvoices", CallState::Error),
+            failed("aa.nope", CallState::Error),
+            failed("aa.other", CallState::Error),
+        ];
+        let counted = narrate(&counted, vec![None, Some(&billing), None, None]);
+        assert_eq!(
+            counted[1],
+            "I couldn't check your billing or complete two other requests right now."
+        );
+    }
+
+    #[test]
+    fn errors_timeouts_and_cancellations_share_one_sentence() {
+        let billing = tool("crm.getOpenInvoices", Some("checking your billing"), None);
+        let appointments = tool(
+            "crm.listUpcomingAppointments",
+            Some("looking up your upcoming appointments"),
+            None,
+        );
+        let orders = tool("aa.orders.status", None, Some("your order status"));
+        let results = [
+            succeeded("crm.getCustomer", "Your account is active."),
+            failed("crm.listUpcomingAppointments", CallState::Timeout),
+            failed("crm.getOpenInvoices", CallState::Error),
+            failed("aa.orders.status", CallState::Cancelled),
+            failed("aa.nope", CallState::Timeout),
+        ];
+        let chunks = narrate(
+            &results,
+            vec![
+                None,
+                Some(&appointments),
+                Some(&billing),
+                Some(&orders),
+                None,
+            ],
+        );
+        assert_eq!(
+            chunks,
+            [
+                "Your account is active.",
+                "I couldn't check your billing right now, I couldn't look up your upcoming \
+                 appointments or complete one other request in time, and I stopped before I \
+                 could get your order status, as you asked."
+            ]
+        );
+        assert_hearable(&chunks, &["crm.", "aa."]);
+        // Two kinds: joined with ", and".
+        let chunks = narrate(
+            &results[..3],
+            vec![None, Some(&appointments), Some(&billing)],
+        );
+        assert_eq!(
+            chunks[1],
+            "I couldn't check your billing right now, and I couldn't look up your upcoming \
+             appointments in time."
+        );
+    }
+
+    #[test]
+    fn a_turn_of_many_results_never_speaks_json_or_a_tool_name() {
+        let names = ["aa.py2.block", "aa.orders.status", "x.y"];
+        let results = [
+            CallResult::success(&call(names[0]), json!({"slept": 7, "nested": {"a": 1}})),
+            CallResult::success(&call(names[1]), json!([{"id": 1}])),
+            CallResult::success(&call(names[2]), json!(null)),
+            failed("aa.nope", CallState::Error),
+        ];
+        let chunks = narrate(&results, vec![None; 4]);
+        assert_eq!(
+            chunks,
+            [
+                "I got that for you.",
+                "There was nothing to report.",
+                "I couldn't complete one of the requests right now."
+            ]
+        );
+        assert_hearable(&chunks, &names);
     }
 
     #[test]

@@ -183,6 +183,13 @@ impl ToolBuilder {
         self
     }
 
+    /// What the tool gives, as the user hears it ("your order status"); the narrator
+    /// says it where it would otherwise have nothing to call the tool by.
+    pub fn spoken_name(mut self, name: impl Into<String>) -> Self {
+        self.definition.spoken_name = Some(name.into());
+        self
+    }
+
     /// Per-call timeout.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.definition.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);

@@ -125,7 +125,8 @@ def _is_context(parameter, hints):
 
 
 def _make_tool(handler, name, input_schema, output_schema, description, waiting_hint,
-               timeout_ms, idempotent, tenant_scoped, summary, allow_unknown_arguments):
+               timeout_ms, idempotent, tenant_scoped, summary, allow_unknown_arguments,
+               spoken_name=None):
     if isinstance(handler, Tool):
         return handler
     if not callable(handler):
@@ -168,12 +169,14 @@ def _make_tool(handler, name, input_schema, output_schema, description, waiting_
         definition["output_schema"] = output_schema
     if waiting_hint:
         definition["waiting_hint"] = waiting_hint
+    if spoken_name:
+        definition["spoken_name"] = spoken_name
     return Tool(definition, handler, convert, takes_args, takes_ctx, blocking, summary)
 
 
 def tool(handler=None, name=None, *, input_schema=None, output_schema=None, description=None,
          waiting_hint=None, timeout_ms=30000, idempotent=0, tenant_scoped=False, summary=None,
-         allow_unknown_arguments=False):
+         allow_unknown_arguments=False, spoken_name=None):
     """Makes a function a Tool: bare (`@tool`) or with settings (`@tool("math.double",
     idempotent=3)`, `@tool(name=...)`).
 
@@ -183,12 +186,14 @@ def tool(handler=None, name=None, *, input_schema=None, output_schema=None, desc
     unknown arguments refused unless `allow_unknown_arguments`; `input_schema=` gives
     one by hand (the function then gets the arguments as a dict). The description
     defaults to the docstring; `idempotent=N` allows N deliveries; `summary=` maps a
-    plain result to the sentence the narrator speaks."""
+    plain result to the sentence the narrator speaks; `spoken_name=` is what the tool
+    gives as a person hears it ("your order status"), said instead of the tool's name."""
     settings = dict(input_schema=input_schema, output_schema=output_schema,
                     description=description, waiting_hint=waiting_hint,
                     timeout_ms=timeout_ms, idempotent=idempotent,
                     tenant_scoped=tenant_scoped, summary=summary,
-                    allow_unknown_arguments=allow_unknown_arguments)
+                    allow_unknown_arguments=allow_unknown_arguments,
+                    spoken_name=spoken_name)
     if isinstance(handler, str):
         handler, name = None, handler
     if handler is not None:

@@ -10,7 +10,7 @@
 //!
 //! Attributes: `name = "crm.lookup"` (default: the function's name), `description = ".."`
 //! (default: the doc comment), `idempotent = 3`, `timeout_ms = 2000`,
-//! `waiting_hint = ".."`, `tenant_scoped`, `allow_unknown_arguments`.
+//! `waiting_hint = ".."`, `spoken_name = ".."`, `tenant_scoped`, `allow_unknown_arguments`.
 //!
 //! `#[main(tools = [add, greet])]` on an `async fn main()`: a Tokio runtime runs the body
 //! (set-up, if any) and then `toolfleet_worker::serve` with each listed `#[tool]` fn's
@@ -65,6 +65,10 @@ impl Settings {
             "waiting_hint" => {
                 let hint: LitStr = meta.value()?.parse()?;
                 self.modifiers.push(quote!(.waiting_hint(#hint)));
+            }
+            "spoken_name" => {
+                let spoken: LitStr = meta.value()?.parse()?;
+                self.modifiers.push(quote!(.spoken_name(#spoken)));
             }
             "idempotent" => {
                 let attempts: LitInt = meta.value()?.parse()?;
