@@ -38,8 +38,11 @@ for i in 0 1; do
   commit="$(git rev-parse --verify "${commits[$i]}^{commit}")"
   echo "building $name (${commits[$i]}, ${commit:0:10})" >&2
   git worktree add --detach "$work/$name" "$commit" >/dev/null 2>&1
-  (cd "$work/$name" && CARGO_TARGET_DIR="$target" cargo build --release -q -p toolfleet-cli)
-  cp "$target/release/toolfleet" "$work/toolfleet-$name"
+  # Commits before the developer tools had a crate of their own ran the bench from the CLI.
+  package=toolfleet-dev binary=toolfleet-dev
+  [ -f "$work/$name/devtools/Cargo.toml" ] || { package=toolfleet-cli binary=toolfleet; }
+  (cd "$work/$name" && CARGO_TARGET_DIR="$target" cargo build --release -q -p "$package")
+  cp "$target/release/$binary" "$work/toolfleet-$name"
 done
 for name in "${names[@]}"; do
   echo "counting $name" >&2

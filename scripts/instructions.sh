@@ -4,10 +4,10 @@
 #
 #   scripts/instructions.sh [--tracing on|off] [--redis] [--out FILE] [--keep DIR] [BINARY]
 #
-# BINARY is a release build of the CLI (default target/release/toolfleet). The script
+# BINARY is a release build of the developer tools (default target/release/toolfleet-dev). The script
 # starts its own nats-server -js and redis-server on free loopback ports, runs a
 # coordinator and a worker (test pack) under callgrind, and drives them twice with
-# `toolfleet bench --attach --phases overhead` (turns of three test.noop calls at
+# `toolfleet-dev bench --attach --phases overhead` (turns of three test.noop calls at
 # concurrency 1), itself under callgrind: a short run and a long one. Each process's
 # count is fitted as fixed + per_turn × turns over the two runs, so start-up, the
 # catalog wait and the report fall out of the per-turn figure. With `--tracing on` the
@@ -37,8 +37,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 cd "$(dirname "$0")/.."
-binary="${binary:-${CARGO_TARGET_DIR:-target}/release/toolfleet}"
-[ -x "$binary" ] || { echo "no executable at $binary (cargo build --release -p toolfleet-cli)" >&2; exit 2; }
+binary="${binary:-${CARGO_TARGET_DIR:-target}/release/toolfleet-dev}"
+[ -x "$binary" ] || { echo "no executable at $binary (cargo build --release -p toolfleet-dev)" >&2; exit 2; }
 case "$tracing" in on|off) ;; *) echo "--tracing takes on or off" >&2; exit 2 ;; esac
 for tool in valgrind callgrind_control nats-server redis-server python3; do
   command -v "$tool" >/dev/null || { echo "$tool is needed (apt-get install -y valgrind nats-server redis-server python3)" >&2; exit 2; }

@@ -3,11 +3,11 @@
 #
 #   scripts/timeline.sh [--phase overhead|parallel] [--keep DIR] [BINARY]
 #
-# BINARY is a release build of the CLI (default target/release/toolfleet). The script
+# BINARY is a release build of the developer tools (default target/release/toolfleet-dev). The script
 # starts its own nats-server -js (with its monitoring port, for message counts) and
 # redis-server on free loopback ports, a coordinator and a worker (test pack) exporting
 # every span over OTLP/HTTP to a sink of its own that decodes them, and drives them with
-# `toolfleet bench --attach --phases overhead` (its 4,000 turns of three test.noop calls
+# `toolfleet-dev bench --attach --phases overhead` (its 4,000 turns of three test.noop calls
 # at concurrency 1, after its warm-up); `--phase parallel` drives the parallel phase
 # instead (turns of three 50 ms test.behave calls, each followed by three test.noop
 # calls after 50 ms idle). It then groups the spans by trace and prints, per tool and
@@ -30,9 +30,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 cd "$(dirname "$0")/.."
-binary="${binary:-${CARGO_TARGET_DIR:-target}/release/toolfleet}"
+binary="${binary:-${CARGO_TARGET_DIR:-target}/release/toolfleet-dev}"
 case "$phase" in overhead|parallel) ;; *) echo "--phase takes overhead or parallel" >&2; exit 2 ;; esac
-[ -x "$binary" ] || { echo "no executable at $binary (cargo build --release -p toolfleet-cli)" >&2; exit 2; }
+[ -x "$binary" ] || { echo "no executable at $binary (cargo build --release -p toolfleet-dev)" >&2; exit 2; }
 for tool in nats-server redis-server python3; do
   command -v "$tool" >/dev/null || { echo "$tool is needed (apt-get install -y nats-server redis-server python3)" >&2; exit 2; }
 done

@@ -1,9 +1,15 @@
-//! The library half of the `toolfleet` command: what tests drive in-process as well as
-//! from the command line: [`conformance`], the protocol check of a worker in any
-//! language, [`cluster`], local NATS and Redis clusters with their faults, and
-//! [`upstream`], a scripted model server for the gateway's chat completions; everything
-//! else of the command lives in the binary (`main.rs`).
+//! The library half of the `toolfleet` command, what tests and the developer tools
+//! (`toolfleet-dev`) drive in-process as well as from the command line:
+//!
+//! | module | what lives there |
+//! |---|---|
+//! | [`conformance`] | `toolfleet conformance`: a worker of any language checked against PROTOCOL §7 |
+//! | [`local`] | a local fleet: servers started when none answer, coordinator and worker in-process, the gateway |
+//! | [`node`] | one coordinator, worker or gateway in this process, as the hidden commands run them |
+//!
+//! Everything else of the command (its flags, the terminal rendering, `admin`) lives in
+//! the binary (`main.rs`).
 
-pub mod cluster;
 pub mod conformance;
-pub mod upstream;
+pub mod local;
+pub mod node;

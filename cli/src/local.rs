@@ -115,7 +115,7 @@ pub struct Servers {
     _dirs: Vec<tempdir::Dir>,
 }
 
-pub(crate) mod tempdir {
+pub mod tempdir {
     //! Temporary folders for the servers' data. Owns only the folders it creates; it
     //! must never remove anything else.
 
@@ -173,19 +173,8 @@ async fn answers(url: &str, default_port: u16) -> bool {
     )
 }
 
-pub(crate) fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-pub(crate) fn find_binary(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/bin", "/usr/local/bin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-pub(crate) async fn wait_port(port: u16, what: &str) -> Result<()> {
+/// Waits (at most 10 s) until something listens on 127.0.0.1:`port`.
+pub async fn wait_port(port: u16, what: &str) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while tokio::time::Instant::now() < deadline {
         if tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -248,7 +237,7 @@ impl Servers {
         }
         let name = server.bin;
         let bin = server.find()?;
-        let port = free_port()?;
+        let port = toolfleet_testkit::free_port()?;
         let dir = tempdir::Dir::new(server.dir_tag)?;
         let child = server.spawn(&bin, port, dir.path())?;
         self.started.extend(child.id().map(|pid| (name, pid)));
@@ -261,7 +250,7 @@ impl Servers {
 }
 
 /// A server a local fleet starts when none answers at the URL it was given.
-pub(crate) struct Server {
+pub struct Server {
     /// Its executable, also the name its process goes by in `Servers::started`.
     bin: &'static str,
     /// What it serves, in messages.
@@ -282,19 +271,18 @@ pub(crate) struct Server {
 
 impl Server {
     /// Its executable on `PATH` or in the usual system folders.
-    pub(crate) fn find(&self) -> Result<PathBuf> {
-        let name = self.bin;
-        find_binary(name).with_context(|| {
-            let what = self.what;
+    pub fn find(&self) -> Result<PathBuf> {
+        toolfleet_testkit::find_binary(self.bin).with_context(|| {
             format!(
-                "{name} not found: apt-get install {name} (the local fleet starts its own {what})"
+                "the local fleet starts its own {} when none answers",
+                self.what
             )
         })
     }
 
     /// Starts `bin` listening on 127.0.0.1:`port` with its data in `dir`; the process
     /// is killed when the returned child is dropped.
-    pub(crate) fn spawn(&self, bin: &Path, port: u16, dir: &Path) -> Result<Child> {
+    pub fn spawn(&self, bin: &Path, port: u16, dir: &Path) -> Result<Child> {
         Command::new(bin)
             .args(self.args_before_port)
             .arg(port.to_string())
@@ -309,13 +297,13 @@ impl Server {
     }
 
     /// The URL it answers at on 127.0.0.1:`port`.
-    pub(crate) fn url(&self, port: u16) -> String {
+    pub fn url(&self, port: u16) -> String {
         format!("{}://127.0.0.1:{port}{}", self.scheme, self.path)
     }
 }
 
 /// `nats-server` with JetStream, its store in the data folder.
-pub(crate) const NATS: Server = Server {
+pub const NATS: Server = Server {
     bin: "nats-server",
     what: "NATS",
     default_port: 4222,
@@ -327,7 +315,7 @@ pub(crate) const NATS: Server = Server {
 };
 
 /// `redis-server` without persistence, working in the data folder.
-pub(crate) const REDIS: Server = Server {
+pub const REDIS: Server = Server {
     bin: "redis-server",
     what: "Redis",
     default_port: 6379,
@@ -348,7 +336,7 @@ pub(crate) const REDIS: Server = Server {
 
 /// `redis-server` with an append-only file synced every second, in the data folder: a
 /// restart keeps what was written up to a second before it died.
-pub(crate) const REDIS_AOF: Server = Server {
+pub const REDIS_AOF: Server = Server {
     dir_tag: "redis-aof",
     args_before_dir: &[
         "--bind",
@@ -479,7 +467,7 @@ async fn stop_nodes(shutdown: &CancellationToken, tasks: Vec<JoinHandle<()>>, pa
 }
 
 /// Waits until the catalog `client` sees lists every tool in `wanted`, at most `timeout`.
-pub(crate) async fn wait_for_tools(
+pub async fn wait_for_tools(
     client: &FleetClient,
     wanted: &[String],
     timeout: Duration,

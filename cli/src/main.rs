@@ -10,19 +10,15 @@
 //!
 //! | module | what lives there |
 //! |---|---|
-//! | `bench` | the benchmark: overhead against the floor, throughput, scaling, memory |
-//! | `chaos` | turns in flight while processes are killed and restarted; what was lost |
 //! | `toolfleet_cli::conformance` (the library) | `toolfleet conformance`: a worker of any language checked against PROTOCOL §7 |
+//! | `toolfleet_cli::local` (the library) | starting a local fleet (servers when none answer, coordinator, worker) |
+//! | `toolfleet_cli::node` (the library) | one coordinator, worker or gateway in this process (hidden commands) |
 //! | `admin` | database migrations and per-business policies and FAQs |
-//! | `local` | starting a local fleet (servers when none answer, coordinator, worker) |
-//! | `node` | one coordinator or worker in this process (hidden commands `bench` starts) |
 //! | `print` | rendering turn events for a terminal |
+//!
+//! The benchmark and the chaos run are developer tools, in `toolfleet-dev` (`devtools/`).
 
 mod admin;
-mod bench;
-mod chaos;
-mod local;
-mod node;
 mod print;
 
 use std::path::PathBuf;
@@ -40,7 +36,8 @@ use toolfleet_common::turn::CancelOutcome;
 use toolfleet_common::{CatalogFormat, FleetClient, TurnEvent, TurnRequest};
 use tracing::Instrument;
 
-use local::LocalFleet;
+use toolfleet_cli::local::{self, LocalFleet};
+use toolfleet_cli::node;
 
 /// The demo's model decision: a recorded OpenAI Chat Completions response for
 /// "Show me my appointments and my billing".
@@ -190,12 +187,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Measure coordination overhead against the NATS/Redis floor, throughput, parallel
-    /// speedup, worker scaling and coordinator memory, with tracing export off and on.
-    Bench(bench::BenchArgs),
-    /// Keep turns in flight on a fleet of its own while workers, coordinators, Redis or
-    /// NATS are killed and restarted; count turns lost, late, refused and counted twice.
-    Chaos(chaos::ChaosArgs),
     /// Run a coordinator configured by the environment until SIGTERM.
     #[command(hide = true)]
     Coordinator,
@@ -381,8 +372,6 @@ async fn run(cli: Cli) -> Result<()> {
             };
             conformance(&settings, json).await
         }
-        Command::Bench(args) => bench::run(&cli.nats, &cli.redis, &cli.prefix, args).await,
-        Command::Chaos(args) => chaos::run(args).await,
         Command::Coordinator => node::coordinator(&cli.nats, &cli.redis, &cli.prefix).await,
         Command::Gateway => node::gateway(&cli.nats, &cli.prefix).await,
         Command::Worker { packs } => node::worker(&cli.nats, &cli.redis, &cli.prefix, &packs).await,

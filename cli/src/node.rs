@@ -1,6 +1,7 @@
 //! One fleet component per process: `toolfleet coordinator` and `toolfleet worker`
 //! (hidden commands), configured by the same `TOOLFLEET_*` variables as the dedicated
-//! binaries. `bench` starts them as child processes, so each has its own telemetry.
+//! binaries. `toolfleet-dev bench` starts them as child processes (its own hidden
+//! commands of the same names), so each has its own telemetry.
 //!
 //! Owns only turning flags and environment into a config and stopping on SIGTERM or
 //! Ctrl-C. It must never start servers or other processes, and never configure a node
@@ -49,7 +50,7 @@ pub async fn worker(
 }
 
 /// A token cancelled by the first SIGTERM or Ctrl-C.
-pub(crate) fn stop_on_signal() -> CancellationToken {
+pub fn stop_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {

@@ -48,9 +48,22 @@ const CLI_BUILD_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Builds `toolfleet`, `toolfleet-coordinator` and `toolfleet-worker` from this checkout
 /// into the running tests' target directory and profile (a no-op when they are up to
-/// date) and returns the path of `toolfleet`; the other two lie beside it, where
-/// `toolfleet chaos` looks for them.
+/// date) and returns the path of `toolfleet`.
 pub async fn checkout_cli() -> Result<std::path::PathBuf> {
+    checkout_binary("toolfleet-cli", "toolfleet").await
+}
+
+/// Builds `toolfleet-dev` (the benchmark and the chaos run), `toolfleet-coordinator`
+/// and `toolfleet-worker` from this checkout as [`checkout_cli`] does and returns the
+/// path of `toolfleet-dev`; the other two lie beside it, where `toolfleet-dev chaos`
+/// looks for them.
+pub async fn checkout_dev() -> Result<std::path::PathBuf> {
+    checkout_binary("toolfleet-dev", "toolfleet-dev").await
+}
+
+/// Builds the binaries of `package`, `toolfleet-coordinator` and `toolfleet-packs` from
+/// this checkout and returns the path of `binary`.
+async fn checkout_binary(package: &str, binary: &str) -> Result<std::path::PathBuf> {
     let node = fleet_node_path()?;
     let dir = node.parent().context("fleet-node has no folder")?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -58,7 +71,7 @@ pub async fn checkout_cli() -> Result<std::path::PathBuf> {
     build
         .current_dir(crate::repo_path(""))
         .args(["build", "--bins", "--quiet"])
-        .args(["-p", "toolfleet-cli", "-p", "toolfleet-coordinator"])
+        .args(["-p", package, "-p", "toolfleet-coordinator"])
         .args(["-p", "toolfleet-packs"])
         .stdin(Stdio::null())
         .kill_on_drop(true);
@@ -72,18 +85,18 @@ pub async fn checkout_cli() -> Result<std::path::PathBuf> {
         status.success(),
         "building the command-line binaries failed: {status}"
     );
-    let path = dir.join(format!("toolfleet{}", std::env::consts::EXE_SUFFIX));
+    let path = dir.join(format!("{binary}{}", std::env::consts::EXE_SUFFIX));
     anyhow::ensure!(path.is_file(), "{} was not built", path.display());
     Ok(path)
 }
 
-/// Runs this checkout's `toolfleet bench` with `args`, its report written to a temporary
-/// file, bounded by `timeout`, and returns that JSON report.
+/// Runs this checkout's `toolfleet-dev bench` with `args`, its report written to a
+/// temporary file, bounded by `timeout`, and returns that JSON report.
 pub async fn bench_report(args: &[&str], timeout: Duration) -> Result<Value> {
-    let toolfleet = checkout_cli().await?;
+    let toolfleet_dev = checkout_dev().await?;
     let dir = tempfile::tempdir()?;
     let out = dir.path().join("bench.json");
-    let status = Command::new(toolfleet)
+    let status = Command::new(toolfleet_dev)
         .arg("bench")
         .args(args)
         .arg("--out")
@@ -94,8 +107,8 @@ pub async fn bench_report(args: &[&str], timeout: Duration) -> Result<Value> {
         .status();
     let status = tokio::time::timeout(timeout, status)
         .await
-        .context("toolfleet bench did not finish in time")??;
-    anyhow::ensure!(status.success(), "toolfleet bench failed: {status}");
+        .context("toolfleet-dev bench did not finish in time")??;
+    anyhow::ensure!(status.success(), "toolfleet-dev bench failed: {status}");
     Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
 }
 

@@ -27,8 +27,9 @@
 //! - [`python::venv`]: a virtual environment with a requirements file installed,
 //!   made once per file content, so tests with Python clients need only `python3`.
 //! - [`init_test_tracing`]: an idempotent `tracing` subscriber for tests.
-//! - [`free_port`], [`repo_path`], [`read_repo_file`] and [`read_repo_json`]:
-//!   a free loopback port and the repository's own files.
+//! - [`free_port`] and [`find_binary`] (from `toolfleet-testkit`), [`repo_path`],
+//!   [`read_repo_file`] and [`read_repo_json`]: a free loopback port, a server's
+//!   executable and the repository's own files.
 //!
 //! Every server lives in its own temporary directory that also holds its log
 //! file (server output never goes to the test's stdout/stderr). Startup waits
@@ -48,6 +49,7 @@ pub mod python;
 pub mod secured;
 pub mod tls;
 pub use ops::{http_get, metric_value, wait_http_status};
+pub use toolfleet_testkit::{find_binary, free_port};
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
@@ -102,43 +104,6 @@ const NATS_READY_MARKER: &str = "Server is ready";
 
 /// Log line printed by `redis-server` once it accepts clients.
 const REDIS_READY_MARKER: &str = "Ready to accept connections";
-
-/// Returns a port on 127.0.0.1 that was free a moment ago.
-///
-/// The port is found by binding port 0 and dropping the listener, so another
-/// process may take it before the caller binds it; callers retry on failure.
-pub fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .context("binding 127.0.0.1:0 to find a free port")?;
-    Ok(listener.local_addr()?.port())
-}
-
-/// Finds an executable: `$env_var` if set, else `name` on `PATH`, else the
-/// first existing path in `fallbacks`.
-pub fn find_binary(name: &str, env_var: &str, fallbacks: &[&str]) -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os(env_var) {
-        let path = PathBuf::from(path);
-        if path.is_file() {
-            return Ok(path);
-        }
-        bail!("{env_var}={} does not name a file", path.display());
-    }
-    if let Some(paths) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&paths) {
-            let candidate = dir.join(name);
-            if candidate.is_file() {
-                return Ok(candidate);
-            }
-        }
-    }
-    for fallback in fallbacks {
-        let candidate = PathBuf::from(fallback);
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!("{name} not found: apt-get install {name} (or set {env_var} to its path; looked on PATH and in {fallbacks:?})")
-}
 
 /// Returns the last [`LOG_TAIL_LINES`] lines of the file at `path`.
 fn log_tail(path: &Path) -> String {
@@ -545,7 +510,7 @@ impl Server<Nats> {
     /// Port, listen address and JetStream store directory are given on the
     /// command line and therefore override any value in `extra_conf`.
     pub async fn start_with_config(extra_conf: &str) -> Result<Self> {
-        let binary = find_binary("nats-server", "NATS_SERVER_BIN", &["/usr/sbin/nats-server"])?;
+        let binary = find_binary("nats-server")?;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-nats-")
             .tempdir()
@@ -655,15 +620,7 @@ impl Server<Redis> {
     }
 
     async fn start_with(kind: Redis) -> Result<Self> {
-        let binary = find_binary(
-            "redis-server",
-            "REDIS_SERVER_BIN",
-            &[
-                "/usr/bin/redis-server",
-                "/usr/sbin/redis-server",
-                "/usr/local/bin/redis-server",
-            ],
-        )?;
+        let binary = find_binary("redis-server")?;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-redis-")
             .tempdir()

@@ -38,9 +38,9 @@ pub struct TestCertificates {
 
 impl TestCertificates {
     /// Makes the CA and both certificates with `openssl` (`$OPENSSL_BIN`, else `openssl`
-    /// on `PATH`, else `/usr/bin/openssl`).
+    /// on `PATH` or in the system folders).
     pub async fn generate() -> Result<Self> {
-        let openssl = crate::find_binary("openssl", "OPENSSL_BIN", &["/usr/bin/openssl"])?;
+        let openssl = crate::find_binary("openssl")?;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-tls-")
             .tempdir()

@@ -1,4 +1,4 @@
-//! `toolfleet bench --quick --phases floor,overhead`, built from this checkout: the floor
+//! `toolfleet-dev bench --quick --phases floor,overhead`, built from this checkout: the floor
 //! phase drives turns through the bare hops of a durable turn (a stand-in coordinator
 //! and worker on the product's streams and Redis), and the overhead phase reports what
 //! the fleet adds above them.

@@ -1,4 +1,4 @@
-//! `toolfleet bench --phases instructions`, built from this checkout: a fleet under
+//! `toolfleet-dev bench --phases instructions`, built from this checkout: a fleet under
 //! valgrind's callgrind driven by two client runs; the report gives each process's
 //! instructions per turn and their sum.
 

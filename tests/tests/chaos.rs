@@ -1,4 +1,4 @@
-//! `toolfleet chaos`, built from this checkout, in a short run: every fault kind
+//! `toolfleet-dev chaos`, built from this checkout, in a short run: every fault kind
 //! (worker, coordinator, Redis, NATS) for a few seconds each on a fleet of its own.
 //! Every accepted turn must end with exactly one final: no turn lost, none counted
 //! twice, and every fault ran turns.
@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::Value;
 use tokio::process::Command;
-use toolfleet_tests::fleet::checkout_cli;
+use toolfleet_tests::fleet::checkout_dev;
 
 /// The faults the run covers, after the `none` baseline.
 const FAULTS: [&str; 4] = ["worker", "coordinator", "redis", "nats"];
@@ -17,12 +17,12 @@ const FAULTS: [&str; 4] = ["worker", "coordinator", "redis", "nats"];
 /// the turns in flight ending).
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Runs `toolfleet chaos` for `FAULTS`, four seconds each; its exit success and report.
+/// Runs `toolfleet-dev chaos` for `FAULTS`, four seconds each; its exit success and report.
 async fn short_chaos_run() -> Result<(bool, Value)> {
-    let toolfleet = checkout_cli().await?;
+    let toolfleet_dev = checkout_dev().await?;
     let dir = tempfile::tempdir()?;
     let json_path = dir.path().join("chaos.json");
-    let status = Command::new(toolfleet)
+    let status = Command::new(toolfleet_dev)
         .args(["chaos", "--faults", &FAULTS.join(","), "--each", "4s"])
         .arg("--json")
         .arg(&json_path)
@@ -31,9 +31,9 @@ async fn short_chaos_run() -> Result<(bool, Value)> {
         .status();
     let status = tokio::time::timeout(RUN_TIMEOUT, status)
         .await
-        .context("toolfleet chaos did not finish in time")??;
+        .context("toolfleet-dev chaos did not finish in time")??;
     let text = std::fs::read_to_string(&json_path)
-        .with_context(|| format!("toolfleet chaos ({status}) wrote no report"))?;
+        .with_context(|| format!("toolfleet-dev chaos ({status}) wrote no report"))?;
     Ok((status.success(), serde_json::from_str(&text)?))
 }
 
@@ -78,7 +78,7 @@ async fn no_turn_is_lost_or_counted_twice_under_any_fault() -> Result<()> {
     }
     assert!(
         succeeded,
-        "toolfleet chaos failed although its report passed"
+        "toolfleet-dev chaos failed although its report passed"
     );
     assert_eq!(report["passed"], Value::Bool(true));
     Ok(())

@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions` driven by the official `openai` Python client (from PyPI,
 //! provisioned by the test: `tests/python/requirements-openai.txt`) against a real fleet
 //! and gateway, with a scripted model server standing in for the paid upstream
-//! (`toolfleet_cli::upstream`). Every scenario runs unstreamed and streamed; the two must
+//! (`toolfleet_dev::upstream`). Every scenario runs unstreamed and streamed; the two must
 //! give the same content, calls, finish reason and usage.
 
 use std::time::Duration;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tokio::process::Command;
-use toolfleet_cli::upstream::{calls_answer, text_answer, Scripted, ScriptedUpstream};
+use toolfleet_dev::upstream::{calls_answer, text_answer, Scripted, ScriptedUpstream};
 use toolfleet_gateway::keys::{self, ChatLimits};
 use toolfleet_gateway::openai::StopAfter;
 use toolfleet_tests::fleet::Fleet;

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
-use toolfleet_cli::upstream::{calls_answer, text_answer, ScriptedUpstream};
+use toolfleet_dev::upstream::{calls_answer, text_answer, ScriptedUpstream};
 use toolfleet_tests::fleet::Fleet;
 use toolfleet_tests::gateway::{create_key, GatewayNode};
 use toolfleet_tests::pg::TestDatabase;

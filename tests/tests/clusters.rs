@@ -16,7 +16,6 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use tokio::sync::Mutex;
-use toolfleet_cli::cluster::{NatsCluster, RedisCluster};
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::client::TurnStream;
 use toolfleet_common::redis_client::{self, RedisConnection};
@@ -27,6 +26,7 @@ use toolfleet_coordinator::join::{
     Attached, CallEntry, Cancelled, Created, Emitted, Finalized, JoinStore, NewTurn, Recorded,
     StoredFinal,
 };
+use toolfleet_dev::cluster::{NatsCluster, RedisCluster};
 use toolfleet_tests::fleet::{
     call, coordinator_settings, tool_calls, turn, worker_settings, Running,
 };
@@ -879,7 +879,7 @@ async fn a_worker_on_a_cut_off_nats_node_moves_to_another_and_serves_again() -> 
     Ok(())
 }
 
-/// `toolfleet chaos --cluster`, built from this checkout, briefly: the partition fault
+/// `toolfleet-dev chaos --cluster`, built from this checkout, briefly: the partition fault
 /// (a NATS node cut off for 5 s) and the redis-partition fault (a Redis master cut off
 /// from the cluster bus) after the baseline, on clusters of its own. No turn is counted
 /// twice or lost; under the partition, a turn may end past the command's patience, with
@@ -887,10 +887,10 @@ async fn a_worker_on_a_cut_off_nats_node_moves_to_another_and_serves_again() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn toolfleet_chaos_on_clusters_loses_no_turn() -> Result<()> {
     let _serial = ONE_AT_A_TIME.lock().await;
-    let toolfleet = toolfleet_tests::fleet::checkout_cli().await?;
+    let toolfleet_dev = toolfleet_tests::fleet::checkout_dev().await?;
     let dir = tempfile::tempdir()?;
     let json_path = dir.path().join("chaos.json");
-    let status = tokio::process::Command::new(toolfleet)
+    let status = tokio::process::Command::new(toolfleet_dev)
         .args([
             "chaos",
             "--cluster",
@@ -906,7 +906,7 @@ async fn toolfleet_chaos_on_clusters_loses_no_turn() -> Result<()> {
         .status();
     let status = tokio::time::timeout(Duration::from_secs(180), status)
         .await
-        .context("toolfleet chaos --cluster did not finish in time")??;
+        .context("toolfleet-dev chaos --cluster did not finish in time")??;
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path)?)?;
     let faults = report["faults"].as_array().context("a faults array")?;
     let names: Vec<&str> = faults.iter().filter_map(|f| f["fault"].as_str()).collect();
@@ -936,7 +936,7 @@ async fn toolfleet_chaos_on_clusters_loses_no_turn() -> Result<()> {
     let partition_late = faults[1]["lost"].as_u64().unwrap_or(0) > 0;
     assert!(
         status.success() || partition_late,
-        "toolfleet chaos --cluster failed: {status}"
+        "toolfleet-dev chaos --cluster failed: {status}"
     );
     Ok(())
 }

@@ -256,7 +256,7 @@ async fn a_python_worker_creates_the_streams_as_every_process_does() -> Result<(
         toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
             .await?;
     let fleet = Fleet::start().await?;
-    let cluster = toolfleet_cli::cluster::NatsCluster::start(3).await?;
+    let cluster = toolfleet_dev::cluster::NatsCluster::start(3).await?;
     cluster.wait_jetstream(Duration::from_secs(20)).await?;
     let urls = cluster.urls();
     let mut child = toolfleet_tests::python::worker(

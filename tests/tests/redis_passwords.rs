@@ -21,11 +21,7 @@ const PASSWORDS: [(&str, &str); 3] = [
 
 /// `start.sh` with `env` on a free port, its `$TMPDIR` in `dir`.
 fn start(dir: &tempfile::TempDir, port: u16, env: &[(&str, &str)]) -> Result<Child> {
-    let redis_server = find_binary(
-        "redis-server",
-        "REDIS_SERVER_BIN",
-        &["/usr/bin/redis-server", "/usr/local/bin/redis-server"],
-    )?;
+    let redis_server = find_binary("redis-server")?;
     let bin_dir: PathBuf = redis_server
         .parent()
         .context("redis-server's directory")?

@@ -1,7 +1,7 @@
 //! The fleet under fault: its own `nats-server -js` and `redis-server` (append-only
 //! file, synced every second) on free loopback ports — or, with `--cluster`, a 3-node
 //! JetStream cluster and a Redis Cluster of 3 masters with a replica each
-//! (`toolfleet_cli::cluster`) — and coordinator and worker processes, each of which can be
+//! (`toolfleet_dev::cluster`) — and coordinator and worker processes, each of which can be
 //! killed with SIGKILL and started again on the same port and data folder.
 //!
 //! Owns every process it spawns and the run folder holding their data. It must never
@@ -19,8 +19,8 @@ use toolfleet_common::{FleetClient, Names};
 
 use super::Fault;
 use crate::bench::{live_workers, OTEL_VARIABLES};
-use crate::local::{self, tempdir, Server, NATS, REDIS_AOF};
-use toolfleet_cli::cluster::{NatsCluster, RedisCluster};
+use toolfleet_cli::local::{self, tempdir, Server, NATS, REDIS_AOF};
+use toolfleet_dev::cluster::{NatsCluster, RedisCluster};
 
 /// The tool the chaos turns call.
 pub const TOOL: &str = "test.behave";
@@ -435,7 +435,7 @@ async fn start_server(server: &'static Server, label: &str, run_dir: &Path) -> R
         launch: Launch::Server {
             server,
             bin: server.find()?,
-            port: local::free_port()?,
+            port: toolfleet_testkit::free_port()?,
             dir,
         },
         child: None,

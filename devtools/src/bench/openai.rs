@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
-use toolfleet_cli::upstream::{calls_answer, text_answer, Scripted};
+use toolfleet_dev::upstream::{calls_answer, text_answer, Scripted};
 
 use super::phases::decision;
 use super::progress::Progress;

@@ -2,8 +2,8 @@
 //! and a Redis Cluster of `redis-server`s ([`RedisCluster`]), each node on its own free
 //! port with its own data folder, with the faults a cluster is tested under: a node
 //! killed (`kill`), brought back (`restart`, same port, same data), and a NATS node cut
-//! off from its peers (`partition` / `heal`). `toolfleet chaos --cluster`,
-//! `toolfleet bench --cluster` and the cluster tests use them.
+//! off from its peers (`partition` / `heal`). `toolfleet-dev chaos --cluster`,
+//! `toolfleet-dev bench --cluster` and the cluster tests use them.
 //!
 //! A partition is made with `iptables` on the loopback interface: each node runs under
 //! a user id of its own (when this process is root), its route connections are marked
@@ -50,39 +50,13 @@ impl Drop for Folder {
     }
 }
 
-/// Ports [`free_ports`] handed out in this process: a NATS and a Redis cluster started
-/// together (`tokio::try_join!`) draw at the same time, and a port one of them released
-/// could otherwise come back to the other before its server bound it.
-static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-
-/// `n` distinct free loopback ports, none handed out before in this process: every
-/// listener stays open until all are chosen, so the kernel cannot hand the same port out
-/// twice (a node's port equal to another's bus or route port would fail the cluster's
-/// start).
+/// `n` distinct free loopback ports, none handed out before in this process.
 fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
-    let mut held = Vec::new();
-    let mut ports = Vec::with_capacity(n);
-    while ports.len() < n {
-        ensure!(held.len() < 10 * n + 100, "no free loopback ports");
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        let port = listener.local_addr()?.port();
-        if !handed_out.contains(&port) && !ports.contains(&port) {
-            ports.push(port);
-        }
-        held.push(listener);
-    }
-    handed_out.extend_from_slice(&ports);
-    Ok(ports)
+    toolfleet_testkit::free_ports(n).context("choosing free loopback ports")
 }
 
 fn find_binary(name: &str) -> Result<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/bin", "/usr/local/bin", "/sbin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .with_context(|| format!("{name} not found: apt-get install {name}"))
+    Ok(toolfleet_testkit::find_binary(name)?)
 }
 
 fn is_root() -> bool {
@@ -271,7 +245,7 @@ fn isolation_rules(uid: u32, ports: &[u16], mark: u32) -> Vec<Vec<String>> {
 /// not read such limits itself), unless `GOMAXPROCS` is already set. With the Go
 /// default every node runs a scheduler per core and the nodes' idle spinning competes
 /// with the fleet: on two cores a 3-node cluster spent 1.17–1.27 ms of CPU per turn of
-/// three calls with the default and 0.86 ms with one each (`toolfleet bench --cluster`).
+/// three calls with the default and 0.86 ms with one each (`toolfleet-dev bench --cluster`).
 fn go_share_of_cores(nodes: usize) -> Vec<(String, String)> {
     if std::env::var_os("GOMAXPROCS").is_some() {
         return Vec::new();

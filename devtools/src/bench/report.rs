@@ -307,7 +307,7 @@ pub fn markdown(
     seconds: f64,
 ) -> String {
     format!(
-        "## toolfleet bench\n\n\
+        "## toolfleet-dev bench\n\n\
          {} CPUs ({}), {} GiB, Linux {}; {} run, {:.0} s; load average 1/5/15 min: \
          {:.2} {:.2} {:.2} at start, {:.2} {:.2} {:.2} at end.\n\n\
          {}\n\n### Targets\n\n{}\n",

@@ -1,5 +1,5 @@
 //! The fleets under measurement: a coordinator and workers as child processes of this
-//! executable (`toolfleet coordinator`, `toolfleet worker --packs test`), each phase
+//! executable (`toolfleet-dev coordinator`, `toolfleet-dev worker --packs test`), each phase
 //! under its own prefix; cleanup of the streams and keys a prefix left behind.
 //!
 //! Owns the child processes it spawns and the prefixes it hands out. It must never
@@ -376,7 +376,7 @@ pub struct BenchGateway {
 const GATEWAY_MAX_TURNS: &str = "80";
 
 impl Env {
-    /// Starts `toolfleet gateway` for the fleet under `prefix` on a free port (exporting
+    /// Starts `toolfleet-dev gateway` for the fleet under `prefix` on a free port (exporting
     /// to `otlp` when given), with a fresh key of tenant `bench` in the database of
     /// `TOOLFLEET_DATABASE_URL` (migrated first), and waits for `/readyz`.
     pub async fn start_gateway(
@@ -392,7 +392,7 @@ impl Env {
             .with_context(|| format!("the http phase keeps its API key in PostgreSQL at {database_url} (TOOLFLEET_DATABASE_URL)"))?;
         let mut admin = toolfleet_packs::db::connect_admin(&database_url).await?;
         toolfleet_packs::db::migrate(&mut admin).await?;
-        let key = toolfleet_gateway::keys::create(&admin, "bench", "toolfleet bench").await?;
+        let key = toolfleet_gateway::keys::create(&admin, "bench", "toolfleet-dev bench").await?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();

@@ -1,4 +1,4 @@
-//! `toolfleet bench`: what the fleet adds on top of the tools, against the floor of the
+//! `toolfleet-dev bench`: what the fleet adds on top of the tools, against the floor of the
 //! same NATS and Redis, with tracing export off and on.
 //!
 //! Owns the bench's flags, its plan (counts and durations), running each phase in each
@@ -39,9 +39,9 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 use serde::Serialize;
 use serde_json::json;
+use toolfleet_cli::local::Servers;
 use toolfleet_common::FleetClient;
 
-use crate::local::Servers;
 pub(crate) use fleet::{live_workers, OTEL_VARIABLES};
 use fleet::{Env, Fleet, Spec};
 use phases::{Floor, Memory, Overhead, Parallel, ScalingPoint, Throughput};
@@ -107,7 +107,7 @@ const ALL_PHASES: [Phase; 11] = [
     Phase::Tenants,
 ];
 
-/// Arguments of `toolfleet bench`.
+/// Arguments of `toolfleet-dev bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// A smoke run: every phase, briefly (about a minute).
@@ -314,8 +314,8 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
     let mut _clusters = None;
     let servers = if args.cluster {
         let (nats, redis) = tokio::try_join!(
-            toolfleet_cli::cluster::NatsCluster::start(3),
-            toolfleet_cli::cluster::RedisCluster::start(3, 1)
+            toolfleet_dev::cluster::NatsCluster::start(3),
+            toolfleet_dev::cluster::RedisCluster::start(3, 1)
         )?;
         // The fleets' processes inherit it: their streams get three replicas.
         std::env::set_var(toolfleet_common::streams::STREAM_REPLICAS_ENV, "3");
@@ -350,7 +350,7 @@ pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs)
     let load_start = stats::load_average();
     let versions = Versions::read(&env).await;
     eprintln!(
-        "toolfleet bench: {} CPUs ({}), load {:?}; nats-server {} at {}, redis {} at {}",
+        "toolfleet-dev bench: {} CPUs ({}), load {:?}; nats-server {} at {}, redis {} at {}",
         machine.cpus,
         machine.cpu_model,
         load_start,
@@ -468,7 +468,7 @@ fn json_report(
     elapsed: f64,
 ) -> serde_json::Value {
     json!({
-        "tool": "toolfleet bench",
+        "tool": "toolfleet-dev bench",
         "version": env!("CARGO_PKG_VERSION"),
         "finished_at": toolfleet_common::call::now_rfc3339(),
         "seconds": stats::round3(elapsed),
@@ -813,7 +813,7 @@ impl Stage<'_> {
         let plan = self.plan;
         let (prefix, fleet) = self.fresh("openai", 1, 16).await?;
         let upstream =
-            toolfleet_cli::upstream::ScriptedUpstream::start_with_unique_ids(openai::script())
+            toolfleet_dev::upstream::ScriptedUpstream::start_with_unique_ids(openai::script())
                 .await?;
         let otlp = (self.mode == Mode::On).then(|| self.sink.endpoint());
         let extra = [("TOOLFLEET_UPSTREAM_BASE_URL", upstream.base_url.clone())];
@@ -843,7 +843,7 @@ impl Stage<'_> {
     /// The instructions phase: a fleet under callgrind, driven by two client runs.
     async fn instructions(&self) -> Result<Measured<instructions::Instructions>> {
         let prefix = self.prefix("instr");
-        let dir = crate::local::tempdir::Dir::new("callgrind")
+        let dir = toolfleet_cli::local::tempdir::Dir::new("callgrind")
             .context("creating a folder for callgrind's files")?;
         // One worker of eight slots, as in the overhead phase.
         let spec = self.spec(1, 8);

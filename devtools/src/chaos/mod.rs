@@ -1,4 +1,4 @@
-//! `toolfleet chaos`: keeps turns in flight on a local fleet of its own while one kind
+//! `toolfleet-dev chaos`: keeps turns in flight on a local fleet of its own while one kind
 //! of process is killed with SIGKILL and restarted on a schedule, and counts what the
 //! frontend saw: turns lost, late, refused and counted twice.
 //!
@@ -162,7 +162,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis((value * unit_ms).round() as u64))
 }
 
-/// Arguments of `toolfleet chaos`.
+/// Arguments of `toolfleet-dev chaos`.
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
     /// Kinds of process to kill, one fault after another (a `none` baseline runs first).
@@ -300,7 +300,7 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
     }
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     let binaries = NodeBinaries::locate()?;
-    let interrupt = crate::node::stop_on_signal();
+    let interrupt = toolfleet_cli::node::stop_on_signal();
     let [coordinator, worker] = binaries.describe();
     eprintln!("chaos: seed {seed}; coordinator `{coordinator}`, worker `{worker}`");
     let mut reports = Vec::new();
