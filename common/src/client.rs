@@ -629,7 +629,8 @@ pub struct TurnStream {
     standby: Option<Arc<Standby>>,
     /// The inbox's subscription through the standby, once the turn went silent too long.
     backup: Option<Backup>,
-    /// The turn's deadline (the request's, else the coordinators' default).
+    /// The turn's budget: its `ack`'s `deadline_ms` once handed out, else the request's,
+    /// else the coordinators' default.
     deadline: Duration,
     /// Asks sent: the submission and each time it was sent again, or each attach.
     asks: u32,
@@ -663,6 +664,14 @@ impl TurnStream {
     /// subscribed when the ask arrived.
     pub fn no_responders(&self) -> u32 {
         self.no_responders
+    }
+
+    /// The turn's budget as the stream knows it: the `deadline_ms` of its `ack` once
+    /// that was handed out, else the request's, else the coordinators' default (15 s).
+    /// Past it, measured from the stream's start, a silent stream asks every
+    /// [`PROBE_START`] for the `final` that is due.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
     }
 
     /// Whether an event of this turn reached the stream through the client's standby
@@ -1024,6 +1033,15 @@ impl TurnStream {
 
     /// Hands `event` out, closing the stream after the last one.
     async fn hand_out(&mut self, event: TurnEvent) -> TurnEvent {
+        if let TurnEvent::Ack {
+            deadline_ms: Some(ms),
+            ..
+        } = &event
+        {
+            // The budget the coordinator applied, which an attach (or a request that named
+            // none, or one above the limits) cannot know otherwise.
+            self.deadline = Duration::from_millis(*ms);
+        }
         if event.is_last() {
             self.finished = true;
             self.move_if_heard_through_standby_alone().await;
