@@ -4,8 +4,8 @@
 //!
 //! Owns which path goes to which handler and the order of the layers. The OpenAPI
 //! document is generated from the handlers' extractor and response types (aide over the
-//! schemars schemas the wire types already derive); nothing in it is written by hand but
-//! the summaries. Never handles a request itself beyond health and the 404.
+//! schemars schemas the wire types already derive); what no handler type describes (chat
+//! completions, `/mcp`, health, the page) and the request examples are in [`openapi`]. Never handles a request itself beyond health and the 404.
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use aide::transform::TransformOpenApi;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::Router;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::limit::RequestBodyLimitLayer;
@@ -25,12 +25,13 @@ use tower_http::trace::TraceLayer;
 use crate::auth::{API_KEY_HEADER, SECURITY_SCHEME, STREAM_TOKEN_SCHEME};
 use crate::error::ApiError;
 use crate::trace::{add_traceparent, RecordFailure, RecordStatus, ServerSpan};
-use crate::{catalog, mcp, openai, page, stored, turns, Gateway};
+use crate::{catalog, mcp, page, stored, turns, Gateway};
+
+pub mod openapi;
 
 /// The router of `gateway`, with every layer.
 pub fn router(gateway: Arc<Gateway>) -> Router {
-    let mut api = OpenApi::default();
-    let routes = api_routes().finish_api_with(&mut api, describe);
+    let (routes, api) = documented();
     let document = serde_json::to_string(&api).unwrap_or_else(|_| "{}".into());
     let redoc = aide::redoc::Redoc::new("/openapi.json")
         .with_title("toolfleet gateway API")
@@ -43,10 +44,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
             get(move || async move { ([(header::CONTENT_TYPE, "application/json")], document) }),
         )
         .route("/docs", get(move || async move { Html(redoc) }))
-        .route("/v1/chat/completions", post(openai::chat_completions))
         .merge(mcp::service(Arc::clone(&gateway)))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
         .merge(page::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(DefaultBodyLimit::disable())
@@ -69,13 +67,28 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     app.with_state(gateway)
 }
 
-/// The documented API.
+/// The documented routes and their OpenAPI document.
+fn documented() -> (Router<Arc<Gateway>>, OpenApi) {
+    let mut api = OpenApi::default();
+    let routes = api_routes().finish_api_with(&mut api, describe);
+    (routes, api)
+}
+
+/// The gateway's OpenAPI document, as `/openapi.json` serves it.
+pub fn document() -> OpenApi {
+    documented().1
+}
+
+/// The documented API, and the documentation of the routes served beside it (`/mcp`,
+/// health, the document, the live page).
 fn api_routes() -> ApiRouter<Arc<Gateway>> {
-    ApiRouter::new()
+    let routes = ApiRouter::new()
         .api_route(
             "/v1/turns",
             post_with(turns::submit, |op| {
-                op.id("submitTurn")
+                let mut op = op.id("submitTurn");
+                openapi::set_request_example(op.inner_mut(), openapi::example_turn());
+                op
                     .tag("turns")
                     .summary("Run the calls of one model decision")
                     .description(
@@ -148,6 +161,13 @@ fn api_routes() -> ApiRouter<Arc<Gateway>> {
                     .summary("The tools the key's tenant may call")
             }),
         )
+        .api_route(
+            "/v1/chat/completions",
+            post_with(openapi::chat_completions, openapi::describe_chat),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz));
+    openapi::with_route_docs(routes)
 }
 
 /// The document's title, security scheme and tags.
@@ -193,6 +213,25 @@ fn describe(api: TransformOpenApi<'_>) -> TransformOpenApi<'_> {
         .tag(Tag {
             name: "tools".into(),
             description: Some("The tool catalog.".into()),
+            ..Default::default()
+        })
+        .tag(Tag {
+            name: "chat".into(),
+            description: Some("OpenAI-compatible chat completions.".into()),
+            ..Default::default()
+        })
+        .tag(Tag {
+            name: "mcp".into(),
+            description: Some(
+                "The fleet as an MCP server (Streamable HTTP). JSON-RPC errors are the \
+                 MCP protocol's own; the transport's refusals are in the error shape."
+                    .into(),
+            ),
+            ..Default::default()
+        })
+        .tag(Tag {
+            name: "meta".into(),
+            description: Some("Health, this document and the live page; no key.".into()),
             ..Default::default()
         })
 }
@@ -304,13 +343,14 @@ async fn json_too_large(response: Response, limit: usize) -> Response {
     response
 }
 
-/// `GET /readyz`: NATS connected and the key database answering.
-async fn readyz(State(gateway): State<Arc<Gateway>>) -> Response {
+/// `GET /readyz`: NATS connected and the key database answering; 503 `unavailable`
+/// otherwise.
+async fn readyz(State(gateway): State<Arc<Gateway>>) -> Result<&'static str, ApiError> {
     if gateway.nats_connected().is_err() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "not connected to NATS").into_response();
+        return Err(ApiError::unavailable("not connected to NATS"));
     }
     match gateway.keys.ready().await {
-        Ok(()) => "ready".into_response(),
-        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
+        Ok(()) => Ok("ready"),
+        Err(error) => Err(ApiError::unavailable(error.to_string())),
     }
 }

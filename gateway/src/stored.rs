@@ -309,7 +309,7 @@ impl aide::OperationOutput for ResumedEvents {
             EVENT_STREAM.into(),
             MediaType {
                 schema: Some(SchemaObject {
-                    json_schema: schemars::json_schema!({"type": "string"}),
+                    json_schema: crate::api::openapi::sse_event(),
                     example: None,
                     external_docs: None,
                 }),

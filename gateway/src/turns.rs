@@ -57,6 +57,7 @@ pub struct TurnBody {
     pub user_message: Option<String>,
     /// The model's decision in any supported shape (OpenAI Chat Completions or Responses,
     /// Anthropic Messages, the simple form, `parallel`).
+    #[schemars(example = crate::api::openapi::example_decision())]
     pub decision: Value,
     /// Budget for the whole turn in milliseconds, at least 1; leave it out for the
     /// default (0 or a negative number is refused with 400 `invalid_request`).
@@ -406,10 +407,9 @@ impl aide::OperationOutput for TurnReply {
         response
             .content
             .insert("application/json".into(), media(json_schema));
-        response.content.insert(
-            EVENT_STREAM.into(),
-            media(schemars::json_schema!({"type": "string"})),
-        );
+        response
+            .content
+            .insert(EVENT_STREAM.into(), media(crate::api::openapi::sse_event()));
         response.headers.insert(
             "traceparent".into(),
             ReferenceOr::Item(string_header(

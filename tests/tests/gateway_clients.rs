@@ -1,5 +1,6 @@
 //! The gateway driven by real HTTP clients of other ecosystems: schemathesis (PyPI) runs
-//! the gateway's own OpenAPI document against it, and Playwright (PyPI) drives Debian's
+//! the gateway's own OpenAPI document against it (every route, chat completions against
+//! a model server that answers in text, and `/mcp`), and Playwright (PyPI) drives Debian's
 //! headless Chromium through the live turn page and drives a real `EventSource` that
 //! authenticates with a stream token. Both come from a virtual environment
 //! the test provisions (`tests/python/requirements-gateway.txt`).
@@ -9,7 +10,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 use toolfleet_tests::fleet::Fleet;
 use toolfleet_tests::gateway::{create_key, GatewayNode};
@@ -52,13 +55,27 @@ async fn output(command: &mut Command, limit: Duration) -> Result<String> {
 
 /// A fleet, a database and a gateway with a generous rate, and a key for tenant `demo`.
 async fn served() -> Result<(Fleet, TestDatabase, GatewayNode, String, impl Drop)> {
+    served_on(&[]).await
+}
+
+/// [`served`], the gateway's chat completions going to the model server at `base_url`.
+async fn served_with(
+    base_url: &str,
+) -> Result<(Fleet, TestDatabase, GatewayNode, String, impl Drop)> {
+    served_on(&[("TOOLFLEET_UPSTREAM_BASE_URL", base_url)]).await
+}
+
+async fn served_on(
+    extra: &[(&str, &str)],
+) -> Result<(Fleet, TestDatabase, GatewayNode, String, impl Drop)> {
     let (fleet, coordinator, worker) = Fleet::start_with_default_nodes().await?;
     let db = TestDatabase::create().await?;
-    let rate = [
+    let mut settings = vec![
         ("TOOLFLEET_GATEWAY_RATE_PER_S", "10000"),
         ("TOOLFLEET_GATEWAY_BURST", "10000"),
     ];
-    let gateway = GatewayNode::start(&fleet, &db, &rate).await?;
+    settings.extend_from_slice(extra);
+    let gateway = GatewayNode::start(&fleet, &db, &settings).await?;
     let key = create_key(&db, "demo").await?;
     Ok((fleet, db, gateway, key, Nodes(Some((coordinator, worker)))))
 }
@@ -80,10 +97,100 @@ impl Drop for Nodes {
     }
 }
 
+/// A model server that answers every chat completion with one line of text (as chunks
+/// when the request streams), so the gateway's tool loop ends in one round whatever the
+/// conversation; stopped when dropped.
+struct TextModel {
+    base_url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TextModel {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TextModel {
+    async fn start() -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let base_url = format!("http://{}/v1", listener.local_addr()?);
+        let task = tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let answer = tokio::time::timeout(Duration::from_secs(10), answer(socket));
+                    let _ = answer.await;
+                });
+            }
+        });
+        Ok(Self { base_url, task })
+    }
+}
+
+/// Reads one request from `socket` and answers it, closing the connection.
+async fn answer(mut socket: TcpStream) -> Result<()> {
+    let mut request = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let (head_end, length) = loop {
+        let n = socket.read(&mut chunk).await?;
+        anyhow::ensure!(n > 0, "closed before the request ended");
+        request.extend_from_slice(&chunk[..n]);
+        if let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&request[..end]).to_ascii_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            break (end + 4, length);
+        }
+    };
+    while request.len() < head_end + length {
+        let n = socket.read(&mut chunk).await?;
+        anyhow::ensure!(n > 0, "closed before the body ended");
+        request.extend_from_slice(&chunk[..n]);
+    }
+    let body: Value = serde_json::from_slice(&request[head_end..]).unwrap_or(Value::Null);
+    let model = body["model"].as_str().unwrap_or("text-model").to_string();
+    let text = "You have two upcoming appointments.";
+    let (content_type, payload) = if body["stream"] == true {
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "chatcmpl-text", "object": "chat.completion.chunk", "created": 1,
+                   "model": model, "choices": [{"index": 0, "delta": delta,
+                   "finish_reason": finish}]})
+        };
+        let frames = [
+            chunk(json!({"role": "assistant", "content": text}), Value::Null),
+            chunk(json!({}), json!("stop")),
+        ];
+        let mut sse: String = frames.iter().map(|f| format!("data: {f}\n\n")).collect();
+        sse.push_str("data: [DONE]\n\n");
+        ("text/event-stream", sse)
+    } else {
+        let completion = json!({
+            "id": "chatcmpl-text", "object": "chat.completion", "created": 1, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19}
+        });
+        ("application/json", completion.to_string())
+    };
+    let head = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n",
+        payload.len()
+    );
+    socket.write_all(head.as_bytes()).await?;
+    socket.write_all(payload.as_bytes()).await?;
+    socket.shutdown().await?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> Result<()> {
     let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
-    let (_fleet, _db, gateway, key, _nodes) = served().await?;
+    let model = TextModel::start().await?;
+    let (_fleet, _db, gateway, key, _nodes) = served_with(&model.base_url).await?;
     // `python -m`: the environment's entry-point scripts name the folder it was built in.
     let report = output(
         Command::new(&python)
@@ -105,8 +212,10 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> Result<
     .await
     .context("schemathesis reported failures")?;
     // Every operation ran (a non-zero exit above is any failed check): submit, catalog,
-    // a turn by id read, followed and cancelled, and a stream token minted.
-    assert!(report.contains("Tested: 6"), "{report}");
+    // a turn by id read, followed and cancelled, a stream token minted, chat completions,
+    // MCP's POST, GET and DELETE, health, readiness, the rendered document and the live
+    // page's four routes (the document itself is the one schemathesis reads).
+    assert!(report.contains("Tested: 17"), "{report}");
     assert!(!report.contains(" failed"), "{report}");
     Ok(())
 }
