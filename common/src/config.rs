@@ -70,7 +70,7 @@ impl Endpoints {
             nats_credentials: crate::credentials::NatsCredentials::from_env()?,
             redis_url: env_string("TOOLFLEET_REDIS_URL", &d.redis_url),
             redis_tls: crate::tls::TlsFiles::from_env(&crate::tls::REDIS_TLS)?,
-            prefix: env_string("TOOLFLEET_PREFIX", &d.prefix),
+            prefix: prefix_token(env_string(PREFIX_ENV, &d.prefix))?,
             stream_partitions: env_in(
                 crate::streams::STREAM_PARTITIONS_ENV,
                 d.stream_partitions,
@@ -78,6 +78,33 @@ impl Endpoints {
             )?,
         })
     }
+}
+
+/// The variable naming the prefix of every subject and key.
+pub const PREFIX_ENV: &str = "TOOLFLEET_PREFIX";
+
+/// `prefix` when it is one NATS subject token that is also safe in a Redis Cluster key:
+/// not empty, no `.` (it would split the token), no wildcard (`*`, `>`), no whitespace or
+/// control character, no `{`/`}` (they would change which slot a key's hash tag names).
+pub fn prefix_token(prefix: String) -> Result<String, ConfigError> {
+    let refuse = |reason: &str| ConfigError {
+        name: PREFIX_ENV.to_string(),
+        value: prefix.clone(),
+        reason: reason.to_string(),
+    };
+    if prefix.is_empty() {
+        return Err(refuse("empty: one NATS subject token such as `fleet`"));
+    }
+    if let Some(c) = prefix
+        .chars()
+        .find(|c| matches!(c, '.' | '*' | '>' | '{' | '}') || c.is_whitespace() || c.is_control())
+    {
+        return Err(refuse(&format!(
+            "{c:?} is not allowed: one NATS subject token such as `fleet` (no `.`, `*`, `>`, \
+             braces or spaces)"
+        )));
+    }
+    Ok(prefix)
 }
 
 /// The NATS servers of `TOOLFLEET_NATS_URL`: one URL or a comma-separated list
@@ -201,6 +228,19 @@ pub fn env_string(name: &str, default: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_is_one_subject_token() {
+        assert_eq!(
+            prefix_token("fleet-2".into()).ok().as_deref(),
+            Some("fleet-2")
+        );
+        for bad in ["a.b", "", "fl*", "a>", "a b", "{x}"] {
+            let refused = prefix_token(bad.into()).expect_err(bad);
+            assert_eq!(refused.name, PREFIX_ENV);
+            assert_eq!(refused.value, bad);
+        }
+    }
 
     #[test]
     fn nats_urls_take_one_server_or_a_list() {

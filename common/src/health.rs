@@ -30,6 +30,9 @@ pub struct Health {
 struct Inner {
     /// What the process is doing before it can be ready (`None` once the check is set).
     phase: Mutex<Option<String>>,
+    /// What the server refused during the current phase (a permission violation), so
+    /// readiness says why a step does not end.
+    refused: Mutex<Option<String>>,
     /// The readiness check, once the connections exist.
     ready: Mutex<Option<Readiness>>,
     /// Set at the shutdown request: readiness fails so traffic goes elsewhere.
@@ -57,6 +60,15 @@ impl Health {
     /// The start-up phase `/readyz` reports until the readiness check is installed.
     pub fn set_phase(&self, phase: &str) {
         *lock(&self.inner.phase) = Some(phase.to_string());
+        *lock(&self.inner.refused) = None;
+    }
+
+    /// The server refused something during start-up (`-ERR`, such as a permission
+    /// violation): readiness names it after the phase until the next phase begins.
+    pub fn server_refused(&self, why: &str) {
+        if lock(&self.inner.phase).is_some() {
+            *lock(&self.inner.refused) = Some(why.to_string());
+        }
     }
 
     /// Installs the readiness check (the connections exist).
@@ -101,7 +113,10 @@ impl Health {
             return Err("draining".into());
         }
         if let Some(phase) = lock(&self.inner.phase).clone() {
-            return Err(phase);
+            return Err(match lock(&self.inner.refused).clone() {
+                Some(why) => format!("{phase}: {why}"),
+                None => phase,
+            });
         }
         let check = lock(&self.inner.ready).clone();
         match check {
@@ -177,10 +192,28 @@ const NATS_EVENTS: [&str; 8] = [
     "client_error",
 ];
 
-/// The `event` label of `event` (one of [`NATS_EVENTS`]).
+/// Whether a failed connection attempt was the server refusing the credentials (a
+/// wrong password, an unknown user or token): the server's `-ERR` answer, so counted
+/// as `server_error` like any other the server sends (a permission violation).
+fn credentials_refused(error: &async_nats::ClientError) -> bool {
+    use async_nats::ConnectErrorKind as Kind;
+    match error {
+        async_nats::ClientError::Other(kind) => {
+            [Kind::AuthorizationViolation, Kind::Authentication]
+                .iter()
+                .any(|refused| refused.to_string() == *kind)
+        }
+        _ => false,
+    }
+}
+
+/// The `event` label of `event` (one of [`NATS_EVENTS`]): `client_error` is a connection
+/// attempt that failed on the client's side (server unreachable, TLS, timeout),
+/// `server_error` what the server refused (credentials at connect, permissions after).
 fn nats_event_name(event: &async_nats::Event) -> &'static str {
     use async_nats::Event;
     match event {
+        Event::ClientError(error) if credentials_refused(error) => NATS_EVENTS[6],
         Event::Connected => NATS_EVENTS[0],
         Event::Disconnected => NATS_EVENTS[1],
         Event::LameDuckMode => NATS_EVENTS[2],
@@ -199,13 +232,37 @@ pub fn observe_nats(
     options: async_nats::ConnectOptions,
     metrics: crate::metrics::FleetMetrics,
 ) -> async_nats::ConnectOptions {
+    observe_nats_starting(options, metrics, None)
+}
+
+/// [`observe_nats`], and while `starting` holds a process's health that is not yet
+/// connected, its start-up phase names why the last attempt failed
+/// (`connecting to NATS: authorization violation`).
+fn observe_nats_starting(
+    options: async_nats::ConnectOptions,
+    metrics: crate::metrics::FleetMetrics,
+    starting: Option<(Health, Arc<AtomicBool>)>,
+) -> async_nats::ConnectOptions {
     metrics.nats_events_observed(&NATS_EVENTS);
     options.event_callback(move |event| {
         let metrics = metrics.clone();
+        let starting = starting.clone();
         async move {
             use async_nats::Event;
             let name = nats_event_name(&event);
             metrics.nats_event(name);
+            if let (Some((health, _)), Event::ServerError(error)) = (&starting, &event) {
+                health.server_refused(error.to_string().trim_start_matches("nats: "));
+            }
+            if let (Some((health, connecting)), Event::ClientError(error)) = (&starting, &event) {
+                if connecting.load(Ordering::SeqCst) {
+                    let cause = match error {
+                        async_nats::ClientError::Other(cause) => cause.clone(),
+                        other => other.to_string(),
+                    };
+                    health.set_phase(&format!("connecting to NATS: {cause}"));
+                }
+            }
             match event {
                 Event::Connected => tracing::info!(event = name, "NATS connected"),
                 // Closing is what a drained process does last; not a fault.
@@ -218,12 +275,14 @@ pub fn observe_nats(
 
 /// Connects a fleet process to NATS at `url` with its role's `credentials` under the
 /// client `name`, retrying the first connection and observing connection events, then
-/// waits until connected. `None` when `stop` fired first.
+/// waits until connected. Until then `health`'s phase is `connecting to NATS`, with the
+/// last attempt's failure once there is one. `None` when `stop` fired first.
 pub async fn connect_nats(
     url: &str,
     credentials: &crate::credentials::NatsCredentials,
     name: String,
     metrics: crate::metrics::FleetMetrics,
+    health: &Health,
     stop: &CancellationToken,
 ) -> Result<Option<async_nats::Client>, async_nats::ConnectError> {
     let options = credentials
@@ -232,10 +291,66 @@ pub async fn connect_nats(
         ))
         .name(name)
         .retry_on_initial_connect();
-    let nats = observe_nats(options, metrics)
+    let connecting = Arc::new(AtomicBool::new(true));
+    let starting = Some((health.clone(), Arc::clone(&connecting)));
+    let nats = observe_nats_starting(options, metrics, starting)
         .connect(crate::config::NatsUrls(url))
         .await?;
-    Ok(connected(&nats, stop).await.then_some(nats))
+    let up = connected(&nats, stop).await;
+    connecting.store(false, Ordering::SeqCst);
+    Ok(up.then_some(nats))
+}
+
+/// The first delay between two attempts of [`connect_redis`]; it doubles up to
+/// [`REDIS_RETRY_MAX`].
+#[cfg(feature = "redis")]
+const REDIS_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+/// The longest delay between two attempts of [`connect_redis`].
+#[cfg(feature = "redis")]
+const REDIS_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long one attempt of [`connect_redis`] may take.
+#[cfg(feature = "redis")]
+const REDIS_ATTEMPT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Connects to the Redis `setting` names, retrying until it answers, as the NATS
+/// connection is retried: Redis unreachable (or refusing the password) at start delays
+/// readiness instead of ending the process. `health`'s phase is `connecting to Redis`,
+/// with the last attempt's failure once there is one. A setting that cannot work (a bad
+/// URL, an unreadable TLS file) is an error at once. `None` when `stop` fired first.
+#[cfg(feature = "redis")]
+pub async fn connect_redis(
+    setting: &str,
+    options: crate::redis_client::RedisOptions,
+    health: &Health,
+    stop: &CancellationToken,
+) -> Result<Option<crate::redis_client::RedisConnection>, crate::redis_client::ConnectError> {
+    use crate::redis_client::{connect, probe, ConnectError};
+    health.set_phase("connecting to Redis");
+    let mut delay = REDIS_RETRY_FIRST;
+    loop {
+        let attempt = async {
+            probe(setting, &options).await?;
+            connect(setting, options.clone()).await
+        };
+        let cause = tokio::select! {
+            _ = stop.cancelled() => return Ok(None),
+            attempt = tokio::time::timeout(REDIS_ATTEMPT, attempt) => {
+                match attempt {
+                    Ok(Ok(redis)) => return Ok(Some(redis)),
+                    Ok(Err(ConnectError::Redis(error))) => error.to_string(),
+                    Ok(Err(error)) => return Err(error),
+                    Err(_) => format!("no answer within {} s", REDIS_ATTEMPT.as_secs()),
+                }
+            }
+        };
+        tracing::warn!(%cause, retry_in_ms = delay.as_millis() as u64, "Redis not reached; retrying");
+        health.set_phase(&format!("connecting to Redis: {cause}"));
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(REDIS_RETRY_MAX);
+    }
 }
 
 /// Waits until `nats` is connected, or `stop`; `false` when stopped first.

@@ -97,6 +97,15 @@ pub mod names {
     /// Tokens the upstream reported, by `gen_ai.token.type` (`input`, `output`) and
     /// `gen_ai.request.model`.
     pub const GEN_AI_TOKEN_USAGE: &str = "gen_ai.client.token.usage";
+    /// Results in the results stream not yet recorded by a coordinator (pending and
+    /// delivered-not-acked on the shared results consumer, summed over the partitions).
+    pub const RESULTS_PENDING: &str = "toolfleet.results.pending";
+    /// Time one Redis command, pipeline or script took, from send to reply (or failure).
+    pub const REDIS_DURATION: &str = "toolfleet.redis.duration";
+    /// Gateway HTTP requests: duration from request to response head, by
+    /// `http.request.method`, `http.route` and `http.response.status_code` (OpenTelemetry's
+    /// HTTP server semantic conventions; its count is the requests).
+    pub const HTTP_SERVER_DURATION: &str = "http.server.request.duration";
     /// Always 1, with the build's `version` and the `service`.
     pub const BUILD_INFO: &str = "toolfleet.build_info";
     /// CPU time used by the process, in seconds.
@@ -159,7 +168,7 @@ const TURN_REFUSAL_CODES: [&str; 10] = {
 /// The Redis operations whose failures a coordinator counts (`toolfleet.redis.errors`);
 /// a new `redis_error` call site of the coordinator adds its operation here, so its
 /// series exists at 0 before its first failure.
-pub const COORDINATOR_REDIS_OPERATIONS: [&str; 10] = [
+pub const COORDINATOR_REDIS_OPERATIONS: [&str; 16] = [
     "create_turn",
     "trim_ended",
     "store_final",
@@ -170,10 +179,16 @@ pub const COORDINATOR_REDIS_OPERATIONS: [&str; 10] = [
     "lane_admit",
     "lane_release",
     "tenant_turns",
+    "record_result",
+    "reject_result",
+    "deadline_sweep",
+    "end_turn",
+    "mark_sent",
+    "read_stored",
 ];
 
 /// The Redis operations whose failures a worker counts.
-pub const WORKER_REDIS_OPERATIONS: [&str; 1] = ["heartbeat"];
+pub const WORKER_REDIS_OPERATIONS: [&str; 2] = ["heartbeat", "read_refusals"];
 
 /// Process metrics read from `/proc/self` whenever metrics are collected.
 mod process {
@@ -244,6 +259,8 @@ pub struct FleetMetrics {
     duplicates: Counter<u64>,
     tenant_wait: Histogram<f64>,
     tenant_refused: Counter<u64>,
+    /// The turns refused lately, so a turn sent again is counted once.
+    refused: std::sync::Arc<std::sync::Mutex<RecentTurns>>,
     counters: Vec<(&'static str, Counter<u64>)>,
     gauges: Vec<(&'static str, Gauge<i64>)>,
 }
@@ -308,7 +325,7 @@ const LABELLED_COUNTERS: [(&str, &str); 13] = [
 ];
 
 /// Gauges, created in [`FleetMetrics::new`]: name, unit, description.
-const GAUGES: [(&str, &str, &str); 10] = [
+const GAUGES: [(&str, &str, &str); 8] = [
     (
         names::TENANT_CALLS_WAITING,
         "",
@@ -319,16 +336,10 @@ const GAUGES: [(&str, &str, &str); 10] = [
         "",
         "Calls published and not yet answered, by tenant",
     ),
-    (names::QUEUE_PENDING, "", "Jobs not yet delivered"),
     (
-        names::QUEUE_ACK_PENDING,
+        names::RESULTS_PENDING,
         "",
-        "Jobs delivered and not yet acked",
-    ),
-    (
-        names::QUEUE_OLDEST_AGE,
-        "s",
-        "Age of the oldest job not yet acked",
+        "Results not yet recorded by a coordinator",
     ),
     (
         names::WORKER_CAPACITY,
@@ -353,6 +364,7 @@ impl FleetMetrics {
     /// Instruments on the global meter provider.
     pub fn new() -> Self {
         in_flight::register();
+        queue::register();
         let meter = opentelemetry::global::meter("toolfleet");
         let counter = |name: &'static str, description: &'static str| {
             meter
@@ -400,6 +412,7 @@ impl FleetMetrics {
                 names::TENANT_TURNS_REFUSED,
                 "Turns refused by the tenant's own limits",
             ),
+            refused: Default::default(),
             counters: LABELLED_COUNTERS
                 .iter()
                 .map(|(name, description)| (*name, counter(name, description)))
@@ -481,6 +494,23 @@ impl FleetMetrics {
         self.count(names::TURNS_REFUSED, "code", code);
     }
 
+    /// Turn `turn_id` was refused whole with `code`: counted as [`FleetMetrics::turn_refused`]
+    /// the first time only, so a frontend sending the same turn again (a retryable
+    /// refusal) does not count it again. Without a turn id, every refusal counts.
+    pub fn turn_refused_once(&self, turn_id: Option<&str>, code: &str) {
+        let first = match turn_id {
+            Some(id) => self
+                .refused
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(id),
+            None => true,
+        };
+        if first {
+            self.turn_refused(code);
+        }
+    }
+
     /// A result refused because its tool is not its call's (or its subject's).
     pub fn forged_result(&self) {
         self.count(names::RESULTS_REFUSED, "code", "wrong_tool");
@@ -527,14 +557,17 @@ impl FleetMetrics {
         self.start_at_zero(names::TOPOLOGY_RECREATED, "kind", kind);
     }
 
-    /// `tool`'s consumer: jobs not yet delivered, delivered and not acked, and the age
-    /// of the oldest not acked.
-    pub fn queue_lag(&self, tool: &str, pending: u64, ack_pending: u64, oldest_age_s: i64) {
-        let labels = [KeyValue::new(TOOL, tool.to_string())];
-        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        self.gauge(names::QUEUE_PENDING, clamp(pending), &labels);
-        self.gauge(names::QUEUE_ACK_PENDING, clamp(ack_pending), &labels);
-        self.gauge(names::QUEUE_OLDEST_AGE, oldest_age_s, &labels);
+    /// Every tool's consumer as last sampled: jobs not yet delivered, delivered and not
+    /// acked, and the age of the oldest not acked. Replaces the previous sample whole, so
+    /// a tool that left the registry leaves the queue gauges with it.
+    pub fn queue_lags(&self, lags: Vec<QueueLag>) {
+        queue::set(lags);
+    }
+
+    /// Results in the results stream not yet recorded by a coordinator.
+    pub fn results_pending(&self, results: u64) {
+        let results = i64::try_from(results).unwrap_or(i64::MAX);
+        self.gauge(names::RESULTS_PENDING, results, &[]);
     }
 
     /// This worker runs at most `slots` calls of `tool` at once.
@@ -709,6 +742,124 @@ impl FleetMetrics {
         in_flight::add(tool, delta);
     }
 }
+
+/// One tool's queue as sampled from its consumer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueLag {
+    /// The tool.
+    pub tool: String,
+    /// Jobs not yet delivered.
+    pub pending: u64,
+    /// Jobs delivered and not yet acked.
+    pub ack_pending: u64,
+    /// Age of the oldest job not yet acked, in seconds.
+    pub oldest_age_s: i64,
+}
+
+/// The turn ids refused lately, oldest first, at most [`RecentTurns::KEPT`] of them.
+#[derive(Debug, Default)]
+struct RecentTurns {
+    order: std::collections::VecDeque<String>,
+    ids: std::collections::HashSet<String>,
+}
+
+impl RecentTurns {
+    /// Enough for every turn a frontend may send again while its refusal lasts.
+    const KEPT: usize = 16_384;
+
+    /// Whether `id` is new (and now kept).
+    fn insert(&mut self, id: &str) -> bool {
+        if self.ids.contains(id) {
+            return false;
+        }
+        if self.order.len() == Self::KEPT {
+            if let Some(oldest) = self.order.pop_front() {
+                self.ids.remove(&oldest);
+            }
+        }
+        self.order.push_back(id.to_string());
+        self.ids.insert(id.to_string());
+        true
+    }
+}
+
+/// The queue gauges (`toolfleet.queue.*`): the last sample of every tool's consumer,
+/// reported by callbacks at each collection, so a tool missing from a sample has no
+/// series from then on (a synchronous gauge would keep its last value forever).
+mod queue {
+    use std::sync::{Once, PoisonError, RwLock};
+
+    use opentelemetry::KeyValue;
+
+    use super::QueueLag;
+
+    /// The last sample.
+    static LAGS: RwLock<Vec<QueueLag>> = RwLock::new(Vec::new());
+
+    /// Replaces the sample.
+    pub(super) fn set(lags: Vec<QueueLag>) {
+        *LAGS.write().unwrap_or_else(PoisonError::into_inner) = lags;
+    }
+
+    fn observe(
+        observer: &dyn opentelemetry::metrics::AsyncInstrument<i64>,
+        of: fn(&QueueLag) -> i64,
+    ) {
+        let lags = LAGS.read().unwrap_or_else(PoisonError::into_inner);
+        for lag in lags.iter() {
+            observer.observe(of(lag), &[KeyValue::new(super::TOOL, lag.tool.clone())]);
+        }
+    }
+
+    fn clamp(v: u64) -> i64 {
+        i64::try_from(v).unwrap_or(i64::MAX)
+    }
+
+    /// Registers the three gauges on the global meter provider, once per process.
+    pub(super) fn register() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            let meter = opentelemetry::global::meter("toolfleet");
+            let _pending = meter
+                .i64_observable_gauge(super::names::QUEUE_PENDING)
+                .with_description("Jobs not yet delivered")
+                .with_callback(|o| observe(o, |l| clamp(l.pending)))
+                .build();
+            let _ack_pending = meter
+                .i64_observable_gauge(super::names::QUEUE_ACK_PENDING)
+                .with_description("Jobs delivered and not yet acked")
+                .with_callback(|o| observe(o, |l| clamp(l.ack_pending)))
+                .build();
+            let _oldest = meter
+                .i64_observable_gauge(super::names::QUEUE_OLDEST_AGE)
+                .with_unit("s")
+                .with_description("Age of the oldest job not yet acked")
+                .with_callback(|o| observe(o, |l| l.oldest_age_s))
+                .build();
+        });
+    }
+}
+
+/// `toolfleet.redis.duration`, recorded by every Redis connection
+/// (`redis_client::RedisConnection`) once a meter provider is installed.
+pub fn redis_command_took(seconds: f64) {
+    static DURATION: std::sync::OnceLock<Histogram<f64>> = std::sync::OnceLock::new();
+    DURATION
+        .get_or_init(|| {
+            opentelemetry::global::meter("toolfleet")
+                .f64_histogram(names::REDIS_DURATION)
+                .with_unit("s")
+                .with_description("Time a Redis command, pipeline or script took")
+                .with_boundaries(REDIS_BOUNDS.to_vec())
+                .build()
+        })
+        .record(seconds, &[]);
+}
+
+/// Redis command buckets: 50 µs to the 5 s response timeout.
+const REDIS_BOUNDS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0,
+];
 
 /// `toolfleet.jobs.in_flight`: a count per tool in this process, moved by each call's
 /// start and end without building an attribute set, and reported by a callback at each

@@ -276,6 +276,30 @@ pub async fn connect(
     }
 }
 
+/// One attempt to reach what `setting` names, without the retries a connection makes
+/// (for one server: connect, authenticate, `PING`; a cluster is left to its client):
+/// how a process waiting for Redis at start learns why it cannot reach it.
+pub async fn probe(setting: &str, options: &RedisOptions) -> Result<(), ConnectError> {
+    let RedisTarget::Single(info) = RedisTarget::parse(setting)? else {
+        return Ok(());
+    };
+    let client = match certificates(&options.tls)? {
+        Some(certificates) => redis::Client::build_with_tls(*info, certificates)?,
+        None => redis::Client::open(*info)?,
+    };
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(PROBE_TIMEOUT))
+        .set_response_timeout(Some(PROBE_TIMEOUT));
+    let mut connection = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    let _: String = redis::cmd("PING").query_async(&mut connection).await?;
+    Ok(())
+}
+
+/// How long [`probe`] waits for the connection and for the answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The PEM contents of `tls`'s files, `None` when no file is set.
 fn certificates(tls: &TlsFiles) -> Result<Option<TlsCertificates>, ConnectError> {
     if !tls.is_set() {
@@ -326,12 +350,22 @@ impl RedisConnection {
     }
 }
 
+/// `request`, its time recorded in `toolfleet.redis.duration` when it ends.
+fn timed<'a, T: Send + 'a>(request: RedisFuture<'a, T>) -> RedisFuture<'a, T> {
+    Box::pin(async move {
+        let started = std::time::Instant::now();
+        let reply = request.await;
+        crate::metrics::redis_command_took(started.elapsed().as_secs_f64());
+        reply
+    })
+}
+
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
+        timed(match self {
             Self::Single(c) => c.req_packed_command(cmd),
             Self::Cluster(c) => c.req_packed_command(cmd),
-        }
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -340,10 +374,10 @@ impl ConnectionLike for RedisConnection {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
+        timed(match self {
             Self::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
+        })
     }
 
     fn get_db(&self) -> i64 {

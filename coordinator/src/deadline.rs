@@ -64,6 +64,7 @@ pub(crate) async fn sweep(replica: Arc<Replica>, shutdown: CancellationToken) {
             {
                 Ok(due) => due,
                 Err(error) => {
+                    replica.metrics.redis_error("deadline_sweep");
                     warn!(%error, %key, "deadline sweep failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;

@@ -13,12 +13,28 @@ pub(crate) const EXIT_AFTER_FINAL_STORED: &str = "exit_after_final_stored";
 /// published.
 pub(crate) const EXIT_AFTER_CALL_RELEASED: &str = "exit_after_call_released";
 
-/// Exits the process when `TOOLFLEET_FAULT` names `point`.
-pub(crate) fn point(point: &str) {
+/// In the results consumer (a supervised task), at a result's arrival: the task panics,
+/// as a bug in it would, and the replica stops being live.
+pub(crate) const PANIC_IN_RESULTS_CONSUMER: &str = "panic_in_results_consumer";
+
+/// Whether `TOOLFLEET_FAULT` names `point`.
+fn named(point: &str) -> bool {
     static FAULT: OnceLock<Option<String>> = OnceLock::new();
     let fault = FAULT.get_or_init(|| std::env::var("TOOLFLEET_FAULT").ok());
-    if fault.as_deref() == Some(point) {
+    fault.as_deref() == Some(point)
+}
+
+/// Exits the process when `TOOLFLEET_FAULT` names `point`.
+pub(crate) fn point(point: &str) {
+    if named(point) {
         eprintln!("fault point {point} reached: exiting");
         std::process::exit(86);
+    }
+}
+
+/// Panics (in the task that reaches it) when `TOOLFLEET_FAULT` names `point`.
+pub(crate) fn panic_point(point: &str) {
+    if named(point) {
+        panic!("fault point {point} reached");
     }
 }

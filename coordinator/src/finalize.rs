@@ -152,7 +152,9 @@ async fn finish_by(replica: &Arc<Replica>, end: TurnEnd, by: Option<EndedBy>) {
         } => {
             telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
             let outcome_error = error.clone();
-            replica.metrics.turn_refused(&error.code);
+            replica
+                .metrics
+                .turn_refused_once(turn_id.as_deref(), &error.code);
             let event = events::turn_error(turn_id.as_deref(), error);
             events::publish_unstored(replica, &reply, &event).await;
             if let Some(trace) = trace {
@@ -253,7 +255,10 @@ async fn end_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool, by:
             }
         }
         // The turn stays open in Redis with its deadline entry: the sweeper ends it.
-        Err(error) => warn!(%turn_id, %error, "ending the turn failed; the sweeper retries"),
+        Err(error) => {
+            replica.metrics.redis_error("end_turn");
+            warn!(%turn_id, %error, "ending the turn failed; the sweeper retries")
+        }
     }
 }
 
@@ -493,6 +498,7 @@ async fn mark_sent(replica: &Replica, turn_id: &str) -> bool {
     match replica.join.mark_published(turn_id).await {
         Ok(first) => first,
         Err(error) => {
+            replica.metrics.redis_error("mark_sent");
             warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
             false
         }
@@ -511,6 +517,7 @@ async fn send_stored_again(replica: &Replica, turn_id: &str) {
         }
         Ok(_) => {}
         Err(error) => {
+            replica.metrics.redis_error("read_stored");
             warn!(%turn_id, %error, "could not read the stored final; the sweeper retries")
         }
     }
@@ -525,7 +532,10 @@ pub(crate) async fn replayed_final(replica: &Replica, turn_id: &str) {
     }
     match replica.join.stored_events(turn_id).await {
         Ok(stored) => export_stored(turn_id, &stored, EndedBy::Replay),
-        Err(error) => warn!(%turn_id, %error, "could not read the stored turn; its span is lost"),
+        Err(error) => {
+            replica.metrics.redis_error("read_stored");
+            warn!(%turn_id, %error, "could not read the stored turn; its span is lost")
+        }
     }
 }
 

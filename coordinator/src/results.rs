@@ -153,6 +153,7 @@ async fn consume(
             };
             match next {
                 Some(Ok(message)) => {
+                    crate::fault::panic_point(crate::fault::PANIC_IN_RESULTS_CONSUMER);
                     let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
                         return;
                     };
@@ -244,6 +245,7 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
         }
         Err(error) => {
             telemetry::set_error(&consumer, "join_unavailable", &error.to_string());
+            replica.metrics.redis_error("record_result");
             warn!(%turn_id, %error, "recording a result failed; it will be redelivered");
             let delivered = message.info().map(|i| i.delivered).unwrap_or(1);
             let _ = message
@@ -264,6 +266,7 @@ async fn reject(replica: &Replica, tool: &str, turn_id: &str, body: &[u8], reaso
         tool_call_id: call.and_then(|c| c["tool_call_id"].as_str().map(str::to_string)),
     };
     if let Err(error) = replica.join.reject_result(tool, &rejection).await {
+        replica.metrics.redis_error("reject_result");
         warn!(%tool, %error, "could not write back a refused result");
     }
 }
@@ -283,6 +286,7 @@ pub(crate) async fn record_result(
         tenant,
     };
     if let Err(error) = try_record(replica, turn_id, key, result, None, traced).await {
+        replica.metrics.redis_error("record_result");
         warn!(%turn_id, %error, "recording a result failed");
     }
 }

@@ -23,7 +23,6 @@ use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::names::COORDINATOR_QUEUE_GROUP;
 use toolfleet_common::redis_client::{RedisConnection, RedisOptions};
 use toolfleet_common::streams::ensure_streams;
-use toolfleet_common::tls::TlsFiles;
 use toolfleet_common::Names;
 use tracing::{info, warn};
 
@@ -102,6 +101,7 @@ pub async fn run_with_narrator(
         &config.nats_credentials,
         "toolfleet-coordinator".to_string(),
         metrics.clone(),
+        &health,
         &shutdown,
     );
     let Some(nats) = connecting.await? else {
@@ -117,8 +117,9 @@ pub async fn run_with_narrator(
             .map_err(CoordinatorError::Consumer)?;
         consumers.push(consumer);
     }
-    health.set_phase("connecting to Redis");
-    let mut redis = connect_redis(&config.redis_url, &config.redis_tls).await?;
+    let Some(mut redis) = connect_redis(&config, &health, &shutdown).await? else {
+        return Ok(());
+    };
     let registry = Registry::default();
     registry.refresh(&mut redis, &names).await?;
 
@@ -181,15 +182,23 @@ pub async fn run_with_narrator(
     Ok(())
 }
 
-/// A Redis connection for the join (one server or a cluster, `redis_client.rs`).
-async fn connect_redis(url: &str, tls: &TlsFiles) -> Result<RedisConnection, redis::RedisError> {
+/// A Redis connection for the join (one server or a cluster, `redis_client.rs`),
+/// retried until Redis answers (readiness names the step and the last failure); `None`
+/// when `shutdown` came first.
+async fn connect_redis(
+    config: &CoordinatorConfig,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<Option<RedisConnection>, redis::RedisError> {
     // A script that ran but whose reply was slow must not be reported as failed, so the
     // response timeout is generous.
     let options = RedisOptions {
         response_timeout: Some(REDIS_RESPONSE_TIMEOUT),
-        tls: tls.clone(),
+        tls: config.redis_tls.clone(),
     };
-    Ok(toolfleet_common::redis_client::connect(url, options).await?)
+    let connecting =
+        toolfleet_common::health::connect_redis(&config.redis_url, options, health, shutdown);
+    Ok(connecting.await?)
 }
 
 /// Starts the supervised tasks that run beside the turns until `stop`: registry

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::metrics::QueueLag;
 use toolfleet_common::streams::{jobs_config, results_config};
 use toolfleet_common::topology::Needed;
 use toolfleet_common::ToolDefinition;
@@ -46,10 +47,17 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
     loop {
         replica.metrics.turns_in_flight(replica.turns.count());
         let snapshot = replica.registry.snapshot();
+        let mut lags = Vec::new();
         for tool in snapshot.sorted() {
-            if let Err(error) = sample_tool(&replica, &tool.definition).await {
-                debug!(tool = %tool.definition.name, %error, "queue lag not sampled");
+            match sample_tool(&replica, &tool.definition).await {
+                Ok(lag) => lags.push(lag),
+                Err(error) => debug!(tool = %tool.definition.name, %error, "queue lag not sampled"),
             }
+        }
+        // Tools that left the registry leave the gauges.
+        replica.metrics.queue_lags(lags);
+        if let Some(results) = results_pending(&replica).await {
+            replica.metrics.results_pending(results);
         }
         let tools: Vec<String> = snapshot
             .sorted()
@@ -67,7 +75,7 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
 /// Ensures `definition`'s consumer in every stream partition (created when missing,
 /// retry settings put back) and samples its queue lag, summed over the partitions (the
 /// oldest job's age: the oldest of any).
-async fn sample_tool(replica: &Replica, definition: &ToolDefinition) -> Result<(), String> {
+async fn sample_tool(replica: &Replica, definition: &ToolDefinition) -> Result<QueueLag, String> {
     let tool = definition.name.as_str();
     let infos = crate::consumers::ensure(replica, definition).await?;
     let now_s = i64::try_from(unix_ms() / 1000).unwrap_or(i64::MAX);
@@ -93,8 +101,30 @@ async fn sample_tool(replica: &Replica, definition: &ToolDefinition) -> Result<(
             .unwrap_or(0);
         oldest_age = oldest_age.max(age);
     }
-    replica
-        .metrics
-        .queue_lag(tool, pending, ack_pending, oldest_age);
-    Ok(())
+    Ok(QueueLag {
+        tool: tool.to_string(),
+        pending,
+        ack_pending,
+        oldest_age_s: oldest_age,
+    })
+}
+
+/// Results not yet recorded: pending and delivered-not-acked on the shared results
+/// consumer, summed over the partitions; `None` when NATS did not answer.
+async fn results_pending(replica: &Replica) -> Option<u64> {
+    let names = &replica.names;
+    let mut results = 0u64;
+    for partition in 0..names.partitions() {
+        let stream = replica
+            .js
+            .get_stream_no_info(names.results_stream_in(partition))
+            .await
+            .ok()?;
+        let info = stream.consumer_info(names.results_consumer()).await.ok()?;
+        let unacked = u64::try_from(info.num_ack_pending).unwrap_or(u64::MAX);
+        results = results
+            .saturating_add(info.num_pending)
+            .saturating_add(unacked);
+    }
+    Some(results)
 }

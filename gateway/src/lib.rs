@@ -16,6 +16,7 @@
 //! | `config` | [`GatewayConfig`] from `TOOLFLEET_GATEWAY_*` |
 //! | `error` | [`error::ApiError`]: status, stable code, `{error: {code, message}}`, `Retry-After` |
 //! | `extract` | JSON body and query extractors answering in the error shape |
+//! | `http_metrics` | HTTP RED metrics: every request's duration by method, route and status |
 //! | `keys` | key format, hashing, the cached PostgreSQL lookup, admin create/list/revoke |
 //! | `limits` | token bucket per key, turn slots |
 //! | `mcp` | `/mcp`: the fleet as an MCP server (Streamable HTTP), API keys as bearer tokens |
@@ -38,6 +39,7 @@ pub mod catalog;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod http_metrics;
 pub mod keys;
 pub mod limits;
 pub mod mcp;
@@ -179,7 +181,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
     use axum::serve::ListenerExt;
-    let app = api::router(Arc::new(gateway));
+    let app = http_metrics::layer(api::router(Arc::new(gateway)));
     // Event-stream frames are small writes: without TCP_NODELAY each waits for the
     // client's delayed ACK (40 ms).
     let listener = listener.tap_io(|tcp| {

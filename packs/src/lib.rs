@@ -114,6 +114,34 @@ impl PackSettings {
     }
 }
 
+/// The variable naming the packs the `toolfleet-worker` binary serves.
+pub const PACKS_ENV: &str = "TOOLFLEET_PACKS";
+
+/// The packs `TOOLFLEET_PACKS` names (`demo` when unset), refused when it names none: a
+/// worker serving no tool would be ready and do nothing.
+pub fn packs_from_env() -> Result<Vec<String>, ConfigError> {
+    packs_from_setting(std::env::var(PACKS_ENV).ok())
+}
+
+/// [`packs_from_env`] of the variable's value (`None`: unset).
+pub fn packs_from_setting(setting: Option<String>) -> Result<Vec<String>, ConfigError> {
+    let setting = setting.unwrap_or_else(|| "demo".into());
+    let packs: Vec<String> = setting
+        .split(',')
+        .map(str::trim)
+        .filter(|pack| !pack.is_empty())
+        .map(str::to_string)
+        .collect();
+    if packs.is_empty() {
+        return Err(ConfigError {
+            name: PACKS_ENV.to_string(),
+            value: setting,
+            reason: format!("names no tool pack: one or more of {PACKS:?}, comma-separated"),
+        });
+    }
+    Ok(packs)
+}
+
 /// The path in the environment variable `name`, if set and not blank.
 fn path_from_env(name: &str) -> Option<PathBuf> {
     std::env::var(name)
@@ -258,4 +286,23 @@ pub fn tools_for(packs: &[&str]) -> Result<Vec<Tool>, String> {
         PackSettings::from_env(&worker).map_err(|e| e.to_string())?
     };
     tools_with(packs, &settings).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_must_name_a_pack() {
+        assert_eq!(
+            packs_from_setting(None).ok(),
+            Some(vec!["demo".to_string()])
+        );
+        let two = packs_from_setting(Some(" demo, test ".into())).ok();
+        assert_eq!(two, Some(vec!["demo".to_string(), "test".to_string()]));
+        for none in ["", " ", ",", " , "] {
+            let refused = packs_from_setting(Some(none.into())).expect_err(none);
+            assert_eq!(refused.name, PACKS_ENV);
+        }
+    }
 }

@@ -11,8 +11,8 @@ use toolfleet_worker::WorkerConfig;
 async fn main() -> anyhow::Result<()> {
     let telemetry = telemetry::init(&TelemetryConfig::from_env("toolfleet-worker")?)?;
     let config = WorkerConfig::from_env()?;
-    let packs_setting = std::env::var("TOOLFLEET_PACKS").unwrap_or_else(|_| "demo".into());
-    let names: Vec<&str> = packs_setting.split(',').collect();
+    let packs_setting = toolfleet_packs::packs_from_env()?;
+    let names: Vec<&str> = packs_setting.iter().map(String::as_str).collect();
     let settings = toolfleet_packs::PackSettings::from_env(&config)?;
     let packs = toolfleet_packs::start_packs(&names, &settings).await?;
     let shutdown = toolfleet_common::shutdown::on_signal();

@@ -1,22 +1,33 @@
 //! The alert rules against a real Prometheus (Debian's `prometheus` package): `promtool`
-//! checks and unit-tests deploy/prometheus/alerts.yml, and a Prometheus scraping a real
-//! coordinator and worker sees a turn storm with a failing tool take the error-ratio
-//! alert to pending and then firing, for that tool only.
+//! checks and unit-tests deploy/prometheus/alerts.yml, and for every alert a test causes
+//! its failure for real on a fleet of processes (a coordinator and a worker; a gateway
+//! for the gateway's alert) and sees a Prometheus scraping them take it to firing: a
+//! failing tool, a tool slower than the deadline, a worker killed and its targets gone,
+//! a worker's slots full, retryable failures, NATS stopped for 10 s, a stream deleted,
+//! Redis stopped, Redis short of memory, a supervised task panicking, every coordinator
+//! gone behind a gateway. Each prints its time to firing (`time to firing: …`).
 //!
-//! Every query of every panel of the Grafana dashboard runs against that Prometheus; with
-//! `TOOLFLEET_DASHBOARD_SVG=docs/dashboard.svg` the test also draws the panels there.
+//! Prometheus scrapes and evaluates every second. Rules are loaded as shipped where the
+//! alert fires within a test's bounds so (NATS errors, topology, dead tasks, and Redis
+//! errors beside the scaled run); elsewhere the test says it loads them scaled: every
+//! `[Nm]` window at 10 s and every `for: Nm` at 3 s, the expressions otherwise as shipped.
 //!
-//! The scrape test loads the rules with their windows and `for` durations scaled down
-//! (minutes to seconds), so the same expressions fire within the test's bounds.
+//! Every query of every panel of the Grafana dashboard runs against the error-ratio
+//! test's Prometheus; with `TOOLFLEET_DASHBOARD_SVG=docs/dashboard.svg` the test also
+//! draws the panels there.
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
-use toolfleet_tests::fleet::{call, Fleet};
+use toolfleet_tests::fleet::{call, timed_turn, Fleet};
+use toolfleet_tests::gateway::{create_key, GatewayNode};
+use toolfleet_tests::pg::TestDatabase;
 use toolfleet_tests::{
     dashboard, eventually_named, free_port, http_get, repo_path, wait_http_status,
 };
@@ -58,9 +69,24 @@ fn promtool_checks_and_tests_the_alert_rules() -> Result<()> {
     promtool(&["test", "rules", "alerts_test.yml"])
 }
 
-/// alerts.yml with every `[Nm]` window at 10 s and every `for: Nm` at 3 s.
-fn time_scaled_rules() -> Result<String> {
+/// How a test loads deploy/prometheus/alerts.yml.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rules {
+    /// As shipped.
+    Shipped,
+    /// Rewritten, and only in this way: every `[Nm]` window at 10 s and every `for: Nm`
+    /// at 3 s, so an alert whose window and hold last minutes fires within a test's
+    /// bounds on the same expression. Its time to firing is then the failure's effect
+    /// reaching the metrics, not the shipped hold.
+    Scaled,
+}
+
+/// alerts.yml as `rules` asks.
+fn rules_text(rules: Rules) -> Result<String> {
     let text = std::fs::read_to_string(repo_path("deploy/prometheus/alerts.yml"))?;
+    if rules == Rules::Shipped {
+        return Ok(text);
+    }
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
         let mut line = line.to_string();
@@ -74,48 +100,245 @@ fn time_scaled_rules() -> Result<String> {
     Ok(out)
 }
 
-/// A Prometheus scraping `targets` (job, port) every second, with the scaled rules.
-async fn start_prometheus(
-    dir: &std::path::Path,
+/// A Prometheus (Debian's) scraping fleet processes every second and evaluating the
+/// alert rules every second; its targets are files it rereads, so a test can take every
+/// target of a job away as a scheduler would.
+struct Prometheus {
     port: u16,
-    targets: &[(&str, u16)],
-) -> Result<Child> {
-    std::fs::write(dir.join("alerts.yml"), time_scaled_rules()?)?;
-    let mut config = String::from(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [alerts.yml]\nscrape_configs:\n",
-    );
-    for (job, target) in targets {
-        config.push_str(&format!(
-            "  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
-        ));
-    }
-    std::fs::write(dir.join("prometheus.yml"), config)?;
-    let log = std::fs::File::create(dir.join("prometheus.log"))?;
-    Ok(Command::new(prometheus_tool("prometheus")?)
-        .arg(format!(
-            "--config.file={}",
-            dir.join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()?)
+    dir: tempfile::TempDir,
+    child: Child,
 }
 
-/// The state (`pending`, `firing`) of `alert` for `tool`, if Prometheus has it.
-async fn alert_state(port: u16, alert: &str, tool: &str) -> Option<String> {
-    let (status, body) = http_get(port, "/api/v1/alerts").await.ok()?;
-    let body: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
-    body["data"]["alerts"].as_array()?.iter().find_map(|a| {
-        let labels = &a["labels"];
-        (labels["alertname"] == alert && labels["gen_ai_tool_name"] == tool)
-            .then(|| a["state"].as_str().unwrap_or_default().to_string())
+/// The jobs a Prometheus of these tests scrapes, named as the ServiceMonitor names them.
+const JOBS: [&str; 3] = ["coordinator", "worker-metrics", "gateway-metrics"];
+
+impl Prometheus {
+    /// Started with `rules`, scraping `targets` (job, ports); ready.
+    async fn start(rules: Rules, targets: &[(&str, &[u16])]) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("alerts.yml"), rules_text(rules)?)?;
+        let mut config = String::from(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: [alerts.yml]\nscrape_configs:\n",
+        );
+        for job in JOBS {
+            config.push_str(&format!(
+                "  - job_name: {job}\n    file_sd_configs:\n      - files: ['{}']\n        refresh_interval: 1s\n",
+                dir.path().join(format!("{job}.json")).display()
+            ));
+        }
+        std::fs::write(dir.path().join("prometheus.yml"), config)?;
+        let port = free_port()?;
+        let log = std::fs::File::create(dir.path().join("prometheus.log"))?;
+        let child = Command::new(prometheus_tool("prometheus")?)
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()?;
+        let prometheus = Self { port, dir, child };
+        for job in JOBS {
+            let ports = targets
+                .iter()
+                .find(|(j, _)| *j == job)
+                .map(|(_, p)| *p)
+                .unwrap_or(&[]);
+            prometheus.set_targets(job, ports)?;
+        }
+        wait_http_status(port, "/-/ready", 200, Duration::from_secs(30)).await?;
+        Ok(prometheus)
+    }
+
+    /// `job`'s targets from now on: the loopback `ports` (none: every pod gone).
+    fn set_targets(&self, job: &str, ports: &[u16]) -> Result<()> {
+        let targets: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let file = self.dir.path().join(format!("{job}.json"));
+        let staged = self.dir.path().join(format!("{job}.json.new"));
+        std::fs::write(&staged, json!([{"targets": targets}]).to_string())?;
+        std::fs::rename(staged, file)?;
+        Ok(())
+    }
+
+    /// The alerts Prometheus holds now.
+    async fn alerts(&self) -> Option<Vec<Value>> {
+        let (status, body) = http_get(self.port, "/api/v1/alerts").await.ok()?;
+        let body: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
+        body["data"]["alerts"].as_array().cloned()
+    }
+
+    /// The state (`pending`, `firing`) of `alert` with every label of `labels` (a label
+    /// given as "" must be absent), if Prometheus holds it.
+    async fn state(&self, alert: &str, labels: &[(&str, &str)]) -> Option<String> {
+        self.alerts().await?.iter().find_map(|a| {
+            let l = &a["labels"];
+            let matches = l["alertname"] == alert
+                && labels.iter().all(|(k, v)| match *v {
+                    "" => l.get(*k).is_none(),
+                    v => l[*k] == v,
+                });
+            matches.then(|| a["state"].as_str().unwrap_or_default().to_string())
+        })
+    }
+
+    /// Waits (at most `within`) until `alert` with `labels` fires; the time since
+    /// `since`, printed as the alert's time to firing after `failure`.
+    async fn until_firing(
+        &self,
+        alert: &str,
+        labels: &[(&str, &str)],
+        since: Instant,
+        failure: &str,
+        within: Duration,
+    ) -> Result<Duration> {
+        eventually_named(&format!("{alert} firing"), within, || async {
+            self.state(alert, labels)
+                .await
+                .filter(|s| s == "firing")
+                .map(|_| ())
+        })
+        .await?;
+        let took = since.elapsed();
+        eprintln!(
+            "time to firing: {alert} {:.1} s after {failure}",
+            took.as_secs_f64()
+        );
+        Ok(took)
+    }
+
+    /// Waits (at most `within`) until `alert` with `labels` is neither pending nor
+    /// firing; the time since `since`.
+    async fn until_quiet(
+        &self,
+        alert: &str,
+        labels: &[(&str, &str)],
+        since: Instant,
+        within: Duration,
+    ) -> Result<Duration> {
+        eventually_named(&format!("{alert} quiet"), within, || async {
+            match self.alerts().await {
+                Some(_) if self.state(alert, labels).await.is_none() => Some(()),
+                _ => None,
+            }
+        })
+        .await?;
+        Ok(since.elapsed())
+    }
+
+    /// The sum of what `query` selects, once it selects something.
+    async fn value(&self, query: &str) -> Option<f64> {
+        let seen = series(self.port, query).await?;
+        (!seen.is_empty()).then(|| seen.iter().filter_map(|(_, v)| v.parse::<f64>().ok()).sum())
+    }
+
+    /// Waits until `up` counts `targets` targets up.
+    async fn until_up(&self, targets: usize) -> Result<()> {
+        let want = targets.to_string();
+        eventually_named("the targets up", Duration::from_secs(30), || async {
+            let seen = series(self.port, "sum(up)").await?;
+            (seen.first()?.1 == want).then_some(())
+        })
+        .await
+    }
+
+    async fn stop(mut self) -> Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+}
+
+/// A fleet process serving its metrics on `port`.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    pid: u32,
+    port: u16,
+}
+
+impl Node {
+    /// `fleet-node role` with its HTTP endpoint on a free port and `env`.
+    fn spawn(fleet: &mut Fleet, role: &str, env: &[(&str, &str)]) -> Result<Self> {
+        let port = free_port()?;
+        let addr = format!("127.0.0.1:{port}");
+        let mut all = vec![("TOOLFLEET_HTTP_ADDR", addr.as_str())];
+        all.extend_from_slice(env);
+        Ok(Self {
+            pid: fleet.spawn_node(role, &all)?,
+            port,
+        })
+    }
+
+    /// The `instance` label Prometheus gives it.
+    fn instance(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The value of `name{labels…}` on its `/metrics` now (0 when absent).
+    async fn metric(&self, name: &str, labels: &[&str]) -> Result<f64> {
+        let (_, text) = http_get(self.port, "/metrics").await?;
+        Ok(toolfleet_tests::metric_value(&text, name, labels).unwrap_or(0.0))
+    }
+}
+
+/// A fleet of one coordinator and one worker (test and demo packs) as processes, with
+/// `coordinator` and `worker` environment added.
+struct Scene {
+    fleet: Fleet,
+    coordinator: Node,
+    worker: Node,
+}
+
+impl Scene {
+    async fn start(coordinator: &[(&str, &str)], worker: &[(&str, &str)]) -> Result<Self> {
+        let mut fleet = Fleet::start().await?;
+        let coordinator = Node::spawn(&mut fleet, "coordinator", coordinator)?;
+        let worker = Node::spawn(&mut fleet, "worker", worker)?;
+        fleet.wait_for_tools(&["test.behave", "test.noop"]).await?;
+        Ok(Self {
+            fleet,
+            coordinator,
+            worker,
+        })
+    }
+
+    /// A Prometheus with `rules` scraping the coordinator and the worker, both up.
+    async fn watched(&self, rules: Rules) -> Result<Prometheus> {
+        let prometheus = Prometheus::start(
+            rules,
+            &[
+                ("coordinator", &[self.coordinator.port]),
+                ("worker-metrics", &[self.worker.port]),
+            ],
+        )
+        .await?;
+        prometheus.until_up(2).await?;
+        Ok(prometheus)
+    }
+}
+
+/// Turns until aborted, one after another, each of `calls` (made fresh for each turn by
+/// its number) with `deadline_ms`; how many were submitted is counted in `submitted`.
+fn turns_in_a_loop(
+    client: toolfleet_common::FleetClient,
+    deadline_ms: u64,
+    pause: Duration,
+    submitted: Arc<AtomicU64>,
+    calls: impl Fn(u64) -> Vec<Value> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for n in 0u64.. {
+            let turn = timed_turn("acme", deadline_ms, calls(n));
+            submitted.fetch_add(1, Ordering::SeqCst);
+            let wait = Duration::from_millis(deadline_ms) + Duration::from_secs(3);
+            let _ = client.run_turn(turn, wait).await;
+            tokio::time::sleep(pause).await;
+        }
     })
 }
 
@@ -170,53 +393,6 @@ async fn dashboard_has_data(p_port: u16) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Result<()> {
-    const ALERT: &str = "ToolfleetToolErrorRatioHigh";
-    let mut fleet = Fleet::start().await?;
-    let (c_port, w_port, p_port) = (free_port()?, free_port()?, free_port()?);
-    let (c_addr, w_addr) = (format!("127.0.0.1:{c_port}"), format!("127.0.0.1:{w_port}"));
-    fleet.spawn_node("coordinator", &[("TOOLFLEET_HTTP_ADDR", c_addr.as_str())])?;
-    fleet.spawn_node("worker", &[("TOOLFLEET_HTTP_ADDR", w_addr.as_str())])?;
-    fleet.wait_for_tools(&["test.behave", "test.noop"]).await?;
-    let dir = tempfile::tempdir()?;
-    let mut prometheus = start_prometheus(
-        dir.path(),
-        p_port,
-        &[("coordinator", c_port), ("worker-metrics", w_port)],
-    )
-    .await?;
-    wait_http_status(p_port, "/-/ready", 200, Duration::from_secs(30)).await?;
-
-    let storm = tokio::spawn(storm(fleet.client.clone()));
-
-    let both_up = eventually_named("both targets up", Duration::from_secs(30), || async {
-        let (_, body) = http_get(p_port, "/api/v1/query?query=sum(up)").await.ok()?;
-        let body: Value = serde_json::from_str(&body).ok()?;
-        (body["data"]["result"][0]["value"][1] == "2").then_some(())
-    });
-    both_up.await?;
-    let wait = Duration::from_secs(60);
-    eventually_named("the alert pending", wait, || async {
-        alert_state(p_port, ALERT, "test.behave")
-            .await
-            .filter(|s| s == "pending")
-    })
-    .await?;
-    eventually_named("the alert firing", wait, || async {
-        alert_state(p_port, ALERT, "test.behave")
-            .await
-            .filter(|s| s == "firing")
-    })
-    .await?;
-    assert_eq!(alert_state(p_port, ALERT, "test.noop").await, None);
-
-    dashboard_has_data(p_port).await?;
-    storm.abort();
-    prometheus.kill().await?;
-    Ok(())
-}
-
 /// The values of the series `query` selects, by their labels' text.
 async fn series(port: u16, query: &str) -> Option<Vec<(Value, String)>> {
     let path = format!("/api/v1/query?query={}", encode(query));
@@ -248,16 +424,34 @@ fn encode(text: &str) -> String {
         .collect()
 }
 
-/// Whether `alert` is firing.
-async fn firing(port: u16, alert: &str) -> Option<bool> {
-    let (status, body) = http_get(port, "/api/v1/alerts").await.ok()?;
-    let body: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
-    Some(
-        body["data"]["alerts"]
-            .as_array()?
-            .iter()
-            .any(|a| a["labels"]["alertname"] == alert && a["state"] == "firing"),
-    )
+/// How long a scaled alert may take to fire.
+const FIRES_WITHIN: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Result<()> {
+    const ALERT: &str = "ToolfleetToolErrorRatioHigh";
+    let scene = Scene::start(&[], &[]).await?;
+    let prometheus = scene.watched(Rules::Scaled).await?;
+    let started = Instant::now();
+    let storm = tokio::spawn(storm(scene.fleet.client.clone()));
+    let tool = [("gen_ai_tool_name", "test.behave")];
+    eventually_named("the alert pending", FIRES_WITHIN, || async {
+        prometheus
+            .state(ALERT, &tool)
+            .await
+            .filter(|s| s == "pending")
+    })
+    .await?;
+    let failure = "a tool failing a third of its calls";
+    prometheus
+        .until_firing(ALERT, &tool, started, failure, FIRES_WITHIN)
+        .await?;
+    let healthy = [("gen_ai_tool_name", "test.noop")];
+    assert_eq!(prometheus.state(ALERT, &healthy).await, None);
+
+    dashboard_has_data(prometheus.port).await?;
+    storm.abort();
+    prometheus.stop().await
 }
 
 /// A counter born at its first event has no earlier sample, and `increase()` over it
@@ -269,62 +463,542 @@ async fn firing(port: u16, alert: &str) -> Option<bool> {
 async fn failure_counters_start_at_zero_and_the_first_recreated_stream_fires_its_alert(
 ) -> Result<()> {
     const ALERT: &str = "ToolfleetTopologyRecreated";
-    let mut fleet = Fleet::start().await?;
-    let (c_port, w_port, p_port) = (free_port()?, free_port()?, free_port()?);
-    let (c_addr, w_addr) = (format!("127.0.0.1:{c_port}"), format!("127.0.0.1:{w_port}"));
-    fleet.spawn_node("coordinator", &[("TOOLFLEET_HTTP_ADDR", c_addr.as_str())])?;
-    fleet.spawn_node("worker", &[("TOOLFLEET_HTTP_ADDR", w_addr.as_str())])?;
-    fleet.wait_for_tools(&["test.noop"]).await?;
-    let dir = tempfile::tempdir()?;
-    let mut prometheus = start_prometheus(
-        dir.path(),
-        p_port,
-        &[("coordinator", c_port), ("worker-metrics", w_port)],
-    )
-    .await?;
-    wait_http_status(p_port, "/-/ready", 200, Duration::from_secs(30)).await?;
+    let scene = Scene::start(&[], &[]).await?;
+    let prometheus = scene.watched(Rules::Shipped).await?;
 
     // Each series exists, at 0, before anything failed.
-    let at_zero = [
-        r#"toolfleet_turns_refused_total{job="coordinator",code="unavailable"}"#,
-        r#"toolfleet_turns_refused_total{job="coordinator",code="invalid_decision"}"#,
-        r#"toolfleet_results_refused_total{job="coordinator",code="wrong_tool"}"#,
-        r#"toolfleet_redis_errors_total{job="coordinator",operation="create_turn"}"#,
-        r#"toolfleet_redis_errors_total{job="worker-metrics",operation="heartbeat"}"#,
-        r#"toolfleet_topology_recreated_total{job="coordinator",kind="stream"}"#,
-        r#"toolfleet_topology_recreated_total{job="coordinator",kind="consumer"}"#,
-        r#"toolfleet_tasks_died_total{job="coordinator",task="results_consumer"}"#,
-        r#"toolfleet_tasks_died_total{job="coordinator",task="topology"}"#,
-        r#"toolfleet_tasks_died_total{job="worker-metrics",task="pull_loop"}"#,
-        r#"toolfleet_nats_events_total{job="coordinator",event="disconnected"}"#,
-        r#"toolfleet_nats_events_total{job="worker-metrics",event="slow_consumer"}"#,
+    let mut at_zero = vec![
+        r#"toolfleet_turns_refused_total{job="coordinator",code="unavailable"}"#.to_string(),
+        r#"toolfleet_turns_refused_total{job="coordinator",code="invalid_decision"}"#.into(),
+        r#"toolfleet_results_refused_total{job="coordinator",code="wrong_tool"}"#.into(),
+        r#"toolfleet_topology_recreated_total{job="coordinator",kind="stream"}"#.into(),
+        r#"toolfleet_topology_recreated_total{job="coordinator",kind="consumer"}"#.into(),
+        r#"toolfleet_tasks_died_total{job="coordinator",task="results_consumer"}"#.into(),
+        r#"toolfleet_tasks_died_total{job="coordinator",task="topology"}"#.into(),
+        r#"toolfleet_tasks_died_total{job="worker-metrics",task="pull_loop"}"#.into(),
+        r#"toolfleet_nats_events_total{job="coordinator",event="disconnected"}"#.into(),
+        r#"toolfleet_nats_events_total{job="worker-metrics",event="slow_consumer"}"#.into(),
     ];
-    for query in at_zero {
+    for operation in toolfleet_common::metrics::COORDINATOR_REDIS_OPERATIONS {
+        at_zero.push(format!(
+            r#"toolfleet_redis_errors_total{{job="coordinator",operation="{operation}"}}"#
+        ));
+    }
+    for operation in toolfleet_common::metrics::WORKER_REDIS_OPERATIONS {
+        at_zero.push(format!(
+            r#"toolfleet_redis_errors_total{{job="worker-metrics",operation="{operation}"}}"#
+        ));
+    }
+    for query in &at_zero {
         let seen = eventually_named(query, Duration::from_secs(30), || async {
-            series(p_port, query).await.filter(|s| !s.is_empty())
+            series(prometheus.port, query)
+                .await
+                .filter(|s| !s.is_empty())
         })
         .await?;
         assert!(seen.iter().all(|(_, v)| v == "0"), "{query}: {seen:?}");
     }
-    assert_eq!(firing(p_port, ALERT).await, Some(false));
+    assert_eq!(prometheus.state(ALERT, &[]).await, None);
 
     // NATS loses the jobs stream; the coordinator recreates it, once.
-    let js = async_nats::jetstream::new(fleet.nats.connect().await?);
-    js.delete_stream(fleet.names.jobs_stream()).await?;
+    let js = async_nats::jetstream::new(scene.fleet.nats.connect().await?);
+    let lost = Instant::now();
+    js.delete_stream(scene.fleet.names.jobs_stream()).await?;
     let recreated = r#"toolfleet_topology_recreated_total{job="coordinator",kind="stream"}"#;
     eventually_named(
         "the stream counted as recreated",
         Duration::from_secs(30),
-        || async {
-            let seen = series(p_port, recreated).await?;
-            seen.iter().any(|(_, v)| v == "1").then_some(())
-        },
+        || async { prometheus.value(recreated).await.filter(|v| *v == 1.0) },
     )
     .await?;
-    eventually_named("the alert firing", Duration::from_secs(30), || async {
-        firing(p_port, ALERT).await.filter(|f| *f)
-    })
-    .await?;
-    prometheus.kill().await?;
+    prometheus
+        .until_firing(ALERT, &[], lost, "the jobs stream deleted", FIRES_WITHIN)
+        .await?;
+    prometheus.stop().await
+}
+
+/// NATS stopped for 10 s: the shipped ToolfleetNatsErrors fires for the coordinator and
+/// the worker, each of which counted its disconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ten_second_nats_outage_fires_the_shipped_nats_errors_alert() -> Result<()> {
+    const ALERT: &str = "ToolfleetNatsErrors";
+    let mut scene = Scene::start(&[], &[]).await?;
+    let prometheus = scene.watched(Rules::Shipped).await?;
+    assert_eq!(prometheus.state(ALERT, &[]).await, None);
+
+    let down = Instant::now();
+    scene.fleet.nats.stop().await;
+    let failure = "NATS stopped (for 10 s)";
+    for node in [scene.coordinator, scene.worker] {
+        let instance = node.instance();
+        let instance = [("instance", instance.as_str())];
+        prometheus
+            .until_firing(ALERT, &instance, down, failure, Duration::from_secs(10))
+            .await?;
+    }
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(down.elapsed())).await;
+    scene.fleet.nats.restart().await?;
+    let back = Instant::now();
+    for node in [scene.coordinator, scene.worker] {
+        let disconnected = ["event=\"disconnected\""];
+        assert!(
+            node.metric("toolfleet_nats_events_total", &disconnected)
+                .await?
+                >= 1.0
+        );
+        wait_http_status(node.port, "/readyz", 200, Duration::from_secs(30)).await?;
+        let instance = node.instance();
+        let instance = [("instance", instance.as_str())];
+        assert_eq!(
+            prometheus.state(ALERT, &instance).await.as_deref(),
+            Some("firing")
+        );
+    }
+    eprintln!(
+        "ready again {:.1} s after NATS restarted",
+        back.elapsed().as_secs_f64()
+    );
+    // What the shipped window holds for each instance, for the record.
+    let query = r#"sum by (instance) (increase(toolfleet_nats_events_total{event=~"disconnected|client_error|server_error|slow_consumer"}[5m]))"#;
+    eprintln!("{query}: {:?}", series(prometheus.port, query).await);
+    prometheus.stop().await
+}
+
+/// Redis stopped for 75 s and started again. Two Prometheus servers watch: one with the
+/// scaled rules (ToolfleetRedisErrors and ToolfleetTurnsRefusedUnavailable fire within
+/// seconds), one with the shipped rules (ToolfleetRedisErrors fires after its minute and
+/// clears about a minute after Redis answers). Meanwhile the worker's heartbeat keeps its
+/// period (each beat gives up within it and counts a failure), and each refused turn is
+/// counted once however often its frontend sends it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_fires_redis_errors_and_refused_turns_and_clears_after_recovery(
+) -> Result<()> {
+    let mut scene = Scene::start(&[], &[]).await?;
+    let scaled = scene.watched(Rules::Scaled).await?;
+    let shipped = scene.watched(Rules::Shipped).await?;
+    let coordinator = scene.coordinator.instance();
+    let at_coordinator = [("instance", coordinator.as_str())];
+
+    let down = Instant::now();
+    scene.fleet.redis.stop().await;
+    let submitted = Arc::new(AtomicU64::new(0));
+    let turns = turns_in_a_loop(
+        scene.fleet.client.clone(),
+        2000,
+        Duration::from_millis(200),
+        Arc::clone(&submitted),
+        |n| vec![call(&format!("n{n}"), "test.noop", json!({}))],
+    );
+    let failure = "Redis stopped";
+
+    // The heartbeat keeps its period (500 ms here) while Redis is away.
+    let beats = ["operation=\"heartbeat\""];
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = scene
+        .worker
+        .metric("toolfleet_redis_errors_total", &beats)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let failed_beats = scene
+        .worker
+        .metric("toolfleet_redis_errors_total", &beats)
+        .await?
+        - before;
+    eprintln!("heartbeats failed in 10 s of Redis outage: {failed_beats}");
+    assert!(
+        failed_beats >= 10.0,
+        "{failed_beats} failed heartbeats in 10 s"
+    );
+
+    scaled
+        .until_firing(
+            "ToolfleetRedisErrors",
+            &at_coordinator,
+            down,
+            failure,
+            FIRES_WITHIN,
+        )
+        .await?;
+    scaled
+        .until_firing(
+            "ToolfleetTurnsRefusedUnavailable",
+            &[],
+            down,
+            failure,
+            FIRES_WITHIN,
+        )
+        .await?;
+    let shipped_within = Duration::from_secs(120);
+    shipped
+        .until_firing(
+            "ToolfleetRedisErrors",
+            &at_coordinator,
+            down,
+            failure,
+            shipped_within,
+        )
+        .await?;
+    let remaining = Duration::from_secs(75).saturating_sub(down.elapsed());
+    tokio::time::sleep(remaining).await;
+    turns.abort();
+
+    let back = Instant::now();
+    scene.fleet.redis.restart().await?;
+    let cleared = shipped
+        .until_quiet(
+            "ToolfleetRedisErrors",
+            &at_coordinator,
+            back,
+            Duration::from_secs(150),
+        )
+        .await?;
+    eprintln!(
+        "time to clear: ToolfleetRedisErrors (shipped) {:.1} s after Redis answered again",
+        cleared.as_secs_f64()
+    );
+
+    // Each turn refused once, however often it was sent.
+    let turns = submitted.load(Ordering::SeqCst) as f64;
+    let refused = scene
+        .coordinator
+        .metric("toolfleet_turns_refused_total", &["code=\"unavailable\""])
+        .await?;
+    eprintln!("turns submitted during the outage: {turns}, counted refused unavailable: {refused}");
+    assert!(
+        refused >= 1.0 && refused <= turns,
+        "{refused} refusals of {turns} turns"
+    );
+    scaled.stop().await?;
+    shipped.stop().await
+}
+
+/// The only worker killed: calls to its tools are refused `no_live_worker`
+/// (ToolfleetNoLiveWorker) and its target is down (ToolfleetTargetDown by instance);
+/// once the worker's target is gone from discovery too (every pod of the job gone),
+/// ToolfleetTargetDown fires for the job through `absent()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_gone_fires_no_live_worker_and_target_down_then_absent() -> Result<()> {
+    let mut scene = Scene::start(&[], &[]).await?;
+    let prometheus = scene.watched(Rules::Scaled).await?;
+    let worker = scene.worker;
+
+    let killed = Instant::now();
+    scene.fleet.kill_node(worker.pid).await?;
+    let turns = turns_in_a_loop(
+        scene.fleet.client.clone(),
+        2000,
+        Duration::from_millis(100),
+        Arc::new(AtomicU64::new(0)),
+        |n| vec![call(&format!("n{n}"), "test.noop", json!({}))],
+    );
+    let failure = "the only worker killed";
+    let tool = [("gen_ai_tool_name", "test.noop")];
+    prometheus
+        .until_firing(
+            "ToolfleetNoLiveWorker",
+            &tool,
+            killed,
+            failure,
+            FIRES_WITHIN,
+        )
+        .await?;
+    let instance = worker.instance();
+    let target = [("job", "worker-metrics"), ("instance", instance.as_str())];
+    prometheus
+        .until_firing(
+            "ToolfleetTargetDown",
+            &target,
+            killed,
+            failure,
+            FIRES_WITHIN,
+        )
+        .await?;
+    turns.abort();
+
+    let gone = Instant::now();
+    prometheus.set_targets("worker-metrics", &[])?;
+    let job = [("job", "worker-metrics"), ("instance", "")];
+    let failure = "every worker target gone from discovery";
+    prometheus
+        .until_firing("ToolfleetTargetDown", &job, gone, failure, FIRES_WITHIN)
+        .await?;
+    prometheus.stop().await
+}
+
+/// A tool slower than its turns' deadline: every turn ends at its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_ending_at_their_deadline_fire_deadline_misses() -> Result<()> {
+    let scene = Scene::start(&[], &[]).await?;
+    let prometheus = scene.watched(Rules::Scaled).await?;
+    let slow = Instant::now();
+    let turns = turns_in_a_loop(
+        scene.fleet.client.clone(),
+        300,
+        Duration::from_millis(50),
+        Arc::new(AtomicU64::new(0)),
+        |n| {
+            vec![call(
+                &format!("n{n}"),
+                "test.behave",
+                json!({"sleep_ms": 1500}),
+            )]
+        },
+    );
+    let failure = "a tool slower than the turns' deadline";
+    prometheus
+        .until_firing(
+            "ToolfleetTurnDeadlineMisses",
+            &[],
+            slow,
+            failure,
+            FIRES_WITHIN,
+        )
+        .await?;
+    turns.abort();
+    prometheus.stop().await
+}
+
+/// A worker with two slots and a turn of four 25 s calls: its slots are full
+/// (ToolfleetWorkersSaturated) and the calls waiting behind them pass 30 s
+/// (ToolfleetQueueLag).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_worker_fires_workers_saturated_and_queue_lag() -> Result<()> {
+    let scene = Scene::start(&[], &[("TOOLFLEET_WORKER_CONCURRENCY", "2")]).await?;
+    let prometheus = scene.watched(Rules::Scaled).await?;
+    let calls: Vec<Value> = (0..4)
+        .map(|n| {
+            call(
+                &format!("slow{n}"),
+                "test.behave",
+                json!({"sleep_ms": 25_000}),
+            )
+        })
+        .collect();
+    let busy = Instant::now();
+    let client = scene.fleet.client.clone();
+    let turn = tokio::spawn(async move {
+        client
+            .run_turn(timed_turn("acme", 120_000, calls), Duration::from_secs(125))
+            .await
+    });
+    let failure = "four 25 s calls on a worker of two slots";
+    let tool = [("gen_ai_tool_name", "test.behave")];
+    prometheus
+        .until_firing(
+            "ToolfleetWorkersSaturated",
+            &tool,
+            busy,
+            failure,
+            FIRES_WITHIN,
+        )
+        .await?;
+    prometheus
+        .until_firing(
+            "ToolfleetQueueLag",
+            &tool,
+            busy,
+            failure,
+            Duration::from_secs(90),
+        )
+        .await?;
+    turn.abort();
+    prometheus.stop().await
+}
+
+/// An idempotent tool failing with a retryable error: every job is handed back and
+/// delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retryable_failures_fire_the_redelivery_storm() -> Result<()> {
+    let scene = Scene::start(&[], &[]).await?;
+    let prometheus = scene.watched(Rules::Scaled).await?;
+    let flaky = Instant::now();
+    let turns = turns_in_a_loop(
+        scene.fleet.client.clone(),
+        3000,
+        Duration::from_millis(50),
+        Arc::new(AtomicU64::new(0)),
+        |n| {
+            (0..3)
+                .map(|k| {
+                    let args = json!({"fail": "flaky_backend", "retryable": true});
+                    call(&format!("f{n}-{k}"), "test.behave", args)
+                })
+                .collect()
+        },
+    );
+    let failure = "a tool failing retryably";
+    let tool = [("gen_ai_tool_name", "test.behave")];
+    prometheus
+        .until_firing(
+            "ToolfleetRedeliveryStorm",
+            &tool,
+            flaky,
+            failure,
+            FIRES_WITHIN,
+        )
+        .await?;
+    turns.abort();
+    prometheus.stop().await
+}
+
+/// `used_memory` of the fleet's Redis.
+async fn redis_used(admin: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(admin).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("used_memory")
+}
+
+/// Redis `maxmemory` set so what it holds is `percent` % of it.
+async fn hold_at(admin: &mut redis::aio::MultiplexedConnection, percent: u64) -> Result<()> {
+    let max = redis_used(admin).await? * 100 / percent;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(max)
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(admin)
+        .await?;
     Ok(())
+}
+
+/// Redis given a `maxmemory` just above what it holds: ToolfleetRedisNearlyFull; then
+/// one below what the coordinator lets it fill before it deletes ended turns (95 % here,
+/// so the first alert can hold): ToolfleetRetentionCut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_short_of_memory_fires_nearly_full_and_retention_cut() -> Result<()> {
+    let trim = [
+        ("TOOLFLEET_REDIS_TRIM_PERCENT", "95"),
+        ("TOOLFLEET_REDIS_SHED_PERCENT", "100"),
+    ];
+    let scene = Scene::start(&trim, &[]).await?;
+    let prometheus = scene.watched(Rules::Scaled).await?;
+    // Ended turns for the trimming to delete.
+    for n in 0..150 {
+        let calls = vec![call(&format!("n{n}"), "test.noop", json!({}))];
+        scene
+            .fleet
+            .client
+            .run_turn(timed_turn("acme", 5000, calls), Duration::from_secs(10))
+            .await?;
+    }
+    let mut admin = scene
+        .fleet
+        .redis
+        .client()?
+        .get_multiplexed_async_connection()
+        .await?;
+
+    let full = Instant::now();
+    hold_at(&mut admin, 88).await?;
+    let failure = "Redis at 88 % of its maxmemory";
+    prometheus
+        .until_firing("ToolfleetRedisNearlyFull", &[], full, failure, FIRES_WITHIN)
+        .await?;
+    let short = Instant::now();
+    hold_at(&mut admin, 99).await?;
+    let failure = "Redis at 99 % of its maxmemory";
+    prometheus
+        .until_firing("ToolfleetRetentionCut", &[], short, failure, FIRES_WITHIN)
+        .await?;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query_async(&mut admin)
+        .await?;
+    prometheus.stop().await
+}
+
+/// The coordinator's results consumer panics at the first result (the fault point
+/// `panic_in_results_consumer`): the shipped ToolfleetTaskDied fires for that task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervised_task_that_dies_fires_task_died() -> Result<()> {
+    const ALERT: &str = "ToolfleetTaskDied";
+    let fault = [("TOOLFLEET_FAULT", "panic_in_results_consumer")];
+    let scene = Scene::start(&fault, &[]).await?;
+    let prometheus = scene.watched(Rules::Shipped).await?;
+    let died = r#"toolfleet_tasks_died_total{task="results_consumer"}"#;
+    eventually_named(
+        "the task's counter at 0",
+        Duration::from_secs(30),
+        || async { prometheus.value(died).await.filter(|v| *v == 0.0) },
+    )
+    .await?;
+
+    let killed = Instant::now();
+    let calls = vec![call("n", "test.noop", json!({}))];
+    let _ = scene
+        .fleet
+        .client
+        .run_turn(timed_turn("acme", 1000, calls), Duration::from_secs(3))
+        .await;
+    let task = [("task", "results_consumer")];
+    let failure = "the results consumer panicked";
+    prometheus
+        .until_firing(ALERT, &task, killed, failure, FIRES_WITHIN)
+        .await?;
+    assert_eq!(http_get(scene.coordinator.port, "/healthz").await?.0, 503);
+    prometheus.stop().await
+}
+
+/// A gateway answering turns, then every coordinator gone: its turns answer 503
+/// (ToolfleetGatewayErrors), and its requests are counted by route and status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_5xx_answers_fire_gateway_errors() -> Result<()> {
+    const ALERT: &str = "ToolfleetGatewayErrors";
+    let mut scene = Scene::start(&[], &[]).await?;
+    let db = TestDatabase::create().await?;
+    let ops = free_port()?;
+    let ops_addr = format!("127.0.0.1:{ops}");
+    let gateway = GatewayNode::start(
+        &scene.fleet,
+        &db,
+        &[("TOOLFLEET_HTTP_ADDR", ops_addr.as_str())],
+    )
+    .await?;
+    let key = create_key(&db, "acme").await?;
+    let prometheus = Prometheus::start(
+        Rules::Scaled,
+        &[
+            ("coordinator", &[scene.coordinator.port]),
+            ("worker-metrics", &[scene.worker.port]),
+            ("gateway-metrics", &[ops]),
+        ],
+    )
+    .await?;
+    prometheus.until_up(3).await?;
+
+    let answered = Arc::new(AtomicU64::new(0));
+    let counting = Arc::clone(&answered);
+    let requests = tokio::spawn(async move {
+        let body = json!({"decision": {"type": "final", "text": "hello"}});
+        loop {
+            if let Ok(response) = gateway.json_turn(&key, &body).await {
+                if response.status().is_server_error() {
+                    counting.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let turns = r#"http_server_request_duration_seconds_count{job="gateway-metrics",http_route="/v1/turns",http_request_method="POST",http_response_status_code="200"}"#;
+    eventually_named(
+        "answered turns counted",
+        Duration::from_secs(30),
+        || async { prometheus.value(turns).await.filter(|v| *v > 0.0) },
+    )
+    .await?;
+    assert_eq!(prometheus.state(ALERT, &[]).await, None);
+
+    let gone = Instant::now();
+    scene.fleet.kill_node(scene.coordinator.pid).await?;
+    prometheus
+        .until_firing(ALERT, &[], gone, "every coordinator gone", FIRES_WITHIN)
+        .await?;
+    assert!(answered.load(Ordering::SeqCst) > 0);
+    requests.abort();
+    prometheus.stop().await
 }

@@ -214,6 +214,7 @@ pub async fn run_set(
         credentials,
         name,
         metrics.clone(),
+        &health,
         &shutdown,
     )
     .await?
@@ -226,8 +227,10 @@ pub async fn run_set(
     let jobs_streams = ensure_streams(&js, &names).await?.jobs;
     // Cancelled turns: followed before any job is taken.
     let cancellations = cancel::follow_cancelled(&nats, &names).await?;
-    health.set_phase("connecting to Redis");
-    let (redis, registration) = connect_registry(&config, &names).await?;
+    let Some((redis, registration)) = connect_registry(&config, &names, &health, &shutdown).await?
+    else {
+        return Ok(());
+    };
     let shared = Arc::new(Shared {
         nats: nats.clone(),
         js,
@@ -282,23 +285,29 @@ pub async fn run_set(
 }
 
 /// The Redis connection of `config` and the worker's registration in the tool registry
-/// (its liveness entries live 3 heartbeats).
+/// (its liveness entries live 3 heartbeats). Redis is retried until it answers, with
+/// readiness naming the step and the last failure; `None` when `shutdown` came first.
 async fn connect_registry(
     config: &WorkerConfig,
     names: &Names,
+    health: &toolfleet_common::health::Health,
+    shutdown: &CancellationToken,
 ) -> Result<
-    (
+    Option<(
         toolfleet_common::redis_client::RedisConnection,
         Registration,
-    ),
+    )>,
     WorkerError,
 > {
-    let redis = toolfleet_common::redis_client::connect(
+    let connecting = toolfleet_common::health::connect_redis(
         &config.redis_url,
         toolfleet_common::redis_client::RedisOptions::with_tls(config.redis_tls.clone()),
-    )
-    .await
-    .map_err(redis::RedisError::from)?;
+        health,
+        shutdown,
+    );
+    let Some(redis) = connecting.await.map_err(redis::RedisError::from)? else {
+        return Ok(None);
+    };
     let ttl_ms = u64::try_from((config.heartbeat * 3).as_millis()).unwrap_or(u64::MAX);
     let registration = Registration::new(
         redis.clone(),
@@ -310,7 +319,7 @@ async fn connect_registry(
         &[],
         ttl_ms,
     )?;
-    Ok((redis, registration))
+    Ok(Some((redis, registration)))
 }
 
 /// Once the heartbeat task has stopped: removes this worker's liveness entries, tells

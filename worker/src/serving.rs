@@ -375,13 +375,35 @@ impl Serving {
                         let wanted = tools.borrow().clone();
                         self.reconcile(&wanted).await;
                     }
-                    if let Err(error) = self.registration.beat().await {
-                        self.shared.metrics.redis_error("heartbeat");
-                        warn!(%error, "heartbeat failed");
-                    } else if !self.announce_names().await {
-                        warn!("tool announcements not sent; the next heartbeat sends them");
-                    } else if let Err(error) = self.registration.read_refusals(&self.refusals).await {
-                        warn!(%error, "reading the coordinators' refusals failed");
+                    // Bounded by the period, so beats keep their pace while Redis is
+                    // away (a request would otherwise wait for the client's reconnect).
+                    let period = self.config.heartbeat;
+                    match tokio::time::timeout(period, self.registration.beat()).await {
+                        Ok(Err(error)) => {
+                            self.shared.metrics.redis_error("heartbeat");
+                            warn!(%error, "heartbeat failed");
+                        }
+                        Err(_) => {
+                            self.shared.metrics.redis_error("heartbeat");
+                            warn!(period_ms = period.as_millis() as u64, "heartbeat unanswered within its period");
+                        }
+                        Ok(Ok(())) if !self.announce_names().await => {
+                            warn!("tool announcements not sent; the next heartbeat sends them");
+                        }
+                        Ok(Ok(())) => {
+                            let reading = self.registration.read_refusals(&self.refusals);
+                            match tokio::time::timeout(period, reading).await {
+                                Ok(Ok(_)) => {}
+                                Ok(Err(error)) => {
+                                    self.shared.metrics.redis_error("read_refusals");
+                                    warn!(%error, "reading the coordinators' refusals failed");
+                                }
+                                Err(_) => {
+                                    self.shared.metrics.redis_error("read_refusals");
+                                    warn!("reading the coordinators' refusals unanswered within the heartbeat");
+                                }
+                            }
+                        }
                     }
                 }
             }
