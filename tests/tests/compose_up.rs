@@ -1,5 +1,5 @@
-//! `docker compose up` for real, as README's "Run it with Docker Compose" has a user run
-//! it: the images from `deploy/ci-images/setup.sh` (Debian's docker.io and
+//! `docker compose up` for real, as README's "For operators" (docs/DEPLOYMENT.md) has a
+//! user run it: the images from `deploy/ci-images/setup.sh` (Debian's docker.io and
 //! docker-compose, stand-in service images with the tags compose names, `toolfleet:dev`
 //! from the Dockerfile's runtime stage over this checkout's binaries), then the compose
 //! file itself, changed only where it publishes ports (to free loopback ports, so the

@@ -1,4 +1,4 @@
-//! A worker serving one tool, written against the SDK alone (the README's "Writing a
+//! A worker serving one tool, written against the SDK alone (docs/TOOLS.md, "Writing a
 //! tool"): `cargo run -p toolfleet-worker --example writing_a_tool`. It must never need
 //! more than `toolfleet-worker`, serde and schemars: no pack, no database.
 
