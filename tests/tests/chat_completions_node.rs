@@ -208,7 +208,7 @@ async fn typed_js_clients_mix_their_own_tool_with_the_fleets() -> Result<()> {
         );
     }
 
-    // The README's example, as written.
+    // The example of docs/FRONTENDS.md (the Vercel AI SDK), as written.
     let env = [
         ("TOOLFLEET_URL", gateway.base.as_str()),
         ("TOOLFLEET_API_KEY", key.as_str()),

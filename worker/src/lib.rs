@@ -48,7 +48,7 @@
 //! Features: `prometheus` (`/metrics`), `output-schema` (the JSON Schema validator) and
 //! `cache` are on by default, as the packs use them; `otlp` and `otlp-grpc` are off.
 //!
-//! The example in the README's "Writing a tool" section is
+//! The example in docs/TOOLS.md's "Writing a tool" section is
 //! `examples/writing_a_tool.rs` (`cargo run -p toolfleet-worker --example writing_a_tool`).
 
 #[cfg(feature = "cache")]
