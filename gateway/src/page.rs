@@ -2,10 +2,12 @@
 //! submit, and watch the turn (ack, one row per call with its state and a duration bar
 //! on a shared time axis, narration, summary, a link to the trace in Jaeger).
 //!
-//! Owns serving the page's three files (plain HTML, CSS and JavaScript compiled into the
-//! binary; no build step, nothing from a CDN) and `/page/config.json` (the example
-//! decisions of `examples/decisions` and the Jaeger base URL). Never runs a turn itself:
-//! the page calls `POST /v1/turns` like any client.
+//! Owns serving the page's files (plain HTML, CSS and JavaScript modules compiled into
+//! the binary; no build step, nothing from a CDN), among them the gateway client of
+//! `clients/typescript` at `/page/toolfleet.js`, through which the page submits and
+//! follows its turns, and `/page/config.json` (the example decisions of
+//! `examples/decisions` and the Jaeger base URL). Never runs a turn itself: the page
+//! calls `POST /v1/turns` like any client.
 
 use std::sync::Arc;
 
@@ -21,6 +23,8 @@ use crate::Gateway;
 const INDEX: &str = include_str!("page/index.html");
 const SCRIPT: &str = include_str!("page/app.js");
 const STYLE: &str = include_str!("page/style.css");
+/// The gateway client of `clients/typescript`, as its users get it.
+const CLIENT: &str = include_str!("../../clients/typescript/toolfleet.js");
 
 /// The example decisions offered by the page: file name and content.
 pub const EXAMPLES: [(&str, &str); 5] = [
@@ -56,6 +60,15 @@ pub fn routes() -> Router<Arc<Gateway>> {
                 (
                     [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
                     SCRIPT,
+                )
+            }),
+        )
+        .route(
+            "/page/toolfleet.js",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+                    CLIENT,
                 )
             }),
         )

@@ -1,6 +1,7 @@
-// The live turn page: submits a decision to POST /v1/turns as an event stream and draws
-// every event as it arrives. Plain JavaScript, no libraries.
-"use strict";
+// The live turn page: submits a decision to POST /v1/turns through the gateway client of
+// clients/typescript (served at /page/toolfleet.js) and draws every event as it arrives;
+// a dropped connection is resumed by the client. Plain JavaScript modules, no libraries.
+import { GatewayClient } from "/page/toolfleet.js";
 
 const $ = (id) => document.getElementById(id);
 const TERMINAL = ["done", "error", "timeout", "skipped", "cancelled"];
@@ -134,30 +135,6 @@ function finish(final) {
   $("status").dataset.done = "true";
 }
 
-// Splits a Server-Sent Events stream into (event, data) pairs.
-async function readEvents(response) {
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const frame = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      let kind = "message";
-      const data = [];
-      for (const line of frame.split("\n")) {
-        if (line.startsWith("event:")) kind = line.slice(6).trim();
-        else if (line.startsWith("data:")) data.push(line.slice(5).trimStart());
-      }
-      if (data.length) onEvent(kind, JSON.parse(data.join("\n")));
-    }
-  }
-}
-
 function traceLink(traceparent) {
   const parts = (traceparent || "").split("-");
   if (parts.length !== 4 || !config.jaeger_url) return;
@@ -180,26 +157,13 @@ async function submit() {
   reset();
   requestAnimationFrame(draw);
   $("submit").disabled = true;
+  const client = new GatewayClient({ apiKey: key });
   try {
-    const response = await fetch("/v1/turns", {
-      method: "POST",
-      headers: {
-        "Content-Type": "application/json",
-        "Accept": "text/event-stream",
-        "Authorization": "Bearer " + key,
-      },
-      body: JSON.stringify({ decision, context, session_id: "live-page" }),
-    });
-    traceLink(response.headers.get("traceparent"));
-    if (!response.ok) {
-      const body = await response.json().catch(() => ({}));
-      const error = body.error || { code: String(response.status), message: response.statusText };
-      onEvent("error", { error });
-      return;
-    }
-    await readEvents(response);
+    const stream = await client.submit({ decision, context, session_id: "live-page" });
+    traceLink(stream.traceparent);
+    for await (const event of stream) onEvent(event.type, event);
   } catch (e) {
-    onEvent("error", { error: { code: "network", message: e.message } });
+    onEvent("error", { error: { code: e.code ?? "network", message: e.detail ?? e.message } });
   } finally {
     $("submit").disabled = false;
   }
