@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use crate::config::{env_string, ConfigError};
+use crate::env::{env_string, ConfigError};
 use crate::tls::{TlsFiles, NATS_TLS};
 
 /// The inbox prefix of clients without a user.

@@ -10,8 +10,6 @@
 //! Never decides what the span says (the caller passes name, kind, attributes and
 //! status) and never exports anything while no tracer provider is installed.
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
@@ -23,45 +21,9 @@ use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator};
 use serde::{Deserialize, Serialize};
 
-thread_local! {
-    /// Ids the next span built on this thread takes instead of random ones.
-    static PRESET: Cell<Option<(TraceId, SpanId)>> = const { Cell::new(None) };
-}
-
-/// Whether this process installed a tracer provider (set by `telemetry::init`).
-static TRACING: AtomicBool = AtomicBool::new(false);
-
-/// Marks that spans are recorded in this process.
-pub(crate) fn set_tracing(on: bool) {
-    TRACING.store(on, Ordering::Relaxed);
-}
-
-/// Whether spans are recorded in this process.
-pub fn tracing_enabled() -> bool {
-    TRACING.load(Ordering::Relaxed)
-}
-
-/// Random ids, except for a span built while [`DeferredSpan::end`] preset its ids.
-#[derive(Debug, Default)]
-pub(crate) struct PresetIdGenerator {
-    random: RandomIdGenerator,
-}
-
-impl IdGenerator for PresetIdGenerator {
-    fn new_trace_id(&self) -> TraceId {
-        match PRESET.with(Cell::get) {
-            Some((trace, _)) => trace,
-            None => self.random.new_trace_id(),
-        }
-    }
-
-    fn new_span_id(&self) -> SpanId {
-        match PRESET.with(Cell::get) {
-            Some((_, span)) => span,
-            None => self.random.new_span_id(),
-        }
-    }
-}
+/// Whether spans are recorded in this process (re-exported from [`crate::telemetry`],
+/// which installs the tracer provider).
+pub use crate::telemetry::tracing_enabled;
 
 /// Whether the SDK's sampler (from `OTEL_TRACES_SAMPLER`) keeps a root span of
 /// `trace_id`, so that the children parented on a deferred root agree with the root
@@ -226,9 +188,9 @@ impl DeferredSpan {
             .with_start_time(start)
             .with_attributes(attributes)
             .with_events(events);
-        PRESET.with(|p| p.set(Some(ids)));
-        let mut span = tracer.build_with_context(builder, &self.parent_context());
-        PRESET.with(|p| p.set(None));
+        let mut span = crate::telemetry::with_preset_ids(ids, || {
+            tracer.build_with_context(builder, &self.parent_context())
+        });
         use opentelemetry::trace::Span as _;
         span.set_status(status);
         span.end();
@@ -273,17 +235,5 @@ mod tests {
         assert!(!ratio_keeps(0.5, high));
         assert!(!ratio_keeps(0.0, low));
         assert!(ratio_keeps(1.0, high));
-    }
-
-    #[test]
-    fn preset_ids_are_taken_only_while_set() {
-        let ids = PresetIdGenerator::default();
-        let trace =
-            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap_or(TraceId::INVALID);
-        let span = SpanId::from_hex("00f067aa0ba902b7").unwrap_or(SpanId::INVALID);
-        PRESET.with(|p| p.set(Some((trace, span))));
-        assert_eq!((ids.new_trace_id(), ids.new_span_id()), (trace, span));
-        PRESET.with(|p| p.set(None));
-        assert_ne!(ids.new_span_id(), span);
     }
 }

@@ -5,20 +5,23 @@
 //! draining flag (readiness 503 from the shutdown request on), and the supervised
 //! background tasks: a task started with [`Health::supervise`] that panics or returns
 //! before its stop token is cancelled marks the process dead, so liveness fails and
-//! Kubernetes restarts it. Never serves HTTP (`http` does) and never checks a
-//! connection itself (`ready` does).
+//! Kubernetes restarts it; and the routes of `/healthz`, `/readyz` and `/metrics`
+//! ([`ops_handler`], [`serve_ops`]) on the `http` server. Never parses HTTP itself
+//! (`http` does) and never checks a connection itself (`ready` does).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::error;
 
-use crate::http::Readiness;
+use crate::http::{serve, Handler, Readiness, Response, ResponseFuture};
 
 /// Shared, cheap-to-clone health state of one process.
 #[derive(Clone, Default)]
@@ -148,6 +151,52 @@ impl Health {
     }
 }
 
+// ----- the ops endpoint -------------------------------------------------------------
+
+/// Routes `/healthz` (every supervised task alive), `/readyz`
+/// (live, not draining, started, and the readiness check passes) and `/metrics`
+/// (Prometheus text of this process's metrics).
+pub fn ops_handler(health: Health) -> Handler {
+    Arc::new(move |path: String| {
+        let health = health.clone();
+        Box::pin(async move {
+            match path.as_str() {
+                "/healthz" | "/livez" => match health.liveness() {
+                    Ok(()) => Response::ok("ok\n"),
+                    Err(reason) => Response::status(503, format!("not live: {reason}\n")),
+                },
+                "/readyz" => {
+                    match tokio::time::timeout(Duration::from_secs(3), health.readiness()).await {
+                        Ok(Ok(())) => Response::ok("ready\n"),
+                        Ok(Err(reason)) => Response::status(503, format!("not ready: {reason}\n")),
+                        Err(_) => Response::status(503, "not ready: checks timed out\n"),
+                    }
+                }
+                "/metrics" => Response {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    body: crate::telemetry::prometheus_text(),
+                },
+                _ => Response::status(404, "not found\n"),
+            }
+        }) as ResponseFuture
+    })
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` of `health` on `addr` (nothing when
+/// `None`) until `shutdown`.
+pub async fn serve_ops(
+    addr: Option<SocketAddr>,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> std::io::Result<()> {
+    if let Some(addr) = addr {
+        let bound = serve(addr, ops_handler(health.clone()), shutdown.clone()).await?;
+        tracing::info!(%bound, "serving /healthz, /readyz and /metrics");
+    }
+    Ok(())
+}
+
 /// What every fleet process sets up before it connects anywhere.
 pub struct Started {
     /// The process's health, starting at "connecting to NATS".
@@ -169,7 +218,7 @@ pub async fn start_process(
     let health = Health::starting("connecting to NATS");
     let stop = CancellationToken::new();
     let guard = stop.clone().drop_guard();
-    crate::http::serve_ops(http_addr, &health, &stop).await?;
+    serve_ops(http_addr, &health, &stop).await?;
     let metrics = crate::metrics::FleetMetrics::new();
     metrics.process_started(service);
     Ok(Started {
@@ -419,5 +468,34 @@ mod tests {
         health.start_draining();
         assert_eq!(health.readiness().await, Err("draining".to_string()));
         assert!(health.liveness().is_ok());
+    }
+
+    #[tokio::test]
+    async fn serves_health_readiness_and_404() -> Result<(), Box<dyn std::error::Error>> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ready: Readiness = Arc::new(|| Box::pin(async { Err("redis down".to_string()) }));
+        let health = Health::default();
+        health.set_readiness(ready);
+        let shutdown = CancellationToken::new();
+        let addr = crate::http::serve(
+            "127.0.0.1:0".parse()?,
+            ops_handler(health),
+            shutdown.clone(),
+        )
+        .await?;
+        for (path, want) in [("/healthz", "200"), ("/readyz", "503"), ("/nope", "404")] {
+            let mut stream = tokio::net::TcpStream::connect(addr).await?;
+            stream
+                .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await?;
+            let mut out = String::new();
+            tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut out)).await??;
+            assert!(
+                out.starts_with(&format!("HTTP/1.1 {want}")),
+                "{path}: {out}"
+            );
+        }
+        shutdown.cancel();
+        Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! `/metrics`): GET only, one request per connection, bounded reads.
 //!
 //! Owns serving and routing those paths. Never decides liveness or readiness itself (the
-//! process passes its [`crate::health::Health`], see also `ready`) and never serves a frontend's traffic.
+//! process's `health` routes its paths to it through a [`Handler`]) and never serves a frontend's traffic.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -140,95 +140,18 @@ pub type ReadyFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 /// A readiness check.
 pub type Readiness = Arc<dyn Fn() -> ReadyFuture + Send + Sync>;
 
-/// Routes `/healthz` (every supervised task alive, see [`crate::health`]), `/readyz`
-/// (live, not draining, started, and the readiness check passes) and `/metrics`
-/// (Prometheus text of this process's metrics).
-pub fn ops_handler(health: crate::health::Health) -> Handler {
-    Arc::new(move |path: String| {
-        let health = health.clone();
-        Box::pin(async move {
-            match path.as_str() {
-                "/healthz" | "/livez" => match health.liveness() {
-                    Ok(()) => Response::ok("ok\n"),
-                    Err(reason) => Response::status(503, format!("not live: {reason}\n")),
-                },
-                "/readyz" => {
-                    match tokio::time::timeout(Duration::from_secs(3), health.readiness()).await {
-                        Ok(Ok(())) => Response::ok("ready\n"),
-                        Ok(Err(reason)) => Response::status(503, format!("not ready: {reason}\n")),
-                        Err(_) => Response::status(503, "not ready: checks timed out\n"),
-                    }
-                }
-                "/metrics" => Response {
-                    status: 200,
-                    content_type: "text/plain; version=0.0.4; charset=utf-8",
-                    body: crate::telemetry::prometheus_text(),
-                },
-                _ => Response::status(404, "not found\n"),
-            }
-        }) as ResponseFuture
-    })
-}
-
-/// Serves `/healthz`, `/readyz` and `/metrics` of `health` on `addr` (nothing when
-/// `None`) until `shutdown`.
-pub async fn serve_ops(
-    addr: Option<SocketAddr>,
-    health: &crate::health::Health,
-    shutdown: &CancellationToken,
-) -> std::io::Result<()> {
-    if let Some(addr) = addr {
-        let bound = serve(addr, ops_handler(health.clone()), shutdown.clone()).await?;
-        tracing::info!(%bound, "serving /healthz, /readyz and /metrics");
-    }
-    Ok(())
-}
-
 /// Reads `TOOLFLEET_HTTP_ADDR`: unset means `default`; `off` disables the endpoint.
-pub fn addr_from_env(default: &str) -> Result<Option<SocketAddr>, crate::config::ConfigError> {
-    let value = crate::config::env_string("TOOLFLEET_HTTP_ADDR", default);
+pub fn addr_from_env(default: &str) -> Result<Option<SocketAddr>, crate::env::ConfigError> {
+    let value = crate::env::env_string("TOOLFLEET_HTTP_ADDR", default);
     if value.eq_ignore_ascii_case("off") {
         return Ok(None);
     }
     value
         .parse()
         .map(Some)
-        .map_err(|e: std::net::AddrParseError| crate::config::ConfigError {
+        .map_err(|e: std::net::AddrParseError| crate::env::ConfigError {
             name: "TOOLFLEET_HTTP_ADDR".into(),
             value,
             reason: e.to_string(),
         })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn serves_health_readiness_and_404() -> Result<(), Box<dyn std::error::Error>> {
-        let ready: Readiness = Arc::new(|| Box::pin(async { Err("redis down".to_string()) }));
-        let health = crate::health::Health::default();
-        health.set_readiness(ready);
-        let shutdown = CancellationToken::new();
-        let addr = serve(
-            "127.0.0.1:0".parse()?,
-            ops_handler(health),
-            shutdown.clone(),
-        )
-        .await?;
-        for (path, want) in [("/healthz", "200"), ("/readyz", "503"), ("/nope", "404")] {
-            let mut stream = tokio::net::TcpStream::connect(addr).await?;
-            stream
-                .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-                .await?;
-            let mut out = String::new();
-            tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut out)).await??;
-            assert!(
-                out.starts_with(&format!("HTTP/1.1 {want}")),
-                "{path}: {out}"
-            );
-        }
-        shutdown.cancel();
-        Ok(())
-    }
 }

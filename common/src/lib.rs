@@ -6,7 +6,8 @@
 //!
 //! | module | what lives there |
 //! |---|---|
-//! | [`config`] | typed settings from environment variables |
+//! | [`config`] | where a process finds the fleet: default URLs, prefix, `Endpoints` |
+//! | [`env`] | typed settings from environment variables (`env_*`, `ConfigError`) |
 //! | [`deferred`] | spans whose ids and start are fixed early and exported by whoever ends the work |
 //! | [`failover`] | moving a NATS connection to another server of a cluster |
 //! | [`keep_errors`] | head sampling that still exports every trace with a failed span |
@@ -38,6 +39,7 @@ pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod deferred;
+pub mod env;
 pub mod failover;
 pub mod headers;
 pub mod health;

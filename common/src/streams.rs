@@ -128,7 +128,7 @@ pub const STREAM_PARTITIONS_RANGE: std::ops::RangeInclusive<u32> = 1..=64;
 /// take their stream's replicas. A stream that exists keeps its replicas: change them
 /// with `nats stream edit <stream> --replicas 3`.
 pub fn stream_replicas() -> usize {
-    crate::config::env_in(STREAM_REPLICAS_ENV, 1, STREAM_REPLICAS_RANGE).unwrap_or(1)
+    crate::env::env_in(STREAM_REPLICAS_ENV, 1, STREAM_REPLICAS_RANGE).unwrap_or(1)
 }
 
 /// The setting of [`stream_replicas`].
@@ -145,7 +145,7 @@ pub const STREAM_REPLICAS_RANGE: std::ops::RangeInclusive<usize> = 1..=5;
 /// stream that exists keeps its storage: JetStream cannot change it, so delete the
 /// stream while it is empty and let the fleet create it again.
 pub fn stream_storage() -> stream::StorageType {
-    parse_storage(&crate::config::env_string(STREAM_STORAGE_ENV, "file"))
+    parse_storage(&crate::env::env_string(STREAM_STORAGE_ENV, "file"))
         .unwrap_or(stream::StorageType::File)
 }
 
@@ -153,11 +153,11 @@ pub fn stream_storage() -> stream::StorageType {
 pub const STREAM_STORAGE_ENV: &str = "TOOLFLEET_STREAM_STORAGE";
 
 /// `file` or `memory` (any case) as a storage type.
-pub fn parse_storage(value: &str) -> Result<stream::StorageType, crate::config::ConfigError> {
+pub fn parse_storage(value: &str) -> Result<stream::StorageType, crate::env::ConfigError> {
     match value.trim().to_ascii_lowercase().as_str() {
         "file" => Ok(stream::StorageType::File),
         "memory" => Ok(stream::StorageType::Memory),
-        _ => Err(crate::config::ConfigError {
+        _ => Err(crate::env::ConfigError {
             name: STREAM_STORAGE_ENV.into(),
             value: value.into(),
             reason: "must be file or memory".into(),

@@ -13,7 +13,9 @@
 //! Without `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`)
 //! nothing is exported and no OpenTelemetry layer is installed.
 
+use std::cell::Cell;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_nats::HeaderMap;
 use opentelemetry::trace::{
@@ -21,7 +23,7 @@ use opentelemetry::trace::{
 };
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
@@ -238,6 +240,57 @@ fn resource(config: &TelemetryConfig) -> Resource {
     builder.build()
 }
 
+// ----- ids of deferred spans -------------------------------------------------------
+
+thread_local! {
+    /// Ids the next span built on this thread takes instead of random ones.
+    static PRESET: Cell<Option<(TraceId, SpanId)>> = const { Cell::new(None) };
+}
+
+/// Whether this process installed a tracer provider (set by [`init`]).
+static TRACING: AtomicBool = AtomicBool::new(false);
+
+/// Marks that spans are recorded in this process.
+fn set_tracing(on: bool) {
+    TRACING.store(on, Ordering::Relaxed);
+}
+
+/// Whether spans are recorded in this process.
+pub fn tracing_enabled() -> bool {
+    TRACING.load(Ordering::Relaxed)
+}
+
+/// Random ids, except for a span built inside [`with_preset_ids`] (a deferred span
+/// ended with the ids fixed when its work began).
+#[derive(Debug, Default)]
+pub(crate) struct PresetIdGenerator {
+    random: RandomIdGenerator,
+}
+
+impl IdGenerator for PresetIdGenerator {
+    fn new_trace_id(&self) -> TraceId {
+        match PRESET.with(Cell::get) {
+            Some((trace, _)) => trace,
+            None => self.random.new_trace_id(),
+        }
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        match PRESET.with(Cell::get) {
+            Some((_, span)) => span,
+            None => self.random.new_span_id(),
+        }
+    }
+}
+
+/// `build` run with the ids every span built on this thread takes meanwhile.
+pub(crate) fn with_preset_ids<R>(ids: (TraceId, SpanId), build: impl FnOnce() -> R) -> R {
+    PRESET.with(|p| p.set(Some(ids)));
+    let built = build();
+    PRESET.with(|p| p.set(None));
+    built
+}
+
 /// The semantic conventions version the span attributes follow.
 pub const SCHEMA_URL: &str = "https://opentelemetry.io/schemas/1.37.0";
 
@@ -257,13 +310,12 @@ pub fn tracer_provider(
     if !config.export {
         return Ok(config.always_trace.then(|| {
             SdkTracerProvider::builder()
-                .with_id_generator(crate::deferred::PresetIdGenerator::default())
+                .with_id_generator(PresetIdGenerator::default())
                 .with_resource(resource(config))
                 .build()
         }));
     }
-    let builder = SdkTracerProvider::builder()
-        .with_id_generator(crate::deferred::PresetIdGenerator::default());
+    let builder = SdkTracerProvider::builder().with_id_generator(PresetIdGenerator::default());
     let builder = with_exporter(builder, config)?;
     Ok(Some(builder.with_resource(resource(config)).build()))
 }
@@ -510,7 +562,7 @@ pub fn init(config: &TelemetryConfig) -> Result<Telemetry, TelemetryError> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     if let Some(p) = &tracer_provider {
         opentelemetry::global::set_tracer_provider(p.clone());
-        crate::deferred::set_tracing(true);
+        set_tracing(true);
     }
 
     let fmt_layer = match config.log_format {
@@ -1130,5 +1182,16 @@ mod tests {
             assert_eq!(back.span().span_context().span_id(), sc.span_id());
             assert!(back.span().span_context().is_remote());
         });
+    }
+
+    #[test]
+    fn preset_ids_are_taken_only_while_set() {
+        let ids = PresetIdGenerator::default();
+        let trace =
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap_or(TraceId::INVALID);
+        let span = SpanId::from_hex("00f067aa0ba902b7").unwrap_or(SpanId::INVALID);
+        let taken = with_preset_ids((trace, span), || (ids.new_trace_id(), ids.new_span_id()));
+        assert_eq!(taken, (trace, span));
+        assert_ne!(ids.new_span_id(), span);
     }
 }

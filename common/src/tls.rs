@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::ConfigError;
+use crate::env::ConfigError;
 
 /// The names of the three TLS variables of one server kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
