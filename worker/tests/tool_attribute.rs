@@ -56,7 +56,8 @@ impl fmt::Display for UpstreamError {
     name = "math.add",
     idempotent = 3,
     timeout_ms = 1500,
-    waiting_hint = "adding"
+    waiting_hint = "adding",
+    spoken_name = "the sum"
 )]
 async fn add(args: AddArgs, ctx: &ToolContext) -> Result<Sum, MathError> {
     assert_eq!(ctx.tenant_id, "acme");
@@ -85,6 +86,7 @@ fn the_definition_comes_from_attributes_doc_and_types() {
     assert_eq!(def.name, "math.add");
     assert_eq!(def.description, "Adds two numbers. Both must be finite.");
     assert_eq!(def.waiting_hint.as_deref(), Some("adding"));
+    assert_eq!(def.spoken_name.as_deref(), Some("the sum"));
     assert_eq!(def.timeout_ms, 1500);
     assert!(def.retry.idempotent);
     assert_eq!(def.retry.max_attempts, 3);
