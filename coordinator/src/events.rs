@@ -31,6 +31,7 @@ use toolfleet_common::{CallError, CallResult, CallState, TurnEvent};
 use tracing::warn;
 
 use crate::callers::Reply;
+use crate::finals;
 use crate::join::Emitted;
 use crate::startup::Replica;
 
@@ -101,15 +102,17 @@ pub(crate) fn encode(event: &TurnEvent) -> Option<String> {
     }
 }
 
-/// Sends stored events to `reply`, the first with `first_seq`, the next with the next.
+/// Sends stored events to `reply`, the first with `first_seq`, the next with the next;
+/// a stored `final` with its history (`finals.rs`).
 pub(crate) async fn publish_stored(
     replica: &Replica,
     reply: &Reply,
     first_seq: u64,
     events: &[String],
 ) {
+    let limit = finals::limit(&replica.nats);
     for (seq, event) in (first_seq..).zip(events) {
-        let body = with_seq(event.as_bytes(), seq);
+        let body = with_seq(finals::sendable(event, limit).as_bytes(), seq);
         match send(replica, reply.to_string(), body.into()).await {
             Ok(()) => {}
             // The connection is down: the events after it would wait as long.

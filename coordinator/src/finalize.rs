@@ -18,19 +18,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
 use toolfleet_common::call::{codes, unix_ms};
 use toolfleet_common::names::spans;
 use toolfleet_common::telemetry;
 use toolfleet_common::{
     CallError, CallResult, CallState, FinalEvent, Summary, ToolCall, TurnEvent,
 };
-use toolfleet_decision::history::HistoryOf;
 use tracing::{debug, info_span, warn, Instrument};
 
 use crate::callers::Reply;
 use crate::events;
 use crate::fault;
+use crate::finals;
 use crate::intake::{self, Admission, Taken};
 use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal, StoredTurn};
 use crate::limits::millis;
@@ -384,7 +383,7 @@ fn record_summary(span: &tracing::Span, summary: &Summary, error: Option<&CallEr
 /// (`results.rs`), with what ending the turn reports.
 pub(crate) struct ClosedAhead {
     /// The narration chunks and the `final`, last.
-    pub events: Vec<String>,
+    pub events: ClosingEvents,
     /// Each other call's key and the stored body of its result in the `final`.
     pub checks: Vec<(String, Vec<u8>)>,
     summary: Summary,
@@ -471,10 +470,10 @@ pub(crate) async fn send_closed_ahead(
     record_summary(&span, &summary, error.as_ref());
     let marked_first = async {
         fault::point(fault::EXIT_AFTER_FINAL_STORED);
-        let mut stored = Vec::with_capacity(closing.len() + 1);
-        stored.push(state);
-        stored.extend(closing);
-        events::publish_kept(replica, reply, seq, &stored).await;
+        let mut sent = Vec::with_capacity(closing.sent.len() + 1);
+        sent.push(state);
+        sent.extend(closing.sent);
+        events::publish_kept(replica, reply, seq, &sent).await;
         mark_sent(replica, turn_id).await
     }
     .instrument(span)
@@ -742,10 +741,10 @@ async fn publish_final(
     } = ending;
     let chunks = narrate(replica, turn_id, tenant, &results).await;
     let closing = closing_events(replica, turn_id, chunks, results, missing, deadline_hit);
-    match replica.join.store_final(turn_id, &closing).await {
+    match replica.join.store_final(turn_id, &closing.stored).await {
         Ok(StoredFinal::Stored { reply, first_seq }) => {
             fault::point(fault::EXIT_AFTER_FINAL_STORED);
-            events::publish_kept(replica, &reply, first_seq, &closing).await;
+            events::publish_kept(replica, &reply, first_seq, &closing.sent).await;
             Some(mark_sent(replica, turn_id).await)
         }
         Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => None,
@@ -759,7 +758,7 @@ async fn publish_final(
 
 /// A turn's closing events: the states of the calls that never answered (`missing`),
 /// the narration `chunks`, and the `final` holding `results`, fitted to the largest
-/// message the NATS server takes.
+/// message the NATS server takes; as stored and as sent (`finals.rs`).
 fn closing_events(
     replica: &Replica,
     turn_id: &str,
@@ -767,26 +766,34 @@ fn closing_events(
     results: Vec<CallResult>,
     missing: &[CallResult],
     deadline_hit: bool,
-) -> Vec<String> {
+) -> ClosingEvents {
     let text = chunks.join(" ");
     let narration = chunks.into_iter().map(|text| TurnEvent::Narration {
         turn_id: turn_id.to_string(),
         text,
     });
-    let mut closing: Vec<String> = missing
+    let mut stored: Vec<String> = missing
         .iter()
         .map(|r| events::result_state(turn_id, r))
         .chain(narration)
         .filter_map(|e| events::encode(&e))
         .collect();
-    closing.extend(fit_final(
-        turn_id,
-        &text,
-        results,
-        deadline_hit,
-        final_limit(replica),
-    ));
-    closing
+    let mut sent = stored.clone();
+    let limit = finals::limit(&replica.nats);
+    if let Some(last) = finals::encode(turn_id, &text, results, deadline_hit, limit) {
+        stored.push(last.stored);
+        sent.push(last.sent);
+    }
+    ClosingEvents { stored, sent }
+}
+
+/// A turn's closing events (narration, `final` last) as stored and as sent: the same
+/// events but the `final`, stored without its history and sent with it.
+pub(crate) struct ClosingEvents {
+    /// What the turn's event list keeps.
+    pub stored: Vec<String>,
+    /// What the frontend is sent.
+    pub sent: Vec<String>,
 }
 
 /// The `narrate` span of a turn.
@@ -832,117 +839,6 @@ async fn narrate(
             TemplateNarrator::chunks(&input)
         }
     }
-}
-
-/// The largest `final` sent: the server's `max_payload` less room for the `seq` and
-/// the message's own framing.
-fn final_limit(replica: &Replica) -> usize {
-    let max = replica.nats.server_info().max_payload;
-    let max = if max == 0 { DEFAULT_MAX_PAYLOAD } else { max };
-    max.saturating_sub(FINAL_HEADROOM)
-}
-
-/// `max_payload` assumed when the server announced none (nats-server's default).
-const DEFAULT_MAX_PAYLOAD: usize = 1024 * 1024;
-
-/// Bytes kept free below `max_payload` for the `seq` member and headers.
-const FINAL_HEADROOM: usize = 4096;
-
-/// A `final` as this coordinator writes it: a [`FinalEvent`]'s members, in its order,
-/// with the history written straight from the results ([`HistoryOf`], or empty when
-/// left out): the same text as `TurnEvent::Final` encodes, without building the
-/// history's `Value` trees.
-#[derive(Serialize)]
-#[serde(tag = "type", rename = "final")]
-struct FinalOut<'a> {
-    turn_id: &'a str,
-    text: &'a str,
-    results: &'a [CallResult],
-    summary: Summary,
-    history: HistoryOf<'a>,
-    deadline_hit: bool,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    history_omitted: bool,
-}
-
-/// The `final` event of the turn, encoded and made to fit in `limit` bytes. The history
-/// repeats every result twice, so it goes first: a `final` too large with it is sent
-/// with `history_omitted` (the frontend renders it from the results). Then the largest
-/// result bodies, one by one, are replaced by a `result_too_large` error of their call
-/// (every call id stays, in order), and the summary follows. Encoded once when it fits,
-/// as nearly every `final` does.
-fn fit_final(
-    turn_id: &str,
-    text: &str,
-    mut results: Vec<CallResult>,
-    deadline_hit: bool,
-    limit: usize,
-) -> Option<String> {
-    let mut history_omitted = false;
-    loop {
-        let event = FinalOut {
-            turn_id,
-            text,
-            results: &results,
-            summary: Summary::of(&results),
-            history: HistoryOf(if history_omitted { &[] } else { &results }),
-            deadline_hit,
-            history_omitted,
-        };
-        let json = match serde_json::to_string(&event) {
-            Ok(json) => json,
-            Err(error) => {
-                warn!(%turn_id, %error, "the final does not serialize");
-                return None;
-            }
-        };
-        if json.len() <= limit {
-            return Some(json);
-        }
-        if !history_omitted {
-            history_omitted = true;
-            continue;
-        }
-        if !shrink_final(&mut results, limit) {
-            return Some(json);
-        }
-    }
-}
-
-/// Replaces the largest result body of `results` by a `result_too_large` error of its
-/// call; false when no result body is left.
-fn shrink_final(results: &mut [CallResult], limit: usize) -> bool {
-    let largest = results
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.result.is_some())
-        .max_by_key(|(_, r)| r.result.as_ref().map(|v| v.to_string().len()));
-    let Some((index, _)) = largest else {
-        return false;
-    };
-    let original = &results[index];
-    let bytes = original
-        .result
-        .as_ref()
-        .map(|v| v.to_string().len())
-        .unwrap_or(0);
-    let call = ToolCall {
-        id: original.tool_call_id.clone(),
-        name: original.name.clone(),
-        arguments: serde_json::Value::Null,
-        parent_id: original.parent_id.clone(),
-    };
-    let message =
-        format!("the result ({bytes} bytes) was left out: the final must fit in {limit} bytes");
-    let mut replaced = CallResult::failure(
-        &call,
-        CallState::Error,
-        CallError::fatal(codes::RESULT_TOO_LARGE, message),
-    );
-    replaced.worker_id.clone_from(&original.worker_id);
-    replaced.attempts = original.attempts;
-    results[index] = replaced;
-    true
 }
 
 /// The result of a call that has none at the end: `cancelled` when the caller cancelled
@@ -1029,87 +925,5 @@ mod tests {
         assert_eq!(code.as_deref(), Some(codes::TOOL_TIMEOUT));
         let code = worst_outcome(&mixed[..2], false).map(|e| e.code);
         assert_eq!(code.as_deref(), Some("unknown_tool"));
-    }
-
-    #[test]
-    fn a_final_is_encoded_once_as_it_is_or_fitted_to_the_limit() {
-        let call = |id: &str| ToolCall {
-            id: id.into(),
-            name: "t".into(),
-            arguments: serde_json::Value::Null,
-            parent_id: None,
-        };
-        let results = vec![
-            CallResult::success(&call("small"), serde_json::json!({"n": 1})),
-            CallResult::success(
-                &call("large"),
-                serde_json::json!({"text": "x".repeat(8_000)}),
-            ),
-            CallResult::success(
-                &call("medium"),
-                serde_json::json!({"text": "y".repeat(3_000)}),
-            ),
-        ];
-        let event = FinalEvent {
-            turn_id: "turn".into(),
-            text: "done".into(),
-            summary: Summary::of(&results),
-            history: toolfleet_decision::history::render_history(&results),
-            results,
-            deadline_hit: false,
-            history_omitted: false,
-        };
-        let fit = |limit: usize| {
-            let results = event.results.clone();
-            fit_final("turn", "done", results, false, limit)
-        };
-        // Fits: the encoding is the event's, unchanged.
-        let whole = events::encode(&TurnEvent::Final(event.clone()));
-        assert_eq!(fit(1 << 20), whole);
-
-        // Over the limit: the history goes first (rendered again from the results by
-        // the frontend), then the largest body, then the next, until it fits.
-        let fits = |limit: usize| {
-            let json = fit(limit).expect("encodes");
-            assert!(json.len() <= limit, "{} > {limit}", json.len());
-            let Ok(TurnEvent::Final(fitted)) = serde_json::from_str(&json) else {
-                panic!("not a final: {json}");
-            };
-            let ids: Vec<_> = fitted
-                .results
-                .iter()
-                .map(|r| r.tool_call_id.clone())
-                .collect();
-            assert_eq!(ids, ["small", "large", "medium"]);
-            let left_out: Vec<_> = fitted
-                .results
-                .iter()
-                .filter(|r| {
-                    r.error
-                        .as_ref()
-                        .is_some_and(|e| e.code == codes::RESULT_TOO_LARGE)
-                })
-                .map(|r| r.tool_call_id.clone())
-                .collect();
-            assert_eq!(fitted.summary, Summary::of(&fitted.results));
-            assert!(fitted.history_omitted);
-            assert!(fitted.history.openai.is_empty() && fitted.history.anthropic.is_empty());
-            let rendered = fitted.session_history();
-            assert_eq!(rendered.openai.len(), 3);
-            left_out
-        };
-        let all_kept: Vec<String> = Vec::new();
-        assert_eq!(fits(whole.as_ref().map_or(0, String::len) - 100), all_kept);
-        let fitted = fit(whole.as_ref().map_or(0, String::len) - 100).expect("encodes");
-        let Ok(TurnEvent::Final(fitted)) = serde_json::from_str(&fitted) else {
-            panic!("not a final: {fitted}");
-        };
-        assert_eq!(fitted.session_history(), event.history);
-        assert_eq!(fits(4_000), ["large"]);
-        assert_eq!(fits(2_000), ["large", "medium"]);
-
-        // Nothing left to leave out: the smallest encoding there is.
-        let tight = fit(10).expect("encodes");
-        assert!(tight.contains(codes::RESULT_TOO_LARGE));
     }
 }

@@ -57,6 +57,30 @@ end
     };
 }
 
+/// The Lua helper the scripts that store a `final` end with: `bodies_kept_in_final(key)`
+/// empties every value of the turn's results hash (`put` first), keeping its fields and
+/// its TTL. The `final` carries each result from then on; the fields still tell a
+/// redelivered result (a duplicate) from a late one.
+macro_rules! forget_lua {
+    () => {
+        r#"
+local function bodies_kept_in_final(key)
+  local fields = redis.call('HKEYS', key)
+  if #fields == 0 then return end
+  local ttl = redis.call('PTTL', key)
+  local empty = {}
+  for _, field in ipairs(fields) do
+    empty[#empty + 1] = field
+    empty[#empty + 1] = ''
+  end
+  redis.call('DEL', key)
+  put('HSET', key, empty, 1, #empty)
+  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+end
+"#
+    };
+}
+
 const CREATE: &str = concat!(
     put_lua!(),
     r#"
@@ -115,11 +139,13 @@ return {1}
 /// built ahead (narration, `final` last) from the results whose stored bodies are given
 /// for every other call. When this result completes the turn and every other stored
 /// result is byte for byte the one given, the events are stored
-/// after the call's state (seq + 1, …) and the `final` marked stored, in this one step
-/// (`complete_stored`); otherwise the turn is handed back to be closed after the join
+/// after the call's state (seq + 1, …), the `final` marked stored and the stored result
+/// bodies emptied (the `final` carries them), in this one step (`complete_stored`);
+/// otherwise the turn is handed back to be closed after the join
 /// (`complete`), as without them.
 const RECORD: &str = concat!(
     put_lua!(),
+    forget_lua!(),
     r#"
 local meta = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'reply', 'paced', 'total',
   'created', 'traceparent', 'trace')
@@ -169,6 +195,7 @@ if redis.call('HLEN', KEYS[3]) >= tonumber(meta[5]) then
       local last = put('RPUSH', KEYS[4], ARGV, first, #ARGV)
       redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete', 'final_seq', last,
         'published', 0)
+      bodies_kept_in_final(KEYS[3])
       return {'complete_stored', meta[3], meta[4], seq}
     end
   end
@@ -227,16 +254,19 @@ return {'cancelled', m[1], m[2], redis.call('HGETALL', KEYS[2]), redis.call('HGE
 "#;
 
 /// Stores a turn's closing events (the last call states, the narration, `final` last)
-/// unless a `final` is stored already. KEYS: meta, events. ARGV: event*. A meta hash
+/// unless a `final` is stored already, then empties the stored result bodies (the
+/// `final` carries them). KEYS: meta, events, results. ARGV: event*. A meta hash
 /// without a `state` (written to after the turn's keys expired) is an unknown turn.
 const STORE_FINAL: &str = concat!(
     put_lua!(),
+    forget_lua!(),
     r#"
 local meta = redis.call('HMGET', KEYS[1], 'state', 'final_seq', 'reply')
 if not meta[1] then return {'unknown'} end
 if meta[2] then return {'stored_before'} end
 local last = put('RPUSH', KEYS[2], ARGV, 1, #ARGV)
 redis.call('HSET', KEYS[1], 'final_seq', last, 'published', 0)
+bodies_kept_in_final(KEYS[3])
 return {'stored', meta[3], last - #ARGV + 1}
 "#
 );
@@ -881,7 +911,16 @@ impl JoinStore {
         turn_id: &str,
         events: &[String],
     ) -> Result<StoredFinal, JoinError> {
-        let reply = self.log(&self.store_final, turn_id, events).await?;
+        let mut invocation = self.store_final.prepare_invoke();
+        for key in self.log_keys(turn_id) {
+            invocation.key(key);
+        }
+        invocation.key(self.names.turn_results_key(turn_id));
+        for event in events {
+            invocation.arg(event);
+        }
+        let mut redis = self.redis.clone();
+        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         Ok(match string_at(&reply, 0)?.as_str() {
             "unknown" => StoredFinal::UnknownTurn,
             "stored_before" => StoredFinal::StoredBefore,
@@ -920,24 +959,6 @@ impl JoinStore {
             },
             _ => Emitted::Nothing,
         })
-    }
-
-    /// Runs `script` over the turn's meta and events keys with `events` as arguments.
-    async fn log(
-        &self,
-        script: &Script,
-        turn_id: &str,
-        events: &[String],
-    ) -> Result<Vec<RedisValue>, JoinError> {
-        let mut invocation = script.prepare_invoke();
-        for key in self.log_keys(turn_id) {
-            invocation.key(key);
-        }
-        for event in events {
-            invocation.arg(event);
-        }
-        let mut redis = self.redis.clone();
-        Ok(invocation.invoke_async(&mut redis).await?)
     }
 
     /// Sends the turn's later events to `reply` and returns its stored events after

@@ -45,6 +45,7 @@ mod dispatch;
 mod events;
 mod fault;
 mod finalize;
+mod finals;
 mod intake;
 pub mod join;
 mod lanes;

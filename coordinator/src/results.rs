@@ -459,7 +459,7 @@ async fn record_closing_ahead(
         .and_then(|ready| span.in_scope(|| close_ahead(replica, turn_id, traced.tenant, ready)));
     let closing = ahead.as_ref().map(|a| ClosingAhead {
         checks: &a.checks,
-        events: &a.events,
+        events: &a.events.stored,
     });
     let script = span.in_scope(|| trace::join_script("RECORD", turn_id, traced.tenant));
     let outcome = replica

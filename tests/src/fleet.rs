@@ -480,7 +480,7 @@ impl Fleet {
     }
 
     /// A Redis hash of this fleet's Redis, as strings.
-    async fn hash(&self, key: String) -> Result<HashMap<String, String>> {
+    pub async fn hash(&self, key: String) -> Result<HashMap<String, String>> {
         let mut conn = self
             .redis
             .client()?

@@ -56,7 +56,7 @@ async fn the_deadline_ends_the_turn_and_late_results_change_nothing() -> anyhow:
     assert_eq!(counters.get("duplicates").map(String::as_str), Some("0"));
     assert_eq!(counters.get("state").map(String::as_str), Some("final"));
     assert_eq!(counters.get("ended").map(String::as_str), Some("deadline"));
-    let recorded = fleet.recorded_results(&turn_id).await?;
+    let recorded = fleet.hash(fleet.names.turn_results_key(&turn_id)).await?;
     assert_eq!(recorded.len(), 1, "{recorded:?}");
     assert!(recorded.contains_key("fast"));
 

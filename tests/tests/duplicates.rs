@@ -116,13 +116,12 @@ async fn the_first_result_wins_and_copies_are_counted() -> anyhow::Result<()> {
     let counters = fleet.counters(&turn_id).await?;
     assert_eq!(counters.get("late").map(String::as_str), Some("0"));
     assert_eq!(counters.get("duplicates").map(String::as_str), Some("2"));
-    let recorded = fleet.recorded_results(&turn_id).await?;
+    // Once the `final` (which holds `a`'s first result, above) is stored, the turn keeps
+    // each call's key without its body: enough to tell a copy from a late result.
+    let recorded = fleet.hash(fleet.names.turn_results_key(&turn_id)).await?;
     let mut keys: Vec<&str> = recorded.keys().map(String::as_str).collect();
     keys.sort_unstable();
     assert_eq!(keys, ["a", "b"]);
-    assert_eq!(
-        recorded.get("a").and_then(|r| r.result.clone()),
-        Some(json!({"forged": 1}))
-    );
+    assert!(recorded.values().all(String::is_empty), "{recorded:?}");
     Ok(())
 }

@@ -237,3 +237,95 @@ async fn ended_turns_give_way_when_redis_runs_short_and_open_turns_never() -> Re
     }
     Ok(())
 }
+
+/// Bytes Redis holds for `turn_id` once its `final` is stored: `MEMORY USAGE` summed over
+/// every key of the turn (`<prefix>:turn:{<id>}:*`), by key.
+async fn turn_bytes(
+    admin: &mut MultiplexedConnection,
+    fleet: &Fleet,
+    turn_id: &str,
+) -> Result<Vec<(String, u64)>> {
+    let pattern = fleet.names.turn_meta_key(turn_id).replace(":meta", ":*");
+    let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(admin).await?;
+    let mut sizes = Vec::new();
+    for key in keys {
+        let bytes: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(admin)
+            .await?;
+        sizes.push((key, bytes.unwrap_or(0)));
+    }
+    sizes.sort();
+    Ok(sizes)
+}
+
+/// Runs `calls` as one turn to its `final` and returns the bytes Redis holds for it
+/// after the `final` was sent (the mean over `turns` such turns).
+async fn bytes_per_turn(
+    fleet: &Fleet,
+    admin: &mut MultiplexedConnection,
+    calls: &[serde_json::Value],
+    turns: u64,
+) -> Result<u64> {
+    let mut total = 0;
+    for _ in 0..turns {
+        let mut stream = fleet
+            .client
+            .submit(timed_turn("acme", 10_000, calls.to_vec()))
+            .await?;
+        let events = read_to_end(&mut stream, Duration::from_secs(20)).await?;
+        match events.last() {
+            Some(TurnEvent::Final(fin)) => assert_eq!(fin.summary.ok, calls.len(), "{fin:?}"),
+            other => anyhow::bail!("the turn ended with {other:?}"),
+        }
+        let turn_id = stream.turn_id().to_string();
+        // The `final` is marked sent just after it is published.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let sizes = turn_bytes(admin, fleet, &turn_id).await?;
+        total += sizes.iter().map(|(_, b)| b).sum::<u64>();
+    }
+    Ok(total / turns)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_turn_holds_each_result_once() -> Result<()> {
+    let (fleet, _nodes, mut admin) = fleet_with_admin().await?;
+
+    // The bench's turn: three calls of small results; and chaos's: three calls that
+    // sleep (each sends `running`).
+    let noop: Vec<_> = (0..3)
+        .map(|i| call(&format!("call_{i}"), "test.noop", json!({})))
+        .collect();
+    let small = bytes_per_turn(&fleet, &mut admin, &noop, 5).await?;
+    let sleeping: Vec<_> = (0..3)
+        .map(|i| {
+            call(
+                &format!("call_{i}"),
+                "test.behave",
+                json!({"sleep_ms": 20 + 30 * i}),
+            )
+        })
+        .collect();
+    let sleepy = bytes_per_turn(&fleet, &mut admin, &sleeping, 5).await?;
+    eprintln!("three-call turn: {small} bytes (no-op calls), {sleepy} bytes (sleeping calls)");
+
+    // Sixteen calls of 8 KiB results: what is held past the results once is bounded.
+    let value = "v".repeat(8 * 1024);
+    let sixteen: Vec<_> = (0..16)
+        .map(|i| call(&format!("call_{i}"), "test.behave", json!({"value": value})))
+        .collect();
+    let large = bytes_per_turn(&fleet, &mut admin, &sixteen, 2).await?;
+    let results_once = 16 * 8 * 1024;
+    eprintln!("16 × 8 KiB turn: {large} bytes ({results_once} of results)");
+    // Before each result was kept once, the no-op turn held 4,552 bytes.
+    assert!(small <= 4_000, "a three-call turn holds {small} bytes");
+    assert!(sleepy <= 4_400, "a three-call turn holds {sleepy} bytes");
+    assert!(
+        large <= results_once * 3 / 2,
+        "a turn of {results_once} bytes of results holds {large} bytes"
+    );
+    Ok(())
+}
