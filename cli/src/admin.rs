@@ -147,8 +147,8 @@ impl KeyCommand {
                     max_rounds,
                     max_calls_per_round,
                     stop_after: match stop_after.as_deref() {
-                        Some("first") => Some(toolfleet_gateway::openai::StopAfter::First),
-                        Some("burst") => Some(toolfleet_gateway::openai::StopAfter::Burst),
+                        Some("first") => Some(toolfleet_gateway::keys::StopAfter::First),
+                        Some("burst") => Some(toolfleet_gateway::keys::StopAfter::Burst),
                         _ => None,
                     },
                 };

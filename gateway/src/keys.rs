@@ -21,7 +21,6 @@ use toolfleet_common::turn::normalize_tenant;
 
 use crate::config::KeyCheckConfig;
 use crate::limits::FailureLimiter;
-use crate::openai::StopAfter;
 
 /// Every key starts with this.
 pub const KEY_PREFIX: &str = "tfk_";
@@ -52,6 +51,28 @@ pub struct KeyRecord {
     pub name: String,
     /// Limits of this key's chat-completions loop.
     pub chat: ChatLimits,
+}
+
+/// The stop-after gate of the chat-completions loop: a key's limit ([`ChatLimits`])
+/// and a request's option (`openai::LoopOptions`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopAfter {
+    /// After the first round of fleet calls the model must answer in text.
+    First,
+    /// After the first round with several calls the model must answer in text.
+    Burst,
+}
+
+impl StopAfter {
+    /// How early the gate stops the loop: `first` stops no later than `burst`.
+    pub(crate) fn strictness(gate: Option<Self>) -> u8 {
+        match gate {
+            None => 0,
+            Some(Self::Burst) => 1,
+            Some(Self::First) => 2,
+        }
+    }
 }
 
 /// A key's limits on the chat-completions loop; `None` leaves the gateway's

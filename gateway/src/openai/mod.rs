@@ -54,7 +54,7 @@ use crate::auth::Caller;
 use crate::config::UpstreamConfig;
 use crate::error::{codes, ApiError};
 use crate::extract::ApiJson;
-use crate::keys::ChatLimits;
+use crate::keys::{ChatLimits, StopAfter};
 use crate::Gateway;
 use turn_id::turn_id_of;
 
@@ -83,27 +83,6 @@ pub struct LoopOptions {
     /// Budget of each round's fleet turn, in ms.
     #[serde(default)]
     pub deadline_ms: Option<u64>,
-}
-
-/// The stop-after gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StopAfter {
-    /// After the first round of fleet calls the model must answer in text.
-    First,
-    /// After the first round with several calls the model must answer in text.
-    Burst,
-}
-
-impl StopAfter {
-    /// How early the gate stops the loop: `first` stops no later than `burst`.
-    fn strictness(gate: Option<Self>) -> u8 {
-        match gate {
-            None => 0,
-            Some(Self::Burst) => 1,
-            Some(Self::First) => 2,
-        }
-    }
 }
 
 /// The limits one request runs under: the tightest of the configuration's, the API key's

@@ -9,6 +9,7 @@
 //! budget, and dropping an unanswered request sends `notifications/cancelled`.
 
 use rmcp::model::{CallToolRequestParams, RequestParamsMeta};
+use rmcp::service::{Peer, RoleClient};
 use rmcp::ServiceError;
 use serde_json::Value;
 use toolfleet_common::call::codes;
@@ -16,7 +17,6 @@ use toolfleet_common::mcp::outcome_of;
 use toolfleet_common::telemetry;
 use toolfleet_worker::tool::{ToolContext, ToolError, ToolOutput};
 
-use super::server::Server;
 use super::MCP_SERVER_UNAVAILABLE;
 
 /// `_meta` keys carrying the fleet's ids of the call, for servers that want them.
@@ -24,17 +24,19 @@ const META_TENANT: &str = "io.toolfleet/tenantId";
 const META_TURN: &str = "io.toolfleet/turnId";
 const META_CALL: &str = "io.toolfleet/callId";
 
-/// Calls `tool` of `server` with `arguments` for the call described by `ctx`.
+/// Calls `tool` of the server named `server` on its current connection `peer` (`None`
+/// while the server is down) with `arguments`, for the call described by `ctx`.
 pub(crate) async fn call(
-    server: &Server,
+    peer: Option<Peer<RoleClient>>,
+    server: &str,
     tool: &str,
     ctx: ToolContext,
     arguments: Value,
 ) -> Result<ToolOutput, ToolError> {
-    let Some(peer) = server.peer() else {
+    let Some(peer) = peer else {
         return Err(ToolError::retryable(
             MCP_SERVER_UNAVAILABLE,
-            format!("MCP server {} is not running", server.name()),
+            format!("MCP server {server} is not running"),
         ));
     };
     let params = request(tool, &ctx, arguments)?;
@@ -43,7 +45,7 @@ pub(crate) async fn call(
             value: out.value,
             summary: out.summary,
         }),
-        Err(error) => Err(failure(server.name(), error)),
+        Err(error) => Err(failure(server, error)),
     }
 }
 

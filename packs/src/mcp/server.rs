@@ -274,7 +274,9 @@ impl Server {
         let mcp_name: Arc<str> = mcp_name.into();
         Tool::from_fn(definition, move |ctx, arguments| {
             let (server, mcp_name) = (Arc::clone(&server), Arc::clone(&mcp_name));
-            Box::pin(async move { super::call::call(&server, &mcp_name, ctx, arguments).await })
+            Box::pin(async move {
+                super::call::call(server.peer(), server.name(), &mcp_name, ctx, arguments).await
+            })
         })
     }
 
