@@ -33,7 +33,7 @@
 //! | [`toolset`] | [`ToolSet`]: the tools served, changeable while the worker runs |
 //! | `serving` | keeping the served tools (consumers recreated when lost, pull loops) and the registration and heartbeat in line with the set |
 //! | [`tool`] | `Tool`, its builder, `ToolContext`, `ToolOutput`, `ToolError` |
-//! | `serve` | [`serve`]: a whole worker process (settings, telemetry, signals) in one call |
+//! | `process` | [`serve`]: a whole worker process (settings, telemetry, signals) in one call |
 //! | [`prelude`] | what a tool file needs in one `use` |
 //! | [`schema`] | the schemas the model sees, derived from argument and output types |
 //! | [`config`] | `WorkerConfig` from environment variables |
@@ -60,15 +60,15 @@ mod consumers;
 mod keepalive;
 mod output;
 pub mod prelude;
+mod process;
 pub mod registry;
 mod runner;
 pub mod schema;
-mod serve;
 mod serving;
 pub mod tool;
 pub mod toolset;
 
-pub use serve::{serve, ServeError};
+pub use process::{serve, ServeError};
 pub use toolfleet_worker_macros::{main, tool, ToolError};
 
 /// The Tokio runtime the worker runs on: a tool that sleeps, times out or does async I/O

@@ -1,4 +1,4 @@
-//! [`serve`]: the whole life of a worker process in one call — settings from the
+//! The whole life of a worker process in one call, [`serve`] — settings from the
 //! environment, telemetry (logs, `/metrics`, OTLP when built with it), SIGTERM/Ctrl-C
 //! handling, [`crate::run`] (which binds HTTP before it announces itself, and drains and
 //! withdraws on shutdown), then a telemetry flush. It owns process wiring only; serving
