@@ -7,11 +7,14 @@ SCENARIO `follow`: a turn of three calls read to its end; the same turn attached
 there, and attached from 0; an id never submitted; a turn cancelled while its call
 sleeps, then cancelled again. SCENARIO `overloaded` (tenant `busy`, one turn in flight):
 a second turn submitted while the first runs, waited out for the refusal's
-`retry_after_ms`. Prints one JSON object.
+`retry_after_ms`. SCENARIO `as_user`: the client connected as the NATS user and password
+of TOOLFLEET_NATS_USER and TOOLFLEET_NATS_PASSWORD (deploy/nats/auth.conf): the catalog,
+a turn, the turn attached again, a cancel. Prints one JSON object.
 """
 
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -110,10 +113,27 @@ async def overloaded(client):
             "accepted_after_s": accepted_after, "asks": second.asks}
 
 
+async def as_user(client):
+    tools = await client.catalog("native", tenant_id="acme")
+    stream = await client.submit({"type": "tool_calls", "calls": [
+        {"id": "inv", "toolName": "crm.getOpenInvoices", "arguments": {"customerId": "cust_001"}}]},
+        "acme", deadline_ms=10000)
+    events = await drain(stream)
+    again = await drain(await client.attach(stream.turn_id))
+    cancel = await client.cancel(stream.turn_id)
+    return {"tools": sorted(t.get("name") for t in tools), "turn": shape(events),
+            "summary": events[-1].get("summary"), "asks": stream.asks,
+            "again": shape(again), "cancel": cancel}
+
+
 async def main():
     url, prefix, scenario = sys.argv[1:4]
-    async with await FleetClient.connect(url, prefix=prefix) as client:
-        report = await {"follow": follow, "overloaded": overloaded}[scenario](client)
+    user = os.environ.get("TOOLFLEET_NATS_USER")
+    password = os.environ.get("TOOLFLEET_NATS_PASSWORD")
+    async with await FleetClient.connect(url, prefix=prefix, user=user,
+                                         password=password) as client:
+        scenarios = {"follow": follow, "overloaded": overloaded, "as_user": as_user}
+        report = await scenarios[scenario](client)
     print(json.dumps(report))
 
 

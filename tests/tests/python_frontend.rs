@@ -2,7 +2,8 @@
 //! developer would use it, against a real fleet: a turn of several calls read in `seq`
 //! order, an ended turn replayed, a running turn left and attached from its last `seq`
 //! (the deadline read from the replayed `ack`), an unknown id, a cancel, an `overloaded`
-//! refusal waited out for its `retry_after_ms`; many turns while `nats-server` is killed
+//! refusal waited out for its `retry_after_ms`, the NATS user of `deploy/nats/auth.conf`
+//! (its own subjects and inbox); many turns while `nats-server` is killed
 //! with SIGKILL and restarted every 1.5–3 s, not one lost; and the README's example run
 //! as written. Beside it, the Rust client reads an attached turn's deadline from its
 //! `ack` as well.
@@ -23,6 +24,7 @@ use toolfleet_common::TurnEvent;
 use toolfleet_coordinator::{TenantPolicies, TenantPolicy};
 use toolfleet_tests::fleet::{call, timed_turn, Fleet};
 use toolfleet_tests::repo_path;
+use toolfleet_tests::secured::{SecuredServers, FRONTEND_PASSWORD};
 
 /// Bound of one scenario script.
 const SCRIPT_WAIT: Duration = Duration::from_secs(120);
@@ -253,6 +255,39 @@ async fn a_frontend_that_publishes_once_under_nats_server_kills() -> Result<()> 
     let (report, kills) = under_nats_kills("once").await?;
     eprintln!("publish-once frontend under {kills} nats-server kills: {report}");
     assert!(report["turns"].as_u64().unwrap_or(0) > 0, "{report}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_works_as_the_frontend_user_of_the_shipped_nats_config() -> Result<()> {
+    let python = python().await?;
+    let servers = SecuredServers::start().await?;
+    let _coordinator = servers.coordinator(toolfleet_tests::free_port()?);
+    let _worker = servers.demo_worker(toolfleet_tests::free_port()?)?;
+    let frontend = servers.frontend().await?;
+    toolfleet_tests::fleet::wait_for_tools_on(&frontend, &["crm.getOpenInvoices"]).await?;
+    let script = repo_path("tests/python/frontend_client.py");
+    let args = vec![
+        servers.nats.url(),
+        servers.names.prefix().to_string(),
+        "as_user".to_string(),
+    ];
+    let user = [
+        ("TOOLFLEET_NATS_USER", "frontend"),
+        ("TOOLFLEET_NATS_PASSWORD", FRONTEND_PASSWORD),
+    ];
+    let report = run_script(&python, &script, &args, &user).await?;
+    assert!(
+        report["tools"]
+            .as_array()
+            .is_some_and(|t| t.contains(&json!("crm.getOpenInvoices"))),
+        "{report}"
+    );
+    let n = report["turn"]["seqs"].as_array().context("seqs")?.len() as u64;
+    assert_eq!(report["turn"]["seqs"], seqs(n), "{report}");
+    assert_eq!(report["summary"]["ok"], 1, "{report}");
+    assert_eq!(report["again"]["seqs"], seqs(n));
+    assert_eq!(report["cancel"]["outcome"], "already_ended");
     Ok(())
 }
 
