@@ -61,6 +61,11 @@ pub enum ProgressNotice {
         attempt: u32,
         /// The worker's id.
         worker_id: String,
+        /// When the worker began executing the call, Unix milliseconds: the call's
+        /// `started_at` should the turn end before its result (absent from older
+        /// workers: the notice's arrival stands in).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        started_unix_ms: Option<u64>,
     },
     /// A coordinator published the turn's `final`; the owner forgets the turn.
     Ended,

@@ -15,10 +15,11 @@
 //! (`deadline.rs`, through [`end_open_turn`]), or intake when no call could run. Never
 //! records results and never decides the deadline. This is the turn's last step.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use toolfleet_common::call::{codes, unix_ms};
+use toolfleet_common::call::{codes, rfc3339, unix_ms};
 use toolfleet_common::names::spans;
 use toolfleet_common::telemetry;
 use toolfleet_common::{
@@ -36,7 +37,7 @@ use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::startup::Replica;
 use crate::trace::{self, worst_outcome, EndedBy, TurnOutcome, TurnTrace};
-use crate::turns::Ready;
+use crate::turns::{Ready, Started};
 
 /// Longest a narrator may take before the template narration is used instead.
 pub const NARRATE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -282,7 +283,8 @@ async fn close_turn(
     }
     let created_unix_ms = closing.created_unix_ms;
     let (summary, error, sent) = async {
-        let (ordered, missing) = complete_results(closing, reason);
+        let started = replica.turns.started(turn_id);
+        let (ordered, missing) = complete_results(closing, reason, &started);
         let summary = Summary::of(&ordered);
         let error = worst_outcome(&ordered, deadline_hit);
         record_summary(&tracing::Span::current(), &summary, error.as_ref());
@@ -692,7 +694,11 @@ fn join_span(turn_id: &str, tenant: &str, reason: EndReason) -> tracing::Span {
 /// The turn's results in the model's order, a `timeout`, `skipped` or `cancelled` result
 /// standing in for each call that has none; those stand-ins are also returned on their
 /// own (their states are stored and sent with the `final`).
-fn complete_results(closing: Closing, reason: EndReason) -> (Vec<CallResult>, Vec<CallResult>) {
+fn complete_results(
+    closing: Closing,
+    reason: EndReason,
+    started: &HashMap<String, Started>,
+) -> (Vec<CallResult>, Vec<CallResult>) {
     let Closing {
         calls, mut results, ..
     } = closing;
@@ -704,7 +710,7 @@ fn complete_results(closing: Closing, reason: EndReason) -> (Vec<CallResult>, Ve
         let result = match results.remove(&key) {
             Some(r) => r,
             None => {
-                let stand_in = missing_result(&entry, reason);
+                let stand_in = missing_result(&entry, reason, started.get(&entry.id));
                 missing.push(stand_in.clone());
                 stand_in
             }
@@ -843,7 +849,7 @@ async fn narrate(
 
 /// The result of a call that has none at the end: `cancelled` when the caller cancelled
 /// the turn, `skipped` when pacing never dispatched it, `timeout` otherwise.
-fn missing_result(entry: &CallEntry, reason: EndReason) -> CallResult {
+fn missing_result(entry: &CallEntry, reason: EndReason, started: Option<&Started>) -> CallResult {
     let call = ToolCall {
         id: entry.id.clone(),
         name: entry.name.clone(),
@@ -868,7 +874,21 @@ fn missing_result(entry: &CallEntry, reason: EndReason) -> CallResult {
             CallError::retryable(codes::DEADLINE_EXCEEDED, message),
         )
     };
-    CallResult::failure(&call, state, error)
+    let mut result = CallResult::failure(&call, state, error);
+    if let Some(started) = started {
+        let now = unix_ms();
+        let at = |ms: u64| {
+            time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+                .ok()
+                .map(rfc3339)
+        };
+        result.started_at = at(started.unix_ms);
+        result.ended_at = at(now);
+        result.duration_ms = now.saturating_sub(started.unix_ms);
+        result.attempts = started.attempt;
+        result.worker_id = Some(started.worker_id.clone());
+    }
+    result
 }
 
 #[cfg(test)]

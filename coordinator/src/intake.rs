@@ -358,6 +358,7 @@ fn owned_turn(
         trace,
         deadline_unix_ms,
         ended_calls: Default::default(),
+        started: Default::default(),
         tools,
         ahead,
     }

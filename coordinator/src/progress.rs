@@ -16,8 +16,11 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::CallState;
 
+use toolfleet_common::call::unix_ms;
+
 use crate::events;
 use crate::startup::Replica;
+use crate::turns::Started;
 
 /// Relays notices until `shutdown`: `started` notices from workers on
 /// `<p>.progress.<turn>.<tool>` and `ended` notices from coordinators on
@@ -45,7 +48,11 @@ pub(crate) async fn relay(
             continue;
         };
         let Ok(ProgressNotice::Started {
-            tool_call_id, name, ..
+            tool_call_id,
+            name,
+            attempt,
+            worker_id,
+            started_unix_ms,
         }) = serde_json::from_slice::<ProgressNotice>(&message.payload)
         else {
             continue;
@@ -53,6 +60,12 @@ pub(crate) async fn relay(
         if name != tool || !replica.turns.owns(turn_id) {
             continue;
         }
+        let started = Started {
+            unix_ms: started_unix_ms.unwrap_or_else(unix_ms),
+            attempt,
+            worker_id,
+        };
+        replica.turns.note_started(turn_id, &tool_call_id, started);
         let (replica, turn_id) = (Arc::clone(&replica), turn_id.to_string());
         replica.tasks.clone().spawn(Box::pin(async move {
             relay_running(&replica, &turn_id, &tool_call_id, &name).await;

@@ -46,6 +46,9 @@ pub(crate) struct OwnedTurn {
     /// Each dispatched call's tool, by call id: a `started` notice is relayed only for a
     /// call of the tool its subject names.
     pub tools: HashMap<String, String>,
+    /// Calls a worker announced as running, by call id: the timing of a call the turn
+    /// ends without its result.
+    pub started: HashMap<String, Started>,
     /// What building the turn's closing events ahead needs, when the narrator narrates
     /// ahead and the turn is small enough.
     pub ahead: Option<Ahead>,
@@ -159,6 +162,17 @@ impl Drop for Taking {
     }
 }
 
+/// A call a worker announced as running (its `started` notice).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Started {
+    /// When the worker began executing it, Unix milliseconds.
+    pub unix_ms: u64,
+    /// The delivery attempt.
+    pub attempt: u32,
+    /// The worker running it.
+    pub worker_id: String,
+}
+
 /// Locks `mutex`, taking the data over from a panicked holder: the maps stay usable.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     match mutex.lock() {
@@ -264,6 +278,23 @@ impl OwnedTurns {
         })
     }
 
+    /// Notes that a worker announced `call_id` of an owned turn as running; a later
+    /// attempt replaces an earlier one.
+    pub(crate) fn note_started(&self, turn_id: &str, call_id: &str, started: Started) {
+        if let Some(turn) = lock(&self.owned).get_mut(turn_id) {
+            turn.started.insert(call_id.to_string(), started);
+        }
+    }
+
+    /// The calls of `turn_id` announced as running, by call id (empty when this
+    /// replica does not own the turn).
+    pub(crate) fn started(&self, turn_id: &str) -> HashMap<String, Started> {
+        lock(&self.owned)
+            .get(turn_id)
+            .map(|t| t.started.clone())
+            .unwrap_or_default()
+    }
+
     /// Notes that this replica published the terminal state of `call_id`.
     pub(crate) fn mark_ended(&self, turn_id: &str, call_id: &str) {
         if let Some(turn) = lock(&self.owned).get_mut(turn_id) {
@@ -341,6 +372,7 @@ mod tests {
             trace: None,
             deadline_unix_ms,
             ended_calls: HashSet::new(),
+            started: HashMap::new(),
             tools: HashMap::new(),
             ahead,
         };

@@ -1,5 +1,6 @@
-//! A turn ends at its deadline: the slow call is a `timeout`, the fast one keeps its
-//! result, and the slow call's late result is counted and changes nothing.
+//! A turn ends at its deadline: the slow call is a `timeout` that keeps the timing of the
+//! run its worker announced, the fast one keeps its result, and the slow call's late
+//! result is counted and changes nothing.
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +43,18 @@ async fn the_deadline_ends_the_turn_and_late_results_change_nothing() -> anyhow:
     let slow = result_of(&fin, "slow")?;
     assert_eq!(slow.state, CallState::Timeout, "{slow:?}");
     assert_eq!(code_of(slow), Some(codes::DEADLINE_EXCEEDED));
+    // The slow call ran (its worker announced it): its timing runs from its start to
+    // the turn's end, with its attempt and worker.
+    assert!(
+        slow.started_at.is_some() && slow.ended_at.is_some(),
+        "{slow:?}"
+    );
+    assert!(
+        (DEADLINE_MS / 2..SLOW_MS).contains(&slow.duration_ms),
+        "{slow:?}"
+    );
+    assert_eq!(slow.attempts, 1, "{slow:?}");
+    assert!(slow.worker_id.is_some(), "{slow:?}");
     assert_eq!(
         (fin.summary.total, fin.summary.ok, fin.summary.timeouts),
         (2, 1, 1)

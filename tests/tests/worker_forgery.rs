@@ -127,6 +127,7 @@ fn started(id: &str, tool: &str) -> anyhow::Result<Vec<u8>> {
         name: tool.into(),
         attempt: 1,
         worker_id: "rogue".into(),
+        started_unix_ms: None,
     })?)
 }
 

@@ -515,8 +515,9 @@ async fn announced<F: std::future::Future>(
     attempt: u32,
     call: F,
 ) -> F::Output {
+    let started_unix_ms = toolfleet_common::call::unix_ms();
     if shared.running_after.is_zero() {
-        notify_started(shared, job, attempt).await;
+        notify_started(shared, job, attempt, started_unix_ms).await;
         return call.await;
     }
     let mut call = std::pin::pin!(call);
@@ -525,18 +526,20 @@ async fn announced<F: std::future::Future>(
         output = &mut call => output,
         () = tokio::time::sleep(shared.running_after) => {
             // The call goes on while the notice is handed to the connection.
-            let ((), output) = tokio::join!(notify_started(shared, job, attempt), call);
+            let notice = notify_started(shared, job, attempt, started_unix_ms);
+            let ((), output) = tokio::join!(notice, call);
             output
         }
     }
 }
 
-async fn notify_started(shared: &Shared, job: &JobEnvelope, attempt: u32) {
+async fn notify_started(shared: &Shared, job: &JobEnvelope, attempt: u32, started_unix_ms: u64) {
     let notice = ProgressNotice::Started {
         tool_call_id: job.call.id.clone(),
         name: job.call.name.clone(),
         attempt,
         worker_id: shared.worker_id.clone(),
+        started_unix_ms: Some(started_unix_ms),
     };
     if let Ok(body) = serde_json::to_vec(&notice) {
         let _ = shared

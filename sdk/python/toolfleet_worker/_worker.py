@@ -316,11 +316,14 @@ class Worker:
     async def _run(self, t, msg, job, attempt, base, cancelled):
         call = job["call"]
 
+        started_unix_ms = int(time.time() * 1000)
+
         async def announce(delay):  # 7.5, best effort, once the call has run `delay`
             if delay > 0:
                 await asyncio.sleep(delay)
             notice = {"kind": "started", "tool_call_id": call["id"], "name": call["name"],
-                      "attempt": attempt, "worker_id": self.s.worker_id}
+                      "attempt": attempt, "worker_id": self.s.worker_id,
+                      "started_unix_ms": started_unix_ms}
             try:
                 await self.nc.publish(f"{self.s.prefix}.progress.{job['turn_id']}.{call['name']}",
                                       json.dumps(notice).encode())
