@@ -128,3 +128,106 @@ async fn a_worker_is_not_ready_while_coordinators_refuse_its_definition() -> Res
     worker.stop().await;
     Ok(())
 }
+
+/// `fleet-node role` on `nats_url` and `redis_url` with its endpoint on `port` and `env`.
+fn spawn_node(
+    role: &str,
+    nats_url: &str,
+    redis_url: &str,
+    port: u16,
+    env: &[(&str, &str)],
+) -> Result<tokio::process::Child> {
+    let mut command = tokio::process::Command::new(toolfleet_tests::fleet::fleet_node_path()?);
+    command
+        .arg(role)
+        .env("TOOLFLEET_NATS_URL", nats_url)
+        .env("TOOLFLEET_REDIS_URL", redis_url)
+        .env("TOOLFLEET_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .env("TOOLFLEET_HEARTBEAT_MS", "500")
+        .env("RUST_LOG", "error")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    Ok(command.spawn()?)
+}
+
+/// Waits until `/readyz` on `port` answers 503 with a reason starting with `step`; the
+/// reason.
+async fn not_ready_at(port: u16, step: &str) -> Result<String> {
+    toolfleet_tests::eventually_named(step, WAIT, || async {
+        let (status, body) = http_get(port, "/readyz").await.ok()?;
+        let reason = body
+            .strip_prefix("not ready: ")
+            .unwrap_or(&body)
+            .trim_end()
+            .to_string();
+        (status == 503 && reason.starts_with(step)).then_some(reason)
+    })
+    .await
+}
+
+/// Redis unreachable at start: a coordinator and a worker wait for it as they wait for
+/// NATS, readiness naming the step and the cause, past the 10-17 s after which they used
+/// to exit, and are ready within seconds of Redis answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_at_start_is_retried_and_readiness_names_the_cause() -> Result<()> {
+    let mut fleet = Fleet::start().await?;
+    fleet.redis.stop().await;
+    let (nats, redis) = (fleet.nats.url(), fleet.redis.url());
+    let prefix = [("TOOLFLEET_PREFIX", fleet.names.prefix())];
+    let (c_port, w_port) = (free_port()?, free_port()?);
+    let mut coordinator = spawn_node("coordinator", &nats, &redis, c_port, &prefix)?;
+    let mut worker = spawn_node("worker", &nats, &redis, w_port, &prefix)?;
+    for port in [c_port, w_port] {
+        not_ready_at(port, "connecting to Redis: ").await?;
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    for (port, child) in [(c_port, &mut coordinator), (w_port, &mut worker)] {
+        assert!(child.try_wait()?.is_none(), "the process exited");
+        assert_eq!(http_get(port, "/healthz").await?.0, 200);
+        not_ready_at(port, "connecting to Redis: ").await?;
+    }
+    let back = Instant::now();
+    fleet.redis.restart().await?;
+    for port in [c_port, w_port] {
+        wait_http_status(port, "/readyz", 200, WAIT).await?;
+    }
+    eprintln!(
+        "ready {:.1} s after Redis answered",
+        back.elapsed().as_secs_f64()
+    );
+    fleet.wait_for_tools(&["test.noop"]).await?;
+    Ok(())
+}
+
+/// A wrong NATS password: readiness says so, and the refusals count as `server_error`
+/// (what the server refused), not `client_error` (a server not reached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_nats_password_is_named_by_readiness_and_counted_as_a_server_error() -> Result<()> {
+    let auth = "authorization {\n  user: fleet\n  password: right-one\n}\n";
+    let nats = toolfleet_tests::NatsServer::start_with_config(auth).await?;
+    let redis = toolfleet_tests::RedisServer::start().await?;
+    let port = free_port()?;
+    let credentials = [
+        ("TOOLFLEET_NATS_USER", "fleet"),
+        ("TOOLFLEET_NATS_PASSWORD", "wrong-one"),
+    ];
+    let _worker = spawn_node("worker", &nats.url(), &redis.url(), port, &credentials)?;
+    let body = not_ready_at(port, "connecting to NATS: ").await?;
+    assert_eq!(body, "connecting to NATS: authorization violation");
+    let (_, metrics) = http_get(port, "/metrics").await?;
+    let count = |event: &str| {
+        toolfleet_tests::metric_value(
+            &metrics,
+            "toolfleet_nats_events_total",
+            &[&format!("event=\"{event}\"")],
+        )
+    };
+    assert!(count("server_error").unwrap_or(0.0) >= 1.0, "{metrics}");
+    assert_eq!(count("client_error"), Some(0.0));
+    Ok(())
+}

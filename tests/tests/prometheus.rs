@@ -69,6 +69,72 @@ fn promtool_checks_and_tests_the_alert_rules() -> Result<()> {
     promtool(&["test", "rules", "alerts_test.yml"])
 }
 
+/// Whether the PromQL `expr` reads the metric `name` (itself, or a histogram's
+/// `_bucket`, `_count` or `_sum`).
+fn reads(expr: &str, name: &str) -> bool {
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    expr.match_indices(name).any(|(at, _)| {
+        let before = expr[..at].chars().next_back();
+        let after = &expr[at + name.len()..];
+        before.is_none_or(|c| !ident(c))
+            && (after.chars().next().is_none_or(|c| !ident(c))
+                || ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .any(|suffix| after.starts_with(suffix)))
+    })
+}
+
+/// Every metric docs/OPERATIONS.md marks "dashboard" is read by a panel of the Grafana
+/// dashboard, and every panel a runbook points to (`the *Title* panel`, the start of the
+/// panel's title) exists there, the NATS and Redis servers' among them.
+#[test]
+fn the_dashboard_carries_what_operations_promises() -> Result<()> {
+    let operations = std::fs::read_to_string(repo_path("docs/OPERATIONS.md"))?;
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(repo_path(
+        "deploy/prometheus/grafana-dashboard.json",
+    ))?)?;
+    let panels = dashboard["panels"].as_array().context("no panels")?;
+    let exprs: Vec<&str> = panels
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["expr"].as_str())
+        .collect();
+    let titles: Vec<&str> = panels.iter().filter_map(|p| p["title"].as_str()).collect();
+
+    let mut promised = Vec::new();
+    for row in operations.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        if cells.len() < 8 || cells[cells.len() - 2] != "dashboard" {
+            continue;
+        }
+        promised.extend(cells[1].split(',').map(|n| n.trim().trim_matches('`')));
+    }
+    assert!(promised.len() >= 25, "{promised:?}");
+    let missing: Vec<&&str> = promised
+        .iter()
+        .filter(|name| !exprs.iter().any(|e| reads(e, name)))
+        .collect();
+    assert!(missing.is_empty(), "no panel reads {missing:?}");
+
+    let runbooks = &operations[operations.find("## Runbooks").context("no runbooks")?..];
+    let mut named = Vec::new();
+    for rest in runbooks.split("the *").skip(1) {
+        if let Some((title, after)) = rest.split_once('*') {
+            if after.starts_with(" panel") {
+                named.push(title.replace('\n', " "));
+            }
+        }
+    }
+    for wanted in ["NATS server", "Redis server"] {
+        assert!(named.iter().any(|n| n == wanted), "runbooks name {named:?}");
+    }
+    for title in &named {
+        let found = titles.iter().any(|t| t.starts_with(title.as_str()));
+        assert!(found, "no panel {title:?}: {titles:?}");
+    }
+    Ok(())
+}
+
 /// How a test loads deploy/prometheus/alerts.yml.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rules {
@@ -944,8 +1010,8 @@ async fn a_supervised_task_that_dies_fires_task_died() -> Result<()> {
     prometheus.stop().await
 }
 
-/// A gateway answering turns, then every coordinator gone: its turns answer 503
-/// (ToolfleetGatewayErrors), and its requests are counted by route and status.
+/// A gateway answering turns, then every coordinator gone: its turns (1 s deadline)
+/// answer 503 (ToolfleetGatewayErrors), and its requests are counted by route and status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_5xx_answers_fire_gateway_errors() -> Result<()> {
     const ALERT: &str = "ToolfleetGatewayErrors";
@@ -953,12 +1019,11 @@ async fn gateway_5xx_answers_fire_gateway_errors() -> Result<()> {
     let db = TestDatabase::create().await?;
     let ops = free_port()?;
     let ops_addr = format!("127.0.0.1:{ops}");
-    let gateway = GatewayNode::start(
-        &scene.fleet,
-        &db,
-        &[("TOOLFLEET_HTTP_ADDR", ops_addr.as_str())],
-    )
-    .await?;
+    let env = [
+        ("TOOLFLEET_HTTP_ADDR", ops_addr.as_str()),
+        ("TOOLFLEET_GATEWAY_FINAL_GRACE_MS", "500"),
+    ];
+    let gateway = GatewayNode::start(&scene.fleet, &db, &env).await?;
     let key = create_key(&db, "acme").await?;
     let prometheus = Prometheus::start(
         Rules::Scaled,
@@ -974,7 +1039,7 @@ async fn gateway_5xx_answers_fire_gateway_errors() -> Result<()> {
     let answered = Arc::new(AtomicU64::new(0));
     let counting = Arc::clone(&answered);
     let requests = tokio::spawn(async move {
-        let body = json!({"decision": {"type": "final", "text": "hello"}});
+        let body = json!({"deadline_ms": 1000, "decision": {"type": "final", "text": "hello"}});
         loop {
             if let Ok(response) = gateway.json_turn(&key, &body).await {
                 if response.status().is_server_error() {
