@@ -1,5 +1,5 @@
 // The Server-Sent Events parser of toolfleet.js on its own: frames split at every byte,
-// every line ending, comments, multi-line data, a frame without id. Run: node --test test/
+// every line ending, comments, multi-line data, a frame without id. Run: npm test
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { sseFrames } from "../toolfleet.js";
