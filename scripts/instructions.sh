@@ -4,7 +4,8 @@
 #
 #   scripts/instructions.sh [--tracing on|off] [--redis] [--out FILE] [--keep DIR] [BINARY]
 #
-# BINARY is a release build of the developer tools (default target/release/toolfleet-dev). The script
+# BINARY is a release build of the developer tools (default
+# target/release/toolfleet-dev). The script
 # starts its own nats-server -js and redis-server on free loopback ports, runs a
 # coordinator and a worker (test pack) under callgrind, and drives them twice with
 # `toolfleet-dev bench --attach --phases overhead` (turns of three test.noop calls at

@@ -3,7 +3,8 @@
 #
 #   scripts/timeline.sh [--phase overhead|parallel] [--keep DIR] [BINARY]
 #
-# BINARY is a release build of the developer tools (default target/release/toolfleet-dev). The script
+# BINARY is a release build of the developer tools (default
+# target/release/toolfleet-dev). The script
 # starts its own nats-server -js (with its monitoring port, for message counts) and
 # redis-server on free loopback ports, a coordinator and a worker (test pack) exporting
 # every span over OTLP/HTTP to a sink of its own that decodes them, and drives them with

@@ -774,12 +774,7 @@ impl Client {
     /// # }
     /// ```
     pub fn new_inbox(&self) -> String {
-        let id = crate::id_generator::next();
-        let mut inbox = String::with_capacity(self.inbox_prefix.len() + 1 + id.len());
-        inbox.push_str(&self.inbox_prefix);
-        inbox.push('.');
-        inbox.push_str(&id);
-        inbox
+        format!("{}.{}", self.inbox_prefix, crate::id_generator::next())
     }
 
     /// Subscribes to a subject to receive [messages][Message].

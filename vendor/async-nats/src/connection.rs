@@ -35,7 +35,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use tokio::io::{self, AsyncRead, AsyncReadExt, AsyncWrite};
 use tracing::trace;
 
-use crate::header::{HeaderMap, HeaderName, HeaderValue};
+use crate::header::{HeaderMap, HeaderName, IntoHeaderValue};
 use crate::status::StatusCode;
 use crate::subject::Subject;
 use crate::{ClientOp, ServerError, ServerOp, Statistics};
@@ -456,7 +456,45 @@ impl Connection {
                 payload,
                 respond,
                 headers,
-            } => self.enqueue_publish(subject, payload, respond.as_ref(), headers.as_ref()),
+            } => {
+                let verb = match headers.as_ref() {
+                    Some(headers) if !headers.is_empty() => "HPUB",
+                    _ => "PUB",
+                };
+
+                small_write!("{verb} {subject} ");
+
+                if let Some(respond) = respond {
+                    small_write!("{respond} ");
+                }
+
+                match headers {
+                    Some(headers) if !headers.is_empty() => {
+                        let headers = headers.to_bytes();
+
+                        let headers_len = headers.len();
+                        let total_len = headers_len + payload.len();
+                        small_write!("{headers_len} {total_len}\r\n");
+                        self.write(headers);
+                    }
+                    _ => {
+                        let payload_len = payload.len();
+                        small_write!("{payload_len}\r\n");
+                    }
+                }
+
+                self.write(Bytes::clone(payload));
+                self.write("\r\n");
+
+                trace!(
+                    verb = %verb,
+                    subject = %subject,
+                    reply = ?respond,
+                    headers = ?headers,
+                    payload_len = %payload.len(),
+                    "write operation: PUB"
+                );
+            }
 
             ClientOp::Subscribe {
                 sid,
@@ -640,83 +678,6 @@ impl Connection {
         }
     }
 
-    /// Writes a `PUB` (or, with headers, `HPUB`) operation to the write buffer.
-    fn enqueue_publish(
-        &mut self,
-        subject: &Subject,
-        payload: &Bytes,
-        respond: Option<&Subject>,
-        headers: Option<&HeaderMap>,
-    ) {
-        let verb = match headers {
-            Some(headers) if !headers.is_empty() => "HPUB",
-            _ => "PUB",
-        };
-
-        // The protocol line is appended piece by piece: formatting it through
-        // `fmt::Write` cost more than the rest of the operation.
-        self.small_bytes(verb.as_bytes());
-        self.small_bytes(b" ");
-        self.small_bytes(subject.as_bytes());
-        self.small_bytes(b" ");
-
-        if let Some(respond) = respond {
-            self.small_bytes(respond.as_bytes());
-            self.small_bytes(b" ");
-        }
-
-        match headers {
-            Some(headers) if !headers.is_empty() => {
-                let headers = headers.to_bytes();
-
-                let headers_len = headers.len();
-                let total_len = headers_len + payload.len();
-                self.small_number(headers_len);
-                self.small_bytes(b" ");
-                self.small_number(total_len);
-                self.small_bytes(b"\r\n");
-                self.write(headers);
-            }
-            _ => {
-                self.small_number(payload.len());
-                self.small_bytes(b"\r\n");
-            }
-        }
-
-        self.write(Bytes::clone(payload));
-        self.write("\r\n");
-
-        trace!(
-            verb = %verb,
-            subject = %subject,
-            reply = ?respond,
-            headers = ?headers,
-            payload_len = %payload.len(),
-            "write operation: PUB"
-        );
-    }
-
-    /// Appends `bytes` to the small writes buffer.
-    fn small_bytes(&mut self, bytes: &[u8]) {
-        self.write_buf_len += bytes.len();
-        self.flattened_writes.extend_from_slice(bytes);
-    }
-
-    /// Appends `n` in decimal to the small writes buffer.
-    fn small_number(&mut self, mut n: usize) {
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.small_bytes(&digits[at..]);
-    }
-
     /// Obtain an [`fmt::Write`]r for the small writes buffer.
     fn small_write(&mut self) -> impl fmt::Write + '_ {
         struct Writer<'a> {
@@ -849,18 +810,18 @@ where
 }
 
 /// Parses an `HMSG` header block: the version line's status and description, then the
-/// headers. Every malformed form is an error (invalid UTF-8, no `NATS/1.0` line, a
-/// status that is not a number, a line without a colon, an invalid name, a value holding
-/// a carriage return or line feed), so the caller can drop the block and keep the
-/// connection.
+/// headers. Every malformed form is an error (invalid UTF-8, no `NATS/1.0` line, a status
+/// that is not a number, a line without a colon, an invalid name, a value holding a
+/// carriage return), so the caller can drop the block and keep the connection.
 pub(crate) fn parse_header_block(
     header: &[u8],
 ) -> Result<(Option<StatusCode>, Option<String>, HeaderMap), io::Error> {
-    let mut lines = HeaderLines(
-        std::str::from_utf8(&header)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8"))?,
-    )
-    .peekable();
+    let mut lines = std::str::from_utf8(header)
+        .map_err(|_| {
+            io::Error::new(io::ErrorKind::InvalidInput, "header isn't valid utf-8")
+        })?
+        .lines()
+        .peekable();
     let version_line = lines.next().ok_or_else(|| {
         io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
     })?;
@@ -900,82 +861,64 @@ pub(crate) fn parse_header_block(
             continue;
         }
 
-        let colon = memchr::memchr(b':', line.as_bytes()).ok_or_else(|| {
+        let (name, value) = line.split_once(':').ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, "no header version line found")
         })?;
-        let (name, value) = (&line[..colon], &line[colon + 1..]);
 
         let name = HeaderName::from_str(name)
             .map_err(|err| io::Error::new(io::ErrorKind::InvalidInput, err))?;
 
-        // Read the header value, which might have been split into multiple lines; the
-        // common single-line value is validated and copied once.
-        let value = value.trim_start();
-        let continued = |s: &&str| s.starts_with(char::is_whitespace);
-        let value = if lines.peek().is_some_and(continued) {
-            let mut joined = value.to_owned();
-            while let Some(v) = lines.next_if(continued) {
-                joined.push_str(v);
-            }
-            HeaderValue::from_str(joined.trim_end())
-        } else {
-            HeaderValue::from_str(value.trim_end())
-        };
+        // Read the header value, which might have been split into multiple lines
+        // `trim_start` and `trim_end` do the same job as doing `value.trim().to_owned()` at the end, but without a reallocation
+        let mut value = value.trim_start().to_owned();
+        while let Some(v) = lines.next_if(|s| s.starts_with(char::is_whitespace)) {
+            value.push_str(v);
+        }
+        value.truncate(value.trim_end().len());
 
-        // `FromStr`, not `From<String>`: a lone carriage return inside a value is an
-        // error here, where the infallible conversion would panic.
-        let value = value.map_err(|_| {
-            io::Error::new(
+        // A carriage return left inside the value (`lines` drops only the one before a line
+        // feed) is an error here, where the conversion below would panic.
+        if value.contains('\r') {
+            return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "header value holds a line break",
-            )
-        })?;
-        headers.append(name, value);
+                "header value holds a carriage return",
+            ));
+        }
+        headers.append(name, value.into_header_value());
     }
     Ok((status, description, headers))
 }
 
-/// The lines of a header block as `str::lines` gives them (split at `\n`, a `\r` right
-/// before it dropped), found with `memchr` instead of a `char` searcher.
-struct HeaderLines<'a>(&'a str);
-
-impl<'a> Iterator for HeaderLines<'a> {
-    type Item = &'a str;
-
-    fn next(&mut self) -> Option<&'a str> {
-        if self.0.is_empty() {
-            return None;
-        }
-        match memchr::memchr(b'\n', self.0.as_bytes()) {
-            Some(end) => {
-                let line = &self.0[..end];
-                self.0 = &self.0[end + 1..];
-                Some(line.strip_suffix('\r').unwrap_or(line))
-            }
-            None => Some(std::mem::take(&mut self.0)),
-        }
-    }
-}
-
 #[cfg(test)]
-mod header_lines {
+mod header_block {
+    use super::parse_header_block;
+    use crate::StatusCode;
+
     #[test]
-    fn split_as_str_lines_splits() {
-        let blocks = [
-            "",
-            "\n",
-            "\r\n",
-            "NATS/1.0\r\nA: 1\r\n\r\n",
-            "NATS/1.0\nA: 1\nB: 2",
-            "a\rb\r\nc\r",
-            "\r\r\n\n\r",
-            "x\r\n\r\ny\n",
-            "é: ü\r\n ç\r\n",
+    fn a_valid_block_gives_its_status_and_headers() {
+        let (status, description, headers) =
+            parse_header_block(b"NATS/1.0 503 No Responders\r\nA: 1\r\nA: 2\r\nB:  x\r\n  y \r\n\r\n")
+                .expect("a valid block");
+        assert_eq!(status, Some(StatusCode::NO_RESPONDERS));
+        assert_eq!(description.as_deref(), Some("No Responders"));
+        let a: Vec<&str> = headers.get_all("A").map(|v| v.as_str()).collect();
+        assert_eq!(a, ["1", "2"]);
+        assert_eq!(headers.get("B").map(|v| v.as_str()), Some("x  y"));
+    }
+
+    #[test]
+    fn every_malformed_block_is_an_error_not_a_panic() {
+        let blocks: [&[u8]; 7] = [
+            b"NATS/1.0\r\nA: \xff\r\n\r\n",
+            b"",
+            b"HTTP/1.1\r\nA: 1\r\n\r\n",
+            b"NATS/1.0 abc\r\n\r\n",
+            b"NATS/1.0\r\nno colon\r\n\r\n",
+            b"NATS/1.0\r\nBad Name: 1\r\n\r\n",
+            b"NATS/1.0\r\nA: x\ry\r\n\r\n",
         ];
         for block in blocks {
-            let ours: Vec<_> = super::HeaderLines(block).collect();
-            let std: Vec<_> = block.lines().collect();
-            assert_eq!(ours, std, "{block:?}");
+            assert!(parse_header_block(block).is_err(), "{block:?}");
         }
     }
 }

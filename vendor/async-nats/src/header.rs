@@ -44,13 +44,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// # }
 /// ```
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct HeaderMap {
-    /// Every name and value in the order they were added; a name with several values
-    /// appears once per value. A header block holds a handful of headers, so a lookup
-    /// scans them instead of hashing, and adding one never looks anything up (parsing
-    /// stays linear in the block's size whatever it holds).
-    entries: Vec<(HeaderName, HeaderValue)>,
+    inner: HashMap<HeaderName, Vec<HeaderValue>>,
 }
 
 /// Helper enum for backward-compatible deserialization using serde's untagged feature
@@ -75,14 +71,10 @@ impl<'de> Deserialize<'de> for HeaderMap {
         // Use the untagged enum to automatically try both formats
         let helper = HeaderMapHelper::deserialize(deserializer)?;
 
-        let (HeaderMapHelper::Legacy { inner } | HeaderMapHelper::Current(inner)) = helper;
-        let mut map = HeaderMap::new();
-        for (name, values) in inner {
-            for value in values {
-                map.entries.push((name.clone(), value));
-            }
-        }
-        Ok(map)
+        Ok(match helper {
+            HeaderMapHelper::Legacy { inner } => HeaderMap { inner },
+            HeaderMapHelper::Current(inner) => HeaderMap { inner },
+        })
     }
 }
 
@@ -91,26 +83,10 @@ impl Serialize for HeaderMap {
     where
         S: Serializer,
     {
-        // A map from each name to its values (the format without the "inner" wrapper).
-        serializer.collect_map(self.grouped())
+        // Serialize as the new format (direct HashMap without "inner" wrapper)
+        self.inner.serialize(serializer)
     }
 }
-
-/// Equal when both hold the same names, each with the same values in the same order;
-/// the order of different names does not matter.
-impl PartialEq for HeaderMap {
-    fn eq(&self, other: &Self) -> bool {
-        if self.entries.len() != other.entries.len() {
-            return false;
-        }
-        let theirs: HashMap<&HeaderName, Vec<&HeaderValue>> = other.grouped().into_iter().collect();
-        self.grouped()
-            .into_iter()
-            .all(|(name, values)| theirs.get(name) == Some(&values))
-    }
-}
-
-impl Eq for HeaderMap {}
 
 impl FromIterator<(HeaderName, HeaderValue)> for HeaderMap {
     fn from_iter<T: IntoIterator<Item = (HeaderName, HeaderValue)>>(iter: T) -> Self {
@@ -123,54 +99,20 @@ impl FromIterator<(HeaderName, HeaderValue)> for HeaderMap {
 }
 
 impl HeaderMap {
-    /// Every name with its values, each name once, in the order the names were first
-    /// added.
-    pub fn iter(&self) -> std::vec::IntoIter<(&HeaderName, Vec<&HeaderValue>)> {
-        self.grouped().into_iter()
-    }
-
-    /// Each name once, where it first appears, with its values in order; linear in the
-    /// number of values past a few names.
-    fn grouped(&self) -> Vec<(&HeaderName, Vec<&HeaderValue>)> {
-        let mut grouped: Vec<(&HeaderName, Vec<&HeaderValue>)> = Vec::new();
-        let mut index: HashMap<&HeaderName, usize> = HashMap::new();
-        for (name, value) in &self.entries {
-            let at = if grouped.len() <= 16 {
-                grouped.iter().position(|(n, _)| *n == name)
-            } else {
-                if index.is_empty() {
-                    index = grouped.iter().enumerate().map(|(i, (n, _))| (*n, i)).collect();
-                }
-                index.get(name).copied()
-            };
-            match at {
-                Some(i) => grouped[i].1.push(value),
-                None => {
-                    if !index.is_empty() {
-                        index.insert(name, grouped.len());
-                    }
-                    grouped.push((name, vec![value]));
-                }
-            }
-        }
-        grouped
+    pub fn iter(&self) -> std::collections::hash_map::Iter<'_, HeaderName, Vec<HeaderValue>> {
+        self.inner.iter()
     }
 }
 
 pub struct GetAll<'a, T> {
-    inner: Iter<'a, (HeaderName, T)>,
-    name: HeaderName,
+    inner: Iter<'a, T>,
 }
 
 impl<'a, T> Iterator for GetAll<'a, T> {
     type Item = &'a T;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let name = &self.name;
-        self.inner
-            .by_ref()
-            .find(|(n, _)| n == name)
-            .map(|(_, value)| value)
+        self.inner.next()
     }
 }
 
@@ -205,20 +147,11 @@ impl HeaderMap {
     /// assert!(!map.is_empty());
     /// ```
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.inner.is_empty()
     }
 
-    /// How many names the map holds (a name with several values counts once).
     pub fn len(&self) -> usize {
-        if self.entries.len() > 16 {
-            return self.grouped().len();
-        }
-        // Counted in place: the statistics of every publish ask.
-        self.entries
-            .iter()
-            .enumerate()
-            .filter(|(i, (name, _))| !self.entries[..*i].iter().any(|(n, _)| n == name))
-            .count()
+        self.inner.len()
     }
 
     /// Serialized byte length of this header block (as [`HeaderMap::to_bytes`]
@@ -226,8 +159,10 @@ impl HeaderMap {
     pub(crate) fn wire_len(&self) -> usize {
         // Mirrors `to_bytes`: "NATS/1.0\r\n" + each "<key>: <value>\r\n" + "\r\n".
         let mut len = b"NATS/1.0\r\n".len() + b"\r\n".len();
-        for (k, v) in &self.entries {
-            len += k.as_str().len() + b": ".len() + v.inner.len() + b"\r\n".len();
+        for (k, vs) in &self.inner {
+            for v in vs.iter() {
+                len += k.as_str().len() + b": ".len() + v.inner.len() + b"\r\n".len();
+            }
         }
         len
     }
@@ -245,22 +180,8 @@ impl HeaderMap {
     /// headers.insert("Key", "Value");
     /// ```
     pub fn insert<K: IntoHeaderName, V: IntoHeaderValue>(&mut self, name: K, value: V) {
-        let name = name.into_header_name();
-        let value = value.into_header_value();
-        match self.entries.iter().position(|(n, _)| *n == name) {
-            Some(first) => {
-                self.entries[first].1 = value;
-                let mut i = first + 1;
-                while i < self.entries.len() {
-                    if self.entries[i].0 == name {
-                        self.entries.remove(i);
-                    } else {
-                        i += 1;
-                    }
-                }
-            }
-            None => self.entries.push((name, value)),
-        }
+        self.inner
+            .insert(name.into_header_name(), vec![value.into_header_value()]);
     }
 
     /// Appends a new value to the list of values to a given key.
@@ -275,8 +196,16 @@ impl HeaderMap {
     /// headers.append("Key", "Value");
     /// headers.append("Key", "Another");
     pub fn append<K: IntoHeaderName, V: IntoHeaderValue>(&mut self, name: K, value: V) {
-        self.entries
-            .push((name.into_header_name(), value.into_header_value()));
+        let key = name.into_header_name();
+        let v = self.inner.get_mut(&key);
+        match v {
+            Some(v) => {
+                v.push(value.into_header_value());
+            }
+            None => {
+                self.insert(key, value.into_header_value());
+            }
+        }
     }
 
     /// Gets a value for a given key. If key is not found, [Option::None] is returned.
@@ -291,11 +220,9 @@ impl HeaderMap {
     /// let values = headers.get("Key").unwrap();
     /// ```
     pub fn get<K: IntoHeaderName>(&self, key: K) -> Option<&HeaderValue> {
-        let key = key.into_header_name();
-        self.entries
-            .iter()
-            .find(|(name, _)| *name == key)
-            .map(|(_, value)| value)
+        self.inner
+            .get(&key.into_header_name())
+            .and_then(|x| x.first())
     }
 
     /// Gets a last value for a given key. If key is not found, [Option::None] is returned.
@@ -310,12 +237,9 @@ impl HeaderMap {
     /// let values = headers.get_last("Key").unwrap();
     /// ```
     pub fn get_last<K: IntoHeaderName>(&self, key: K) -> Option<&HeaderValue> {
-        let key = key.into_header_name();
-        self.entries
-            .iter()
-            .rev()
-            .find(|(name, _)| *name == key)
-            .map(|(_, value)| value)
+        self.inner
+            .get(&key.into_header_name())
+            .and_then(|x| x.last())
     }
 
     /// Gets an iterator to the values for a given key.
@@ -333,20 +257,25 @@ impl HeaderMap {
     /// let value2 = values.next();
     /// ```
     pub fn get_all<K: IntoHeaderName>(&self, key: K) -> GetAll<'_, HeaderValue> {
-        GetAll {
-            inner: self.entries.iter(),
-            name: key.into_header_name(),
-        }
+        let inner = self
+            .inner
+            .get(&key.into_header_name())
+            .map(|x| x.iter())
+            .unwrap_or([].iter());
+
+        GetAll { inner }
     }
 
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
-        let mut buf = Vec::with_capacity(self.wire_len());
+        let mut buf = vec![];
         buf.extend_from_slice(b"NATS/1.0\r\n");
-        for (k, v) in &self.entries {
-            buf.extend_from_slice(k.as_str().as_bytes());
-            buf.extend_from_slice(b": ");
-            buf.extend_from_slice(v.inner.as_bytes());
-            buf.extend_from_slice(b"\r\n");
+        for (k, vs) in &self.inner {
+            for v in vs.iter() {
+                buf.extend_from_slice(k.as_str().as_bytes());
+                buf.extend_from_slice(b": ");
+                buf.extend_from_slice(v.inner.as_bytes());
+                buf.extend_from_slice(b"\r\n");
+            }
         }
         buf.extend_from_slice(b"\r\n");
         buf
@@ -510,7 +439,7 @@ impl fmt::Display for ParseHeaderValueError {
 impl std::error::Error for ParseHeaderValueError {}
 
 fn validate_header_value(s: &str) -> Result<(), ParseHeaderValueError> {
-    if s.bytes().any(|b| b == b'\r' || b == b'\n') {
+    if s.contains(['\r', '\n']) {
         Err(ParseHeaderValueError)
     } else {
         Ok(())
@@ -905,7 +834,7 @@ impl std::fmt::Display for ParseHeaderNameError {
 impl std::error::Error for ParseHeaderNameError {}
 
 fn validate_header_name(s: &str) -> Result<(), ParseHeaderNameError> {
-    if s.bytes().any(|b| !b.is_ascii_graphic() || b == b':') {
+    if s.contains(|c: char| !c.is_ascii_graphic() || c == ':') {
         Err(ParseHeaderNameError)
     } else {
         Ok(())
@@ -1329,50 +1258,6 @@ mod tests {
         headers.insert("$dollar", "value");
         headers.insert("Nats-Stream", "value");
         assert_eq!(headers.get("Nats-Stream").unwrap().as_str(), "value");
-    }
-
-    #[test]
-    fn values_keep_their_order_and_insert_replaces_them_all() {
-        let mut headers = HeaderMap::new();
-        headers.append("A", "1");
-        headers.append("B", "x");
-        headers.append("A", "2");
-        let all: Vec<_> = headers.get_all("A").map(|v| v.as_str()).collect();
-        assert_eq!(all, ["1", "2"]);
-        assert_eq!(headers.get("A").unwrap().as_str(), "1");
-        assert_eq!(headers.get_last("A").unwrap().as_str(), "2");
-        assert_eq!(headers.len(), 2);
-        assert_eq!(headers.to_bytes(), b"NATS/1.0\r\nA: 1\r\nB: x\r\nA: 2\r\n\r\n");
-
-        headers.insert("A", "3");
-        let all: Vec<_> = headers.get_all("A").map(|v| v.as_str()).collect();
-        assert_eq!(all, ["3"]);
-        assert_eq!(headers.len(), 2);
-
-        let mut other = HeaderMap::new();
-        other.insert("B", "x");
-        other.insert("A", "3");
-        assert_eq!(headers, other);
-        other.append("A", "4");
-        assert_ne!(headers, other);
-    }
-
-    #[test]
-    fn many_names_group_in_the_order_they_came() {
-        let mut headers = HeaderMap::new();
-        for round in 0..2 {
-            for i in 0..1000 {
-                headers.append(format!("H-{i}").as_str(), format!("{round}").as_str());
-            }
-        }
-        assert_eq!(headers.len(), 1000);
-        let grouped: Vec<_> = headers.iter().collect();
-        assert_eq!(grouped.len(), 1000);
-        assert_eq!(grouped[999].0.as_str(), "H-999");
-        let values: Vec<_> = grouped[999].1.iter().map(|v| v.as_str()).collect();
-        assert_eq!(values, ["0", "1"]);
-        let back: HeaderMap = serde_json::from_str(&serde_json::to_string(&headers).unwrap()).unwrap();
-        assert_eq!(back, headers);
     }
 
     #[test]

@@ -920,10 +920,7 @@ impl ConnectionHandler {
 
                 multiplexer.senders.insert(token.to_owned(), sender);
 
-                let mut respond = String::with_capacity(multiplexer.prefix.len() + token.len());
-                respond.push_str(&multiplexer.prefix);
-                respond.push_str(&token);
-                let respond: Subject = respond.into();
+                let respond: Subject = format!("{}{}", multiplexer.prefix, token).into();
 
                 let pub_op = ClientOp::Publish {
                     subject,

@@ -1953,7 +1953,22 @@ impl PublishAckFuture {
                 if m.status == Some(StatusCode::NO_RESPONDERS) {
                     return Err(PublishError::new(PublishErrorKind::StreamNotFound));
                 }
-                decode_publish_ack(m.payload.as_ref())
+                let response = serde_json::from_slice(m.payload.as_ref())
+                    .map_err(|err| PublishError::with_source(PublishErrorKind::Other, err))?;
+                match response {
+                    Response::Err { error } => match error.error_code() {
+                        ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID => Err(PublishError::with_source(
+                            PublishErrorKind::WrongLastMessageId,
+                            error,
+                        )),
+                        ErrorCode::STREAM_WRONG_LAST_SEQUENCE => Err(PublishError::with_source(
+                            PublishErrorKind::WrongLastSequence,
+                            error,
+                        )),
+                        _ => Err(PublishError::with_source(PublishErrorKind::Other, error)),
+                    },
+                    Response::Ok(publish_ack) => Ok(publish_ack),
+                }
             },
         )
     }
@@ -1967,33 +1982,6 @@ impl IntoFuture for PublishAckFuture {
         Box::pin(std::future::IntoFuture::into_future(
             self.next_with_timeout(),
         ))
-    }
-}
-
-/// The stream's answer to a publish: its ack, or the error it names.
-fn decode_publish_ack(payload: &[u8]) -> Result<PublishAck, PublishError> {
-    // An ack holds no `"error"` key (nor such a text, unless a name in it does): decode
-    // it as the ack at once. The untagged `Response` would buffer the body and fail the
-    // error variant first, on every publish.
-    let response = if memchr::memmem::find(payload, b"\"error\"").is_none() {
-        serde_json::from_slice::<PublishAck>(payload).map(Response::Ok)
-    } else {
-        serde_json::from_slice(payload)
-    }
-    .map_err(|err| PublishError::with_source(PublishErrorKind::Other, err))?;
-    match response {
-        Response::Err { error } => match error.error_code() {
-            ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID => Err(PublishError::with_source(
-                PublishErrorKind::WrongLastMessageId,
-                error,
-            )),
-            ErrorCode::STREAM_WRONG_LAST_SEQUENCE => Err(PublishError::with_source(
-                PublishErrorKind::WrongLastSequence,
-                error,
-            )),
-            _ => Err(PublishError::with_source(PublishErrorKind::Other, error)),
-        },
-        Response::Ok(publish_ack) => Ok(publish_ack),
     }
 }
 
@@ -2682,30 +2670,4 @@ fn kv_to_stream_config(
         subject_delete_marker_ttl,
         ..Default::default()
     })
-}
-
-#[cfg(test)]
-mod publish_ack_tests {
-    use super::*;
-
-    #[test]
-    fn an_ack_decodes_with_or_without_the_word_error_in_it() {
-        let ack = decode_publish_ack(br#"{"stream":"jobs","seq":7,"duplicate":true}"#)
-            .expect("an ack");
-        assert_eq!((ack.stream.as_str(), ack.sequence, ack.duplicate), ("jobs", 7, true));
-        let named = decode_publish_ack(br#"{"stream":"error","seq":1}"#).expect("an ack");
-        assert_eq!((named.stream.as_str(), named.sequence), ("error", 1));
-    }
-
-    #[test]
-    fn an_error_answer_keeps_its_kind() {
-        let wrong_last = br#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 3"}}"#;
-        let error = decode_publish_ack(wrong_last).expect_err("an error");
-        assert_eq!(error.kind(), PublishErrorKind::WrongLastSequence);
-        let other = br#"{"error":{"code":503,"err_code":10077,"description":"maximum messages exceeded"}}"#;
-        let error = decode_publish_ack(other).expect_err("an error");
-        assert_eq!(error.kind(), PublishErrorKind::Other);
-        let error = decode_publish_ack(b"{\"seq\":").expect_err("not json");
-        assert_eq!(error.kind(), PublishErrorKind::Other);
-    }
 }
