@@ -214,8 +214,9 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() -> Result<
     // Every operation ran (a non-zero exit above is any failed check): submit, catalog,
     // a turn by id read, followed and cancelled, a stream token minted, chat completions,
     // MCP's POST, GET and DELETE, health, readiness, the rendered document and the live
-    // page's four routes (the document itself is the one schemathesis reads).
-    assert!(report.contains("Tested: 17"), "{report}");
+    // page's five routes, its gateway client included (the document itself is the one
+    // schemathesis reads).
+    assert!(report.contains("Tested: 18"), "{report}");
     assert!(!report.contains(" failed"), "{report}");
     Ok(())
 }

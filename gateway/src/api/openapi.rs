@@ -814,6 +814,25 @@ where
                 ),
             ),
             (
+                "/page/toolfleet.js",
+                public_get(
+                    ctx,
+                    Doc {
+                        id: "gatewayClient",
+                        tag: "meta",
+                        summary: "The gateway's JavaScript client",
+                        description: "The gateway client of `clients/typescript` \
+                            (`toolfleet.js`, an ES module without dependencies) that the \
+                            live page submits and follows its turns with; usable by any \
+                            page served from the gateway.",
+                        keyed: false,
+                    },
+                    "JavaScript.",
+                    "text/javascript",
+                    None,
+                ),
+            ),
+            (
                 "/page/style.css",
                 public_get(
                     ctx,
@@ -869,6 +888,7 @@ mod tests {
             ("/", &["get"]),
             ("/page/config.json", &["get"]),
             ("/page/app.js", &["get"]),
+            ("/page/toolfleet.js", &["get"]),
             ("/page/style.css", &["get"]),
         ] {
             for method in methods {
@@ -878,7 +898,7 @@ mod tests {
                 );
             }
         }
-        assert_eq!(paths.len(), 15, "{:?}", paths.keys().collect::<Vec<_>>());
+        assert_eq!(paths.len(), 16, "{:?}", paths.keys().collect::<Vec<_>>());
     }
 
     #[test]
