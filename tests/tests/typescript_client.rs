@@ -3,7 +3,8 @@
 //! calls whose stream is cut mid-turn and resumed with `Last-Event-ID` (every `seq` once,
 //! in order), a turn left after two events and followed again, a stream token used
 //! without the key, a cancel, refusals typed by code, an `overloaded` gateway waited out
-//! for its `Retry-After`; its event-stream parser on its own; its README's example run as
+//! for its `Retry-After`; a turn followed while its gateway is killed and started again;
+//! its event-stream parser on its own; its README's example run as
 //! written; and the live page served with this very client.
 //!
 //! Needs only `node` (20+) on the machine: the client has no dependencies.
@@ -14,9 +15,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use tokio::process::Command;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
 use toolfleet_tests::fleet::Fleet;
-use toolfleet_tests::gateway::{create_key, GatewayNode};
+use toolfleet_tests::gateway::{create_key, gateway_node_path, GatewayNode};
 use toolfleet_tests::pg::TestDatabase;
 use toolfleet_tests::repo_path;
 
@@ -139,6 +141,76 @@ async fn the_javascript_client_streams_resumes_cancels_and_waits_out_overloaded(
     assert!(waited >= 1000 * retries.len() as u64, "{overloaded}");
     assert_eq!(overloaded["secondSummary"]["ok"], 1);
     assert_eq!(overloaded["firstSummary"]["ok"], 1);
+    Ok(())
+}
+
+/// A `gateway-node` on `port` for `fleet` with keys in `db`, ready; killed when dropped.
+async fn gateway_on(fleet: &Fleet, db: &TestDatabase, port: u16) -> Result<Child> {
+    let child = Command::new(gateway_node_path()?)
+        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
+        .env("TOOLFLEET_PREFIX", fleet.names.prefix())
+        .env("TOOLFLEET_DATABASE_URL", db.url())
+        .env("TOOLFLEET_GATEWAY_ADDR", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawning gateway-node")?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    toolfleet_tests::eventually_named("the gateway to be ready", NODE_WAIT, || async {
+        let response = http.get(&ready).send().await.ok()?;
+        response.status().is_success().then_some(())
+    })
+    .await?;
+    Ok(child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_resumes_on_a_gateway_started_again_after_a_kill() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let port = toolfleet_tests::free_port()?;
+    let mut gateway = gateway_on(&fleet, &db, port).await?;
+    let key = create_key(&db, "demo").await?;
+    let base = format!("http://127.0.0.1:{port}");
+    let mut client = Command::new("node")
+        .args(["test/restart.mjs", &base, &key])
+        .current_dir(repo_path("clients/typescript"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting node")?;
+    let mut lines = BufReader::new(client.stdout.take().context("no stdout")?).lines();
+    let ready = tokio::time::timeout(NODE_WAIT, lines.next_line())
+        .await
+        .context("the client never read its first events")??
+        .context("the client ended early")?;
+    let ready: Value = serde_json::from_str(&ready)?;
+    assert!(ready["ready"].is_string(), "{ready}");
+
+    // The call sleeps 3 s: the gateway dies under the open stream and comes back.
+    gateway.kill().await?;
+    let _gateway = gateway_on(&fleet, &db, port).await?;
+
+    let report = tokio::time::timeout(NODE_WAIT, lines.next_line())
+        .await
+        .context("the client did not finish")??
+        .context("the client printed no report")?;
+    let status = tokio::time::timeout(NODE_WAIT, client.wait()).await??;
+    assert!(status.success(), "{status}");
+    let report: Value = serde_json::from_str(&report)?;
+    let n = len(&report["seqs"]);
+    assert_eq!(report["seqs"], seqs(1, n), "{report}");
+    assert_eq!(report["types"][n as usize - 1], "final", "{report}");
+    assert_eq!(report["states"], json!(["done"]), "{report}");
+    assert!(report["resumes"].as_u64().unwrap_or(0) >= 1, "{report}");
     Ok(())
 }
 
