@@ -59,21 +59,24 @@ end
 
 /// The Lua helper the scripts that store a `final` end with: `bodies_kept_in_final(key)`
 /// empties every value of the turn's results hash (`put` first), keeping its fields and
-/// its TTL. The `final` carries each result from then on; the fields still tell a
+/// its TTL. The hash is written anew (the fields deleted, which deletes the key, then
+/// set again) so that it shrinks to Redis's compact encoding, with only the commands
+/// the fleet's Redis user may run (deploy/redis/users.acl). The `final` carries each result from then on; the fields still tell a
 /// redelivered result (a duplicate) from a late one.
 macro_rules! forget_lua {
     () => {
         r#"
 local function bodies_kept_in_final(key)
-  local fields = redis.call('HKEYS', key)
-  if #fields == 0 then return end
+  local stored = redis.call('HGETALL', key)
+  if #stored == 0 then return end
   local ttl = redis.call('PTTL', key)
-  local empty = {}
-  for _, field in ipairs(fields) do
-    empty[#empty + 1] = field
+  local fields, empty = {}, {}
+  for i = 1, #stored, 2 do
+    fields[#fields + 1] = stored[i]
+    empty[#empty + 1] = stored[i]
     empty[#empty + 1] = ''
   end
-  redis.call('DEL', key)
+  put('HDEL', key, fields, 1, #fields)
   put('HSET', key, empty, 1, #empty)
   if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
 end

@@ -232,6 +232,38 @@ async fn a_turn_runs_with_each_role_on_its_own_credentials() -> Result<()> {
     assert!(fin.results.iter().all(|r| r.state == CallState::Done));
     assert!(!fin.deadline_hit);
 
+    // What the join does to an ended turn runs as the coordinators' Redis user: the
+    // stored result bodies gave way to the `final`, and the turn gives way when Redis
+    // runs short (`trim_ended`, past TOOLFLEET_REDIS_TRIM_PERCENT).
+    let redis =
+        toolfleet_common::redis_client::connect(&servers.redis_url, Default::default()).await?;
+    let mut conn = redis.clone();
+    let results: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(servers.names.turn_results_key(&fin.turn_id))
+        .query_async(&mut conn)
+        .await?;
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert!(results.values().all(String::is_empty), "{results:?}");
+    let store = toolfleet_coordinator::join::JoinStore::new(redis, servers.names.clone());
+    let trimmed = tokio::time::timeout(EVENT_WAIT, async {
+        loop {
+            // The `final` is marked sent (and the turn indexed as ended) just after it
+            // is published.
+            match store.trim_ended(100, 600_000).await? {
+                0 => tokio::time::sleep(Duration::from_millis(50)).await,
+                n => return anyhow::Ok(n),
+            }
+        }
+    })
+    .await
+    .context("the ended turn was never trimmed")??;
+    assert_eq!(trimmed, 1);
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(servers.names.turn_meta_key(&fin.turn_id))
+        .query_async(&mut conn)
+        .await?;
+    assert!(!exists);
+
     // The container health check passes with every role on its own credentials.
     for port in [coordinator_port, worker_port] {
         for path in ["/healthz", "/readyz"] {
