@@ -231,3 +231,44 @@ async fn a_wrong_nats_password_is_named_by_readiness_and_counted_as_a_server_err
     assert_eq!(count("client_error"), Some(0.0));
     Ok(())
 }
+
+/// A worker whose NATS user may not create consumers: readiness names the step and the
+/// server's refusal while it waits on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_nats_permission_is_named_by_readiness() -> Result<()> {
+    let users = r#"authorization {
+  users = [
+    { user: coordinator, password: c-pass }
+    { user: worker, password: w-pass, permissions: {
+        publish: { allow: [">"], deny: ["$JS.API.CONSUMER.CREATE.>", "$JS.API.CONSUMER.DURABLE.CREATE.>"] }
+        subscribe: { allow: [">"] } } }
+  ]
+}
+"#;
+    let nats = toolfleet_tests::NatsServer::start_with_config(users).await?;
+    let redis = toolfleet_tests::RedisServer::start().await?;
+    let (c_port, w_port) = (free_port()?, free_port()?);
+    let coordinator = [
+        ("TOOLFLEET_NATS_USER", "coordinator"),
+        ("TOOLFLEET_NATS_PASSWORD", "c-pass"),
+    ];
+    let _coordinator = spawn_node(
+        "coordinator",
+        &nats.url(),
+        &redis.url(),
+        c_port,
+        &coordinator,
+    )?;
+    wait_http_status(c_port, "/readyz", 200, WAIT).await?;
+    let worker = [
+        ("TOOLFLEET_NATS_USER", "worker"),
+        ("TOOLFLEET_NATS_PASSWORD", "w-pass"),
+    ];
+    let _worker = spawn_node("worker", &nats.url(), &redis.url(), w_port, &worker)?;
+    let reason = not_ready_at(w_port, "creating consumers: ").await?;
+    assert!(
+        reason.to_lowercase().contains("permissions violation"),
+        "{reason}"
+    );
+    Ok(())
+}

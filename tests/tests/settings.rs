@@ -109,3 +109,20 @@ async fn zero_and_huge_settings_are_refused_naming_the_variable() -> Result<()> 
     }
     Ok(())
 }
+
+/// A prefix that is not one NATS subject token is refused at start, naming the variable,
+/// before anything is connected (the servers here do not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_that_is_not_one_subject_token_is_refused_at_start() -> Result<()> {
+    for role in ["coordinator", "worker"] {
+        for value in ["a.b", "fleet.*", "a b"] {
+            let (ok, stderr) = start_with(role, "TOOLFLEET_PREFIX", value).await?;
+            assert!(!ok, "{role} started with TOOLFLEET_PREFIX={value}");
+            let named = stderr
+                .lines()
+                .any(|l| l.contains("TOOLFLEET_PREFIX") && l.contains(&format!("{value:?}")));
+            assert!(named, "{role} TOOLFLEET_PREFIX={value}: {stderr}");
+        }
+    }
+    Ok(())
+}
