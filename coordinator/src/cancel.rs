@@ -25,7 +25,7 @@ use crate::callers::{Caller, Reply};
 use crate::events::{self, Notice};
 use crate::finalize::{finish, TurnEnd};
 use crate::join::Cancelled;
-use crate::startup::Replica;
+use crate::replica::Replica;
 
 /// Handles one request on the cancel subject.
 pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_nats::Message) {

@@ -19,7 +19,7 @@ use tracing::warn;
 use crate::callers::Caller;
 use crate::config::TenantPolicy;
 use crate::events;
-use crate::startup::{next_message, Replica};
+use crate::replica::{next_message, Replica};
 
 /// The catalog for `request` from `caller`.
 pub(crate) fn catalog(

@@ -9,21 +9,13 @@
 //! chooses its own). Called for each new or changed definition after a registry refresh,
 //! and for every tool each topology period. Never pulls a job.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use async_nats::jetstream::consumer::{self, IntoConsumerConfig};
 use toolfleet_common::streams::tool_consumer_config;
 use toolfleet_common::topology::consumer_not_found;
 use toolfleet_common::ToolDefinition;
 use tracing::{info, warn};
 
-use crate::startup::Replica;
-
-/// The definitions whose consumer this replica has ensured, by tool, so a refresh that
-/// changed nothing costs no JetStream request.
-#[derive(Default)]
-pub(crate) struct Ensured(Mutex<HashMap<String, ToolDefinition>>);
+use crate::replica::Replica;
 
 /// Ensures the consumer of every tool whose definition is new or changed since this
 /// replica last ensured it.

@@ -19,7 +19,7 @@ use tracing::warn;
 
 use crate::finalize::{end_open_turn, sweep_turn};
 use crate::limits::millis;
-use crate::startup::Replica;
+use crate::replica::Replica;
 
 /// Turns ended per sweep at most.
 const SWEEP_BATCH: usize = 200;

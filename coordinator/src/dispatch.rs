@@ -28,7 +28,7 @@ use tracing::{debug, info, info_span, warn, Instrument};
 use crate::fault;
 use crate::join::{CallEntry, Released};
 use crate::results::record_result;
-use crate::startup::Replica;
+use crate::replica::Replica;
 use crate::trace::TurnTrace;
 use crate::validate::{PlannedCall, Verdict};
 

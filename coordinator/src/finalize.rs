@@ -8,7 +8,7 @@
 //! forgetting the turn here and telling its owner when that is another replica. The
 //! span is exported by whichever replica marks the stored `final` sent first: the one
 //! that ended the turn, or one that sent a `final` stored by a replica that died
-//! before sending it ([`sweep_turn`]'s resend, [`replayed_final`] after an attach).
+//! before sending it ([`sweep_turn`]'s resend, `sent::replayed_final` after an attach).
 //!
 //! Only a caller that the join let end the turn reaches here with a [`Closing`]: the
 //! result that completed it (`results.rs`), the deadline clock or the sweeper
@@ -31,12 +31,13 @@ use tracing::{debug, info_span, warn, Instrument};
 use crate::callers::Reply;
 use crate::events;
 use crate::fault;
-use crate::intake::{self, Admission, Taken};
-use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal, StoredTurn};
+use crate::admission::{self, Admission, Taken};
+use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal};
 use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
-use crate::startup::Replica;
+use crate::replica::Replica;
 use crate::trace::{self, worst_outcome, EndedBy, TurnOutcome, TurnTrace};
+use crate::sent::{mark_sent, send_stored_again};
 use crate::turns::Ready;
 
 /// Longest a narrator may take before the template narration is used instead.
@@ -486,96 +487,6 @@ pub(crate) async fn send_closed_ahead(
     turn_ended(replica, trace.as_ref(), ended).await;
 }
 
-/// Marks the turn's stored `final` sent; whether this call marked it first (and so
-/// exports the turn span). A failure is logged: the sweeper sends the `final` again and
-/// marks it then.
-async fn mark_sent(replica: &Replica, turn_id: &str) -> bool {
-    match replica.join.mark_published(turn_id).await {
-        Ok(first) => first,
-        Err(error) => {
-            warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
-            false
-        }
-    }
-}
-
-/// Sends every stored event of an ended turn again and marks its `final` sent; the
-/// replica that marks it first exports the turn span from the stored turn.
-async fn send_stored_again(replica: &Replica, turn_id: &str) {
-    match replica.join.stored_events(turn_id).await {
-        Ok(stored) if !stored.reply.is_empty() && !stored.events.is_empty() => {
-            events::publish_kept(replica, &stored.reply, 1, &stored.events).await;
-            if mark_sent(replica, turn_id).await {
-                export_stored(turn_id, &stored, EndedBy::Resend);
-            }
-        }
-        Ok(_) => {}
-        Err(error) => {
-            warn!(%turn_id, %error, "could not read the stored final; the sweeper retries")
-        }
-    }
-}
-
-/// After a frontend was sent the stored events of `turn_id` up to its `final`
-/// (`attach.rs`): the `final` is marked sent, and when that was not done before (the
-/// replica that stored it died first) the turn span is exported from the stored turn.
-pub(crate) async fn replayed_final(replica: &Replica, turn_id: &str) {
-    if !mark_sent(replica, turn_id).await {
-        return;
-    }
-    match replica.join.stored_events(turn_id).await {
-        Ok(stored) => export_stored(turn_id, &stored, EndedBy::Replay),
-        Err(error) => warn!(%turn_id, %error, "could not read the stored turn; its span is lost"),
-    }
-}
-
-/// Whether the stored event `event` is a `final`.
-pub(crate) fn is_final(event: &str) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Kind<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: &'a str,
-    }
-    serde_json::from_str::<Kind<'_>>(event).is_ok_and(|k| k.kind == "final")
-}
-
-/// Exports the turn span of an ended turn from what the join stored: its identity, how
-/// it ended and its `final`.
-fn export_stored(turn_id: &str, stored: &StoredTurn, ended_by: EndedBy) {
-    let Some(trace) = stored.trace.as_deref().and_then(TurnTrace::decode) else {
-        return;
-    };
-    let fin = stored
-        .events
-        .iter()
-        .rev()
-        .find_map(|e| match serde_json::from_str::<TurnEvent>(e) {
-            Ok(TurnEvent::Final(fin)) => Some(fin),
-            _ => None,
-        });
-    let summary = fin.as_ref().map(|f| f.summary);
-    let deadline_hit = fin.as_ref().is_some_and(|f| f.deadline_hit);
-    let error = fin
-        .as_ref()
-        .and_then(|f| worst_outcome(&f.results, f.deadline_hit));
-    let outcome = match stored.ended.as_str() {
-        "complete" => "complete",
-        "deadline" => "deadline",
-        "cancelled" => "cancelled",
-        "no_tools" => "no_tools",
-        _ if deadline_hit => "deadline",
-        _ => "complete",
-    };
-    trace.end(&TurnOutcome {
-        turn_id,
-        outcome,
-        summary: summary.as_ref().filter(|_| outcome != "no_tools"),
-        deadline_hit,
-        error: error.as_ref(),
-        ended_by,
-    });
-}
-
 /// A no-tool turn: stored with its narration and `final`, then sent. A resubmission
 /// of the same id by the same frontend replays it.
 async fn answer_without_tools(
@@ -628,7 +539,7 @@ async fn answer_without_tools(
         ended: true,
         queued: Vec::new(),
     };
-    match intake::admit(replica, turn, &reply).await {
+    match admission::admit(replica, turn, &reply).await {
         Admission::New => {}
         Admission::Replayed => return,
         Admission::Refused(error) => {
@@ -716,7 +627,7 @@ struct Ending<'a> {
 
 /// Narrates `results`, stores the closing events (the missing calls' states, the
 /// `narration` chunks, the `final` last), then sends them and marks the `final` sent:
-/// whether this call marked it sent first ([`mark_sent`]). `None` when nothing was
+/// whether this call marked it sent first (`sent::mark_sent`). `None` when nothing was
 /// stored here (another replica stored the turn's `final` first, or Redis failed: the
 /// sweeper ends the turn later).
 async fn publish_final(

@@ -1,6 +1,9 @@
 //! Taking a turn: the first step of every turn, and the turn's path as named steps.
 //!
-//! Owns decoding a turn request (JSON, turn id, tenant id in its normalized form), the
+//! Owns the loop that takes requests in ([`take_turns`]: turn requests from the queue
+//! group, bounded by `TOOLFLEET_INTAKE_CONCURRENCY`, and the attach and cancel requests
+//! handed to `attach.rs` and `cancel.rs`; after shutdown, the turns already delivered),
+//! decoding a turn request (JSON, turn id, tenant id in its normalized form), the
 //! caller checks of `callers.rs` (a request whose reply is not the caller's own inbox is
 //! dropped and counted, never answered), reading its decision, and
 //! [`take_turn`]: a short sequence that hands each step to its room — limits
@@ -17,27 +20,32 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
-use toolfleet_common::names::{spans, HEADER_TURN_ID};
+use toolfleet_common::names::{spans, COORDINATOR_QUEUE_GROUP, HEADER_TURN_ID};
 use toolfleet_common::telemetry;
-use toolfleet_common::turn::{normalize_tenant, turn_codes, valid_turn_id, AckCall};
-use toolfleet_common::{CallError, CallResult, CallState, TurnEvent, TurnRequest};
-use toolfleet_decision::ack::compose_acknowledgement;
+use toolfleet_common::turn::{normalize_tenant, turn_codes, valid_turn_id};
+use toolfleet_common::{CallError, CallResult, TurnRequest};
 use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind, ToolCallsDecision};
-use tracing::{info_span, warn, Instrument};
+use tracing::{info, info_span, warn, Instrument};
 
+use crate::admission::{admit, first_events, Admission, Taken};
 use crate::attach;
+use crate::cancel;
 use crate::callers::{Caller, Reply};
 use crate::dispatch::{build_jobs, dispatch, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
-use crate::join::{CallEntry, Created, NewTurn};
+use crate::join::{CallEntry, NewTurn};
 use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
-use crate::startup::Replica;
+use crate::replica::{next_message, Replica};
 use crate::trace::{self, TurnTrace};
 use crate::turns::{Ahead, OwnedTurn};
 use crate::validate::{plan, Limits, PlannedCall, Verdict};
+use crate::CoordinatorError;
 
 /// Metric label of calls whose tool is not in the registry (model-written names would
 /// make unbounded label values).
@@ -45,6 +53,126 @@ const UNKNOWN_TOOL_LABEL: &str = "_unknown";
 
 /// The wait an `overloaded` refusal suggests before the turn is submitted again.
 const OVERLOADED_RETRY_MS: u64 = 1000;
+
+/// [`take_turns`] in a task of its own, so on a runtime thread even when `run` is what
+/// `main` blocks on: each request then wakes a runtime thread, not the main thread and
+/// then a runtime thread for its handler.
+pub(crate) async fn take_turns_on_runtime(
+    replica: &Arc<Replica>,
+    shutdown: CancellationToken,
+) -> Result<(), CoordinatorError> {
+    let intake = {
+        let replica = Arc::clone(replica);
+        tokio::spawn(async move { take_turns(&replica, shutdown).await })
+    };
+    match intake.await {
+        Ok(taken) => taken,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // Cancelled: the runtime is shutting down; drain what is left.
+        Err(_) => Ok(()),
+    }
+}
+
+/// Takes turn requests from the queue group until `shutdown`, then the ones already
+/// delivered to this replica (new ones go to the other replicas).
+async fn take_turns(
+    replica: &Arc<Replica>,
+    shutdown: CancellationToken,
+) -> Result<(), CoordinatorError> {
+    // Each handler is boxed: its task then moves a pointer, not the handler's whole
+    // state machine, each time it is spawned, polled to its end and dropped.
+    let take = |message, permit| {
+        let replica = Arc::clone(replica);
+        replica.tasks.clone().spawn(Box::pin(async move {
+            handle_turn_message(replica, message).await;
+            drop(permit);
+        }));
+    };
+    // Requests being taken in at once (`TOOLFLEET_INTAKE_CONCURRENCY`): a burst waits in
+    // the subscription, not as that many decoded requests and plans in memory together.
+    let intake_slots = Arc::new(Semaphore::new(replica.config.intake_concurrency));
+    let slot = || async { Arc::clone(&intake_slots).acquire_owned().await.ok() };
+    let attach = |message| {
+        let replica = Arc::clone(replica);
+        replica
+            .tasks
+            .clone()
+            .spawn(Box::pin(attach::handle_attach_message(replica, message)));
+    };
+    let cancel = |message| {
+        let replica = Arc::clone(replica);
+        replica
+            .tasks
+            .clone()
+            .spawn(Box::pin(cancel::handle_cancel_message(replica, message)));
+    };
+    let group = || COORDINATOR_QUEUE_GROUP.to_string();
+    let names = &replica.names;
+    // Identified frontends (`<p>.turns.submit.<user>`) and unidentified ones.
+    let mut identified = replica
+        .nats
+        .queue_subscribe(names.turn_submit_any(), group())
+        .await?;
+    let mut unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_submit(), group())
+        .await?;
+    // Attach requests: a frontend following a turn it submitted.
+    let mut attaching = replica
+        .nats
+        .queue_subscribe(names.turn_attach_any(), group())
+        .await?;
+    let mut attaching_unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_attach(), group())
+        .await?;
+    // Cancel requests: a frontend stopping a turn it submitted.
+    let mut cancelling = replica
+        .nats
+        .queue_subscribe(names.turn_cancel_any(), group())
+        .await?;
+    let mut cancelling_unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_cancel(), group())
+        .await?;
+    info!(prefix = %names.prefix(), "coordinator taking turns");
+    {
+        let turns = futures::stream::select(&mut identified, &mut unidentified);
+        let attaches = futures::stream::select(&mut attaching, &mut attaching_unidentified);
+        let cancels = futures::stream::select(&mut cancelling, &mut cancelling_unidentified);
+        let mut all = futures::stream::select(
+            futures::stream::select(turns.map(Incoming::Turn), attaches.map(Incoming::Attach)),
+            cancels.map(Incoming::Cancel),
+        );
+        while let Some(message) = next_message(&mut all, &shutdown).await {
+            match message {
+                Incoming::Turn(message) => take(message, slot().await),
+                Incoming::Attach(message) => attach(message),
+                Incoming::Cancel(message) => cancel(message),
+            }
+        }
+    }
+    replica.health.start_draining();
+    info!("coordinator stopping: no new turns");
+    let _ = identified.drain().await;
+    let _ = unidentified.drain().await;
+    let _ = attaching.unsubscribe().await;
+    let _ = attaching_unidentified.unsubscribe().await;
+    let _ = cancelling.unsubscribe().await;
+    let _ = cancelling_unidentified.unsubscribe().await;
+    let mut turns = futures::stream::select(identified, unidentified);
+    while let Some(message) = turns.next().await {
+        take(message, slot().await);
+    }
+    Ok(())
+}
+
+/// A message on one of the subjects frontends publish to.
+enum Incoming {
+    Turn(async_nats::Message),
+    Attach(async_nats::Message),
+    Cancel(async_nats::Message),
+}
 
 /// Handles one message on the turn subject.
 pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_nats::Message) {
@@ -181,18 +309,6 @@ fn decode(
         }
     }
     Ok((turn_id, request))
-}
-
-/// Who asked for a turn and where its events go.
-pub(crate) struct Taken {
-    /// The turn id.
-    pub turn_id: String,
-    /// The frontend's reply subject.
-    pub reply: Reply,
-    /// The submitting frontend's NATS user ('' when unidentified).
-    pub caller: String,
-    /// What a resubmission of the turn id must repeat: [`request_digest`].
-    pub digest: String,
 }
 
 /// The SHA-256 (hex) of what makes a request the same turn: its tenant, session and
@@ -442,105 +558,3 @@ fn count_refused(
     }
 }
 
-/// What storing a new turn came to.
-pub(crate) enum Admission {
-    /// Stored: the turn runs.
-    New,
-    /// The same frontend and tenant submitted this id before (its acceptance was lost
-    /// or late): its stored events were sent again; nothing runs twice.
-    Replayed,
-    /// Refused: the id is another frontend's or tenant's, or the store is unreachable.
-    Refused(CallError),
-}
-
-/// Stores the turn in the join, or replays the existing turn of the same id to this
-/// caller, or says why neither.
-pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>, reply: &Reply) -> Admission {
-    let (turn_id, caller) = (turn.turn_id.to_string(), turn.caller.to_string());
-    match create(replica, turn).await {
-        Ok(Created::New) => Admission::New,
-        Ok(Created::Exists {
-            same_caller: true,
-            same_request: true,
-        }) => {
-            attach::replay(replica, &turn_id, (&caller, None), reply, 0).await;
-            Admission::Replayed
-        }
-        Ok(Created::Exists {
-            same_caller: true,
-            same_request: false,
-        }) => Admission::Refused(CallError::fatal(
-            turn_codes::TURN_ID_CONFLICT,
-            format!(
-                "turn {turn_id} was submitted before with another decision; a resubmission must carry the same request, a new turn a new id"
-            ),
-        )),
-        Ok(Created::Exists {
-            same_caller: false, ..
-        }) => Admission::Refused(CallError::fatal(
-            turn_codes::DUPLICATE_TURN,
-            format!("turn {turn_id} already exists"),
-        )),
-        Err(error) => Admission::Refused(error),
-    }
-}
-
-/// Creates the turn in the join; an unreachable store refuses the turn.
-async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<Created, CallError> {
-    match replica.join.create(turn).await {
-        Ok(created) => Ok(created),
-        Err(error) => {
-            warn!(%error, "could not create the turn");
-            replica.metrics.redis_error("create_turn");
-            Err(CallError::retryable(
-                turn_codes::UNAVAILABLE,
-                "the turn store is unavailable",
-            ))
-        }
-    }
-}
-
-/// The turn's first events, stored with the turn and sent before any job leaves: `ack`
-/// (the model's own text, or one composed from the tools' waiting hints), then one state
-/// per call (`pending`, or the refusal).
-fn first_events(
-    turn_id: &str,
-    planned: &[PlannedCall],
-    model_text: Option<String>,
-    budget_ms: u64,
-) -> Vec<String> {
-    let text = model_text.unwrap_or_else(|| {
-        let hints: Vec<&str> = planned
-            .iter()
-            .filter_map(|p| match &p.verdict {
-                Verdict::Dispatch { tool, .. } => tool.definition.waiting_hint.as_deref(),
-                Verdict::Refuse(_) => None,
-            })
-            .collect();
-        compose_acknowledgement(&hints)
-    });
-    let calls = planned
-        .iter()
-        .map(|p| AckCall {
-            tool_call_id: p.call.id.clone(),
-            name: p.call.name.clone(),
-        })
-        .collect();
-    let ack = TurnEvent::Ack {
-        turn_id: turn_id.to_string(),
-        text,
-        calls,
-        deadline_ms: Some(budget_ms),
-    };
-    let states = planned.iter().map(|p| {
-        let (state, error) = match &p.verdict {
-            Verdict::Dispatch { .. } => (CallState::Pending, None),
-            Verdict::Refuse(e) => (CallState::Error, Some(e.clone())),
-        };
-        events::tool_state(turn_id, &p.call.id, &p.call.name, state, error)
-    });
-    std::iter::once(ack)
-        .chain(states)
-        .filter_map(|event| events::encode(&event))
-        .collect()
-}

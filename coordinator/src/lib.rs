@@ -34,6 +34,7 @@
 //! | - | `catalog` | serving the tool catalog to frontends |
 //! | - | [`config`] | `CoordinatorConfig` (environment) and per-tenant policies |
 
+mod admission;
 mod attach;
 mod callers;
 mod cancel;
@@ -53,7 +54,9 @@ mod memory;
 pub mod narrate;
 mod progress;
 pub mod registry;
+mod replica;
 mod results;
+mod sent;
 mod sharing;
 mod startup;
 mod trace;

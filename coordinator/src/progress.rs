@@ -17,7 +17,7 @@ use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::CallState;
 
 use crate::events;
-use crate::startup::Replica;
+use crate::replica::Replica;
 
 /// Relays notices until `shutdown`: `started` notices from workers on
 /// `<p>.progress.<turn>.<tool>` and `ended` notices from coordinators on

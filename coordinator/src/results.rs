@@ -45,7 +45,7 @@ use crate::finalize::{close_ahead, finish, send_closed_ahead, ClosedAhead, TurnE
 use crate::join::{ClosingAhead, JoinError, Recorded};
 use crate::lanes::LaneError;
 use crate::sharing;
-use crate::startup::Replica;
+use crate::replica::Replica;
 use crate::trace;
 use crate::turns::TurnGate;
 

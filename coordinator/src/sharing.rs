@@ -12,7 +12,7 @@
 //! unshared. Never publishes a frontend event; a refusal is returned to `intake.rs`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use toolfleet_common::call::unix_ms;
@@ -22,8 +22,8 @@ use tracing::{debug, warn};
 
 use crate::config::TenantPolicy;
 use crate::dispatch::{publish, Jobs};
-use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError, LaneStore};
-use crate::startup::Replica;
+use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError};
+use crate::replica::Replica;
 use crate::trace::TurnTrace;
 
 /// How long a slot outlives its call's deadline when no result frees it.
@@ -33,51 +33,12 @@ const SLOT_GRACE_MS: u64 = 1000;
 /// (its publisher died); the stream de-duplicates a second copy.
 const RESEND_AFTER_MS: u64 = 3000;
 
-/// How long a lane seen with calls waiting counts as contended here, so a new turn's
-/// backlog is looked at; other turns skip the look.
-const CONTENDED_FOR_MS: u64 = 2000;
-
 /// What a lane keeps of a waiting call: its job and its turn's stored trace identity.
 #[derive(Debug, Serialize, Deserialize)]
 struct Waiting {
     job: JobEnvelope,
     #[serde(default)]
     trace: String,
-}
-
-/// This replica's lanes: the store and the lanes it lately saw contended.
-pub(crate) struct Lanes {
-    store: LaneStore,
-    /// Tool → when this replica last saw calls waiting on its lane (Unix ms).
-    contended: Mutex<HashMap<String, u64>>,
-}
-
-impl Lanes {
-    /// Lanes over `store`.
-    pub(crate) fn new(store: LaneStore) -> Self {
-        Self {
-            store,
-            contended: Mutex::default(),
-        }
-    }
-
-    fn note(&self, tool: &str, waiting: u64) {
-        if let Ok(mut seen) = self.contended.lock() {
-            if waiting > 0 {
-                seen.insert(tool.to_string(), unix_ms());
-            } else {
-                seen.remove(tool);
-            }
-        }
-    }
-
-    fn contended(&self, tool: &str, now_ms: u64) -> bool {
-        self.contended
-            .lock()
-            .ok()
-            .and_then(|seen| seen.get(tool).copied())
-            .is_some_and(|at| now_ms.saturating_sub(at) < CONTENDED_FOR_MS)
-    }
 }
 
 /// The clock of `tool`'s lane now: its slots from the registry's live workers.

@@ -18,7 +18,7 @@ use toolfleet_common::ToolDefinition;
 use tracing::debug;
 
 use crate::results::results_consumer_config;
-use crate::startup::Replica;
+use crate::replica::Replica;
 
 /// The JetStream objects the coordinator recreates when they disappear, streams first.
 pub(crate) fn needed(replica: &Replica) -> Vec<Needed> {
