@@ -73,7 +73,7 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
                 .gated(&turn_id, |gate| async move {
                     let _ending = gate.recording.write().await;
                     let _publishing = gate.publishing.lock().await;
-                    Box::pin(finish(ending, end)).await;
+                    finish(ending, end).await;
                 })
                 .await;
             replica

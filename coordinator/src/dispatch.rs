@@ -7,13 +7,13 @@
 //! their stream acks, and releasing the next held-back call when a slot frees. Every
 //! job passes through its tool's lane first (`sharing.rs`), which publishes it here
 //! when the tool has a slot for it. A job that cannot be published gets a
-//! `dispatch_failed` result recorded through `results.rs`, so the turn still ends.
+//! `dispatch_failed` result, handed back to the caller ([`Unpublished`]), which records
+//! it through `results.rs` so the turn still ends.
 //!
 //! Never decides whether a call may run (`validate.rs` does) and never publishes to a
 //! frontend (`events.rs` does). Next: workers run the jobs, and their results come back
 //! through `results.rs`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::context::PublishAckFuture;
@@ -25,9 +25,7 @@ use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use crate::fault;
-use crate::join::{CallEntry, Released};
-use crate::results::record_result;
+use crate::join::CallEntry;
 use crate::replica::Replica;
 use crate::trace::TurnTrace;
 use crate::validate::{PlannedCall, Verdict};
@@ -123,38 +121,43 @@ pub(crate) fn build_jobs(
     jobs
 }
 
-/// Dispatches `jobs` of one turn: through their tools' lanes, shared fairly between
-/// tenants (`sharing.rs`), or straight onto the stream with `TOOLFLEET_FAIR_SHARING=off`.
-/// Returns the keys of the jobs published or stored in a lane.
-pub(crate) async fn dispatch(
-    replica: &Arc<Replica>,
-    turn_id: &str,
-    jobs: Vec<(String, JobEnvelope)>,
-    trace: Option<&TurnTrace>,
-) -> Vec<String> {
-    if replica.config.fair_sharing {
-        Box::pin(crate::sharing::dispatch_fairly(
-            replica, turn_id, jobs, trace,
-        ))
-        .await
-    } else {
-        publish(replica, turn_id, jobs, trace).await
-    }
+/// A job that could not be published: the `dispatch_failed` result its caller records
+/// (`results::record_unpublished`), so the turn still ends.
+#[derive(Debug)]
+pub(crate) struct Unpublished {
+    /// The job's turn.
+    pub turn_id: String,
+    /// The turn's tenant.
+    pub tenant: String,
+    /// The call's key.
+    pub key: String,
+    /// The call's `dispatch_failed` result.
+    pub result: CallResult,
+}
+
+/// What publishing jobs came to.
+#[derive(Debug, Default)]
+pub(crate) struct Dispatched {
+    /// The keys of the jobs the stream acknowledged (or a lane stored).
+    pub published: Vec<String>,
+    /// The jobs that could not be published, with their results to record.
+    pub failed: Vec<Unpublished>,
 }
 
 /// Publishes `jobs` (all at once, then waits for every stream ack). A job that cannot
-/// be published gets a `dispatch_failed` result. Returns the keys of the jobs the
-/// stream acknowledged.
+/// be published gets a `dispatch_failed` result, handed back in [`Dispatched::failed`]
+/// for the caller to record.
 pub(crate) async fn publish(
-    replica: &Arc<Replica>,
+    replica: &Replica,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
-) -> Vec<String> {
+) -> Dispatched {
     if jobs.is_empty() {
-        return Vec::new();
+        return Dispatched::default();
     }
     let mut published = Vec::with_capacity(jobs.len());
+    let mut failed = Vec::new();
     let mut pending = Vec::with_capacity(jobs.len());
     let (address, port) = telemetry::server_of(&replica.config.nats_url);
     for (key, mut job) in jobs {
@@ -182,6 +185,7 @@ pub(crate) async fn publish(
             }
             // Whether the job reached the stream is unknown: ask again with the same
             // message id, which the stream de-duplicates.
+            // Boxed: a rare path whose future would otherwise grow every publish.
             Err(error) => match Box::pin(publish_again(replica, &job, &span, trace, error)).await {
                 Ok(()) => {
                     published.push(key);
@@ -196,11 +200,14 @@ pub(crate) async fn publish(
         let error = CallError::retryable(codes::DISPATCH_FAILED, message);
         let mut result = CallResult::failure(&job.call, CallState::Error, error);
         result.ended_at = Some(now_rfc3339());
-        // Boxed: a rare path whose future would otherwise grow every dispatch.
-        let tenant = job.tenant_id.clone();
-        Box::pin(record_result(replica, turn_id, &tenant, &key, result)).await;
+        failed.push(Unpublished {
+            turn_id: turn_id.to_string(),
+            tenant: job.tenant_id,
+            key,
+            result,
+        });
     }
-    published
+    Dispatched { published, failed }
 }
 
 /// The subject `job` is published on: its tool's, in its turn's stream partition.
@@ -335,29 +342,3 @@ async fn publish_job(
     publishing.await.map_err(|e| e.to_string())
 }
 
-/// Dispatches the jobs of queued calls that freed slots released (by any replica's
-/// recording: the queue is stored with the turn), under the turn span, and confirms
-/// each one published or stored in its tool's lane, so a duplicate result no longer
-/// hands it out again.
-pub(crate) async fn dispatch_released(
-    replica: &Arc<Replica>,
-    turn_id: &str,
-    released: Vec<Released>,
-) {
-    let Some(stored) = released.first().map(|r| r.trace.clone()) else {
-        return;
-    };
-    fault::point(fault::EXIT_AFTER_CALL_RELEASED);
-    let trace = replica
-        .turns
-        .trace(turn_id)
-        .or_else(|| TurnTrace::decode(&stored));
-    let jobs = released.into_iter().map(|r| (r.key, r.job)).collect();
-    for key in dispatch(replica, turn_id, jobs, trace.as_ref()).await {
-        if let Err(error) = replica.join.confirm_dispatched(turn_id, &key).await {
-            // Harmless: a duplicate result may publish it again, which the stream
-            // de-duplicates by message id.
-            warn!(%turn_id, call = %key, %error, "could not confirm a released call's publish");
-        }
-    }
-}

@@ -150,23 +150,32 @@ async fn finish_by(replica: &Arc<Replica>, end: TurnEnd, by: Option<EndedBy>) {
             reply,
             error,
             trace,
-        } => {
-            telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
-            let outcome_error = error.clone();
-            replica.metrics.turn_refused(&error.code);
-            let event = events::turn_error(turn_id.as_deref(), error);
-            events::publish_unstored(replica, &reply, &event).await;
-            if let Some(trace) = trace {
-                trace.end(&TurnOutcome {
-                    turn_id: turn_id.as_deref().unwrap_or_default(),
-                    outcome: "rejected",
-                    summary: None,
-                    deadline_hit: false,
-                    error: Some(&outcome_error),
-                    ended_by: EndedBy::Intake,
-                });
-            }
-        }
+        } => reject(replica, turn_id.as_deref(), &reply, error, trace).await,
+    }
+}
+
+/// A turn refused before any call ran: its one `error`, never stored.
+async fn reject(
+    replica: &Replica,
+    turn_id: Option<&str>,
+    reply: &Reply,
+    error: CallError,
+    trace: Option<TurnTrace>,
+) {
+    telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
+    let outcome_error = error.clone();
+    replica.metrics.turn_refused(&error.code);
+    let event = events::turn_error(turn_id, error);
+    events::publish_unstored(replica, reply, &event).await;
+    if let Some(trace) = trace {
+        trace.end(&TurnOutcome {
+            turn_id: turn_id.unwrap_or_default(),
+            outcome: "rejected",
+            summary: None,
+            deadline_hit: false,
+            error: Some(&outcome_error),
+            ended_by: EndedBy::Intake,
+        });
     }
 }
 
@@ -223,7 +232,7 @@ async fn end_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool, by:
                 .gated(&turn_id, |gate| async move {
                     let _ending = gate.recording.write().await;
                     let _publishing = gate.publishing.lock().await;
-                    Box::pin(finish_by(replica, end, Some(by))).await;
+                    finish_by(replica, end, Some(by)).await;
                 })
                 .await;
         }
@@ -237,7 +246,7 @@ async fn end_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool, by:
             } else {
                 TurnEnd::Deadline { turn_id, closing }
             };
-            Box::pin(finish_by(replica, end, Some(EndedBy::Recovery))).await;
+            finish_by(replica, end, Some(EndedBy::Recovery)).await;
         }
         Ok(Finalized::AlreadyEnded { published: false }) => {
             // Stored but not marked sent: its replica died before sending it, is
@@ -543,13 +552,7 @@ async fn answer_without_tools(
         Admission::New => {}
         Admission::Replayed => return,
         Admission::Refused(error) => {
-            let end = TurnEnd::Rejected {
-                turn_id: Some(turn_id),
-                reply,
-                error,
-                trace,
-            };
-            return Box::pin(finish(replica, end)).await;
+            return reject(replica, Some(&turn_id), &reply, error, trace).await;
         }
     }
     events::publish_stored(replica, &reply, 1, &stored).await;

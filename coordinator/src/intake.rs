@@ -35,13 +35,14 @@ use crate::admission::{admit, first_events, Admission, Taken};
 use crate::attach;
 use crate::cancel;
 use crate::callers::{Caller, Reply};
-use crate::dispatch::{build_jobs, dispatch, Layout};
+use crate::dispatch::{build_jobs, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
 use crate::join::{CallEntry, NewTurn};
 use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
 use crate::replica::{next_message, Replica};
+use crate::{results, sharing};
 use crate::trace::{self, TurnTrace};
 use crate::turns::{Ahead, OwnedTurn};
 use crate::validate::{plan, Limits, PlannedCall, Verdict};
@@ -391,7 +392,7 @@ async fn take_turn(
     let planned_calls = planned.len();
     let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
     let tenant = &request.tenant_id;
-    let shared = crate::sharing::admit_turn(
+    let shared = sharing::admit_turn(
         &replica,
         &turn_id,
         tenant,
@@ -432,7 +433,7 @@ async fn take_turn(
     count_refused(&replica, planned_calls, &refused, &registry);
     events::publish_stored(&replica, &reply, 1, &first).await;
     if layout.dispatched == 0 {
-        return Box::pin(end_open_turn(&replica, &turn_id, false)).await;
+        return end_open_turn(&replica, &turn_id, false).await;
     }
 
     let owned = owned_turn(
@@ -445,7 +446,8 @@ async fn take_turn(
         now,
     );
     replica.turns.own(turn_id.clone(), owned);
-    dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
+    let dispatched = sharing::dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
+    results::record_unpublished(&replica, dispatched.failed).await;
 }
 
 /// What this replica keeps of a turn it took: where its events go, its span, its

@@ -3,7 +3,8 @@
 //! it was the last one.
 //!
 //! Owns the results consumer, the recording of every result (workers' and the
-//! coordinator's own `dispatch_failed`), and the ordering of a call's state before the
+//! coordinator's own `dispatch_failed`, handed back by whoever dispatched:
+//! [`record_unpublished`]), and the ordering of a call's state before the
 //! turn's `final` through the turn's gate. Each result gets a CONSUMER span (`trace.rs`)
 //! around its recording and its state, not around the turn's end. A late result (after the turn ended or its
 //! deadline passed) is counted in the join and the metrics, never published. A duplicate
@@ -17,7 +18,9 @@
 //! A result of a paced turn frees a slot: the `RECORD` script releases the next queued
 //! call in the same step and this replica publishes its job (`dispatch.rs`), whichever
 //! replica owns the turn; a duplicate result publishes again the released calls whose
-//! publish was never confirmed (their releaser died).
+//! publish was never confirmed (their releaser died). A released job that cannot be
+//! published has its `dispatch_failed` result recorded next, in a queue, not by
+//! recursion.
 //!
 //! A result that may complete a turn this replica owns carries the turn's closing
 //! events, built ahead by `finalize.rs` from the results known here (`turns.rs`), into
@@ -27,6 +30,7 @@
 //! Never builds the `final` (`finalize.rs` does). Next: `finalize.rs`, for the result
 //! that completes the turn.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +43,7 @@ use toolfleet_common::tool::Rejection;
 use toolfleet_common::{telemetry, CallResult};
 use tracing::{debug, warn, Instrument};
 
-use crate::dispatch::dispatch_released;
+use crate::dispatch::Unpublished;
 use crate::events;
 use crate::finalize::{close_ahead, finish, send_closed_ahead, ClosedAhead, TurnEnd};
 use crate::join::{ClosingAhead, JoinError, Recorded};
@@ -237,7 +241,8 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
     // The worker's bytes decoded as `result`: they are stored as they came.
     let body = Some(&message.payload[..]);
     match try_record(replica, &turn_id, &key, result, body, traced).await {
-        Ok(()) => {
+        Ok(unpublished) => {
+            record_unpublished(replica, unpublished).await;
             if let Err(error) = message.ack().await {
                 debug!(%error, "result ack failed; a duplicate will be ignored");
             }
@@ -268,22 +273,22 @@ async fn reject(replica: &Replica, tool: &str, turn_id: &str, body: &[u8], reaso
     }
 }
 
-/// Records a result produced inside the coordinator (a dispatch failure); errors are
-/// logged, and the turn's deadline still ends it.
-pub(crate) async fn record_result(
-    replica: &Arc<Replica>,
-    turn_id: &str,
-    tenant: &str,
-    key: &str,
-    result: CallResult,
-) {
+/// Records the `dispatch_failed` results of jobs that could not be published, in order,
+/// and then those of the jobs their recordings released and that could not be published
+/// either; errors are logged, and the turn's deadline still ends it.
+pub(crate) async fn record_unpublished(replica: &Arc<Replica>, unpublished: Vec<Unpublished>) {
     let span = tracing::Span::current();
-    let traced = Traced {
-        span: &span,
-        tenant,
-    };
-    if let Err(error) = try_record(replica, turn_id, key, result, None, traced).await {
-        warn!(%turn_id, %error, "recording a result failed");
+    let mut queue = VecDeque::from(unpublished);
+    while let Some(failed) = queue.pop_front() {
+        let traced = Traced {
+            span: &span,
+            tenant: &failed.tenant,
+        };
+        let (turn_id, key) = (&failed.turn_id, &failed.key);
+        match try_record(replica, turn_id, key, failed.result, None, traced).await {
+            Ok(more) => queue.extend(more),
+            Err(error) => warn!(%turn_id, %error, "recording a result failed"),
+        }
     }
 }
 
@@ -300,6 +305,8 @@ struct Traced<'a> {
 /// Records `result` and reports what follows; then frees the call's slot in its
 /// tool's lane (a lane that cannot be reached fails the recording, so the result is
 /// delivered again: the join counts it as a duplicate, the lane frees the slot once).
+/// Returns the jobs released by this result that could not be published, whose results
+/// the caller records in turn.
 async fn try_record(
     replica: &Arc<Replica>,
     turn_id: &str,
@@ -307,33 +314,35 @@ async fn try_record(
     result: CallResult,
     body: Option<&[u8]>,
     traced: Traced<'_>,
-) -> Result<(), JoinError> {
+) -> Result<Vec<Unpublished>, JoinError> {
     let tool = result.name.clone();
-    let outcome = replica
+    let (outcome, mut unpublished) = replica
         .turns
         .gated(turn_id, |gate| {
             record_and_report(replica, gate, turn_id, key, result, body, traced)
         })
         .await?;
     if matches!(outcome, "wrong_tool" | "unknown_call") {
-        return Ok(());
+        return Ok(unpublished);
     }
-    sharing::release(replica, &tool, turn_id, key)
+    let handed_out = sharing::release(replica, &tool, turn_id, key)
         .await
         .map_err(|error| match error {
             LaneError::Redis(e) => JoinError::Redis(e),
             LaneError::Decode(e) => JoinError::Decode(e),
         })?;
+    unpublished.extend(handed_out);
     if outcome == "complete" {
         sharing::turn_ended(replica, traced.tenant, turn_id).await;
     }
-    Ok(())
+    Ok(unpublished)
 }
 
 /// Records one result and publishes what follows. Results of one turn are recorded
 /// concurrently; the gate keeps each call's state before the turn's `final`. `body` is
 /// the result's JSON as received, stored instead of encoding `result` again. Returns
-/// the outcome's kind (`Recorded::kind`).
+/// the outcome's kind (`Recorded::kind`) and the released jobs that could not be
+/// published.
 async fn record_and_report(
     replica: &Arc<Replica>,
     gate: Arc<TurnGate>,
@@ -342,8 +351,9 @@ async fn record_and_report(
     result: CallResult,
     body: Option<&[u8]>,
     traced: Traced<'_>,
-) -> Result<&'static str, JoinError> {
+) -> Result<(&'static str, Vec<Unpublished>), JoinError> {
     let recording = gate.recording.read().await;
+    let mut unpublished = Vec::new();
     let span = traced.span;
     let state = events::encode(&events::result_state(turn_id, &result)).unwrap_or_default();
     let (outcome, ahead) =
@@ -363,7 +373,7 @@ async fn record_and_report(
             debug!(%turn_id, call = %key, "duplicate result ignored");
             drop(recording);
             if !again.is_empty() {
-                dispatch_released(replica, turn_id, again).await;
+                unpublished = sharing::dispatch_released(replica, turn_id, again).await;
             }
         }
         Recorded::Late => {
@@ -386,7 +396,7 @@ async fn record_and_report(
             }
             drop(recording);
             if let Some(released) = released {
-                dispatch_released(replica, turn_id, vec![released]).await;
+                unpublished = sharing::dispatch_released(replica, turn_id, vec![released]).await;
             }
         }
         Recorded::CompleteStored { reply, seq } => {
@@ -396,10 +406,7 @@ async fn record_and_report(
             let _publishing = gate.publishing.lock().await;
             match ahead {
                 Some(closed) => {
-                    Box::pin(send_closed_ahead(
-                        replica, turn_id, &reply, seq, state, closed,
-                    ))
-                    .await
+                    send_closed_ahead(replica, turn_id, &reply, seq, state, closed).await
                 }
                 // Only a `RECORD` given closing events stores them; the sweeper sends
                 // a stored `final` that nobody marked sent.
@@ -422,10 +429,10 @@ async fn record_and_report(
                 turn_id: turn_id.to_string(),
                 closing,
             };
-            Box::pin(finish(replica, end)).await;
+            finish(replica, end).await;
         }
     }
-    Ok(kind)
+    Ok((kind, unpublished))
 }
 
 /// Runs `RECORD` for `result` (stored as `body`, or encoded when there is none), with
