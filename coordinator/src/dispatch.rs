@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::names::spans;
 use toolfleet_common::names::HEADER_TURN_TRACEPARENT;
@@ -175,7 +175,7 @@ pub(crate) async fn publish(
                 .instrument(span.clone())
                 .await
                 .map(|_| ())
-                .map_err(|e| e.to_string()),
+                .map_err(JobPublishError::from),
             Err(e) => Err(e),
         };
         let error = match first {
@@ -183,6 +183,8 @@ pub(crate) async fn publish(
                 published.push(key);
                 continue;
             }
+            // A job that can never be published is not published again.
+            Err(error) if !error.retryable() => error,
             // Whether the job reached the stream is unknown: ask again with the same
             // message id, which the stream de-duplicates.
             // Boxed: a rare path whose future would otherwise grow every publish.
@@ -197,7 +199,11 @@ pub(crate) async fn publish(
         let message = format!("job publish failed: {error}");
         telemetry::set_error(&span, codes::DISPATCH_FAILED, &message);
         warn!(%turn_id, call = %job.call.id, %error, "job publish failed");
-        let error = CallError::retryable(codes::DISPATCH_FAILED, message);
+        let error = if error.retryable() {
+            CallError::retryable(codes::DISPATCH_FAILED, message)
+        } else {
+            CallError::fatal(codes::DISPATCH_FAILED, message)
+        };
         let mut result = CallResult::failure(&job.call, CallState::Error, error);
         result.ended_at = Some(now_rfc3339());
         failed.push(Unpublished {
@@ -208,6 +214,30 @@ pub(crate) async fn publish(
         });
     }
     Dispatched { published, failed }
+}
+
+/// Why a job was not published.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JobPublishError {
+    /// The job does not encode: publishing it again cannot help.
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    /// The publish or its stream ack failed.
+    #[error(transparent)]
+    Publish(#[from] async_nats::jetstream::context::PublishError),
+}
+
+impl JobPublishError {
+    /// Whether publishing the same job again may succeed: not for a job that does not
+    /// encode or that is larger than the server accepts, which fail the same way every
+    /// time; yes for the rest (a timeout, no stream leader, a connection being
+    /// replaced), where whether the job reached the stream is unknown.
+    pub(crate) fn retryable(&self) -> bool {
+        match self {
+            Self::Encode(_) => false,
+            Self::Publish(error) => !matches!(error.kind(), PublishErrorKind::MaxPayloadExceeded),
+        }
+    }
 }
 
 /// The subject `job` is published on: its tool's, in its turn's stream partition.
@@ -237,14 +267,15 @@ const REPUBLISH_DELAYS: [Duration; 4] = [
 /// the replica's server either, its connection moves to another server (`Failover`):
 /// its own may be cut off, or have rejoined with a JetStream that answers "no stream
 /// found" until it catches up. A publish failing while the other streams answer is one
-/// stream electing a leader, and moving would not help.
+/// stream electing a leader, and moving would not help. An error that can never
+/// succeed ([`JobPublishError::retryable`]) ends the tries at once.
 async fn publish_again(
     replica: &Replica,
     job: &JobEnvelope,
     span: &tracing::Span,
     trace: Option<&TurnTrace>,
-    mut error: String,
-) -> Result<(), String> {
+    mut error: JobPublishError,
+) -> Result<(), JobPublishError> {
     let last = REPUBLISH_DELAYS[REPUBLISH_DELAYS.len() - 1];
     for (attempt, delay) in REPUBLISH_DELAYS
         .into_iter()
@@ -271,6 +302,7 @@ async fn publish_again(
         let subject = job_subject(replica, job);
         let ack = match publish_job(replica, job, subject, span, trace).await {
             Ok(ack) => ack,
+            Err(e) if !e.retryable() => return Err(e),
             Err(e) => {
                 error = e;
                 continue;
@@ -281,7 +313,10 @@ async fn publish_again(
             .await
         {
             Ok(_) => return Ok(()),
-            Err(e) => error = e.to_string(),
+            Err(e) => error = e.into(),
+        }
+        if !error.retryable() {
+            break;
         }
     }
     Err(error)
@@ -326,8 +361,8 @@ async fn publish_job(
     subject: String,
     span: &tracing::Span,
     trace: Option<&TurnTrace>,
-) -> Result<PublishAckFuture, String> {
-    let body = serde_json::to_vec(job).map_err(|e| e.to_string())?;
+) -> Result<PublishAckFuture, JobPublishError> {
+    let body = serde_json::to_vec(job)?;
     let mut headers = toolfleet_common::headers::call_headers(job);
     telemetry::inject_span(span, &mut headers);
     if let Some(trace) = trace {
@@ -339,6 +374,6 @@ async fn publish_job(
     let publishing = replica
         .js
         .publish_with_headers(subject, headers, body.into());
-    publishing.await.map_err(|e| e.to_string())
+    Ok(publishing.await?)
 }
 

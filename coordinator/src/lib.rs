@@ -82,7 +82,7 @@ pub enum CoordinatorError {
     Streams(#[from] toolfleet_common::streams::EnsureStreamsError),
     /// The results consumer could not be created.
     #[error("results consumer: {0}")]
-    Consumer(String),
+    Consumer(#[from] async_nats::jetstream::stream::ConsumerError),
     /// Redis could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),

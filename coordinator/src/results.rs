@@ -34,6 +34,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::stream::ConsumerError;
 use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
@@ -83,11 +84,10 @@ fn redelivery_delay(delivered: i64) -> Duration {
 pub(crate) async fn results_consumer(
     stream: &jetstream::stream::Stream,
     durable: &str,
-) -> Result<PullConsumer, String> {
+) -> Result<PullConsumer, ConsumerError> {
     stream
         .create_consumer(results_consumer_config(durable))
         .await
-        .map_err(|e| e.to_string())
 }
 
 /// The results consumer's configuration (also used to recreate it, see `upkeep.rs`).

@@ -80,9 +80,8 @@ pub async fn run_with_narrator(
     let streams = ensure_streams(&js, &names).await?;
     let mut consumers = Vec::with_capacity(streams.results.len());
     for results_stream in &streams.results {
-        let consumer = results::results_consumer(results_stream, &names.results_consumer())
-            .await
-            .map_err(CoordinatorError::Consumer)?;
+        let consumer =
+            results::results_consumer(results_stream, &names.results_consumer()).await?;
         consumers.push(consumer);
     }
     health.set_phase("connecting to Redis");

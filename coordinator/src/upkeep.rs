@@ -17,6 +17,7 @@ use toolfleet_common::topology::Needed;
 use toolfleet_common::ToolDefinition;
 use tracing::debug;
 
+use crate::consumers::EnsureConsumerError;
 use crate::results::results_consumer_config;
 use crate::replica::Replica;
 
@@ -68,7 +69,10 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
 /// Ensures `definition`'s consumer in every stream partition (created when missing,
 /// retry settings put back) and samples its queue lag, summed over the partitions (the
 /// oldest job's age: the oldest of any).
-async fn sample_tool(replica: &Replica, definition: &ToolDefinition) -> Result<(), String> {
+async fn sample_tool(
+    replica: &Replica,
+    definition: &ToolDefinition,
+) -> Result<(), EnsureConsumerError> {
     let tool = definition.name.as_str();
     let infos = crate::consumers::ensure(replica, definition).await?;
     let now_s = i64::try_from(unix_ms() / 1000).unwrap_or(i64::MAX);
