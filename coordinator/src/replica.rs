@@ -17,9 +17,9 @@ use toolfleet_common::health::Health;
 use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::{Names, ToolDefinition};
 
-use crate::join::JoinStore;
 use crate::narrate::Narrator;
 use crate::registry::Registry;
+use crate::store::TurnStore;
 use crate::turns::OwnedTurns;
 use crate::CoordinatorConfig;
 
@@ -31,8 +31,9 @@ pub(crate) struct Replica {
     /// Moves `nats` to another server of a cluster when job publishes keep failing.
     pub failover: toolfleet_common::failover::Failover,
     pub js: jetstream::Context,
-    /// The turns' calls and results in Redis.
-    pub join: JoinStore,
+    /// The turns' calls and results: the Redis join (`join.rs`), behind the seam of
+    /// `store.rs`.
+    pub join: Arc<dyn TurnStore>,
     /// Tool definitions and live workers.
     pub registry: Registry,
     pub narrator: Arc<dyn Narrator>,

@@ -89,9 +89,10 @@ pub async fn run_with_narrator(
     let registry = Registry::default();
     registry.refresh(&mut redis, &names).await?;
 
+    let join =
+        JoinStore::new(redis.clone(), names.clone()).with_deadline_buckets(config.deadline_buckets);
     let replica = Arc::new(Replica {
-        join: JoinStore::new(redis.clone(), names.clone())
-            .with_deadline_buckets(config.deadline_buckets),
+        join: Arc::new(join.clone()),
         config: config.clone(),
         names: names.clone(),
         nats: nats.clone(),
@@ -114,12 +115,13 @@ pub async fn run_with_narrator(
         )),
     });
     let background = TaskTracker::new();
+    let redis_for_background = (redis.clone(), join);
     spawn_background(
         &replica,
         &background,
         &stop_background,
         consumers,
-        redis.clone(),
+        redis_for_background,
     )
     .await?;
     health.set_readiness(toolfleet_common::ready::readiness(
@@ -167,14 +169,14 @@ async fn spawn_background(
     background: &TaskTracker,
     stop: &CancellationToken,
     results: Vec<jetstream::consumer::PullConsumer>,
-    redis: RedisConnection,
+    (redis, join): (RedisConnection, JoinStore),
 ) -> Result<(), CoordinatorError> {
     let (nats, names, health) = (&replica.nats, &replica.names, &replica.health);
     let changes = nats.subscribe(names.registry_changed()).await?;
     let announced = nats.subscribe(names.registry_changed_any()).await?;
     let sampler = crate::memory::Sampler {
         memory: Arc::clone(&replica.memory),
-        join: replica.join.clone(),
+        join,
         metrics: replica.metrics.clone(),
         retention: replica.config.retention,
         buckets: replica.config.deadline_buckets,
