@@ -63,6 +63,8 @@ mod results;
 mod sent;
 mod sharing;
 mod startup;
+#[cfg(test)]
+mod testing;
 pub mod store;
 mod trace;
 mod turns;

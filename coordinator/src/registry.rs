@@ -198,6 +198,31 @@ struct Reconciled {
     verdicts: Vec<Verdict>,
 }
 
+#[cfg(test)]
+impl Registry {
+    /// A registry holding the tools `sources` define (definition JSON by name), each
+    /// with one live worker, as a refresh would leave it.
+    pub(crate) fn holding(sources: &[(&str, String)]) -> Self {
+        let tools = sources
+            .iter()
+            .map(|(name, source)| StoredTool {
+                name: name.to_string(),
+                source: source.clone(),
+                by: "test".into(),
+                live: 1,
+            })
+            .collect();
+        let stored = Stored {
+            tools,
+            gone: Vec::new(),
+        };
+        let reconciled = reconcile(&Snapshot::default(), stored, unix_ms());
+        Self {
+            current: Arc::new(RwLock::new(Arc::new(reconciled.snapshot))),
+        }
+    }
+}
+
 /// Reads the names set, then each name's definition and live-worker count (one
 /// pipeline).
 async fn read_stored(

@@ -483,6 +483,109 @@ fn count_result(replica: &Replica, result: &CallResult) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, event_types, finals, ok_result, open_turn, stored};
+    use toolfleet_common::call::unix_ms;
+
+    /// Records `result` as if it came from the results consumer.
+    async fn record(replica: &Arc<Replica>, turn_id: &str, result: CallResult) -> Vec<Unpublished> {
+        let span = tracing::Span::none();
+        let traced = Traced {
+            span: &span,
+            tenant: "acme",
+        };
+        let key = result.tool_call_id.clone();
+        try_record(replica, turn_id, &key, result, None, traced)
+            .await
+            .unwrap_or_else(|e| panic!("recording {key}: {e}"))
+    }
+
+    async fn create(store: &MemoryStore, turn: crate::join::NewTurn<'_>) {
+        let created = store.create(turn).await;
+        assert!(matches!(created, Ok(crate::join::Created::New)), "{created:?}");
+    }
+
+    #[tokio::test]
+    async fn results_recorded_at_once_end_their_turn_with_one_final_after_every_state() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        create(&store, open_turn("t1", 3, unix_ms() + 60_000)).await;
+        let recordings = ["c1", "c2", "c3"].map(|k| record(&replica, "t1", ok_result(k)));
+        futures::future::join_all(recordings).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.ended.as_deref(), Some("complete"));
+        assert_eq!(finals(&turn), 1);
+        let types = event_types(&turn);
+        assert_eq!(types.last().map(String::as_str), Some("final"), "{types:?}");
+        let states = types.iter().position(|t| t == "narration");
+        assert_eq!(states, Some(4), "ack, three states, then the narration: {types:?}");
+        assert_eq!(turn.published, 1, "the final is marked sent once");
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_changes_nothing_and_a_result_after_the_end_counts_as_late() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        create(&store, open_turn("t1", 2, unix_ms() + 60_000)).await;
+        record(&replica, "t1", ok_result("c1")).await;
+        record(&replica, "t1", ok_result("c1")).await;
+        let turn = stored(&store, "t1");
+        assert_eq!((turn.duplicates, turn.results.len()), (1, 1));
+        assert_eq!(turn.events.len(), 2, "the duplicate published no state");
+
+        create(&store, open_turn("t2", 2, unix_ms() + 60_000)).await;
+        let ended = store.finalize("t2", "deadline").await;
+        assert!(matches!(ended, Ok(crate::join::Finalized::Ended(_))));
+        record(&replica, "t2", ok_result("c1")).await;
+        let turn = stored(&store, "t2");
+        assert_eq!((turn.late, turn.results.len()), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_result_naming_another_tool_than_its_call_is_refused() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        create(&store, open_turn("t1", 1, unix_ms() + 60_000)).await;
+        let mut forged = ok_result("c1");
+        forged.name = "bank.transfer".into();
+        record(&replica, "t1", forged).await;
+        let turn = stored(&store, "t1");
+        assert!(turn.results.is_empty());
+        assert_eq!(turn.state, "open", "a forged result ends nothing");
+    }
+
+    #[tokio::test]
+    async fn a_released_call_that_cannot_be_published_still_ends_its_turn_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        // Two calls, one at a time: c2 waits for c1's slot. The deadline is near, so the
+        // publish of c2 (no NATS behind this replica) gives up quickly.
+        let deadline = unix_ms() + 300;
+        let mut turn = open_turn("t1", 2, deadline);
+        turn.paced = true;
+        turn.calls[1].1.queued = true;
+        let job: toolfleet_common::JobEnvelope = serde_json::from_value(serde_json::json!({
+            "turn_id": "t1", "tenant_id": "acme",
+            "call": {"id": "c2", "name": "crm.get", "arguments": {}},
+            "deadline_unix_ms": deadline, "timeout_ms": 100, "dispatched_unix_ms": 0
+        }))
+        .unwrap_or_else(|e| panic!("job: {e}"));
+        turn.queued = vec![("c2".into(), job)];
+        create(&store, turn).await;
+
+        let unpublished = record(&replica, "t1", ok_result("c1")).await;
+        let released = stored(&store, "t1");
+        assert_eq!(released.calls.get("c2").map(|c| c.queued), Some(false));
+        assert_eq!(unpublished.len(), 1, "c2 is handed back, not recorded inside");
+        assert_eq!(unpublished[0].key, "c2");
+
+        record_unpublished(&replica, unpublished).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(finals(&turn), 1);
+        let c2 = turn.results.get("c2").map(|b| String::from_utf8_lossy(b).to_string());
+        assert!(c2.is_some_and(|b| b.contains("dispatch_failed")));
+    }
 
     #[test]
     fn redelivery_backs_off_to_a_cap() {

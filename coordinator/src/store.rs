@@ -1,6 +1,6 @@
 //! The seam in front of the turn store: [`TurnStore`], what the turn path asks of the
-//! join, with the Redis join (`join.rs`) behind it in a running coordinator (and, in unit
-//! tests, an in-memory store).
+//! join, with the Redis join (`join.rs`) behind it in a running coordinator and an
+//! in-memory store (`store/memory.rs`) behind it in unit tests.
 //!
 //! Owns the trait and its implementation for [`JoinStore`], which only forwards to the
 //! join's own methods: every decision that makes a result count once and a turn end
@@ -14,6 +14,9 @@ use crate::join::{
     Attached, Cancelled, ClosingAhead, Created, Emitted, Finalized, JoinError, JoinStore, NewTurn,
     Recorded, StoredFinal, StoredTurn,
 };
+
+#[cfg(test)]
+pub(crate) mod memory;
 
 /// What the turn path asks of the store of turns, calls, results and events. Each
 /// method does what the [`JoinStore`] method of the same name documents, in one step.
