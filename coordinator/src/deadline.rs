@@ -75,3 +75,44 @@ pub(crate) async fn sweep(replica: Arc<Replica>, shutdown: CancellationToken) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, finals, open_turn, stored, until};
+    use crate::CoordinatorConfig;
+
+    #[tokio::test]
+    async fn the_sweep_ends_each_turn_past_its_deadline_once_and_leaves_the_others() {
+        let store = Arc::new(MemoryStore::default());
+        let config = CoordinatorConfig {
+            fair_sharing: false,
+            sweep_interval: Duration::from_millis(5),
+            sweep_grace: Duration::ZERO,
+            ..CoordinatorConfig::local()
+        };
+        let registry = Registry::holding(&[testing::tool("crm.get")]);
+        let replica = testing::replica_with(Arc::clone(&store), registry, config).await;
+        let now = unix_ms();
+        for (turn_id, deadline) in [("past", now - 1), ("future", now + 60_000)] {
+            let created = store.create(open_turn(turn_id, 1, deadline)).await;
+            assert!(matches!(created, Ok(crate::join::Created::New)));
+        }
+        let stop = CancellationToken::new();
+        let sweeping = tokio::spawn(sweep(Arc::clone(&replica), stop.clone()));
+        until(&store, "past", |t| t.published > 0).await;
+        // A few more sweeps find nothing more to do.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        stop.cancel();
+        let _ = sweeping.await;
+        let past = stored(&store, "past");
+        assert_eq!(past.ended.as_deref(), Some("deadline"));
+        assert_eq!((finals(&past), past.published), (1, 1));
+        assert_eq!(store.deadline_of("past"), None);
+        assert_eq!(stored(&store, "future").state, "open");
+        assert!(store.deadline_of("future").is_some());
+    }
+}

@@ -123,7 +123,7 @@ pub(crate) fn build_jobs(
 
 /// A job that could not be published: the `dispatch_failed` result its caller records
 /// (`results::record_unpublished`), so the turn still ends.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Unpublished {
     /// The job's turn.
     pub turn_id: String,

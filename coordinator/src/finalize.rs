@@ -882,6 +882,77 @@ fn missing_result(entry: &CallEntry, reason: EndReason) -> CallResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, event_types, finals, open_turn, stored};
+
+    async fn open(store: &MemoryStore, turn_id: &str) {
+        let created = store.create(open_turn(turn_id, 2, unix_ms() + 60_000)).await;
+        assert!(matches!(created, Ok(crate::join::Created::New)), "{created:?}");
+    }
+
+    #[tokio::test]
+    async fn ending_a_turn_from_several_places_at_once_publishes_one_final() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        futures::join!(
+            end_open_turn(&replica, "t1", true),
+            end_open_turn(&replica, "t1", true),
+            sweep_turn(&replica, "t1"),
+        );
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.ended.as_deref(), Some("deadline"));
+        assert_eq!(finals(&turn), 1);
+        assert_eq!(turn.published, 1);
+        assert_eq!(store.deadline_of("t1"), None, "a sent final leaves the index");
+        // Every call without a result is in the final as timed out.
+        let last = turn.events.last().cloned().unwrap_or_default();
+        assert_eq!(last.matches(r#""state":"timeout""#).count(), 2, "{last}");
+    }
+
+    #[tokio::test]
+    async fn a_final_stored_but_never_sent_is_sent_again_and_marked_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        // The replica that ended the turn stored its final and died before sending it.
+        assert!(matches!(store.finalize("t1", "deadline").await, Ok(Finalized::Ended(_))));
+        let closing = [r#"{"type":"narration"}"#.to_string(), r#"{"type":"final"}"#.to_string()];
+        assert!(matches!(store.store_final("t1", &closing).await, Ok(StoredFinal::Stored { .. })));
+        sweep_turn(&replica, "t1").await;
+        sweep_turn(&replica, "t1").await;
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.published, 1, "sent again once, then left alone");
+        assert_eq!(finals(&turn), 1);
+        assert_eq!(store.deadline_of("t1"), None);
+    }
+
+    #[tokio::test]
+    async fn a_turn_ended_without_a_stored_final_is_finished_by_whoever_finds_it() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        // Ended, and its replica died before storing the final.
+        assert!(matches!(store.finalize("t1", "deadline").await, Ok(Finalized::Ended(_))));
+        sweep_turn(&replica, "t1").await;
+        let turn = stored(&store, "t1");
+        assert_eq!(event_types(&turn).last().map(String::as_str), Some("final"));
+        assert_eq!((finals(&turn), turn.published), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_turn_the_store_cannot_end_stays_open_for_the_sweeper() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        store.set_unavailable(true);
+        end_open_turn(&replica, "t1", true).await;
+        store.set_unavailable(false);
+        let turn = stored(&store, "t1");
+        assert_eq!((turn.state.as_str(), finals(&turn)), ("open", 0));
+        assert!(store.deadline_of("t1").is_some(), "its deadline entry stays");
+    }
 
     fn timed_out(code: &str) -> CallResult {
         let call = ToolCall {

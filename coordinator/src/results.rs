@@ -556,6 +556,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_refused_result_is_written_back_for_its_tools_workers() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let body = br#"{"tool_call_id": "c1", "name": 7}"#;
+        reject(&replica, "crm.get", "t1", body, "does not decode".into()).await;
+        let rejection = store.rejected("crm.get");
+        assert_eq!(
+            rejection.map(|r| (r.turn_id, r.tool_call_id)),
+            Some((Some("t1".into()), Some("c1".into())))
+        );
+    }
+
+    #[tokio::test]
     async fn a_released_call_that_cannot_be_published_still_ends_its_turn_once() {
         let store = Arc::new(MemoryStore::default());
         let replica = testing::replica(Arc::clone(&store)).await;

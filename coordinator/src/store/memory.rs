@@ -140,15 +140,6 @@ impl MemoryStore {
         self.lock().deadlines.get(turn_id).copied()
     }
 
-    /// Moves `turn_id`'s deadline (and its index entry) to `unix_ms`.
-    pub(crate) fn set_deadline(&self, turn_id: &str, unix_ms: u64) {
-        let mut state = self.lock();
-        if let Some(turn) = state.turns.get_mut(turn_id) {
-            turn.deadline = unix_ms;
-        }
-        state.deadlines.insert(turn_id.to_string(), unix_ms);
-    }
-
     /// The last refused result of `tool`.
     pub(crate) fn rejected(&self, tool: &str) -> Option<Rejection> {
         self.lock().rejected.get(tool).cloned()
