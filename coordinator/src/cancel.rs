@@ -123,8 +123,13 @@ mod tests {
     }
 
     async fn open(store: &MemoryStore, turn_id: &str) {
-        let created = store.create(open_turn(turn_id, 2, unix_ms() + 60_000)).await;
-        assert!(matches!(created, Ok(crate::join::Created::New)), "{created:?}");
+        let created = store
+            .create(open_turn(turn_id, 2, unix_ms() + 60_000))
+            .await;
+        assert!(
+            matches!(created, Ok(crate::join::Created::New)),
+            "{created:?}"
+        );
     }
 
     #[tokio::test]
@@ -138,11 +143,14 @@ mod tests {
             key: "c2".into(),
             result: ok_result("c2"),
         };
-        crate::results::record_unpublished(&replica, vec![Unpublished {
-            key: "c1".into(),
-            result: ok_result("c1"),
-            ..last.clone()
-        }])
+        crate::results::record_unpublished(
+            &replica,
+            vec![Unpublished {
+                key: "c1".into(),
+                result: ok_result("c1"),
+                ..last.clone()
+            }],
+        )
         .await;
         let subject = replica.names.turn_cancel();
         let request = serde_json::json!({"turn_id": "t1"});
@@ -151,7 +159,10 @@ mod tests {
             crate::results::record_unpublished(&replica, vec![last]),
         );
         let turn = stored(&store, "t1");
-        assert!(matches!(turn.ended.as_deref(), Some("complete" | "cancelled")));
+        assert!(matches!(
+            turn.ended.as_deref(),
+            Some("complete" | "cancelled")
+        ));
         assert_eq!((finals(&turn), turn.published), (1, 1));
     }
 

@@ -493,7 +493,9 @@ pub enum PolicyError {
     #[error("weight {0} is not between 1 and 1000")]
     Weight(u32),
     /// A limit of calls or turns in flight is 0.
-    #[error("max_calls_in_flight, tool_calls_in_flight and max_turns_in_flight must be at least 1")]
+    #[error(
+        "max_calls_in_flight, tool_calls_in_flight and max_turns_in_flight must be at least 1"
+    )]
     ZeroLimit,
 }
 
@@ -563,12 +565,10 @@ impl TenantPolicies {
                 reason,
             })?;
         for (tenant, policy) in &policies.tenants {
-            policy
-                .check()
-                .map_err(|reason| TenantsFileError::Policy {
-                    tenant: Some(tenant.clone()),
-                    reason,
-                })?;
+            policy.check().map_err(|reason| TenantsFileError::Policy {
+                tenant: Some(tenant.clone()),
+                reason,
+            })?;
         }
         Ok(policies)
     }

@@ -377,3 +377,53 @@ async fn publish_job(
     Ok(publishing.await?)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::testing;
+    use async_nats::jetstream::context::PublishError;
+    use std::sync::Arc;
+
+    #[test]
+    fn only_a_publish_that_may_succeed_is_tried_again() {
+        let encode = serde_json::from_str::<u8>("x").map_err(JobPublishError::from);
+        assert!(encode.is_err_and(|e| !e.retryable()));
+        let too_large =
+            JobPublishError::from(PublishError::new(PublishErrorKind::MaxPayloadExceeded));
+        assert!(!too_large.retryable());
+        for kind in [
+            PublishErrorKind::TimedOut,
+            PublishErrorKind::StreamNotFound,
+            PublishErrorKind::BrokenPipe,
+        ] {
+            assert!(JobPublishError::from(PublishError::new(kind)).retryable());
+        }
+    }
+
+    #[tokio::test]
+    async fn jobs_that_cannot_be_published_come_back_with_a_retryable_dispatch_failed() {
+        let replica = testing::replica(Arc::new(MemoryStore::default())).await;
+        let job: JobEnvelope = serde_json::from_value(serde_json::json!({
+            "turn_id": "t1", "tenant_id": "acme",
+            "call": {"id": "c1", "name": "crm.get", "arguments": {}},
+            "deadline_unix_ms": unix_ms() + 150, "timeout_ms": 100, "dispatched_unix_ms": 0
+        }))
+        .unwrap_or_else(|e| panic!("job: {e}"));
+        let dispatched = publish(&replica, "t1", vec![("c1".into(), job)], None).await;
+        assert!(dispatched.published.is_empty());
+        let [failed] = &dispatched.failed[..] else {
+            panic!("one failure expected: {dispatched:?}");
+        };
+        assert_eq!(
+            (
+                failed.turn_id.as_str(),
+                failed.key.as_str(),
+                failed.tenant.as_str()
+            ),
+            ("t1", "c1", "acme")
+        );
+        let error = failed.result.error.as_ref();
+        assert!(error.is_some_and(|e| e.code == codes::DISPATCH_FAILED && e.retryable));
+    }
+}

@@ -28,16 +28,16 @@ use toolfleet_common::{
 use toolfleet_decision::history::HistoryOf;
 use tracing::{debug, info_span, warn, Instrument};
 
+use crate::admission::{self, Admission, Taken};
 use crate::callers::Reply;
 use crate::events;
 use crate::fault;
-use crate::admission::{self, Admission, Taken};
 use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal};
 use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::replica::Replica;
-use crate::trace::{self, worst_outcome, EndedBy, TurnOutcome, TurnTrace};
 use crate::sent::{mark_sent, send_stored_again};
+use crate::trace::{self, worst_outcome, EndedBy, TurnOutcome, TurnTrace};
 use crate::turns::Ready;
 
 /// Longest a narrator may take before the template narration is used instead.
@@ -887,8 +887,13 @@ mod tests {
     use crate::testing::{self, event_types, finals, open_turn, stored};
 
     async fn open(store: &MemoryStore, turn_id: &str) {
-        let created = store.create(open_turn(turn_id, 2, unix_ms() + 60_000)).await;
-        assert!(matches!(created, Ok(crate::join::Created::New)), "{created:?}");
+        let created = store
+            .create(open_turn(turn_id, 2, unix_ms() + 60_000))
+            .await;
+        assert!(
+            matches!(created, Ok(crate::join::Created::New)),
+            "{created:?}"
+        );
     }
 
     #[tokio::test]
@@ -905,7 +910,11 @@ mod tests {
         assert_eq!(turn.ended.as_deref(), Some("deadline"));
         assert_eq!(finals(&turn), 1);
         assert_eq!(turn.published, 1);
-        assert_eq!(store.deadline_of("t1"), None, "a sent final leaves the index");
+        assert_eq!(
+            store.deadline_of("t1"),
+            None,
+            "a sent final leaves the index"
+        );
         // Every call without a result is in the final as timed out.
         let last = turn.events.last().cloned().unwrap_or_default();
         assert_eq!(last.matches(r#""state":"timeout""#).count(), 2, "{last}");
@@ -917,9 +926,18 @@ mod tests {
         let replica = testing::replica(Arc::clone(&store)).await;
         open(&store, "t1").await;
         // The replica that ended the turn stored its final and died before sending it.
-        assert!(matches!(store.finalize("t1", "deadline").await, Ok(Finalized::Ended(_))));
-        let closing = [r#"{"type":"narration"}"#.to_string(), r#"{"type":"final"}"#.to_string()];
-        assert!(matches!(store.store_final("t1", &closing).await, Ok(StoredFinal::Stored { .. })));
+        assert!(matches!(
+            store.finalize("t1", "deadline").await,
+            Ok(Finalized::Ended(_))
+        ));
+        let closing = [
+            r#"{"type":"narration"}"#.to_string(),
+            r#"{"type":"final"}"#.to_string(),
+        ];
+        assert!(matches!(
+            store.store_final("t1", &closing).await,
+            Ok(StoredFinal::Stored { .. })
+        ));
         sweep_turn(&replica, "t1").await;
         sweep_turn(&replica, "t1").await;
         let turn = stored(&store, "t1");
@@ -934,7 +952,10 @@ mod tests {
         let replica = testing::replica(Arc::clone(&store)).await;
         open(&store, "t1").await;
         // Ended, and its replica died before storing the final.
-        assert!(matches!(store.finalize("t1", "deadline").await, Ok(Finalized::Ended(_))));
+        assert!(matches!(
+            store.finalize("t1", "deadline").await,
+            Ok(Finalized::Ended(_))
+        ));
         sweep_turn(&replica, "t1").await;
         let turn = stored(&store, "t1");
         assert_eq!(event_types(&turn).last().map(String::as_str), Some("final"));
@@ -951,7 +972,10 @@ mod tests {
         store.set_unavailable(false);
         let turn = stored(&store, "t1");
         assert_eq!((turn.state.as_str(), finals(&turn)), ("open", 0));
-        assert!(store.deadline_of("t1").is_some(), "its deadline entry stays");
+        assert!(
+            store.deadline_of("t1").is_some(),
+            "its deadline entry stays"
+        );
     }
 
     fn timed_out(code: &str) -> CallResult {

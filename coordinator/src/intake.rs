@@ -33,8 +33,8 @@ use tracing::{info, info_span, warn, Instrument};
 
 use crate::admission::{admit, first_events, Admission, Taken};
 use crate::attach;
-use crate::cancel;
 use crate::callers::{Caller, Reply};
+use crate::cancel;
 use crate::dispatch::{build_jobs, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
@@ -42,11 +42,11 @@ use crate::join::{CallEntry, NewTurn};
 use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
 use crate::replica::{next_message, Replica};
-use crate::{results, sharing};
 use crate::trace::{self, TurnTrace};
 use crate::turns::{Ahead, OwnedTurn};
 use crate::validate::{plan, Limits, PlannedCall, Verdict};
 use crate::CoordinatorError;
+use crate::{results, sharing};
 
 /// Metric label of calls whose tool is not in the registry (model-written names would
 /// make unbounded label values).
@@ -560,3 +560,149 @@ fn count_refused(
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::join::Created;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, event_types, finals, open_turn, stored, REPLY};
+
+    fn turn_message(
+        replica: &Replica,
+        reply: &str,
+        request: serde_json::Value,
+    ) -> async_nats::Message {
+        async_nats::Message {
+            subject: replica.names.turn_submit().into(),
+            reply: Some(reply.to_string().into()),
+            payload: serde_json::to_vec(&request).unwrap_or_default().into(),
+            headers: None,
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    fn calls(turn_id: &str, tools: &[&str], deadline_ms: u64) -> serde_json::Value {
+        let calls: Vec<_> = (1..)
+            .zip(tools)
+            .map(|(i, tool)| serde_json::json!({"id": format!("c{i}"), "toolName": tool, "arguments": {}}))
+            .collect();
+        serde_json::json!({
+            "turn_id": turn_id, "tenant_id": "acme", "deadline_ms": deadline_ms,
+            "decision": {"type": "tool_calls", "calls": calls}
+        })
+    }
+
+    fn answer(turn_id: &str, text: &str) -> serde_json::Value {
+        serde_json::json!({
+            "turn_id": turn_id, "tenant_id": "acme",
+            "decision": {"type": "final", "text": text}
+        })
+    }
+
+    #[tokio::test]
+    async fn a_turn_is_stored_with_its_ack_and_pending_states_first_and_ends_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        // No NATS behind this replica: both jobs fail to publish before the deadline,
+        // and their dispatch_failed results end the turn.
+        let request = calls("t1", &["crm.get", "crm.get"], 600);
+        handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, request)).await;
+        let turn = stored(&store, "t1");
+        let types = event_types(&turn);
+        assert_eq!(types[..3], ["ack", "tool_state", "tool_state"], "{types:?}");
+        assert!(turn.events[1].contains(r#""state":"pending""#));
+        assert_eq!((finals(&turn), turn.published), (1, 1));
+        assert!(turn.events.iter().any(|e| e.contains("dispatch_failed")));
+        assert!(
+            !replica.turns.owns("t1"),
+            "the ended turn is no longer owned"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_to_an_unknown_tool_is_refused_up_front_and_the_turn_ends_at_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let request = calls("t1", &["nope.tool"], 60_000);
+        handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, request)).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(event_types(&turn).first().map(String::as_str), Some("ack"));
+        assert!(
+            turn.events[1].contains(r#""state":"error""#),
+            "{}",
+            turn.events[1]
+        );
+        assert_eq!(turn.ended.as_deref(), Some("complete"));
+        assert_eq!((finals(&turn), turn.published), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_tools_is_stored_ended_and_a_resubmission_replays_it() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let first = turn_message(&replica, REPLY, answer("t1", "hello"));
+        handle_turn_message(Arc::clone(&replica), first).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(event_types(&turn), ["narration", "final"]);
+        assert_eq!(
+            (turn.ended.as_deref(), turn.published),
+            (Some("no_tools"), 1)
+        );
+
+        // The same request again: replayed (marked sent again), nothing stored twice.
+        let again = turn_message(&replica, REPLY, answer("t1", "hello"));
+        handle_turn_message(Arc::clone(&replica), again).await;
+        // Another decision under the same id: refused, the stored turn untouched.
+        let other = turn_message(&replica, REPLY, answer("t1", "something else"));
+        handle_turn_message(Arc::clone(&replica), other).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(event_types(&turn), ["narration", "final"]);
+        assert!(turn.events[0].contains("hello"));
+        assert_eq!(turn.published, 2, "the replay marked the final sent again");
+    }
+
+    #[tokio::test]
+    async fn a_turn_id_another_frontend_holds_is_refused_and_left_as_stored() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let mut theirs = open_turn("t1", 1, unix_ms() + 60_000);
+        theirs.caller = "web";
+        assert!(matches!(store.create(theirs).await, Ok(Created::New)));
+        let request = calls("t1", &["crm.get"], 60_000);
+        handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, request)).await;
+        let turn = stored(&store, "t1");
+        assert_eq!((turn.caller.as_str(), turn.events.len()), ("web", 1));
+        assert_eq!(turn.state, "open");
+    }
+
+    #[tokio::test]
+    async fn requests_refused_before_the_store_leave_nothing_stored() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        // A reply outside the caller's inbox: dropped unread.
+        let elsewhere = turn_message(&replica, "orders.new", answer("t1", "hi"));
+        handle_turn_message(Arc::clone(&replica), elsewhere).await;
+        // A deadline of 0 ms, and a decision that does not parse.
+        let mut zero = calls("t2", &["crm.get"], 0);
+        zero["deadline_ms"] = 0.into();
+        handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, zero)).await;
+        let mut unparsed = answer("t3", "x");
+        unparsed["decision"] = serde_json::json!({"type": "nonsense"});
+        handle_turn_message(
+            Arc::clone(&replica),
+            turn_message(&replica, REPLY, unparsed),
+        )
+        .await;
+        // A store that cannot be reached refuses the turn.
+        store.set_unavailable(true);
+        let unreachable = turn_message(&replica, REPLY, answer("t4", "hi"));
+        handle_turn_message(Arc::clone(&replica), unreachable).await;
+        store.set_unavailable(false);
+        for turn_id in ["t1", "t2", "t3", "t4"] {
+            assert!(store.turn(turn_id).is_none(), "{turn_id} was stored");
+        }
+    }
+}

@@ -63,9 +63,9 @@ mod results;
 mod sent;
 mod sharing;
 mod startup;
+pub mod store;
 #[cfg(test)]
 mod testing;
-pub mod store;
 mod trace;
 mod turns;
 mod upkeep;
@@ -73,8 +73,8 @@ pub mod validate;
 
 pub use config::{CoordinatorConfig, FrontendBindings, TenantPolicies, TenantPolicy};
 pub use narrate::{Narrator, TemplateNarrator};
-pub use store::TurnStore;
 pub use startup::{run, run_with_narrator, REDIS_RESPONSE_TIMEOUT};
+pub use store::TurnStore;
 
 /// Why a coordinator could not start.
 #[derive(Debug, thiserror::Error)]

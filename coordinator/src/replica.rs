@@ -68,4 +68,3 @@ pub(crate) async fn next_message<T>(
         m = subscriber.next() => m,
     }
 }
-

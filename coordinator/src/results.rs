@@ -49,8 +49,8 @@ use crate::events;
 use crate::finalize::{close_ahead, finish, send_closed_ahead, ClosedAhead, TurnEnd};
 use crate::join::{ClosingAhead, JoinError, Recorded};
 use crate::lanes::LaneError;
-use crate::sharing;
 use crate::replica::Replica;
+use crate::sharing;
 use crate::trace;
 use crate::turns::TurnGate;
 
@@ -503,7 +503,10 @@ mod tests {
 
     async fn create(store: &MemoryStore, turn: crate::join::NewTurn<'_>) {
         let created = store.create(turn).await;
-        assert!(matches!(created, Ok(crate::join::Created::New)), "{created:?}");
+        assert!(
+            matches!(created, Ok(crate::join::Created::New)),
+            "{created:?}"
+        );
     }
 
     #[tokio::test]
@@ -519,7 +522,11 @@ mod tests {
         let types = event_types(&turn);
         assert_eq!(types.last().map(String::as_str), Some("final"), "{types:?}");
         let states = types.iter().position(|t| t == "narration");
-        assert_eq!(states, Some(4), "ack, three states, then the narration: {types:?}");
+        assert_eq!(
+            states,
+            Some(4),
+            "ack, three states, then the narration: {types:?}"
+        );
         assert_eq!(turn.published, 1, "the final is marked sent once");
     }
 
@@ -590,13 +597,20 @@ mod tests {
         let unpublished = record(&replica, "t1", ok_result("c1")).await;
         let released = stored(&store, "t1");
         assert_eq!(released.calls.get("c2").map(|c| c.queued), Some(false));
-        assert_eq!(unpublished.len(), 1, "c2 is handed back, not recorded inside");
+        assert_eq!(
+            unpublished.len(),
+            1,
+            "c2 is handed back, not recorded inside"
+        );
         assert_eq!(unpublished[0].key, "c2");
 
         record_unpublished(&replica, unpublished).await;
         let turn = stored(&store, "t1");
         assert_eq!(finals(&turn), 1);
-        let c2 = turn.results.get("c2").map(|b| String::from_utf8_lossy(b).to_string());
+        let c2 = turn
+            .results
+            .get("c2")
+            .map(|b| String::from_utf8_lossy(b).to_string());
         assert!(c2.is_some_and(|b| b.contains("dispatch_failed")));
     }
 

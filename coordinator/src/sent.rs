@@ -104,4 +104,3 @@ fn export_stored(turn_id: &str, stored: &StoredTurn, ended_by: EndedBy) {
         ended_by,
     });
 }
-

@@ -80,8 +80,7 @@ pub async fn run_with_narrator(
     let streams = ensure_streams(&js, &names).await?;
     let mut consumers = Vec::with_capacity(streams.results.len());
     for results_stream in &streams.results {
-        let consumer =
-            results::results_consumer(results_stream, &names.results_consumer()).await?;
+        let consumer = results::results_consumer(results_stream, &names.results_consumer()).await?;
         consumers.push(consumer);
     }
     health.set_phase("connecting to Redis");
@@ -109,10 +108,7 @@ pub async fn run_with_narrator(
             config.redis_shed_percent,
             config.redis_trim_percent,
         )),
-        lanes: crate::lanes::Lanes::new(crate::lanes::LaneStore::new(
-            redis.clone(),
-            names.clone(),
-        )),
+        lanes: crate::lanes::Lanes::new(crate::lanes::LaneStore::new(redis.clone(), names.clone())),
     });
     let background = TaskTracker::new();
     let redis_for_background = (redis.clone(), join);

@@ -76,8 +76,10 @@ pub trait TurnStore: Send + Sync {
     ) -> BoxFuture<'a, Result<Attached, JoinError>>;
 
     /// Every stored event of a turn, for sending a stored `final` again.
-    fn stored_events<'a>(&'a self, turn_id: &'a str)
-        -> BoxFuture<'a, Result<StoredTurn, JoinError>>;
+    fn stored_events<'a>(
+        &'a self,
+        turn_id: &'a str,
+    ) -> BoxFuture<'a, Result<StoredTurn, JoinError>>;
 
     /// Marks the stored `final` sent; whether this call was the first.
     fn mark_published<'a>(&'a self, turn_id: &'a str) -> BoxFuture<'a, Result<bool, JoinError>>;

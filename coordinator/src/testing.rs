@@ -174,5 +174,8 @@ pub(crate) async fn until(store: &MemoryStore, turn_id: &str, done: impl Fn(&Sto
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    panic!("turn {turn_id} never reached the state waited for: {:?}", store.turn(turn_id));
+    panic!(
+        "turn {turn_id} never reached the state waited for: {:?}",
+        store.turn(turn_id)
+    );
 }

@@ -18,8 +18,8 @@ use toolfleet_common::ToolDefinition;
 use tracing::debug;
 
 use crate::consumers::EnsureConsumerError;
-use crate::results::results_consumer_config;
 use crate::replica::Replica;
+use crate::results::results_consumer_config;
 
 /// The JetStream objects the coordinator recreates when they disappear, streams first.
 pub(crate) fn needed(replica: &Replica) -> Vec<Needed> {

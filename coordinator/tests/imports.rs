@@ -20,8 +20,8 @@ fn imports(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
         if module == "lib" || module == "main" {
             continue;
         }
-        let text = std::fs::read_to_string(entry.path())
-            .unwrap_or_else(|e| panic!("reading {name}: {e}"));
+        let text =
+            std::fs::read_to_string(entry.path()).unwrap_or_else(|e| panic!("reading {name}: {e}"));
         sources.insert(module.to_string(), code_of(&text));
     }
     let modules: BTreeSet<String> = sources.keys().cloned().collect();

@@ -20,8 +20,8 @@ use toolfleet_common::{CallResult, JobEnvelope};
 
 use super::TurnStore;
 use crate::join::{
-    Attached, CallEntry, Cancelled, Closing, ClosingAhead, Created, Emitted, Finalized,
-    JoinError, NewTurn, Recorded, Released, StoredFinal, StoredTurn,
+    Attached, CallEntry, Cancelled, Closing, ClosingAhead, Created, Emitted, Finalized, JoinError,
+    NewTurn, Recorded, Released, StoredFinal, StoredTurn,
 };
 
 /// The one deadline index key of the memory store.
@@ -81,7 +81,8 @@ impl StoredState {
     fn closing(&self) -> Result<Closing, JoinError> {
         let mut results = HashMap::with_capacity(self.results.len());
         for (key, body) in &self.results {
-            let result = serde_json::from_slice(body).map_err(|e| JoinError::Decode(e.to_string()))?;
+            let result =
+                serde_json::from_slice(body).map_err(|e| JoinError::Decode(e.to_string()))?;
             results.insert(key.clone(), result);
         }
         Ok(Closing {
@@ -146,13 +147,18 @@ impl MemoryStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The store, or the error an unreachable Redis gives.
     fn reach(&self) -> Result<MutexGuard<'_, State>, JoinError> {
         if self.unavailable.load(Ordering::SeqCst) {
-            let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "memory store unavailable");
+            let io = std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "memory store unavailable",
+            );
             return Err(JoinError::Redis(io.into()));
         }
         Ok(self.lock())
@@ -259,7 +265,10 @@ impl MemoryStore {
                     entry.queued = false;
                 }
                 turn.dispatching.insert(key.clone());
-                released_call = turn.jobs.get(&key).map(|job| released(&key, job, &turn.trace));
+                released_call = turn
+                    .jobs
+                    .get(&key)
+                    .map(|job| released(&key, job, &turn.trace));
             }
         }
         Ok(Recorded::Recorded {
@@ -305,7 +314,9 @@ impl MemoryStore {
             return Ok(Cancelled::UnknownTurn);
         }
         if !turn.is_open() {
-            return Ok(Cancelled::AlreadyEnded(turn.ended.clone().unwrap_or_default()));
+            return Ok(Cancelled::AlreadyEnded(
+                turn.ended.clone().unwrap_or_default(),
+            ));
         }
         turn.state = "final".to_string();
         turn.ended = Some("cancelled".to_string());
@@ -339,7 +350,8 @@ impl MemoryStore {
         let Some(turn) = state.turns.get_mut(turn_id) else {
             return Ok(Emitted::Nothing);
         };
-        let answered = unless_result_of.is_some_and(|k| !k.is_empty() && turn.results.contains_key(k));
+        let answered =
+            unless_result_of.is_some_and(|k| !k.is_empty() && turn.results.contains_key(k));
         if turn.final_seq.is_some() || answered {
             return Ok(Emitted::Nothing);
         }
@@ -381,7 +393,10 @@ impl MemoryStore {
                 turn.published
             }
             None => {
-                let marks = state.marks_of_unknown.entry(turn_id.to_string()).or_default();
+                let marks = state
+                    .marks_of_unknown
+                    .entry(turn_id.to_string())
+                    .or_default();
                 *marks += 1;
                 *marks
             }
@@ -401,7 +416,11 @@ impl MemoryStore {
             .map(|(turn_id, deadline)| (*deadline, turn_id))
             .collect();
         due.sort();
-        Ok(due.into_iter().take(limit).map(|(_, id)| id.clone()).collect())
+        Ok(due
+            .into_iter()
+            .take(limit)
+            .map(|(_, id)| id.clone())
+            .collect())
     }
 }
 
