@@ -344,7 +344,6 @@ async fn take_turn(
         digest,
     } = taken;
     let config = &replica.config;
-    let policy = config.tenants.get(&request.tenant_id);
     let decision = match read_decision(config, &request) {
         Ok(decision) => decision,
         Err(Ok(text)) => {
@@ -363,32 +362,18 @@ async fn take_turn(
         }
         Err(Err(error)) => return reject(&replica, Some(turn_id), reply, error, trace).await,
     };
-    let limits = TurnLimits::resolve(config, policy, &request, &decision);
-    let now = unix_ms();
-    let deadline = now + limits.budget_ms;
     let registry = replica.registry.snapshot();
-    let validation = Limits {
-        max_calls: limits.max_calls,
-        max_argument_bytes: config.max_argument_bytes,
-        tool_timeout_cap_ms: policy.tool_timeout_ms,
-        tenant_argument_keys: &config.tenant_argument_keys,
-    };
-    let planned = plan(
-        decision.calls,
-        &request.tenant_id,
-        policy,
-        &validation,
-        &registry,
-    );
-    let layout = Layout::new(&planned, limits.concurrency);
+    let Plan {
+        limits,
+        now,
+        deadline,
+        planned,
+        layout,
+        acknowledgement,
+    } = plan_turn(config, &registry, &request, decision);
     trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
-    let first = first_events(
-        &turn_id,
-        &planned,
-        decision.acknowledgement,
-        limits.budget_ms,
-    );
+    let first = first_events(&turn_id, &planned, acknowledgement, limits.budget_ms);
     let planned_calls = planned.len();
     let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
     let tenant = &request.tenant_id;
@@ -448,6 +433,52 @@ async fn take_turn(
     replica.turns.own(turn_id.clone(), owned);
     let dispatched = sharing::dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
     results::record_unpublished(&replica, dispatched.failed).await;
+}
+
+/// A turn's plan before anything is stored: its limits and deadline, each call's
+/// verdict, the calls' layout, and the model's own acknowledgement.
+struct Plan {
+    limits: TurnLimits,
+    now: u64,
+    deadline: u64,
+    planned: Vec<PlannedCall>,
+    layout: Layout,
+    acknowledgement: Option<String>,
+}
+
+/// Plans `decision` under the request's limits (`limits.rs`) and each call's verdict
+/// (`validate.rs`).
+fn plan_turn(
+    config: &crate::CoordinatorConfig,
+    registry: &Snapshot,
+    request: &TurnRequest,
+    decision: ToolCallsDecision,
+) -> Plan {
+    let policy = config.tenants.get(&request.tenant_id);
+    let limits = TurnLimits::resolve(config, policy, request, &decision);
+    let now = unix_ms();
+    let validation = Limits {
+        max_calls: limits.max_calls,
+        max_argument_bytes: config.max_argument_bytes,
+        tool_timeout_cap_ms: policy.tool_timeout_ms,
+        tenant_argument_keys: &config.tenant_argument_keys,
+    };
+    let planned = plan(
+        decision.calls,
+        &request.tenant_id,
+        policy,
+        &validation,
+        registry,
+    );
+    let layout = Layout::new(&planned, limits.concurrency);
+    Plan {
+        deadline: now + limits.budget_ms,
+        limits,
+        now,
+        planned,
+        layout,
+        acknowledgement: decision.acknowledgement,
+    }
 }
 
 /// What this replica keeps of a turn it took: where its events go, its span, its
