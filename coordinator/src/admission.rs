@@ -7,6 +7,7 @@
 //! `intake.rs` for a turn with calls and `finalize.rs` for a no-tool answer, so neither
 //! imports the other. Never publishes anything but a replay (`attach.rs`).
 
+use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::turn::{turn_codes, AckCall};
 use toolfleet_common::{CallError, CallState, TurnEvent};
 use toolfleet_decision::ack::compose_acknowledgement;
@@ -17,6 +18,7 @@ use crate::callers::Reply;
 use crate::events;
 use crate::join::{Created, NewTurn};
 use crate::replica::Replica;
+use crate::store::TurnStore;
 use crate::validate::{PlannedCall, Verdict};
 
 /// Who asked for a turn and where its events go.
@@ -46,7 +48,7 @@ pub(crate) enum Admission {
 /// caller, or says why neither.
 pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>, reply: &Reply) -> Admission {
     let (turn_id, caller) = (turn.turn_id.to_string(), turn.caller.to_string());
-    match create(replica, turn).await {
+    match create(&*replica.join, &replica.metrics, turn).await {
         Ok(Created::New) => Admission::New,
         Ok(Created::Exists {
             same_caller: true,
@@ -75,12 +77,16 @@ pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>, reply: &Reply) -
 }
 
 /// Creates the turn in the join; an unreachable store refuses the turn.
-async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<Created, CallError> {
-    match replica.join.create(turn).await {
+async fn create(
+    join: &dyn TurnStore,
+    metrics: &FleetMetrics,
+    turn: NewTurn<'_>,
+) -> Result<Created, CallError> {
+    match join.create(turn).await {
         Ok(created) => Ok(created),
         Err(error) => {
             warn!(%error, "could not create the turn");
-            replica.metrics.redis_error("create_turn");
+            metrics.redis_error("create_turn");
             Err(CallError::retryable(
                 turn_codes::UNAVAILABLE,
                 "the turn store is unavailable",

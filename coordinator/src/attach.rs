@@ -76,7 +76,7 @@ pub(crate) async fn replay(
             // The frontend now holds the `final`: marked sent, and the turn span
             // exported when the replica that stored it died before sending it.
             if stored.last().is_some_and(|e| crate::sent::is_final(e)) {
-                crate::sent::replayed_final(replica, turn_id).await;
+                crate::sent::replayed_final(&*replica.join, turn_id).await;
             }
         }
         Ok(Attached::OtherTenant) => {

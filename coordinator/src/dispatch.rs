@@ -22,7 +22,7 @@ use toolfleet_common::names::spans;
 use toolfleet_common::names::HEADER_TURN_TRACEPARENT;
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::provider_tool_name;
-use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
+use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names, TurnRequest};
 use tracing::{debug, info, info_span, warn, Instrument};
 
 use crate::join::CallEntry;
@@ -162,7 +162,7 @@ pub(crate) async fn publish(
     let (address, port) = telemetry::server_of(&replica.config.nats_url);
     for (key, mut job) in jobs {
         job.dispatched_unix_ms = unix_ms();
-        let subject = job_subject(replica, &job);
+        let subject = job_subject(&replica.names, &job);
         let span = publish_span(trace, turn_id, &job, &subject);
         span.record("server.address", address.as_str());
         span.record("server.port", port);
@@ -241,8 +241,7 @@ impl JobPublishError {
 }
 
 /// The subject `job` is published on: its tool's, in its turn's stream partition.
-fn job_subject(replica: &Replica, job: &JobEnvelope) -> String {
-    let names = &replica.names;
+fn job_subject(names: &Names, job: &JobEnvelope) -> String {
     names.job_subject_in(names.partition_of(&job.turn_id), &job.call.name)
 }
 
@@ -299,7 +298,7 @@ async fn publish_again(
         }
         debug!(turn_id = %job.turn_id, call = %job.call.id, %error, "job publish unconfirmed; publishing again");
         tokio::time::sleep(delay).await;
-        let subject = job_subject(replica, job);
+        let subject = job_subject(&replica.names, job);
         let ack = match publish_job(replica, job, subject, span, trace).await {
             Ok(ack) => ack,
             Err(e) if !e.retryable() => return Err(e),

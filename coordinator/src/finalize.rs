@@ -480,7 +480,7 @@ pub(crate) async fn send_closed_ahead(
         stored.push(state);
         stored.extend(closing);
         events::publish_kept(replica, reply, seq, &stored).await;
-        mark_sent(replica, turn_id).await
+        mark_sent(&*replica.join, turn_id).await
     }
     .instrument(span)
     .await;
@@ -650,7 +650,7 @@ async fn publish_final(
         Ok(StoredFinal::Stored { reply, first_seq }) => {
             fault::point(fault::EXIT_AFTER_FINAL_STORED);
             events::publish_kept(replica, &reply, first_seq, &closing).await;
-            Some(mark_sent(replica, turn_id).await)
+            Some(mark_sent(&*replica.join, turn_id).await)
         }
         Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => None,
         Err(error) => {

@@ -24,6 +24,7 @@ use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
+use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::names::{spans, COORDINATOR_QUEUE_GROUP, HEADER_TURN_ID};
 use toolfleet_common::telemetry;
 use toolfleet_common::turn::{normalize_tenant, turn_codes, valid_turn_id};
@@ -415,7 +416,7 @@ async fn take_turn(
             return reject(&replica, Some(turn_id), reply, error, trace).await
         }
     }
-    count_refused(&replica, planned_calls, &refused, &registry);
+    count_refused(&replica.metrics, planned_calls, &refused, &registry);
     events::publish_stored(&replica, &reply, 1, &first).await;
     if layout.dispatched == 0 {
         return end_open_turn(&replica, &turn_id, false).await;
@@ -578,16 +579,16 @@ fn trace_planned(
 
 /// Counts the turn and its calls refused up front.
 fn count_refused(
-    replica: &Replica,
+    metrics: &FleetMetrics,
     calls: usize,
     refused: &[(String, CallResult)],
     registry: &Snapshot,
 ) {
-    replica.metrics.turn_started(calls);
+    metrics.turn_started(calls);
     for (_, r) in refused {
         let known = registry.get(&r.name).is_some();
         let label = if known { &r.name } else { UNKNOWN_TOOL_LABEL };
-        replica.metrics.call_result(label, r);
+        metrics.call_result(label, r);
     }
 }
 

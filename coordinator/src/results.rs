@@ -39,6 +39,7 @@ use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::names::HEADER_TENANT_ID;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{telemetry, CallResult};
@@ -49,6 +50,7 @@ use crate::events;
 use crate::finalize::{close_ahead, finish, send_closed_ahead, ClosedAhead, TurnEnd};
 use crate::join::{ClosingAhead, JoinError, Recorded};
 use crate::lanes::LaneError;
+use crate::registry::Registry;
 use crate::replica::Replica;
 use crate::sharing;
 use crate::trace;
@@ -386,7 +388,7 @@ async fn record_and_report(
             released,
             ..
         } => {
-            count_result(replica, &result);
+            count_result(&replica.registry, &replica.metrics, &result);
             {
                 let _publishing = gate.publishing.lock().await;
                 replica.turns.mark_ended(turn_id, key);
@@ -400,7 +402,7 @@ async fn record_and_report(
             }
         }
         Recorded::CompleteStored { reply, seq } => {
-            count_result(replica, &result);
+            count_result(&replica.registry, &replica.metrics, &result);
             drop(recording);
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
@@ -417,7 +419,7 @@ async fn record_and_report(
             }
         }
         Recorded::Complete { closing, seq, .. } => {
-            count_result(replica, &result);
+            count_result(&replica.registry, &replica.metrics, &result);
             drop(recording);
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
@@ -475,9 +477,9 @@ async fn record_closing_ahead(
 }
 
 /// Counts a recorded result under its tool's metric label.
-fn count_result(replica: &Replica, result: &CallResult) {
-    let label = replica.registry.snapshot().label(&result.name);
-    replica.metrics.call_result(&label, result);
+fn count_result(registry: &Registry, metrics: &FleetMetrics, result: &CallResult) {
+    let label = registry.snapshot().label(&result.name);
+    metrics.call_result(&label, result);
 }
 
 #[cfg(test)]

@@ -13,13 +13,14 @@ use tracing::warn;
 use crate::events;
 use crate::join::StoredTurn;
 use crate::replica::Replica;
+use crate::store::TurnStore;
 use crate::trace::{worst_outcome, EndedBy, TurnOutcome, TurnTrace};
 
 /// Marks the turn's stored `final` sent; whether this call marked it first (and so
 /// exports the turn span). A failure is logged: the sweeper sends the `final` again and
 /// marks it then.
-pub(crate) async fn mark_sent(replica: &Replica, turn_id: &str) -> bool {
-    match replica.join.mark_published(turn_id).await {
+pub(crate) async fn mark_sent(join: &dyn TurnStore, turn_id: &str) -> bool {
+    match join.mark_published(turn_id).await {
         Ok(first) => first,
         Err(error) => {
             warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
@@ -34,7 +35,7 @@ pub(crate) async fn send_stored_again(replica: &Replica, turn_id: &str) {
     match replica.join.stored_events(turn_id).await {
         Ok(stored) if !stored.reply.is_empty() && !stored.events.is_empty() => {
             events::publish_kept(replica, &stored.reply, 1, &stored.events).await;
-            if mark_sent(replica, turn_id).await {
+            if mark_sent(&*replica.join, turn_id).await {
                 export_stored(turn_id, &stored, EndedBy::Resend);
             }
         }
@@ -48,11 +49,11 @@ pub(crate) async fn send_stored_again(replica: &Replica, turn_id: &str) {
 /// After a frontend was sent the stored events of `turn_id` up to its `final`
 /// (`attach.rs`): the `final` is marked sent, and when that was not done before (the
 /// replica that stored it died first) the turn span is exported from the stored turn.
-pub(crate) async fn replayed_final(replica: &Replica, turn_id: &str) {
-    if !mark_sent(replica, turn_id).await {
+pub(crate) async fn replayed_final(join: &dyn TurnStore, turn_id: &str) {
+    if !mark_sent(join, turn_id).await {
         return;
     }
-    match replica.join.stored_events(turn_id).await {
+    match join.stored_events(turn_id).await {
         Ok(stored) => export_stored(turn_id, &stored, EndedBy::Replay),
         Err(error) => warn!(%turn_id, %error, "could not read the stored turn; its span is lost"),
     }

@@ -22,6 +22,7 @@ use toolfleet_common::names::COORDINATOR_QUEUE_GROUP;
 use toolfleet_common::redis_client::{RedisConnection, RedisOptions};
 use toolfleet_common::streams::ensure_streams;
 use toolfleet_common::tls::TlsFiles;
+use toolfleet_common::Names;
 use tracing::{info, warn};
 
 use crate::join::JoinStore;
@@ -219,7 +220,7 @@ async fn spawn_background(
     let period = replica.config.topology_check;
     let watch = toolfleet_common::topology::watch(
         replica.js.clone(),
-        upkeep::needed(replica),
+        upkeep::needed(&replica.names),
         period,
         replica.metrics.clone(),
         stop.clone(),
@@ -241,14 +242,14 @@ const MAX_ANNOUNCED_PER_REFRESH: usize = 256;
 /// Notes the tool `message` announces when the registry does not know it yet (up to
 /// [`MAX_ANNOUNCED_PER_REFRESH`]); whether it did.
 fn note_unknown(
-    replica: &Replica,
+    (names, registry): (&Names, &Registry),
     message: &async_nats::Message,
     unknown: &mut BTreeSet<String>,
 ) -> bool {
-    let Some(tool) = replica.names.registry_changed_tool(&message.subject) else {
+    let Some(tool) = names.registry_changed_tool(&message.subject) else {
         return false;
     };
-    if unknown.len() >= MAX_ANNOUNCED_PER_REFRESH || replica.registry.snapshot().knows(tool) {
+    if unknown.len() >= MAX_ANNOUNCED_PER_REFRESH || registry.snapshot().knows(tool) {
         return false;
     }
     unknown.insert(tool.to_string())
@@ -262,6 +263,7 @@ async fn refresh_registry(
     stop: CancellationToken,
 ) {
     let period = replica.config.registry_refresh;
+    let known = (&replica.names, &replica.registry);
     crate::consumers::ensure_changed(&replica).await;
     let mut unknown: BTreeSet<String> = BTreeSet::new();
     let mut last = tokio::time::Instant::now();
@@ -272,7 +274,7 @@ async fn refresh_registry(
             Some(_) = changes.next() => {}
             Some(message) = announced.next() => {
                 // A tool already known costs a lookup; only a new name leads to Redis.
-                if !note_unknown(&replica, &message, &mut unknown) {
+                if !note_unknown(known, &message, &mut unknown) {
                     continue;
                 }
             }
@@ -286,12 +288,12 @@ async fn refresh_registry(
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep_until(next) => break,
                 Some(message) = announced.next() => {
-                    note_unknown(&replica, &message, &mut unknown);
+                    note_unknown(known, &message, &mut unknown);
                 }
             }
         }
         while let Some(Some(message)) = announced.next().now_or_never() {
-            note_unknown(&replica, &message, &mut unknown);
+            note_unknown(known, &message, &mut unknown);
         }
         last = tokio::time::Instant::now();
         if !unknown.is_empty() {

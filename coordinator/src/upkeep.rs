@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::streams::{jobs_config, results_config};
 use toolfleet_common::topology::Needed;
-use toolfleet_common::ToolDefinition;
+use toolfleet_common::{Names, ToolDefinition};
 use tracing::debug;
 
 use crate::consumers::EnsureConsumerError;
@@ -22,8 +22,7 @@ use crate::replica::Replica;
 use crate::results::results_consumer_config;
 
 /// The JetStream objects the coordinator recreates when they disappear, streams first.
-pub(crate) fn needed(replica: &Replica) -> Vec<Needed> {
-    let names = &replica.names;
+pub(crate) fn needed(names: &Names) -> Vec<Needed> {
     let partitions = 0..names.partitions();
     let streams = partitions.clone().flat_map(|k| {
         [
