@@ -8,14 +8,15 @@
 //! dropped and counted, never answered), reading its decision, and
 //! [`take_turn`]: a short sequence that hands each step to its room — limits
 //! (`limits.rs`), per-call verdicts (`validate.rs`), the call layout and jobs
-//! (`dispatch.rs`), creating the turn in the join (`join.rs`), the `ack` and `pending`
-//! states, owning the turn until its deadline (`turns.rs`; `deadline.rs` ends it then)
-//! and the first publishes. Fixes the turn span's identity (`trace.rs`) before anything
+//! (`dispatch.rs`), creating the turn in the join with its `ack` and `pending` states
+//! (`admission.rs`), owning the turn until its deadline (`turns.rs`; `deadline.rs` ends
+//! it then) and the first publishes (`sharing.rs`; the `dispatch_failed` results of
+//! jobs that could not be published are recorded through `results.rs`). Fixes the turn span's identity (`trace.rs`) before anything
 //! else and stores it with the turn; the work done here is the `intake` span, a child of
 //! the turn span.
 //!
 //! Never ends a turn itself: every end, the no-tool answer and the rejections included,
-//! goes through `finalize.rs`. Never publishes a job (`dispatch.rs` does). Next: workers
+//! goes through `finalize.rs`. Never publishes a job itself (`dispatch.rs` does). Next: workers
 //! run the jobs, and `results.rs` records what they return.
 
 use std::sync::Arc;
