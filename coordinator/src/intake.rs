@@ -339,31 +339,29 @@ async fn take_turn(
     request: TurnRequest,
     mut trace: Option<TurnTrace>,
 ) {
+    let config = &replica.config;
+    let decision = match read_decision(config, &request) {
+        Ok(decision) => decision,
+        Err(Ok(text)) => {
+            let tenant = request.tenant_id.clone();
+            let end = TurnEnd::NoTools {
+                taken,
+                tenant,
+                text,
+                trace,
+            };
+            return finish(&replica, end).await;
+        }
+        Err(Err(error)) => {
+            return reject(&replica, Some(taken.turn_id), taken.reply, error, trace).await
+        }
+    };
     let Taken {
         turn_id,
         reply,
         caller,
         digest,
     } = taken;
-    let config = &replica.config;
-    let decision = match read_decision(config, &request) {
-        Ok(decision) => decision,
-        Err(Ok(text)) => {
-            let end = TurnEnd::NoTools {
-                taken: Taken {
-                    turn_id,
-                    reply,
-                    caller,
-                    digest,
-                },
-                tenant: request.tenant_id.clone(),
-                text,
-                trace,
-            };
-            return finish(&replica, end).await;
-        }
-        Err(Err(error)) => return reject(&replica, Some(turn_id), reply, error, trace).await,
-    };
     let registry = replica.registry.snapshot();
     let Plan {
         limits,
