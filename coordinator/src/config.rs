@@ -738,6 +738,40 @@ mod tests {
     }
 
     #[test]
+    fn a_tenants_file_is_refused_by_kind_of_fault() {
+        let dir = std::env::temp_dir().join(format!("toolfleet-tenants-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+            path
+        };
+        let missing = TenantPolicies::from_file(&dir.join("missing.json"));
+        assert!(matches!(missing, Err(TenantsFileError::Read(_))));
+        let junk = TenantPolicies::from_file(&write("junk.json", "{"));
+        assert!(matches!(junk, Err(TenantsFileError::Parse(_))));
+        let heavy = write("heavy.json", r#"{"tenants": {"acme": {"weight": 0}}}"#);
+        match TenantPolicies::from_file(&heavy) {
+            Err(TenantsFileError::Policy { tenant, reason }) => {
+                assert_eq!(
+                    (tenant.as_deref(), reason),
+                    (Some("acme"), PolicyError::Weight(0))
+                );
+            }
+            other => panic!("a policy error expected: {other:?}"),
+        }
+        let zero = write("zero.json", r#"{"default": {"max_turns_in_flight": 0}}"#);
+        assert!(matches!(
+            TenantPolicies::from_file(&zero),
+            Err(TenantsFileError::Policy {
+                tenant: None,
+                reason: PolicyError::ZeroLimit
+            })
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn frontend_bindings() {
         let b = FrontendBindings::parse("web=acme, Globex ;kiosk=initech").unwrap_or_default();
         assert!(b.allows(Some("web"), " GLOBEX"));
