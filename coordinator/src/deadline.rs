@@ -79,11 +79,40 @@ pub(crate) async fn sweep(replica: Arc<Replica>, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::callers::Reply;
     use crate::registry::Registry;
     use crate::store::memory::MemoryStore;
     use crate::store::TurnStore;
     use crate::testing::{self, finals, open_turn, stored, until};
+    use crate::turns::OwnedTurn;
     use crate::CoordinatorConfig;
+
+    #[tokio::test]
+    async fn the_clock_ends_an_owned_turn_at_its_deadline_and_forgets_it() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let deadline = unix_ms() + 30;
+        let created = store.create(open_turn("t1", 1, deadline)).await;
+        assert!(matches!(created, Ok(crate::join::Created::New)));
+        let owned = OwnedTurn {
+            reply: Reply::kept(testing::REPLY).unwrap_or_else(|| panic!("an inbox reply")),
+            trace: None,
+            deadline_unix_ms: deadline,
+            ended_calls: Default::default(),
+            tools: Default::default(),
+            ahead: None,
+        };
+        replica.turns.own("t1".into(), owned);
+        let stop = CancellationToken::new();
+        let ticking = tokio::spawn(clock(Arc::clone(&replica), stop.clone()));
+        until(&store, "t1", |t| t.published > 0).await;
+        stop.cancel();
+        let _ = ticking.await;
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.ended.as_deref(), Some("deadline"));
+        assert_eq!(finals(&turn), 1);
+        assert!(!replica.turns.owns("t1"));
+    }
 
     #[tokio::test]
     async fn the_sweep_ends_each_turn_past_its_deadline_once_and_leaves_the_others() {
