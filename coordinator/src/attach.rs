@@ -10,7 +10,7 @@
 //! past its retention, the answer is one `error` with `unknown_turn`.
 //!
 //! Never changes a turn's calls or results and never ends a turn; a replayed `final`
-//! is marked sent (`finalize::replayed_final`).
+//! is marked sent (`sent::replayed_final`).
 
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ use tracing::warn;
 use crate::callers::{Caller, Reply};
 use crate::events;
 use crate::join::Attached;
-use crate::startup::Replica;
+use crate::replica::Replica;
 
 /// Handles one message on the attach subject.
 pub(crate) async fn handle_attach_message(replica: Arc<Replica>, message: async_nats::Message) {
@@ -75,8 +75,8 @@ pub(crate) async fn replay(
             events::publish_stored(replica, reply, after_seq + 1, &stored).await;
             // The frontend now holds the `final`: marked sent, and the turn span
             // exported when the replica that stored it died before sending it.
-            if stored.last().is_some_and(|e| crate::finalize::is_final(e)) {
-                crate::finalize::replayed_final(replica, turn_id).await;
+            if stored.last().is_some_and(|e| crate::sent::is_final(e)) {
+                crate::sent::replayed_final(&*replica.join, &replica.metrics, turn_id).await;
             }
         }
         Ok(Attached::OtherTenant) => {

@@ -25,7 +25,7 @@ use crate::callers::{Caller, Reply};
 use crate::events::{self, Notice};
 use crate::finalize::{finish, TurnEnd};
 use crate::join::Cancelled;
-use crate::startup::Replica;
+use crate::replica::Replica;
 
 /// Handles one request on the cancel subject.
 pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_nats::Message) {
@@ -73,7 +73,7 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
                 .gated(&turn_id, |gate| async move {
                     let _ending = gate.recording.write().await;
                     let _publishing = gate.publishing.lock().await;
-                    Box::pin(finish(ending, end)).await;
+                    finish(ending, end).await;
                 })
                 .await;
             replica
@@ -98,5 +98,98 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
 async fn answer_with(replica: &Replica, reply: &Reply, answer: &CancelReply) {
     if let Ok(body) = serde_json::to_vec(answer) {
         events::answer(replica, reply, body.into()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::Unpublished;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, finals, ok_result, open_turn, stored, REPLY};
+    use toolfleet_common::call::unix_ms;
+
+    fn cancel_message(subject: String, request: serde_json::Value) -> async_nats::Message {
+        async_nats::Message {
+            subject: subject.into(),
+            reply: Some(format!("{REPLY}.cancel").into()),
+            payload: serde_json::to_vec(&request).unwrap_or_default().into(),
+            headers: None,
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    async fn open(store: &MemoryStore, turn_id: &str) {
+        let created = store
+            .create(open_turn(turn_id, 2, unix_ms() + 60_000))
+            .await;
+        assert!(
+            matches!(created, Ok(crate::join::Created::New)),
+            "{created:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cancel_racing_the_last_result_ends_the_turn_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        let last = Unpublished {
+            turn_id: "t1".into(),
+            tenant: "acme".into(),
+            key: "c2".into(),
+            result: ok_result("c2"),
+        };
+        crate::results::record_unpublished(
+            &replica,
+            vec![Unpublished {
+                key: "c1".into(),
+                result: ok_result("c1"),
+                ..last.clone()
+            }],
+        )
+        .await;
+        let subject = replica.names.turn_cancel();
+        let request = serde_json::json!({"turn_id": "t1"});
+        futures::join!(
+            handle_cancel_message(Arc::clone(&replica), cancel_message(subject, request)),
+            crate::results::record_unpublished(&replica, vec![last]),
+        );
+        let turn = stored(&store, "t1");
+        assert!(matches!(
+            turn.ended.as_deref(),
+            Some("complete" | "cancelled")
+        ));
+        assert_eq!((finals(&turn), turn.published), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn only_the_frontend_that_submitted_a_turn_may_cancel_it_for_its_tenant() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        // The turn is the unidentified frontend's; an identified one does not see it.
+        let mallory = replica.names.turn_cancel_as("mallory");
+        let reply = "_INBOX_mallory.cancel";
+        let mut message = cancel_message(mallory, serde_json::json!({"turn_id": "t1"}));
+        message.reply = Some(reply.into());
+        handle_cancel_message(Arc::clone(&replica), message).await;
+        // The right frontend naming another tenant does not see it either.
+        let other_tenant = serde_json::json!({"turn_id": "t1", "tenant_id": "globex"});
+        let subject = replica.names.turn_cancel();
+        handle_cancel_message(Arc::clone(&replica), cancel_message(subject, other_tenant)).await;
+        assert_eq!(stored(&store, "t1").state, "open");
+
+        let subject = replica.names.turn_cancel();
+        let request = serde_json::json!({"turn_id": "t1", "tenant_id": "acme"});
+        handle_cancel_message(Arc::clone(&replica), cancel_message(subject, request)).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.ended.as_deref(), Some("cancelled"));
+        assert_eq!(finals(&turn), 1);
+        let last = turn.events.last().cloned().unwrap_or_default();
+        assert_eq!(last.matches(r#""state":"cancelled""#).count(), 2, "{last}");
     }
 }

@@ -19,15 +19,18 @@ use tracing::warn;
 use crate::callers::Caller;
 use crate::config::TenantPolicy;
 use crate::events;
-use crate::startup::{next_message, Replica};
+use crate::registry::Registry;
+use crate::replica::{next_message, Replica};
+use crate::CoordinatorConfig;
 
 /// The catalog for `request` from `caller`.
 pub(crate) fn catalog(
-    replica: &Replica,
+    config: &CoordinatorConfig,
+    registry: &Registry,
     caller: &Caller,
     request: &CatalogRequest,
 ) -> CatalogResponse {
-    let bindings = &replica.config.frontends;
+    let bindings = &config.frontends;
     let bound = bindings.tenants_of(caller.frontend.as_deref());
     let named = request
         .tenant_id
@@ -52,8 +55,8 @@ pub(crate) fn catalog(
     };
     let policies: Option<Vec<&TenantPolicy>> = tenants
         .as_ref()
-        .map(|ids| ids.iter().map(|t| replica.config.tenants.get(t)).collect());
-    let snapshot = replica.registry.snapshot();
+        .map(|ids| ids.iter().map(|t| config.tenants.get(t)).collect());
+    let snapshot = registry.snapshot();
     let tools = snapshot
         .sorted()
         .into_iter()
@@ -95,7 +98,7 @@ pub(crate) async fn serve(
             serde_json::from_slice::<CatalogRequest>(&message.payload)
         };
         let response = match parsed {
-            Ok(request) => catalog(&replica, &caller, &request),
+            Ok(request) => catalog(&replica.config, &replica.registry, &caller, &request),
             Err(error) => CatalogResponse {
                 format: CatalogFormat::Native,
                 tools: Vec::new(),
@@ -110,4 +113,43 @@ pub(crate) async fn serve(
         }
     }
     let _ = subscriber.unsubscribe().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::FrontendBindings;
+    use crate::testing::tool;
+
+    fn request(tenant: Option<&str>) -> CatalogRequest {
+        CatalogRequest {
+            format: CatalogFormat::default(),
+            tenant_id: tenant.map(String::from),
+        }
+    }
+
+    #[test]
+    fn a_frontend_sees_the_tools_its_tenants_allow_and_no_other_tenants_catalog() {
+        let registry = Registry::holding(&[tool("crm.get"), tool("bank.pay")]);
+        let mut config = CoordinatorConfig::local();
+        let acme = TenantPolicy {
+            allowed_tools: Some(vec!["crm.*".into()]),
+            ..TenantPolicy::default()
+        };
+        config.tenants.tenants.insert("acme".into(), acme);
+        config.frontends = FrontendBindings::parse("web=acme").unwrap_or_default();
+        let web = Caller {
+            frontend: Some("web".into()),
+        };
+        let own = catalog(&config, &registry, &web, &request(None));
+        assert_eq!((own.tools.len(), own.error), (1, None));
+        let named = catalog(&config, &registry, &web, &request(Some("ACME")));
+        assert_eq!(named.tools.len(), 1, "tenant ids compare normalized");
+        let other = catalog(&config, &registry, &web, &request(Some("globex")));
+        assert!(other.tools.is_empty());
+        assert_eq!(
+            other.error.map(|e| e.code),
+            Some(turn_codes::TENANT_NOT_ALLOWED.to_string())
+        );
+    }
 }

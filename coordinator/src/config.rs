@@ -185,7 +185,7 @@ impl CoordinatorConfig {
                 TenantPolicies::from_file(Path::new(path.trim())).map_err(|reason| ConfigError {
                     name: "TOOLFLEET_TENANTS_FILE".into(),
                     value: path.clone(),
-                    reason,
+                    reason: reason.to_string(),
                 })?
             }
             _ => TenantPolicies::default(),
@@ -460,16 +460,16 @@ impl TenantPolicy {
     }
 
     /// Refuses values outside their ranges.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), PolicyError> {
         if let Some(weight) = self.weight {
             if !ranges::WEIGHT.contains(&weight) {
-                return Err(format!("weight {weight} is not between 1 and 1000"));
+                return Err(PolicyError::Weight(weight));
             }
         }
         let caps = self.tool_calls_in_flight.values().copied();
         let limits = [self.max_calls_in_flight, self.max_turns_in_flight];
         if limits.into_iter().flatten().chain(caps).any(|n| n == 0) {
-            return Err("max_calls_in_flight, tool_calls_in_flight and max_turns_in_flight must be at least 1".into());
+            return Err(PolicyError::ZeroLimit);
         }
         Ok(())
     }
@@ -486,6 +486,49 @@ impl TenantPolicy {
     }
 }
 
+/// A tenant's policy with a value outside its range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// The weight is not between 1 and 1000.
+    #[error("weight {0} is not between 1 and 1000")]
+    Weight(u32),
+    /// A limit of calls or turns in flight is 0.
+    #[error(
+        "max_calls_in_flight, tool_calls_in_flight and max_turns_in_flight must be at least 1"
+    )]
+    ZeroLimit,
+}
+
+/// Why a tenants file was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantsFileError {
+    /// The file could not be read.
+    #[error("{0}")]
+    Read(#[from] std::io::Error),
+    /// The file is not a tenants file.
+    #[error("{0}")]
+    Parse(#[from] serde_json::Error),
+    /// A policy has a value outside its range (`tenant`: `None` for the default).
+    #[error("{}: {reason}", tenant.as_ref().map_or_else(|| "default".to_string(), |t| format!("tenant {t}")))]
+    Policy {
+        /// The tenant whose policy it is; `None` for the default policy.
+        tenant: Option<String>,
+        /// What is wrong with it.
+        reason: PolicyError,
+    },
+}
+
+/// Why `TOOLFLEET_FRONTEND_TENANTS` was not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindingError {
+    /// An entry is not `frontend=tenant,...`.
+    #[error("{0:?} is not frontend=tenant,...")]
+    NotABinding(String),
+    /// An entry names no usable frontend user or no tenant.
+    #[error("{0:?} needs a frontend user and a tenant")]
+    Incomplete(String),
+}
+
 /// `TOOLFLEET_FRONTEND_TENANTS`, empty when unset.
 fn frontend_bindings_from_env() -> Result<FrontendBindings, ConfigError> {
     let name = "TOOLFLEET_FRONTEND_TENANTS";
@@ -493,7 +536,7 @@ fn frontend_bindings_from_env() -> Result<FrontendBindings, ConfigError> {
     FrontendBindings::parse(&value).map_err(|reason| ConfigError {
         name: name.into(),
         value,
-        reason,
+        reason: reason.to_string(),
     })
 }
 
@@ -511,17 +554,21 @@ pub struct TenantPolicies {
 
 impl TenantPolicies {
     /// Reads policies from a JSON file.
-    pub fn from_file(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-        let policies: Self = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    pub fn from_file(path: &Path) -> Result<Self, TenantsFileError> {
+        let text = std::fs::read_to_string(path)?;
+        let policies: Self = serde_json::from_str(&text)?;
         policies
             .default
             .check()
-            .map_err(|e| format!("default: {e}"))?;
+            .map_err(|reason| TenantsFileError::Policy {
+                tenant: None,
+                reason,
+            })?;
         for (tenant, policy) in &policies.tenants {
-            policy
-                .check()
-                .map_err(|e| format!("tenant {tenant}: {e}"))?;
+            policy.check().map_err(|reason| TenantsFileError::Policy {
+                tenant: Some(tenant.clone()),
+                reason,
+            })?;
         }
         Ok(policies)
     }
@@ -563,12 +610,12 @@ pub const ANY_TENANT: &str = "*";
 
 impl FrontendBindings {
     /// Parses `frontend=t1,t2;other=t3`.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, BindingError> {
         let mut tenants = BTreeMap::new();
         for entry in text.split(';').map(str::trim).filter(|e| !e.is_empty()) {
             let (frontend, list) = entry
                 .split_once('=')
-                .ok_or_else(|| format!("{entry:?} is not frontend=tenant,..."))?;
+                .ok_or_else(|| BindingError::NotABinding(entry.to_string()))?;
             let ids: Vec<String> = list
                 .split(',')
                 .map(normalize_tenant)
@@ -576,7 +623,7 @@ impl FrontendBindings {
                 .collect();
             let frontend = frontend.trim();
             if frontend.is_empty() || frontend.contains(['.', '*', '>', ' ']) || ids.is_empty() {
-                return Err(format!("{entry:?} needs a frontend user and a tenant"));
+                return Err(BindingError::Incomplete(entry.to_string()));
             }
             tenants.insert(frontend.to_string(), ids);
         }
@@ -691,6 +738,40 @@ mod tests {
     }
 
     #[test]
+    fn a_tenants_file_is_refused_by_kind_of_fault() {
+        let dir = std::env::temp_dir().join(format!("toolfleet-tenants-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("{e}"));
+            path
+        };
+        let missing = TenantPolicies::from_file(&dir.join("missing.json"));
+        assert!(matches!(missing, Err(TenantsFileError::Read(_))));
+        let junk = TenantPolicies::from_file(&write("junk.json", "{"));
+        assert!(matches!(junk, Err(TenantsFileError::Parse(_))));
+        let heavy = write("heavy.json", r#"{"tenants": {"acme": {"weight": 0}}}"#);
+        match TenantPolicies::from_file(&heavy) {
+            Err(TenantsFileError::Policy { tenant, reason }) => {
+                assert_eq!(
+                    (tenant.as_deref(), reason),
+                    (Some("acme"), PolicyError::Weight(0))
+                );
+            }
+            other => panic!("a policy error expected: {other:?}"),
+        }
+        let zero = write("zero.json", r#"{"default": {"max_turns_in_flight": 0}}"#);
+        assert!(matches!(
+            TenantPolicies::from_file(&zero),
+            Err(TenantsFileError::Policy {
+                tenant: None,
+                reason: PolicyError::ZeroLimit
+            })
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn frontend_bindings() {
         let b = FrontendBindings::parse("web=acme, Globex ;kiosk=initech").unwrap_or_default();
         assert!(b.allows(Some("web"), " GLOBEX"));
@@ -698,8 +779,14 @@ mod tests {
         assert!(!b.allows(None, "acme"));
         assert!(!b.allows(Some("other"), "acme"));
         assert!(FrontendBindings::default().allows(None, "anyone"));
-        assert!(FrontendBindings::parse("web").is_err());
-        assert!(FrontendBindings::parse("a.b=t1").is_err());
+        assert_eq!(
+            FrontendBindings::parse("web"),
+            Err(BindingError::NotABinding("web".into()))
+        );
+        assert_eq!(
+            FrontendBindings::parse("a.b=t1"),
+            Err(BindingError::Incomplete("a.b=t1".into()))
+        );
     }
 
     #[test]

@@ -9,21 +9,44 @@
 //! chooses its own). Called for each new or changed definition after a registry refresh,
 //! and for every tool each topology period. Never pulls a job.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use async_nats::jetstream::consumer::{self, IntoConsumerConfig};
+use async_nats::jetstream::context::{ConsumerInfoError, GetStreamError};
+use async_nats::jetstream::stream::ConsumerError;
 use toolfleet_common::streams::tool_consumer_config;
 use toolfleet_common::topology::consumer_not_found;
 use toolfleet_common::ToolDefinition;
 use tracing::{info, warn};
 
-use crate::startup::Replica;
+use crate::replica::Replica;
 
-/// The definitions whose consumer this replica has ensured, by tool, so a refresh that
-/// changed nothing costs no JetStream request.
-#[derive(Default)]
-pub(crate) struct Ensured(Mutex<HashMap<String, ToolDefinition>>);
+/// Why a tool's consumer was not ensured.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum EnsureConsumerError {
+    /// The tool's jobs stream could not be reached.
+    #[error(transparent)]
+    Stream(#[from] GetStreamError),
+    /// The consumer's state could not be read.
+    #[error(transparent)]
+    Info(#[from] ConsumerInfoError),
+    /// A consumer of the tool's name serves another subject: left alone, never changed.
+    #[error("consumer {durable} serves {serves}, not tool {tool}")]
+    OtherTool {
+        /// The consumer.
+        durable: String,
+        /// The subject it serves.
+        serves: String,
+        /// The tool it was ensured for.
+        tool: String,
+    },
+    /// Creating or updating the consumer failed.
+    #[error("creating consumer {name}: {source}")]
+    Create {
+        /// The consumer.
+        name: String,
+        /// Why.
+        source: ConsumerError,
+    },
+}
 
 /// Ensures the consumer of every tool whose definition is new or changed since this
 /// replica last ensured it.
@@ -51,7 +74,7 @@ pub(crate) async fn ensure_changed(replica: &Replica) {
 pub(crate) async fn ensure(
     replica: &Replica,
     definition: &ToolDefinition,
-) -> Result<Vec<consumer::Info>, String> {
+) -> Result<Vec<consumer::Info>, EnsureConsumerError> {
     let mut infos = Vec::with_capacity(replica.names.partitions() as usize);
     for partition in 0..replica.names.partitions() {
         infos.push(ensure_in(replica, partition, definition).await?);
@@ -67,7 +90,7 @@ async fn ensure_in(
     replica: &Replica,
     partition: u32,
     definition: &ToolDefinition,
-) -> Result<consumer::Info, String> {
+) -> Result<consumer::Info, EnsureConsumerError> {
     let names = &replica.names;
     let wanted = tool_consumer_config(names, partition, definition, replica.config.tool_ack_wait);
     let durable = names.tool_consumer(&definition.name);
@@ -75,16 +98,16 @@ async fn ensure_in(
     let stream = replica
         .js
         .get_stream_no_info(names.jobs_stream_in(partition))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let info = match stream.consumer_info(&durable).await {
         Ok(info) => {
             let current = &info.config;
             if current.filter_subject != wanted.filter_subject {
-                return Err(format!(
-                    "consumer {durable} serves {}, not tool {}",
-                    current.filter_subject, definition.name
-                ));
+                return Err(EnsureConsumerError::OtherTool {
+                    durable,
+                    serves: current.filter_subject.clone(),
+                    tool: definition.name.clone(),
+                });
             }
             let differs = current.max_deliver != wanted.max_deliver
                 || current.backoff != wanted.backoff
@@ -110,7 +133,7 @@ async fn ensure_in(
             info!(consumer = %durable, tool = %definition.name, "creating the tool's consumer");
             create(&stream, wanted).await?
         }
-        Err(error) => return Err(error.to_string()),
+        Err(error) => return Err(error.into()),
     };
     Ok(info)
 }
@@ -118,12 +141,12 @@ async fn ensure_in(
 async fn create(
     stream: &async_nats::jetstream::stream::Stream<()>,
     config: consumer::pull::Config,
-) -> Result<consumer::Info, String> {
+) -> Result<consumer::Info, EnsureConsumerError> {
     let name = config.durable_name.clone().unwrap_or_default();
     let config = config.into_consumer_config();
     stream
         .create_consumer(config)
         .await
         .map(|c: consumer::Consumer<consumer::Config>| c.cached_info().clone())
-        .map_err(|e| format!("creating consumer {name}: {e}"))
+        .map_err(|source| EnsureConsumerError::Create { name, source })
 }

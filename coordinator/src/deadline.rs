@@ -19,7 +19,7 @@ use tracing::warn;
 
 use crate::finalize::{end_open_turn, sweep_turn};
 use crate::limits::millis;
-use crate::startup::Replica;
+use crate::replica::Replica;
 
 /// Turns ended per sweep at most.
 const SWEEP_BATCH: usize = 200;
@@ -74,5 +74,76 @@ pub(crate) async fn sweep(replica: Arc<Replica>, shutdown: CancellationToken) {
                 sweep_turn(&replica, &turn_id).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::callers::Reply;
+    use crate::registry::Registry;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, finals, open_turn, stored, until};
+    use crate::turns::OwnedTurn;
+    use crate::CoordinatorConfig;
+
+    #[tokio::test]
+    async fn the_clock_ends_an_owned_turn_at_its_deadline_and_forgets_it() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let deadline = unix_ms() + 30;
+        let created = store.create(open_turn("t1", 1, deadline)).await;
+        assert!(matches!(created, Ok(crate::join::Created::New)));
+        let owned = OwnedTurn {
+            reply: Reply::kept(testing::REPLY).unwrap_or_else(|| panic!("an inbox reply")),
+            trace: None,
+            deadline_unix_ms: deadline,
+            ended_calls: Default::default(),
+            tools: Default::default(),
+            started: Default::default(),
+            ahead: None,
+        };
+        replica.turns.own("t1".into(), owned);
+        let stop = CancellationToken::new();
+        let ticking = tokio::spawn(clock(Arc::clone(&replica), stop.clone()));
+        until(&store, "t1", |t| t.published > 0).await;
+        stop.cancel();
+        let _ = ticking.await;
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.ended.as_deref(), Some("deadline"));
+        assert_eq!(finals(&turn), 1);
+        assert!(!replica.turns.owns("t1"));
+    }
+
+    #[tokio::test]
+    async fn the_sweep_ends_each_turn_past_its_deadline_once_and_leaves_the_others() {
+        let store = Arc::new(MemoryStore::default());
+        let config = CoordinatorConfig {
+            fair_sharing: false,
+            sweep_interval: Duration::from_millis(5),
+            sweep_grace: Duration::ZERO,
+            ..CoordinatorConfig::local()
+        };
+        let registry = Registry::holding(&[testing::tool("crm.get")]);
+        let replica = testing::replica_with(Arc::clone(&store), registry, config).await;
+        let now = unix_ms();
+        for (turn_id, deadline) in [("past", now - 1), ("future", now + 60_000)] {
+            let created = store.create(open_turn(turn_id, 1, deadline)).await;
+            assert!(matches!(created, Ok(crate::join::Created::New)));
+        }
+        let stop = CancellationToken::new();
+        let sweeping = tokio::spawn(sweep(Arc::clone(&replica), stop.clone()));
+        until(&store, "past", |t| t.published > 0).await;
+        // A few more sweeps find nothing more to do.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        stop.cancel();
+        let _ = sweeping.await;
+        let past = stored(&store, "past");
+        assert_eq!(past.ended.as_deref(), Some("deadline"));
+        assert_eq!((finals(&past), past.published), (1, 1));
+        assert_eq!(store.deadline_of("past"), None);
+        assert_eq!(stored(&store, "future").state, "open");
+        assert!(store.deadline_of("future").is_some());
     }
 }

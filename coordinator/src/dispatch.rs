@@ -7,28 +7,26 @@
 //! their stream acks, and releasing the next held-back call when a slot frees. Every
 //! job passes through its tool's lane first (`sharing.rs`), which publishes it here
 //! when the tool has a slot for it. A job that cannot be published gets a
-//! `dispatch_failed` result recorded through `results.rs`, so the turn still ends.
+//! `dispatch_failed` result, handed back to the caller ([`Unpublished`]), which records
+//! it through `results.rs` so the turn still ends.
 //!
 //! Never decides whether a call may run (`validate.rs` does) and never publishes to a
 //! frontend (`events.rs` does). Next: workers run the jobs, and their results come back
 //! through `results.rs`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
 use toolfleet_common::call::{codes, now_rfc3339, unix_ms};
 use toolfleet_common::names::spans;
 use toolfleet_common::names::HEADER_TURN_TRACEPARENT;
 use toolfleet_common::telemetry;
 use toolfleet_common::tool::provider_tool_name;
-use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, TurnRequest};
+use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names, TurnRequest};
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use crate::fault;
-use crate::join::{CallEntry, Released};
-use crate::results::record_result;
-use crate::startup::Replica;
+use crate::join::CallEntry;
+use crate::replica::Replica;
 use crate::trace::TurnTrace;
 use crate::validate::{PlannedCall, Verdict};
 
@@ -123,43 +121,48 @@ pub(crate) fn build_jobs(
     jobs
 }
 
-/// Dispatches `jobs` of one turn: through their tools' lanes, shared fairly between
-/// tenants (`sharing.rs`), or straight onto the stream with `TOOLFLEET_FAIR_SHARING=off`.
-/// Returns the keys of the jobs published or stored in a lane.
-pub(crate) async fn dispatch(
-    replica: &Arc<Replica>,
-    turn_id: &str,
-    jobs: Vec<(String, JobEnvelope)>,
-    trace: Option<&TurnTrace>,
-) -> Vec<String> {
-    if replica.config.fair_sharing {
-        Box::pin(crate::sharing::dispatch_fairly(
-            replica, turn_id, jobs, trace,
-        ))
-        .await
-    } else {
-        publish(replica, turn_id, jobs, trace).await
-    }
+/// A job that could not be published: the `dispatch_failed` result its caller records
+/// (`results::record_unpublished`), so the turn still ends.
+#[derive(Debug, Clone)]
+pub(crate) struct Unpublished {
+    /// The job's turn.
+    pub turn_id: String,
+    /// The turn's tenant.
+    pub tenant: String,
+    /// The call's key.
+    pub key: String,
+    /// The call's `dispatch_failed` result.
+    pub result: CallResult,
+}
+
+/// What publishing jobs came to.
+#[derive(Debug, Default)]
+pub(crate) struct Dispatched {
+    /// The keys of the jobs the stream acknowledged (or a lane stored).
+    pub published: Vec<String>,
+    /// The jobs that could not be published, with their results to record.
+    pub failed: Vec<Unpublished>,
 }
 
 /// Publishes `jobs` (all at once, then waits for every stream ack). A job that cannot
-/// be published gets a `dispatch_failed` result. Returns the keys of the jobs the
-/// stream acknowledged.
+/// be published gets a `dispatch_failed` result, handed back in [`Dispatched::failed`]
+/// for the caller to record.
 pub(crate) async fn publish(
-    replica: &Arc<Replica>,
+    replica: &Replica,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
-) -> Vec<String> {
+) -> Dispatched {
     if jobs.is_empty() {
-        return Vec::new();
+        return Dispatched::default();
     }
     let mut published = Vec::with_capacity(jobs.len());
+    let mut failed = Vec::new();
     let mut pending = Vec::with_capacity(jobs.len());
     let (address, port) = telemetry::server_of(&replica.config.nats_url);
     for (key, mut job) in jobs {
         job.dispatched_unix_ms = unix_ms();
-        let subject = job_subject(replica, &job);
+        let subject = job_subject(&replica.names, &job);
         let span = publish_span(trace, turn_id, &job, &subject);
         span.record("server.address", address.as_str());
         span.record("server.port", port);
@@ -172,7 +175,7 @@ pub(crate) async fn publish(
                 .instrument(span.clone())
                 .await
                 .map(|_| ())
-                .map_err(|e| e.to_string()),
+                .map_err(JobPublishError::from),
             Err(e) => Err(e),
         };
         let error = match first {
@@ -180,8 +183,11 @@ pub(crate) async fn publish(
                 published.push(key);
                 continue;
             }
+            // A job that can never be published is not published again.
+            Err(error) if !error.retryable() => error,
             // Whether the job reached the stream is unknown: ask again with the same
             // message id, which the stream de-duplicates.
+            // Boxed: a rare path whose future would otherwise grow every publish.
             Err(error) => match Box::pin(publish_again(replica, &job, &span, trace, error)).await {
                 Ok(()) => {
                     published.push(key);
@@ -193,19 +199,49 @@ pub(crate) async fn publish(
         let message = format!("job publish failed: {error}");
         telemetry::set_error(&span, codes::DISPATCH_FAILED, &message);
         warn!(%turn_id, call = %job.call.id, %error, "job publish failed");
-        let error = CallError::retryable(codes::DISPATCH_FAILED, message);
+        let error = if error.retryable() {
+            CallError::retryable(codes::DISPATCH_FAILED, message)
+        } else {
+            CallError::fatal(codes::DISPATCH_FAILED, message)
+        };
         let mut result = CallResult::failure(&job.call, CallState::Error, error);
         result.ended_at = Some(now_rfc3339());
-        // Boxed: a rare path whose future would otherwise grow every dispatch.
-        let tenant = job.tenant_id.clone();
-        Box::pin(record_result(replica, turn_id, &tenant, &key, result)).await;
+        failed.push(Unpublished {
+            turn_id: turn_id.to_string(),
+            tenant: job.tenant_id,
+            key,
+            result,
+        });
     }
-    published
+    Dispatched { published, failed }
+}
+
+/// Why a job was not published.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum JobPublishError {
+    /// The job does not encode: publishing it again cannot help.
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    /// The publish or its stream ack failed.
+    #[error(transparent)]
+    Publish(#[from] async_nats::jetstream::context::PublishError),
+}
+
+impl JobPublishError {
+    /// Whether publishing the same job again may succeed: not for a job that does not
+    /// encode or that is larger than the server accepts, which fail the same way every
+    /// time; yes for the rest (a timeout, no stream leader, a connection being
+    /// replaced), where whether the job reached the stream is unknown.
+    pub(crate) fn retryable(&self) -> bool {
+        match self {
+            Self::Encode(_) => false,
+            Self::Publish(error) => !matches!(error.kind(), PublishErrorKind::MaxPayloadExceeded),
+        }
+    }
 }
 
 /// The subject `job` is published on: its tool's, in its turn's stream partition.
-fn job_subject(replica: &Replica, job: &JobEnvelope) -> String {
-    let names = &replica.names;
+fn job_subject(names: &Names, job: &JobEnvelope) -> String {
     names.job_subject_in(names.partition_of(&job.turn_id), &job.call.name)
 }
 
@@ -230,14 +266,15 @@ const REPUBLISH_DELAYS: [Duration; 4] = [
 /// the replica's server either, its connection moves to another server (`Failover`):
 /// its own may be cut off, or have rejoined with a JetStream that answers "no stream
 /// found" until it catches up. A publish failing while the other streams answer is one
-/// stream electing a leader, and moving would not help.
+/// stream electing a leader, and moving would not help. An error that can never
+/// succeed ([`JobPublishError::retryable`]) ends the tries at once.
 async fn publish_again(
     replica: &Replica,
     job: &JobEnvelope,
     span: &tracing::Span,
     trace: Option<&TurnTrace>,
-    mut error: String,
-) -> Result<(), String> {
+    mut error: JobPublishError,
+) -> Result<(), JobPublishError> {
     let last = REPUBLISH_DELAYS[REPUBLISH_DELAYS.len() - 1];
     for (attempt, delay) in REPUBLISH_DELAYS
         .into_iter()
@@ -261,9 +298,10 @@ async fn publish_again(
         }
         debug!(turn_id = %job.turn_id, call = %job.call.id, %error, "job publish unconfirmed; publishing again");
         tokio::time::sleep(delay).await;
-        let subject = job_subject(replica, job);
+        let subject = job_subject(&replica.names, job);
         let ack = match publish_job(replica, job, subject, span, trace).await {
             Ok(ack) => ack,
+            Err(e) if !e.retryable() => return Err(e),
             Err(e) => {
                 error = e;
                 continue;
@@ -274,7 +312,10 @@ async fn publish_again(
             .await
         {
             Ok(_) => return Ok(()),
-            Err(e) => error = e.to_string(),
+            Err(e) => error = e.into(),
+        }
+        if !error.retryable() {
+            break;
         }
     }
     Err(error)
@@ -319,8 +360,8 @@ async fn publish_job(
     subject: String,
     span: &tracing::Span,
     trace: Option<&TurnTrace>,
-) -> Result<PublishAckFuture, String> {
-    let body = serde_json::to_vec(job).map_err(|e| e.to_string())?;
+) -> Result<PublishAckFuture, JobPublishError> {
+    let body = serde_json::to_vec(job)?;
     let mut headers = toolfleet_common::headers::call_headers(job);
     telemetry::inject_span(span, &mut headers);
     if let Some(trace) = trace {
@@ -332,32 +373,56 @@ async fn publish_job(
     let publishing = replica
         .js
         .publish_with_headers(subject, headers, body.into());
-    publishing.await.map_err(|e| e.to_string())
+    Ok(publishing.await?)
 }
 
-/// Dispatches the jobs of queued calls that freed slots released (by any replica's
-/// recording: the queue is stored with the turn), under the turn span, and confirms
-/// each one published or stored in its tool's lane, so a duplicate result no longer
-/// hands it out again.
-pub(crate) async fn dispatch_released(
-    replica: &Arc<Replica>,
-    turn_id: &str,
-    released: Vec<Released>,
-) {
-    let Some(stored) = released.first().map(|r| r.trace.clone()) else {
-        return;
-    };
-    fault::point(fault::EXIT_AFTER_CALL_RELEASED);
-    let trace = replica
-        .turns
-        .trace(turn_id)
-        .or_else(|| TurnTrace::decode(&stored));
-    let jobs = released.into_iter().map(|r| (r.key, r.job)).collect();
-    for key in dispatch(replica, turn_id, jobs, trace.as_ref()).await {
-        if let Err(error) = replica.join.confirm_dispatched(turn_id, &key).await {
-            // Harmless: a duplicate result may publish it again, which the stream
-            // de-duplicates by message id.
-            warn!(%turn_id, call = %key, %error, "could not confirm a released call's publish");
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::testing;
+    use async_nats::jetstream::context::PublishError;
+    use std::sync::Arc;
+
+    #[test]
+    fn only_a_publish_that_may_succeed_is_tried_again() {
+        let encode = serde_json::from_str::<u8>("x").map_err(JobPublishError::from);
+        assert!(encode.is_err_and(|e| !e.retryable()));
+        let too_large =
+            JobPublishError::from(PublishError::new(PublishErrorKind::MaxPayloadExceeded));
+        assert!(!too_large.retryable());
+        for kind in [
+            PublishErrorKind::TimedOut,
+            PublishErrorKind::StreamNotFound,
+            PublishErrorKind::BrokenPipe,
+        ] {
+            assert!(JobPublishError::from(PublishError::new(kind)).retryable());
         }
+    }
+
+    #[tokio::test]
+    async fn jobs_that_cannot_be_published_come_back_with_a_retryable_dispatch_failed() {
+        let replica = testing::replica(Arc::new(MemoryStore::default())).await;
+        let job: JobEnvelope = serde_json::from_value(serde_json::json!({
+            "turn_id": "t1", "tenant_id": "acme",
+            "call": {"id": "c1", "name": "crm.get", "arguments": {}},
+            "deadline_unix_ms": unix_ms() + 150, "timeout_ms": 100, "dispatched_unix_ms": 0
+        }))
+        .unwrap_or_else(|e| panic!("job: {e}"));
+        let dispatched = publish(&replica, "t1", vec![("c1".into(), job)], None).await;
+        assert!(dispatched.published.is_empty());
+        let [failed] = &dispatched.failed[..] else {
+            panic!("one failure expected: {dispatched:?}");
+        };
+        assert_eq!(
+            (
+                failed.turn_id.as_str(),
+                failed.key.as_str(),
+                failed.tenant.as_str()
+            ),
+            ("t1", "c1", "acme")
+        );
+        let error = failed.result.error.as_ref();
+        assert!(error.is_some_and(|e| e.code == codes::DISPATCH_FAILED && e.retryable));
     }
 }

@@ -33,7 +33,7 @@ use tracing::warn;
 use crate::callers::Reply;
 use crate::finals;
 use crate::join::Emitted;
-use crate::startup::Replica;
+use crate::replica::Replica;
 
 /// The longest an event or notice waits for room in the connection's outgoing queue.
 /// The queue (2,048 commands) drains in microseconds while the connection is up; it

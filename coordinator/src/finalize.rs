@@ -8,7 +8,7 @@
 //! forgetting the turn here and telling its owner when that is another replica. The
 //! span is exported by whichever replica marks the stored `final` sent first: the one
 //! that ended the turn, or one that sent a `final` stored by a replica that died
-//! before sending it ([`sweep_turn`]'s resend, [`replayed_final`] after an attach).
+//! before sending it ([`sweep_turn`]'s resend, `sent::replayed_final` after an attach).
 //!
 //! Only a caller that the join let end the turn reaches here with a [`Closing`]: the
 //! result that completed it (`results.rs`), the deadline clock or the sweeper
@@ -27,15 +27,16 @@ use toolfleet_common::{
 };
 use tracing::{debug, info_span, warn, Instrument};
 
+use crate::admission::{self, Admission, Taken};
 use crate::callers::Reply;
 use crate::events;
 use crate::fault;
 use crate::finals;
-use crate::intake::{self, Admission, Taken};
-use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal, StoredTurn};
+use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal};
 use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
-use crate::startup::Replica;
+use crate::replica::Replica;
+use crate::sent::{mark_sent, send_stored_again};
 use crate::trace::{self, worst_outcome, EndedBy, TurnOutcome, TurnTrace};
 use crate::turns::{Ready, Started};
 
@@ -149,25 +150,32 @@ async fn finish_by(replica: &Arc<Replica>, end: TurnEnd, by: Option<EndedBy>) {
             reply,
             error,
             trace,
-        } => {
-            telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
-            let outcome_error = error.clone();
-            replica
-                .metrics
-                .turn_refused_once(turn_id.as_deref(), &error.code);
-            let event = events::turn_error(turn_id.as_deref(), error);
-            events::publish_unstored(replica, &reply, &event).await;
-            if let Some(trace) = trace {
-                trace.end(&TurnOutcome {
-                    turn_id: turn_id.as_deref().unwrap_or_default(),
-                    outcome: "rejected",
-                    summary: None,
-                    deadline_hit: false,
-                    error: Some(&outcome_error),
-                    ended_by: EndedBy::Intake,
-                });
-            }
-        }
+        } => reject(replica, turn_id.as_deref(), &reply, error, trace).await,
+    }
+}
+
+/// A turn refused before any call ran: its one `error`, never stored.
+async fn reject(
+    replica: &Replica,
+    turn_id: Option<&str>,
+    reply: &Reply,
+    error: CallError,
+    trace: Option<TurnTrace>,
+) {
+    telemetry::set_error(&tracing::Span::current(), &error.code, &error.message);
+    let outcome_error = error.clone();
+    replica.metrics.turn_refused_once(turn_id, &error.code);
+    let event = events::turn_error(turn_id, error);
+    events::publish_unstored(replica, reply, &event).await;
+    if let Some(trace) = trace {
+        trace.end(&TurnOutcome {
+            turn_id: turn_id.unwrap_or_default(),
+            outcome: "rejected",
+            summary: None,
+            deadline_hit: false,
+            error: Some(&outcome_error),
+            ended_by: EndedBy::Intake,
+        });
     }
 }
 
@@ -224,7 +232,7 @@ async fn end_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool, by:
                 .gated(&turn_id, |gate| async move {
                     let _ending = gate.recording.write().await;
                     let _publishing = gate.publishing.lock().await;
-                    Box::pin(finish_by(replica, end, Some(by))).await;
+                    finish_by(replica, end, Some(by)).await;
                 })
                 .await;
         }
@@ -238,7 +246,7 @@ async fn end_turn(replica: &Arc<Replica>, turn_id: &str, deadline_hit: bool, by:
             } else {
                 TurnEnd::Deadline { turn_id, closing }
             };
-            Box::pin(finish_by(replica, end, Some(EndedBy::Recovery))).await;
+            finish_by(replica, end, Some(EndedBy::Recovery)).await;
         }
         Ok(Finalized::AlreadyEnded { published: false }) => {
             // Stored but not marked sent: its replica died before sending it, is
@@ -476,7 +484,7 @@ pub(crate) async fn send_closed_ahead(
         sent.push(state);
         sent.extend(closing.sent);
         events::publish_kept(replica, reply, seq, &sent).await;
-        mark_sent(replica, turn_id).await
+        mark_sent(&*replica.join, &replica.metrics, turn_id).await
     }
     .instrument(span)
     .await;
@@ -490,101 +498,6 @@ pub(crate) async fn send_closed_ahead(
         marked_first,
     };
     turn_ended(replica, trace.as_ref(), ended).await;
-}
-
-/// Marks the turn's stored `final` sent; whether this call marked it first (and so
-/// exports the turn span). A failure is logged: the sweeper sends the `final` again and
-/// marks it then.
-async fn mark_sent(replica: &Replica, turn_id: &str) -> bool {
-    match replica.join.mark_published(turn_id).await {
-        Ok(first) => first,
-        Err(error) => {
-            replica.metrics.redis_error("mark_sent");
-            warn!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
-            false
-        }
-    }
-}
-
-/// Sends every stored event of an ended turn again and marks its `final` sent; the
-/// replica that marks it first exports the turn span from the stored turn.
-async fn send_stored_again(replica: &Replica, turn_id: &str) {
-    match replica.join.stored_events(turn_id).await {
-        Ok(stored) if !stored.reply.is_empty() && !stored.events.is_empty() => {
-            events::publish_kept(replica, &stored.reply, 1, &stored.events).await;
-            if mark_sent(replica, turn_id).await {
-                export_stored(turn_id, &stored, EndedBy::Resend);
-            }
-        }
-        Ok(_) => {}
-        Err(error) => {
-            replica.metrics.redis_error("read_stored");
-            warn!(%turn_id, %error, "could not read the stored final; the sweeper retries")
-        }
-    }
-}
-
-/// After a frontend was sent the stored events of `turn_id` up to its `final`
-/// (`attach.rs`): the `final` is marked sent, and when that was not done before (the
-/// replica that stored it died first) the turn span is exported from the stored turn.
-pub(crate) async fn replayed_final(replica: &Replica, turn_id: &str) {
-    if !mark_sent(replica, turn_id).await {
-        return;
-    }
-    match replica.join.stored_events(turn_id).await {
-        Ok(stored) => export_stored(turn_id, &stored, EndedBy::Replay),
-        Err(error) => {
-            replica.metrics.redis_error("read_stored");
-            warn!(%turn_id, %error, "could not read the stored turn; its span is lost")
-        }
-    }
-}
-
-/// Whether the stored event `event` is a `final`.
-pub(crate) fn is_final(event: &str) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Kind<'a> {
-        #[serde(rename = "type", borrow)]
-        kind: &'a str,
-    }
-    serde_json::from_str::<Kind<'_>>(event).is_ok_and(|k| k.kind == "final")
-}
-
-/// Exports the turn span of an ended turn from what the join stored: its identity, how
-/// it ended and its `final`.
-fn export_stored(turn_id: &str, stored: &StoredTurn, ended_by: EndedBy) {
-    let Some(trace) = stored.trace.as_deref().and_then(TurnTrace::decode) else {
-        return;
-    };
-    let fin = stored
-        .events
-        .iter()
-        .rev()
-        .find_map(|e| match serde_json::from_str::<TurnEvent>(e) {
-            Ok(TurnEvent::Final(fin)) => Some(fin),
-            _ => None,
-        });
-    let summary = fin.as_ref().map(|f| f.summary);
-    let deadline_hit = fin.as_ref().is_some_and(|f| f.deadline_hit);
-    let error = fin
-        .as_ref()
-        .and_then(|f| worst_outcome(&f.results, f.deadline_hit));
-    let outcome = match stored.ended.as_str() {
-        "complete" => "complete",
-        "deadline" => "deadline",
-        "cancelled" => "cancelled",
-        "no_tools" => "no_tools",
-        _ if deadline_hit => "deadline",
-        _ => "complete",
-    };
-    trace.end(&TurnOutcome {
-        turn_id,
-        outcome,
-        summary: summary.as_ref().filter(|_| outcome != "no_tools"),
-        deadline_hit,
-        error: error.as_ref(),
-        ended_by,
-    });
 }
 
 /// A no-tool turn: stored with its narration and `final`, then sent. A resubmission
@@ -639,17 +552,11 @@ async fn answer_without_tools(
         ended: true,
         queued: Vec::new(),
     };
-    match intake::admit(replica, turn, &reply).await {
+    match admission::admit(replica, turn, &reply).await {
         Admission::New => {}
         Admission::Replayed => return,
         Admission::Refused(error) => {
-            let end = TurnEnd::Rejected {
-                turn_id: Some(turn_id),
-                reply,
-                error,
-                trace,
-            };
-            return Box::pin(finish(replica, end)).await;
+            return reject(replica, Some(&turn_id), &reply, error, trace).await;
         }
     }
     events::publish_stored(replica, &reply, 1, &stored).await;
@@ -731,7 +638,7 @@ struct Ending<'a> {
 
 /// Narrates `results`, stores the closing events (the missing calls' states, the
 /// `narration` chunks, the `final` last), then sends them and marks the `final` sent:
-/// whether this call marked it sent first ([`mark_sent`]). `None` when nothing was
+/// whether this call marked it sent first (`sent::mark_sent`). `None` when nothing was
 /// stored here (another replica stored the turn's `final` first, or Redis failed: the
 /// sweeper ends the turn later).
 async fn publish_final(
@@ -751,7 +658,7 @@ async fn publish_final(
         Ok(StoredFinal::Stored { reply, first_seq }) => {
             fault::point(fault::EXIT_AFTER_FINAL_STORED);
             events::publish_kept(replica, &reply, first_seq, &closing.sent).await;
-            Some(mark_sent(replica, turn_id).await)
+            Some(mark_sent(&*replica.join, &replica.metrics, turn_id).await)
         }
         Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => None,
         Err(error) => {
@@ -894,6 +801,101 @@ fn missing_result(entry: &CallEntry, reason: EndReason, started: Option<&Started
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, event_types, finals, open_turn, stored};
+
+    async fn open(store: &MemoryStore, turn_id: &str) {
+        let created = store
+            .create(open_turn(turn_id, 2, unix_ms() + 60_000))
+            .await;
+        assert!(
+            matches!(created, Ok(crate::join::Created::New)),
+            "{created:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn ending_a_turn_from_several_places_at_once_publishes_one_final() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        futures::join!(
+            end_open_turn(&replica, "t1", true),
+            end_open_turn(&replica, "t1", true),
+            sweep_turn(&replica, "t1"),
+        );
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.ended.as_deref(), Some("deadline"));
+        assert_eq!(finals(&turn), 1);
+        assert_eq!(turn.published, 1);
+        assert_eq!(
+            store.deadline_of("t1"),
+            None,
+            "a sent final leaves the index"
+        );
+        // Every call without a result is in the final as timed out.
+        let last = turn.events.last().cloned().unwrap_or_default();
+        assert_eq!(last.matches(r#""state":"timeout""#).count(), 2, "{last}");
+    }
+
+    #[tokio::test]
+    async fn a_final_stored_but_never_sent_is_sent_again_and_marked_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        // The replica that ended the turn stored its final and died before sending it.
+        assert!(matches!(
+            store.finalize("t1", "deadline").await,
+            Ok(Finalized::Ended(_))
+        ));
+        let closing = [
+            r#"{"type":"narration"}"#.to_string(),
+            r#"{"type":"final"}"#.to_string(),
+        ];
+        assert!(matches!(
+            store.store_final("t1", &closing).await,
+            Ok(StoredFinal::Stored { .. })
+        ));
+        sweep_turn(&replica, "t1").await;
+        sweep_turn(&replica, "t1").await;
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.published, 1, "sent again once, then left alone");
+        assert_eq!(finals(&turn), 1);
+        assert_eq!(store.deadline_of("t1"), None);
+    }
+
+    #[tokio::test]
+    async fn a_turn_ended_without_a_stored_final_is_finished_by_whoever_finds_it() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        // Ended, and its replica died before storing the final.
+        assert!(matches!(
+            store.finalize("t1", "deadline").await,
+            Ok(Finalized::Ended(_))
+        ));
+        sweep_turn(&replica, "t1").await;
+        let turn = stored(&store, "t1");
+        assert_eq!(event_types(&turn).last().map(String::as_str), Some("final"));
+        assert_eq!((finals(&turn), turn.published), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn a_turn_the_store_cannot_end_stays_open_for_the_sweeper() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        open(&store, "t1").await;
+        store.set_unavailable(true);
+        end_open_turn(&replica, "t1", true).await;
+        store.set_unavailable(false);
+        let turn = stored(&store, "t1");
+        assert_eq!((turn.state.as_str(), finals(&turn)), ("open", 0));
+        assert!(
+            store.deadline_of("t1").is_some(),
+            "its deadline entry stays"
+        );
+    }
 
     fn timed_out(code: &str) -> CallResult {
         let call = ToolCall {

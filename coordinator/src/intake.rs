@@ -1,43 +1,54 @@
 //! Taking a turn: the first step of every turn, and the turn's path as named steps.
 //!
-//! Owns decoding a turn request (JSON, turn id, tenant id in its normalized form), the
+//! Owns the loop that takes requests in ([`take_turns`]: turn requests from the queue
+//! group, bounded by `TOOLFLEET_INTAKE_CONCURRENCY`, and the attach and cancel requests
+//! handed to `attach.rs` and `cancel.rs`; after shutdown, the turns already delivered),
+//! decoding a turn request (JSON, turn id, tenant id in its normalized form), the
 //! caller checks of `callers.rs` (a request whose reply is not the caller's own inbox is
 //! dropped and counted, never answered), reading its decision, and
 //! [`take_turn`]: a short sequence that hands each step to its room — limits
 //! (`limits.rs`), per-call verdicts (`validate.rs`), the call layout and jobs
-//! (`dispatch.rs`), creating the turn in the join (`join.rs`), the `ack` and `pending`
-//! states, owning the turn until its deadline (`turns.rs`; `deadline.rs` ends it then)
-//! and the first publishes. Fixes the turn span's identity (`trace.rs`) before anything
+//! (`dispatch.rs`), creating the turn in the join with its `ack` and `pending` states
+//! (`admission.rs`), owning the turn until its deadline (`turns.rs`; `deadline.rs` ends
+//! it then) and the first publishes (`sharing.rs`; the `dispatch_failed` results of
+//! jobs that could not be published are recorded through `results.rs`). Fixes the turn span's identity (`trace.rs`) before anything
 //! else and stores it with the turn; the work done here is the `intake` span, a child of
 //! the turn span.
 //!
 //! Never ends a turn itself: every end, the no-tool answer and the rejections included,
-//! goes through `finalize.rs`. Never publishes a job (`dispatch.rs` does). Next: workers
+//! goes through `finalize.rs`. Never publishes a job itself (`dispatch.rs` does). Next: workers
 //! run the jobs, and `results.rs` records what they return.
 
 use std::sync::Arc;
 
+use futures::StreamExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use toolfleet_common::call::unix_ms;
-use toolfleet_common::names::{spans, HEADER_TURN_ID};
+use toolfleet_common::metrics::FleetMetrics;
+use toolfleet_common::names::{spans, COORDINATOR_QUEUE_GROUP, HEADER_TURN_ID};
 use toolfleet_common::telemetry;
-use toolfleet_common::turn::{normalize_tenant, turn_codes, valid_turn_id, AckCall};
-use toolfleet_common::{CallError, CallResult, CallState, TurnEvent, TurnRequest};
-use toolfleet_decision::ack::compose_acknowledgement;
+use toolfleet_common::turn::{normalize_tenant, turn_codes, valid_turn_id};
+use toolfleet_common::{CallError, CallResult, TurnRequest};
 use toolfleet_decision::parse::{parse_decision, Decision, DecisionErrorKind, ToolCallsDecision};
-use tracing::{info_span, warn, Instrument};
+use tracing::{info, info_span, warn, Instrument};
 
+use crate::admission::{admit, first_events, Admission, Taken};
 use crate::attach;
 use crate::callers::{Caller, Reply};
-use crate::dispatch::{build_jobs, dispatch, Layout};
+use crate::cancel;
+use crate::dispatch::{build_jobs, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
-use crate::join::{CallEntry, Created, NewTurn};
+use crate::join::{CallEntry, NewTurn};
 use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
-use crate::startup::Replica;
+use crate::replica::{next_message, Replica};
 use crate::trace::{self, TurnTrace};
 use crate::turns::{Ahead, OwnedTurn};
 use crate::validate::{plan, Limits, PlannedCall, Verdict};
+use crate::CoordinatorError;
+use crate::{results, sharing};
 
 /// Metric label of calls whose tool is not in the registry (model-written names would
 /// make unbounded label values).
@@ -45,6 +56,126 @@ const UNKNOWN_TOOL_LABEL: &str = "_unknown";
 
 /// The wait an `overloaded` refusal suggests before the turn is submitted again.
 const OVERLOADED_RETRY_MS: u64 = 1000;
+
+/// [`take_turns`] in a task of its own, so on a runtime thread even when `run` is what
+/// `main` blocks on: each request then wakes a runtime thread, not the main thread and
+/// then a runtime thread for its handler.
+pub(crate) async fn take_turns_on_runtime(
+    replica: &Arc<Replica>,
+    shutdown: CancellationToken,
+) -> Result<(), CoordinatorError> {
+    let intake = {
+        let replica = Arc::clone(replica);
+        tokio::spawn(async move { take_turns(&replica, shutdown).await })
+    };
+    match intake.await {
+        Ok(taken) => taken,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        // Cancelled: the runtime is shutting down; drain what is left.
+        Err(_) => Ok(()),
+    }
+}
+
+/// Takes turn requests from the queue group until `shutdown`, then the ones already
+/// delivered to this replica (new ones go to the other replicas).
+async fn take_turns(
+    replica: &Arc<Replica>,
+    shutdown: CancellationToken,
+) -> Result<(), CoordinatorError> {
+    // Each handler is boxed: its task then moves a pointer, not the handler's whole
+    // state machine, each time it is spawned, polled to its end and dropped.
+    let take = |message, permit| {
+        let replica = Arc::clone(replica);
+        replica.tasks.clone().spawn(Box::pin(async move {
+            handle_turn_message(replica, message).await;
+            drop(permit);
+        }));
+    };
+    // Requests being taken in at once (`TOOLFLEET_INTAKE_CONCURRENCY`): a burst waits in
+    // the subscription, not as that many decoded requests and plans in memory together.
+    let intake_slots = Arc::new(Semaphore::new(replica.config.intake_concurrency));
+    let slot = || async { Arc::clone(&intake_slots).acquire_owned().await.ok() };
+    let attach = |message| {
+        let replica = Arc::clone(replica);
+        replica
+            .tasks
+            .clone()
+            .spawn(Box::pin(attach::handle_attach_message(replica, message)));
+    };
+    let cancel = |message| {
+        let replica = Arc::clone(replica);
+        replica
+            .tasks
+            .clone()
+            .spawn(Box::pin(cancel::handle_cancel_message(replica, message)));
+    };
+    let group = || COORDINATOR_QUEUE_GROUP.to_string();
+    let names = &replica.names;
+    // Identified frontends (`<p>.turns.submit.<user>`) and unidentified ones.
+    let mut identified = replica
+        .nats
+        .queue_subscribe(names.turn_submit_any(), group())
+        .await?;
+    let mut unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_submit(), group())
+        .await?;
+    // Attach requests: a frontend following a turn it submitted.
+    let mut attaching = replica
+        .nats
+        .queue_subscribe(names.turn_attach_any(), group())
+        .await?;
+    let mut attaching_unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_attach(), group())
+        .await?;
+    // Cancel requests: a frontend stopping a turn it submitted.
+    let mut cancelling = replica
+        .nats
+        .queue_subscribe(names.turn_cancel_any(), group())
+        .await?;
+    let mut cancelling_unidentified = replica
+        .nats
+        .queue_subscribe(names.turn_cancel(), group())
+        .await?;
+    info!(prefix = %names.prefix(), "coordinator taking turns");
+    {
+        let turns = futures::stream::select(&mut identified, &mut unidentified);
+        let attaches = futures::stream::select(&mut attaching, &mut attaching_unidentified);
+        let cancels = futures::stream::select(&mut cancelling, &mut cancelling_unidentified);
+        let mut all = futures::stream::select(
+            futures::stream::select(turns.map(Incoming::Turn), attaches.map(Incoming::Attach)),
+            cancels.map(Incoming::Cancel),
+        );
+        while let Some(message) = next_message(&mut all, &shutdown).await {
+            match message {
+                Incoming::Turn(message) => take(message, slot().await),
+                Incoming::Attach(message) => attach(message),
+                Incoming::Cancel(message) => cancel(message),
+            }
+        }
+    }
+    replica.health.start_draining();
+    info!("coordinator stopping: no new turns");
+    let _ = identified.drain().await;
+    let _ = unidentified.drain().await;
+    let _ = attaching.unsubscribe().await;
+    let _ = attaching_unidentified.unsubscribe().await;
+    let _ = cancelling.unsubscribe().await;
+    let _ = cancelling_unidentified.unsubscribe().await;
+    let mut turns = futures::stream::select(identified, unidentified);
+    while let Some(message) = turns.next().await {
+        take(message, slot().await);
+    }
+    Ok(())
+}
+
+/// A message on one of the subjects frontends publish to.
+enum Incoming {
+    Turn(async_nats::Message),
+    Attach(async_nats::Message),
+    Cancel(async_nats::Message),
+}
 
 /// Handles one message on the turn subject.
 pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_nats::Message) {
@@ -183,18 +314,6 @@ fn decode(
     Ok((turn_id, request))
 }
 
-/// Who asked for a turn and where its events go.
-pub(crate) struct Taken {
-    /// The turn id.
-    pub turn_id: String,
-    /// The frontend's reply subject.
-    pub reply: Reply,
-    /// The submitting frontend's NATS user ('' when unidentified).
-    pub caller: String,
-    /// What a resubmission of the turn id must repeat: [`request_digest`].
-    pub digest: String,
-}
-
 /// The SHA-256 (hex) of what makes a request the same turn: its tenant, session and
 /// decision. A resubmission with the same id replays the stored turn only when its
 /// digest matches.
@@ -220,62 +339,45 @@ async fn take_turn(
     request: TurnRequest,
     mut trace: Option<TurnTrace>,
 ) {
+    let config = &replica.config;
+    let decision = match read_decision(config, &request) {
+        Ok(decision) => decision,
+        Err(Ok(text)) => {
+            let tenant = request.tenant_id.clone();
+            let end = TurnEnd::NoTools {
+                taken,
+                tenant,
+                text,
+                trace,
+            };
+            return finish(&replica, end).await;
+        }
+        Err(Err(error)) => {
+            return reject(&replica, Some(taken.turn_id), taken.reply, error, trace).await
+        }
+    };
     let Taken {
         turn_id,
         reply,
         caller,
         digest,
     } = taken;
-    let config = &replica.config;
-    let policy = config.tenants.get(&request.tenant_id);
-    let decision = match read_decision(config, &request) {
-        Ok(decision) => decision,
-        Err(Ok(text)) => {
-            let end = TurnEnd::NoTools {
-                taken: Taken {
-                    turn_id,
-                    reply,
-                    caller,
-                    digest,
-                },
-                tenant: request.tenant_id.clone(),
-                text,
-                trace,
-            };
-            return finish(&replica, end).await;
-        }
-        Err(Err(error)) => return reject(&replica, Some(turn_id), reply, error, trace).await,
-    };
-    let limits = TurnLimits::resolve(config, policy, &request, &decision);
-    let now = unix_ms();
-    let deadline = now + limits.budget_ms;
     let registry = replica.registry.snapshot();
-    let validation = Limits {
-        max_calls: limits.max_calls,
-        max_argument_bytes: config.max_argument_bytes,
-        tool_timeout_cap_ms: policy.tool_timeout_ms,
-        tenant_argument_keys: &config.tenant_argument_keys,
-    };
-    let planned = plan(
-        decision.calls,
-        &request.tenant_id,
-        policy,
-        &validation,
-        &registry,
-    );
-    let layout = Layout::new(&planned, limits.concurrency);
+    let Plan {
+        limits,
+        now,
+        deadline,
+        planned,
+        layout,
+        acknowledgement,
+    } = plan_turn(config, &registry, &request, decision);
     trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
-    let first = first_events(
-        &turn_id,
-        &planned,
-        decision.acknowledgement,
-        limits.budget_ms,
-    );
+    let first = first_events(&turn_id, &planned, acknowledgement, limits.budget_ms);
     let planned_calls = planned.len();
     let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
     let tenant = &request.tenant_id;
-    let shared = crate::sharing::admit_turn(
+    let shared = sharing::admit_turn(
         &replica,
         &turn_id,
         tenant,
@@ -313,10 +415,10 @@ async fn take_turn(
             return reject(&replica, Some(turn_id), reply, error, trace).await
         }
     }
-    count_refused(&replica, planned_calls, &refused, &registry);
+    count_refused(&replica.metrics, planned_calls, &refused, &registry);
     events::publish_stored(&replica, &reply, 1, &first).await;
     if layout.dispatched == 0 {
-        return Box::pin(end_open_turn(&replica, &turn_id, false)).await;
+        return end_open_turn(&replica, &turn_id, false).await;
     }
 
     let owned = owned_turn(
@@ -329,7 +431,54 @@ async fn take_turn(
         now,
     );
     replica.turns.own(turn_id.clone(), owned);
-    dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
+    let dispatched = sharing::dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
+    results::record_unpublished(&replica, dispatched.failed).await;
+}
+
+/// A turn's plan before anything is stored: its limits and deadline, each call's
+/// verdict, the calls' layout, and the model's own acknowledgement.
+struct Plan {
+    limits: TurnLimits,
+    now: u64,
+    deadline: u64,
+    planned: Vec<PlannedCall>,
+    layout: Layout,
+    acknowledgement: Option<String>,
+}
+
+/// Plans `decision` under the request's limits (`limits.rs`) and each call's verdict
+/// (`validate.rs`).
+fn plan_turn(
+    config: &crate::CoordinatorConfig,
+    registry: &Snapshot,
+    request: &TurnRequest,
+    decision: ToolCallsDecision,
+) -> Plan {
+    let policy = config.tenants.get(&request.tenant_id);
+    let limits = TurnLimits::resolve(config, policy, request, &decision);
+    let now = unix_ms();
+    let validation = Limits {
+        max_calls: limits.max_calls,
+        max_argument_bytes: config.max_argument_bytes,
+        tool_timeout_cap_ms: policy.tool_timeout_ms,
+        tenant_argument_keys: &config.tenant_argument_keys,
+    };
+    let planned = plan(
+        decision.calls,
+        &request.tenant_id,
+        policy,
+        &validation,
+        registry,
+    );
+    let layout = Layout::new(&planned, limits.concurrency);
+    Plan {
+        deadline: now + limits.budget_ms,
+        limits,
+        now,
+        planned,
+        layout,
+        acknowledgement: decision.acknowledgement,
+    }
 }
 
 /// What this replica keeps of a turn it took: where its events go, its span, its
@@ -430,118 +579,162 @@ fn trace_planned(
 
 /// Counts the turn and its calls refused up front.
 fn count_refused(
-    replica: &Replica,
+    metrics: &FleetMetrics,
     calls: usize,
     refused: &[(String, CallResult)],
     registry: &Snapshot,
 ) {
-    replica.metrics.turn_started(calls);
+    metrics.turn_started(calls);
     for (_, r) in refused {
         let known = registry.get(&r.name).is_some();
         let label = if known { &r.name } else { UNKNOWN_TOOL_LABEL };
-        replica.metrics.call_result(label, r);
+        metrics.call_result(label, r);
     }
 }
 
-/// What storing a new turn came to.
-pub(crate) enum Admission {
-    /// Stored: the turn runs.
-    New,
-    /// The same frontend and tenant submitted this id before (its acceptance was lost
-    /// or late): its stored events were sent again; nothing runs twice.
-    Replayed,
-    /// Refused: the id is another frontend's or tenant's, or the store is unreachable.
-    Refused(CallError),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::join::Created;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, event_types, finals, open_turn, stored, REPLY};
 
-/// Stores the turn in the join, or replays the existing turn of the same id to this
-/// caller, or says why neither.
-pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>, reply: &Reply) -> Admission {
-    let (turn_id, caller) = (turn.turn_id.to_string(), turn.caller.to_string());
-    match create(replica, turn).await {
-        Ok(Created::New) => Admission::New,
-        Ok(Created::Exists {
-            same_caller: true,
-            same_request: true,
-        }) => {
-            attach::replay(replica, &turn_id, (&caller, None), reply, 0).await;
-            Admission::Replayed
-        }
-        Ok(Created::Exists {
-            same_caller: true,
-            same_request: false,
-        }) => Admission::Refused(CallError::fatal(
-            turn_codes::TURN_ID_CONFLICT,
-            format!(
-                "turn {turn_id} was submitted before with another decision; a resubmission must carry the same request, a new turn a new id"
-            ),
-        )),
-        Ok(Created::Exists {
-            same_caller: false, ..
-        }) => Admission::Refused(CallError::fatal(
-            turn_codes::DUPLICATE_TURN,
-            format!("turn {turn_id} already exists"),
-        )),
-        Err(error) => Admission::Refused(error),
-    }
-}
-
-/// Creates the turn in the join; an unreachable store refuses the turn.
-async fn create(replica: &Replica, turn: NewTurn<'_>) -> Result<Created, CallError> {
-    match replica.join.create(turn).await {
-        Ok(created) => Ok(created),
-        Err(error) => {
-            warn!(%error, "could not create the turn");
-            replica.metrics.redis_error("create_turn");
-            Err(CallError::retryable(
-                turn_codes::UNAVAILABLE,
-                "the turn store is unavailable",
-            ))
+    fn turn_message(
+        replica: &Replica,
+        reply: &str,
+        request: serde_json::Value,
+    ) -> async_nats::Message {
+        async_nats::Message {
+            subject: replica.names.turn_submit().into(),
+            reply: Some(reply.to_string().into()),
+            payload: serde_json::to_vec(&request).unwrap_or_default().into(),
+            headers: None,
+            status: None,
+            description: None,
+            length: 0,
         }
     }
-}
 
-/// The turn's first events, stored with the turn and sent before any job leaves: `ack`
-/// (the model's own text, or one composed from the tools' waiting hints), then one state
-/// per call (`pending`, or the refusal).
-fn first_events(
-    turn_id: &str,
-    planned: &[PlannedCall],
-    model_text: Option<String>,
-    budget_ms: u64,
-) -> Vec<String> {
-    let text = model_text.unwrap_or_else(|| {
-        let hints: Vec<&str> = planned
-            .iter()
-            .filter_map(|p| match &p.verdict {
-                Verdict::Dispatch { tool, .. } => tool.definition.waiting_hint.as_deref(),
-                Verdict::Refuse(_) => None,
-            })
+    fn calls(turn_id: &str, tools: &[&str], deadline_ms: u64) -> serde_json::Value {
+        let calls: Vec<_> = (1..)
+            .zip(tools)
+            .map(|(i, tool)| serde_json::json!({"id": format!("c{i}"), "toolName": tool, "arguments": {}}))
             .collect();
-        compose_acknowledgement(&hints)
-    });
-    let calls = planned
-        .iter()
-        .map(|p| AckCall {
-            tool_call_id: p.call.id.clone(),
-            name: p.call.name.clone(),
+        serde_json::json!({
+            "turn_id": turn_id, "tenant_id": "acme", "deadline_ms": deadline_ms,
+            "decision": {"type": "tool_calls", "calls": calls}
         })
-        .collect();
-    let ack = TurnEvent::Ack {
-        turn_id: turn_id.to_string(),
-        text,
-        calls,
-        deadline_ms: Some(budget_ms),
-    };
-    let states = planned.iter().map(|p| {
-        let (state, error) = match &p.verdict {
-            Verdict::Dispatch { .. } => (CallState::Pending, None),
-            Verdict::Refuse(e) => (CallState::Error, Some(e.clone())),
-        };
-        events::tool_state(turn_id, &p.call.id, &p.call.name, state, error)
-    });
-    std::iter::once(ack)
-        .chain(states)
-        .filter_map(|event| events::encode(&event))
-        .collect()
+    }
+
+    fn answer(turn_id: &str, text: &str) -> serde_json::Value {
+        serde_json::json!({
+            "turn_id": turn_id, "tenant_id": "acme",
+            "decision": {"type": "final", "text": text}
+        })
+    }
+
+    #[tokio::test]
+    async fn a_turn_is_stored_with_its_ack_and_pending_states_first_and_ends_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        // No NATS behind this replica: both jobs fail to publish before the deadline,
+        // and their dispatch_failed results end the turn.
+        let request = calls("t1", &["crm.get", "crm.get"], 600);
+        handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, request)).await;
+        let turn = stored(&store, "t1");
+        let types = event_types(&turn);
+        assert_eq!(types[..3], ["ack", "tool_state", "tool_state"], "{types:?}");
+        assert!(turn.events[1].contains(r#""state":"pending""#));
+        assert_eq!((finals(&turn), turn.published), (1, 1));
+        assert!(turn.events.iter().any(|e| e.contains("dispatch_failed")));
+        assert!(
+            !replica.turns.owns("t1"),
+            "the ended turn is no longer owned"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_call_to_an_unknown_tool_is_refused_up_front_and_the_turn_ends_at_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let request = calls("t1", &["nope.tool"], 60_000);
+        handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, request)).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(event_types(&turn).first().map(String::as_str), Some("ack"));
+        assert!(
+            turn.events[1].contains(r#""state":"error""#),
+            "{}",
+            turn.events[1]
+        );
+        assert_eq!(turn.ended.as_deref(), Some("complete"));
+        assert_eq!((finals(&turn), turn.published), (1, 1));
+    }
+
+    #[tokio::test]
+    async fn an_answer_without_tools_is_stored_ended_and_a_resubmission_replays_it() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let first = turn_message(&replica, REPLY, answer("t1", "hello"));
+        handle_turn_message(Arc::clone(&replica), first).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(event_types(&turn), ["narration", "final"]);
+        assert_eq!(
+            (turn.ended.as_deref(), turn.published),
+            (Some("no_tools"), 1)
+        );
+
+        // The same request again: replayed (marked sent again), nothing stored twice.
+        let again = turn_message(&replica, REPLY, answer("t1", "hello"));
+        handle_turn_message(Arc::clone(&replica), again).await;
+        // Another decision under the same id: refused, the stored turn untouched.
+        let other = turn_message(&replica, REPLY, answer("t1", "something else"));
+        handle_turn_message(Arc::clone(&replica), other).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(event_types(&turn), ["narration", "final"]);
+        assert!(turn.events[0].contains("hello"));
+        assert_eq!(turn.published, 2, "the replay marked the final sent again");
+    }
+
+    #[tokio::test]
+    async fn a_turn_id_another_frontend_holds_is_refused_and_left_as_stored() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let mut theirs = open_turn("t1", 1, unix_ms() + 60_000);
+        theirs.caller = "web";
+        assert!(matches!(store.create(theirs).await, Ok(Created::New)));
+        let request = calls("t1", &["crm.get"], 60_000);
+        handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, request)).await;
+        let turn = stored(&store, "t1");
+        assert_eq!((turn.caller.as_str(), turn.events.len()), ("web", 1));
+        assert_eq!(turn.state, "open");
+    }
+
+    #[tokio::test]
+    async fn requests_refused_before_the_store_leave_nothing_stored() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        // A reply outside the caller's inbox: dropped unread.
+        let elsewhere = turn_message(&replica, "orders.new", answer("t1", "hi"));
+        handle_turn_message(Arc::clone(&replica), elsewhere).await;
+        // A deadline of 0 ms, and a decision that does not parse.
+        let mut zero = calls("t2", &["crm.get"], 0);
+        zero["deadline_ms"] = 0.into();
+        handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, zero)).await;
+        let mut unparsed = answer("t3", "x");
+        unparsed["decision"] = serde_json::json!({"type": "nonsense"});
+        handle_turn_message(
+            Arc::clone(&replica),
+            turn_message(&replica, REPLY, unparsed),
+        )
+        .await;
+        // A store that cannot be reached refuses the turn.
+        store.set_unavailable(true);
+        let unreachable = turn_message(&replica, REPLY, answer("t4", "hi"));
+        handle_turn_message(Arc::clone(&replica), unreachable).await;
+        store.set_unavailable(false);
+        for turn_id in ["t1", "t2", "t3", "t4"] {
+            assert!(store.turn(turn_id).is_none(), "{turn_id} was stored");
+        }
+    }
 }

@@ -17,12 +17,15 @@
 //! (its replica died) is handed out again by the next tick. Only the commands the
 //! coordinator's Redis user may run are used (deploy/redis/users.acl).
 //!
-//! Owns the lane and tenant keys and their scripts; never publishes a job and never
-//! decides a policy (`sharing.rs` does both).
+//! Owns the lane and tenant keys and their scripts, and [`Lanes`], this replica's handle
+//! on them (the store and the lanes it lately saw contended); never publishes a job and
+//! never decides a policy (`sharing.rs` does both).
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use redis::{FromRedisValue, Script, Value as RedisValue};
+use toolfleet_common::call::unix_ms;
 use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::Names;
 
@@ -631,6 +634,47 @@ pub(crate) fn sum_counts<'a>(
         sum.1 += in_flight;
     }
     sums
+}
+
+/// How long a lane seen with calls waiting counts as contended here, so a new turn's
+/// backlog is looked at; other turns skip the look.
+const CONTENDED_FOR_MS: u64 = 2000;
+
+/// This replica's lanes: the store and the lanes it lately saw contended.
+pub(crate) struct Lanes {
+    pub(crate) store: LaneStore,
+    /// Tool → when this replica last saw calls waiting on its lane (Unix ms).
+    contended: Mutex<HashMap<String, u64>>,
+}
+
+impl Lanes {
+    /// Lanes over `store`.
+    pub(crate) fn new(store: LaneStore) -> Self {
+        Self {
+            store,
+            contended: Mutex::default(),
+        }
+    }
+
+    /// Notes how many calls wait on `tool`'s lane.
+    pub(crate) fn note(&self, tool: &str, waiting: u64) {
+        if let Ok(mut seen) = self.contended.lock() {
+            if waiting > 0 {
+                seen.insert(tool.to_string(), unix_ms());
+            } else {
+                seen.remove(tool);
+            }
+        }
+    }
+
+    /// Whether `tool`'s lane was lately seen with calls waiting.
+    pub(crate) fn contended(&self, tool: &str, now_ms: u64) -> bool {
+        self.contended
+            .lock()
+            .ok()
+            .and_then(|seen| seen.get(tool).copied())
+            .is_some_and(|at| now_ms.saturating_sub(at) < CONTENDED_FOR_MS)
+    }
 }
 
 #[cfg(test)]

@@ -9,17 +9,20 @@
 //!
 //! | step | module | what happens there |
 //! |---|---|---|
-//! | 0 | `startup` | connections, streams, subscriptions, background tasks, drain; `Replica` |
-//! | 1 | `intake` | decode the request, check ids, parse the decision; the turn as named steps |
+//! | 0 | `startup` | connections, streams, background tasks, drain |
+//! | - | `replica` | `Replica`, the state every task shares (a leaf: it imports no handler) |
+//! | 1 | `intake` | the loop taking requests in; decode the request, check ids, parse the decision; the turn as named steps |
+//! | - | `admission` | storing a new turn or replaying the stored one; its first events |
 //! | - | `callers` | the submitting frontend: its own inbox as the only reply, its tenants |
 //! | 2 | `limits` | the turn's call cap, concurrency and deadline from config, tenant and request |
 //! | 3 | [`validate`] | per-call verdicts: dispatch or refuse, with the refusal's code |
-//! | 4 | `dispatch` | build the jobs, publish them (again with the same id when unconfirmed); publish paced calls as slots release them |
-//! | - | `sharing` | every job through its tool's lane, shared fairly between tenants; tenants' own limits (`overloaded`) |
+//! | 4 | `dispatch` | build the jobs, publish them (again with the same id when unconfirmed); hand back those that cannot be published |
+//! | - | `sharing` | every job through its tool's lane, shared fairly between tenants; paced calls as slots release them; tenants' own limits (`overloaded`) |
 //! | - | `lanes` | the lanes in Redis: a weighted fair queue per tool in front of its stream (Lua); tenants' turns in flight |
 //! | 5 | `deadline` | the clock that ends owned turns at their deadlines; the sweeper for turns whose owner is gone |
 //! | 6 | `results` | the shared results consumer: record each result, report its state |
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
+//! | - | `sent` | a stored `final` marked sent; the turn span exported from a stored turn |
 //! | - | `events` | every event to a frontend and every notice between replicas |
 //! | - | `trace` | the turn span from accept to `final` on whichever replica ends the turn |
 //! | - | `memory` | Redis's memory sampled; new turns refused (`overloaded`) before it is full |
@@ -29,11 +32,13 @@
 //! | - | `attach` | a frontend following a turn it submitted, from a `seq` |
 //! | - | `cancel` | a frontend cancelling a turn it submitted; workers told to stop |
 //! | - | [`join`] | the join in Redis: Lua scripts, write-once results, end-once turns |
+//! | - | [`store`] | `TurnStore`, the seam in front of the join; an in-memory store for unit tests |
 //! | - | [`registry`] | the cached tool registry: definitions, schemas, live workers |
 //! | - | [`narrate`] | the `Narrator` trait and the template narrator |
 //! | - | `catalog` | serving the tool catalog to frontends |
 //! | - | [`config`] | `CoordinatorConfig` (environment) and per-tenant policies |
 
+mod admission;
 mod attach;
 mod callers;
 mod cancel;
@@ -54,9 +59,14 @@ mod memory;
 pub mod narrate;
 mod progress;
 pub mod registry;
+mod replica;
 mod results;
+mod sent;
 mod sharing;
 mod startup;
+pub mod store;
+#[cfg(test)]
+mod testing;
 mod trace;
 mod turns;
 mod upkeep;
@@ -65,6 +75,7 @@ pub mod validate;
 pub use config::{CoordinatorConfig, FrontendBindings, TenantPolicies, TenantPolicy};
 pub use narrate::{Narrator, TemplateNarrator};
 pub use startup::{run, run_with_narrator, REDIS_RESPONSE_TIMEOUT};
+pub use store::TurnStore;
 
 /// Why a coordinator could not start.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +91,7 @@ pub enum CoordinatorError {
     Streams(#[from] toolfleet_common::streams::EnsureStreamsError),
     /// The results consumer could not be created.
     #[error("results consumer: {0}")]
-    Consumer(String),
+    Consumer(#[from] async_nats::jetstream::stream::ConsumerError),
     /// Redis could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),

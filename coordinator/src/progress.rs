@@ -19,7 +19,7 @@ use toolfleet_common::CallState;
 use toolfleet_common::call::unix_ms;
 
 use crate::events;
-use crate::startup::Replica;
+use crate::replica::Replica;
 use crate::turns::Started;
 
 /// Relays notices until `shutdown`: `started` notices from workers on

@@ -198,6 +198,31 @@ struct Reconciled {
     verdicts: Vec<Verdict>,
 }
 
+#[cfg(test)]
+impl Registry {
+    /// A registry holding the tools `sources` define (definition JSON by name), each
+    /// with one live worker, as a refresh would leave it.
+    pub(crate) fn holding(sources: &[(&str, String)]) -> Self {
+        let tools = sources
+            .iter()
+            .map(|(name, source)| StoredTool {
+                name: name.to_string(),
+                source: source.clone(),
+                by: "test".into(),
+                live: 1,
+            })
+            .collect();
+        let stored = Stored {
+            tools,
+            gone: Vec::new(),
+        };
+        let reconciled = reconcile(&Snapshot::default(), stored, unix_ms());
+        Self {
+            current: Arc::new(RwLock::new(Arc::new(reconciled.snapshot))),
+        }
+    }
+}
+
 /// Reads the names set, then each name's definition and live-worker count (one
 /// pipeline).
 async fn read_stored(
@@ -289,10 +314,10 @@ fn reconcile(previous: &Snapshot, stored: Stored, now: u64) -> Reconciled {
                         registered_by: by,
                     }
                 }
-                Err(reason) => {
-                    warn!(tool = %name, %reason, "tool definition refused");
+                Err(refused) => {
+                    warn!(tool = %name, reason = %refused, "tool definition refused");
                     let rejection = Rejection {
-                        reason,
+                        reason: refused.to_string(),
                         at_unix_ms: now,
                         turn_id: None,
                         tool_call_id: None,
@@ -314,16 +339,32 @@ fn reconcile(previous: &Snapshot, stored: Stored, now: u64) -> Reconciled {
 /// The definition stored under tool `name`'s key, or why it is refused: it does not
 /// decode, or it names another tool than its key (a worker may write only its own
 /// tools' keys, so a definition claiming another name would take that tool's place).
-fn decode_definition(name: &str, source: &str) -> Result<ToolDefinition, String> {
-    let definition = serde_json::from_str::<ToolDefinition>(source)
-        .map_err(|error| format!("the definition does not decode: {error}"))?;
+fn decode_definition(name: &str, source: &str) -> Result<ToolDefinition, DefinitionRefused> {
+    let definition = serde_json::from_str::<ToolDefinition>(source)?;
     if definition.name != name {
-        return Err(format!(
-            "the definition names tool {:?} but is stored as {name:?}; a definition is stored under its own name",
-            definition.name
-        ));
+        return Err(DefinitionRefused::OtherName {
+            names: definition.name,
+            stored_as: name.to_string(),
+        });
     }
     Ok(definition)
+}
+
+/// Why a stored tool definition is refused; its text is what the tool's workers read
+/// back (`Rejection::reason`).
+#[derive(Debug, thiserror::Error)]
+enum DefinitionRefused {
+    /// The definition is not a tool definition.
+    #[error("the definition does not decode: {0}")]
+    Decode(#[from] serde_json::Error),
+    /// The definition names another tool than the key it is stored under.
+    #[error("the definition names tool {names:?} but is stored as {stored_as:?}; a definition is stored under its own name")]
+    OtherName {
+        /// The tool the definition names.
+        names: String,
+        /// The tool whose key holds it.
+        stored_as: String,
+    },
 }
 
 #[cfg(test)]
@@ -389,7 +430,8 @@ mod tests {
         .to_string();
         assert!(decode_definition("crm.getOpenInvoices", &source).is_ok());
         let claimed = decode_definition("hold.shout", &source);
-        assert!(claimed.is_err());
-        assert!(decode_definition("x", "not json").is_err());
+        assert!(matches!(claimed, Err(DefinitionRefused::OtherName { .. })));
+        let junk = decode_definition("x", "not json");
+        assert!(matches!(junk, Err(DefinitionRefused::Decode(_))));
     }
 }

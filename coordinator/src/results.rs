@@ -3,7 +3,8 @@
 //! it was the last one.
 //!
 //! Owns the results consumer, the recording of every result (workers' and the
-//! coordinator's own `dispatch_failed`), and the ordering of a call's state before the
+//! coordinator's own `dispatch_failed`, handed back by whoever dispatched:
+//! [`record_unpublished`]), and the ordering of a call's state before the
 //! turn's `final` through the turn's gate. Each result gets a CONSUMER span (`trace.rs`)
 //! around its recording and its state, not around the turn's end. A late result (after the turn ended or its
 //! deadline passed) is counted in the join and the metrics, never published. A duplicate
@@ -17,7 +18,9 @@
 //! A result of a paced turn frees a slot: the `RECORD` script releases the next queued
 //! call in the same step and this replica publishes its job (`dispatch.rs`), whichever
 //! replica owns the turn; a duplicate result publishes again the released calls whose
-//! publish was never confirmed (their releaser died).
+//! publish was never confirmed (their releaser died). A released job that cannot be
+//! published has its `dispatch_failed` result recorded next, in a queue, not by
+//! recursion.
 //!
 //! A result that may complete a turn this replica owns carries the turn's closing
 //! events, built ahead by `finalize.rs` from the results known here (`turns.rs`), into
@@ -27,25 +30,29 @@
 //! Never builds the `final` (`finalize.rs` does). Next: `finalize.rs`, for the result
 //! that completes the turn.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_nats::jetstream::stream::ConsumerError;
 use async_nats::jetstream::{self, consumer::PullConsumer, AckKind};
 use futures::StreamExt;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::names::HEADER_TENANT_ID;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{telemetry, CallResult};
 use tracing::{debug, warn, Instrument};
 
-use crate::dispatch::dispatch_released;
+use crate::dispatch::Unpublished;
 use crate::events;
 use crate::finalize::{close_ahead, finish, send_closed_ahead, ClosedAhead, TurnEnd};
 use crate::join::{ClosingAhead, JoinError, Recorded};
 use crate::lanes::LaneError;
+use crate::registry::Registry;
+use crate::replica::Replica;
 use crate::sharing;
-use crate::startup::Replica;
 use crate::trace;
 use crate::turns::TurnGate;
 
@@ -79,11 +86,10 @@ fn redelivery_delay(delivered: i64) -> Duration {
 pub(crate) async fn results_consumer(
     stream: &jetstream::stream::Stream,
     durable: &str,
-) -> Result<PullConsumer, String> {
+) -> Result<PullConsumer, ConsumerError> {
     stream
         .create_consumer(results_consumer_config(durable))
         .await
-        .map_err(|e| e.to_string())
 }
 
 /// The results consumer's configuration (also used to recreate it, see `upkeep.rs`).
@@ -238,7 +244,8 @@ async fn handle_result_message(replica: &Arc<Replica>, message: jetstream::Messa
     // The worker's bytes decoded as `result`: they are stored as they came.
     let body = Some(&message.payload[..]);
     match try_record(replica, &turn_id, &key, result, body, traced).await {
-        Ok(()) => {
+        Ok(unpublished) => {
+            record_unpublished(replica, unpublished).await;
             if let Err(error) = message.ack().await {
                 debug!(%error, "result ack failed; a duplicate will be ignored");
             }
@@ -271,23 +278,25 @@ async fn reject(replica: &Replica, tool: &str, turn_id: &str, body: &[u8], reaso
     }
 }
 
-/// Records a result produced inside the coordinator (a dispatch failure); errors are
-/// logged, and the turn's deadline still ends it.
-pub(crate) async fn record_result(
-    replica: &Arc<Replica>,
-    turn_id: &str,
-    tenant: &str,
-    key: &str,
-    result: CallResult,
-) {
+/// Records the `dispatch_failed` results of jobs that could not be published, in order,
+/// and then those of the jobs their recordings released and that could not be published
+/// either; errors are logged, and the turn's deadline still ends it.
+pub(crate) async fn record_unpublished(replica: &Arc<Replica>, unpublished: Vec<Unpublished>) {
     let span = tracing::Span::current();
-    let traced = Traced {
-        span: &span,
-        tenant,
-    };
-    if let Err(error) = try_record(replica, turn_id, key, result, None, traced).await {
-        replica.metrics.redis_error("record_result");
-        warn!(%turn_id, %error, "recording a result failed");
+    let mut queue = VecDeque::from(unpublished);
+    while let Some(failed) = queue.pop_front() {
+        let traced = Traced {
+            span: &span,
+            tenant: &failed.tenant,
+        };
+        let (turn_id, key) = (&failed.turn_id, &failed.key);
+        match try_record(replica, turn_id, key, failed.result, None, traced).await {
+            Ok(more) => queue.extend(more),
+            Err(error) => {
+                replica.metrics.redis_error("record_result");
+                warn!(%turn_id, %error, "recording a result failed")
+            }
+        }
     }
 }
 
@@ -304,6 +313,8 @@ struct Traced<'a> {
 /// Records `result` and reports what follows; then frees the call's slot in its
 /// tool's lane (a lane that cannot be reached fails the recording, so the result is
 /// delivered again: the join counts it as a duplicate, the lane frees the slot once).
+/// Returns the jobs released by this result that could not be published, whose results
+/// the caller records in turn.
 async fn try_record(
     replica: &Arc<Replica>,
     turn_id: &str,
@@ -311,33 +322,35 @@ async fn try_record(
     result: CallResult,
     body: Option<&[u8]>,
     traced: Traced<'_>,
-) -> Result<(), JoinError> {
+) -> Result<Vec<Unpublished>, JoinError> {
     let tool = result.name.clone();
-    let outcome = replica
+    let (outcome, mut unpublished) = replica
         .turns
         .gated(turn_id, |gate| {
             record_and_report(replica, gate, turn_id, key, result, body, traced)
         })
         .await?;
     if matches!(outcome, "wrong_tool" | "unknown_call") {
-        return Ok(());
+        return Ok(unpublished);
     }
-    sharing::release(replica, &tool, turn_id, key)
+    let handed_out = sharing::release(replica, &tool, turn_id, key)
         .await
         .map_err(|error| match error {
             LaneError::Redis(e) => JoinError::Redis(e),
             LaneError::Decode(e) => JoinError::Decode(e),
         })?;
+    unpublished.extend(handed_out);
     if outcome == "complete" {
         sharing::turn_ended(replica, traced.tenant, turn_id).await;
     }
-    Ok(())
+    Ok(unpublished)
 }
 
 /// Records one result and publishes what follows. Results of one turn are recorded
 /// concurrently; the gate keeps each call's state before the turn's `final`. `body` is
 /// the result's JSON as received, stored instead of encoding `result` again. Returns
-/// the outcome's kind (`Recorded::kind`).
+/// the outcome's kind (`Recorded::kind`) and the released jobs that could not be
+/// published.
 async fn record_and_report(
     replica: &Arc<Replica>,
     gate: Arc<TurnGate>,
@@ -346,8 +359,9 @@ async fn record_and_report(
     result: CallResult,
     body: Option<&[u8]>,
     traced: Traced<'_>,
-) -> Result<&'static str, JoinError> {
+) -> Result<(&'static str, Vec<Unpublished>), JoinError> {
     let recording = gate.recording.read().await;
+    let mut unpublished = Vec::new();
     let span = traced.span;
     let state = events::encode(&events::result_state(turn_id, &result)).unwrap_or_default();
     let (outcome, ahead) =
@@ -367,7 +381,7 @@ async fn record_and_report(
             debug!(%turn_id, call = %key, "duplicate result ignored");
             drop(recording);
             if !again.is_empty() {
-                dispatch_released(replica, turn_id, again).await;
+                unpublished = sharing::dispatch_released(replica, turn_id, again).await;
             }
         }
         Recorded::Late => {
@@ -380,7 +394,7 @@ async fn record_and_report(
             released,
             ..
         } => {
-            count_result(replica, &result);
+            count_result(&replica.registry, &replica.metrics, &result);
             {
                 let _publishing = gate.publishing.lock().await;
                 replica.turns.mark_ended(turn_id, key);
@@ -390,20 +404,17 @@ async fn record_and_report(
             }
             drop(recording);
             if let Some(released) = released {
-                dispatch_released(replica, turn_id, vec![released]).await;
+                unpublished = sharing::dispatch_released(replica, turn_id, vec![released]).await;
             }
         }
         Recorded::CompleteStored { reply, seq } => {
-            count_result(replica, &result);
+            count_result(&replica.registry, &replica.metrics, &result);
             drop(recording);
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
             match ahead {
                 Some(closed) => {
-                    Box::pin(send_closed_ahead(
-                        replica, turn_id, &reply, seq, state, closed,
-                    ))
-                    .await
+                    send_closed_ahead(replica, turn_id, &reply, seq, state, closed).await
                 }
                 // Only a `RECORD` given closing events stores them; the sweeper sends
                 // a stored `final` that nobody marked sent.
@@ -414,7 +425,7 @@ async fn record_and_report(
             }
         }
         Recorded::Complete { closing, seq, .. } => {
-            count_result(replica, &result);
+            count_result(&replica.registry, &replica.metrics, &result);
             drop(recording);
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
@@ -426,10 +437,10 @@ async fn record_and_report(
                 turn_id: turn_id.to_string(),
                 closing,
             };
-            Box::pin(finish(replica, end)).await;
+            finish(replica, end).await;
         }
     }
-    Ok(kind)
+    Ok((kind, unpublished))
 }
 
 /// Runs `RECORD` for `result` (stored as `body`, or encoded when there is none), with
@@ -472,14 +483,144 @@ async fn record_closing_ahead(
 }
 
 /// Counts a recorded result under its tool's metric label.
-fn count_result(replica: &Replica, result: &CallResult) {
-    let label = replica.registry.snapshot().label(&result.name);
-    replica.metrics.call_result(&label, result);
+fn count_result(registry: &Registry, metrics: &FleetMetrics, result: &CallResult) {
+    let label = registry.snapshot().label(&result.name);
+    metrics.call_result(&label, result);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::TurnStore;
+    use crate::testing::{self, event_types, finals, ok_result, open_turn, stored};
+    use toolfleet_common::call::unix_ms;
+
+    /// Records `result` as if it came from the results consumer.
+    async fn record(replica: &Arc<Replica>, turn_id: &str, result: CallResult) -> Vec<Unpublished> {
+        let span = tracing::Span::none();
+        let traced = Traced {
+            span: &span,
+            tenant: "acme",
+        };
+        let key = result.tool_call_id.clone();
+        try_record(replica, turn_id, &key, result, None, traced)
+            .await
+            .unwrap_or_else(|e| panic!("recording {key}: {e}"))
+    }
+
+    async fn create(store: &MemoryStore, turn: crate::join::NewTurn<'_>) {
+        let created = store.create(turn).await;
+        assert!(
+            matches!(created, Ok(crate::join::Created::New)),
+            "{created:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn results_recorded_at_once_end_their_turn_with_one_final_after_every_state() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        create(&store, open_turn("t1", 3, unix_ms() + 60_000)).await;
+        let recordings = ["c1", "c2", "c3"].map(|k| record(&replica, "t1", ok_result(k)));
+        futures::future::join_all(recordings).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(turn.ended.as_deref(), Some("complete"));
+        assert_eq!(finals(&turn), 1);
+        let types = event_types(&turn);
+        assert_eq!(types.last().map(String::as_str), Some("final"), "{types:?}");
+        let states = types.iter().position(|t| t == "narration");
+        assert_eq!(
+            states,
+            Some(4),
+            "ack, three states, then the narration: {types:?}"
+        );
+        assert_eq!(turn.published, 1, "the final is marked sent once");
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_changes_nothing_and_a_result_after_the_end_counts_as_late() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        create(&store, open_turn("t1", 2, unix_ms() + 60_000)).await;
+        record(&replica, "t1", ok_result("c1")).await;
+        record(&replica, "t1", ok_result("c1")).await;
+        let turn = stored(&store, "t1");
+        assert_eq!((turn.duplicates, turn.results.len()), (1, 1));
+        assert_eq!(turn.events.len(), 2, "the duplicate published no state");
+
+        create(&store, open_turn("t2", 2, unix_ms() + 60_000)).await;
+        let ended = store.finalize("t2", "deadline").await;
+        assert!(matches!(ended, Ok(crate::join::Finalized::Ended(_))));
+        record(&replica, "t2", ok_result("c1")).await;
+        let turn = stored(&store, "t2");
+        assert_eq!((turn.late, turn.results.len()), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_result_naming_another_tool_than_its_call_is_refused() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        create(&store, open_turn("t1", 1, unix_ms() + 60_000)).await;
+        let mut forged = ok_result("c1");
+        forged.name = "bank.transfer".into();
+        record(&replica, "t1", forged).await;
+        let turn = stored(&store, "t1");
+        assert!(turn.results.is_empty());
+        assert_eq!(turn.state, "open", "a forged result ends nothing");
+    }
+
+    #[tokio::test]
+    async fn a_refused_result_is_written_back_for_its_tools_workers() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        let body = br#"{"tool_call_id": "c1", "name": 7}"#;
+        reject(&replica, "crm.get", "t1", body, "does not decode".into()).await;
+        let rejection = store.rejected("crm.get");
+        assert_eq!(
+            rejection.map(|r| (r.turn_id, r.tool_call_id)),
+            Some((Some("t1".into()), Some("c1".into())))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_released_call_that_cannot_be_published_still_ends_its_turn_once() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = testing::replica(Arc::clone(&store)).await;
+        // Two calls, one at a time: c2 waits for c1's slot. The deadline is near, so the
+        // publish of c2 (no NATS behind this replica) gives up quickly.
+        let deadline = unix_ms() + 300;
+        let mut turn = open_turn("t1", 2, deadline);
+        turn.paced = true;
+        turn.calls[1].1.queued = true;
+        let job: toolfleet_common::JobEnvelope = serde_json::from_value(serde_json::json!({
+            "turn_id": "t1", "tenant_id": "acme",
+            "call": {"id": "c2", "name": "crm.get", "arguments": {}},
+            "deadline_unix_ms": deadline, "timeout_ms": 100, "dispatched_unix_ms": 0
+        }))
+        .unwrap_or_else(|e| panic!("job: {e}"));
+        turn.queued = vec![("c2".into(), job)];
+        create(&store, turn).await;
+
+        let unpublished = record(&replica, "t1", ok_result("c1")).await;
+        let released = stored(&store, "t1");
+        assert_eq!(released.calls.get("c2").map(|c| c.queued), Some(false));
+        assert_eq!(
+            unpublished.len(),
+            1,
+            "c2 is handed back, not recorded inside"
+        );
+        assert_eq!(unpublished[0].key, "c2");
+
+        record_unpublished(&replica, unpublished).await;
+        let turn = stored(&store, "t1");
+        assert_eq!(finals(&turn), 1);
+        let c2 = turn
+            .results
+            .get("c2")
+            .map(|b| String::from_utf8_lossy(b).to_string());
+        assert!(c2.is_some_and(|b| b.contains("dispatch_failed")));
+    }
 
     #[test]
     fn redelivery_backs_off_to_a_cap() {

@@ -8,11 +8,15 @@
 //! `overloaded` (too many turns in flight, or a backlog on a tool that would outlive the
 //! new turn's deadline), the lanes' upkeep and the per-tenant metrics.
 //!
+//! Owns [`dispatch`], the one way a turn's jobs leave (through the lanes, or straight to
+//! `dispatch.rs`'s publish with `TOOLFLEET_FAIR_SHARING=off`), and the dispatch of the
+//! queued calls a result released. Jobs that could not be published are handed back to
+//! the caller, which records their results (`results.rs`).
+//!
 //! A lane that Redis cannot reach never stops a call: its jobs are published at once,
 //! unshared. Never publishes a frontend event; a refusal is returned to `intake.rs`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use toolfleet_common::call::unix_ms;
@@ -21,9 +25,11 @@ use toolfleet_common::{CallError, JobEnvelope};
 use tracing::{debug, warn};
 
 use crate::config::TenantPolicy;
-use crate::dispatch::{publish, Jobs};
-use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError, LaneStore};
-use crate::startup::Replica;
+use crate::dispatch::{publish, Dispatched, Jobs, Unpublished};
+use crate::fault;
+use crate::join::Released;
+use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError};
+use crate::replica::Replica;
 use crate::trace::TurnTrace;
 
 /// How long a slot outlives its call's deadline when no result frees it.
@@ -33,51 +39,12 @@ const SLOT_GRACE_MS: u64 = 1000;
 /// (its publisher died); the stream de-duplicates a second copy.
 const RESEND_AFTER_MS: u64 = 3000;
 
-/// How long a lane seen with calls waiting counts as contended here, so a new turn's
-/// backlog is looked at; other turns skip the look.
-const CONTENDED_FOR_MS: u64 = 2000;
-
 /// What a lane keeps of a waiting call: its job and its turn's stored trace identity.
 #[derive(Debug, Serialize, Deserialize)]
 struct Waiting {
     job: JobEnvelope,
     #[serde(default)]
     trace: String,
-}
-
-/// This replica's lanes: the store and the lanes it lately saw contended.
-pub(crate) struct Lanes {
-    store: LaneStore,
-    /// Tool → when this replica last saw calls waiting on its lane (Unix ms).
-    contended: Mutex<HashMap<String, u64>>,
-}
-
-impl Lanes {
-    /// Lanes over `store`.
-    pub(crate) fn new(store: LaneStore) -> Self {
-        Self {
-            store,
-            contended: Mutex::default(),
-        }
-    }
-
-    fn note(&self, tool: &str, waiting: u64) {
-        if let Ok(mut seen) = self.contended.lock() {
-            if waiting > 0 {
-                seen.insert(tool.to_string(), unix_ms());
-            } else {
-                seen.remove(tool);
-            }
-        }
-    }
-
-    fn contended(&self, tool: &str, now_ms: u64) -> bool {
-        self.contended
-            .lock()
-            .ok()
-            .and_then(|seen| seen.get(tool).copied())
-            .is_some_and(|at| now_ms.saturating_sub(at) < CONTENDED_FOR_MS)
-    }
 }
 
 /// The clock of `tool`'s lane now: its slots from the registry's live workers.
@@ -100,17 +67,64 @@ fn cap(policy: &TenantPolicy, tool: &str) -> usize {
     policy.calls_in_flight_on(tool).unwrap_or(0)
 }
 
-/// Publishes `jobs` of one turn through their tools' lanes: the calls that fit now are
-/// published (with any other tenant's calls the lane hands out with them), the rest
-/// wait in the lane. Returns the keys published or stored in a lane.
-pub(crate) async fn dispatch_fairly(
-    replica: &Arc<Replica>,
+/// Dispatches `jobs` of one turn: through their tools' lanes, shared fairly between
+/// tenants, or straight onto the stream with `TOOLFLEET_FAIR_SHARING=off`. Returns the
+/// keys of the jobs published or stored in a lane, and the jobs that could not be
+/// published, for the caller to record.
+pub(crate) async fn dispatch(
+    replica: &Replica,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
-) -> Vec<String> {
-    let Some(tenant) = jobs.first().map(|(_, job)| job.tenant_id.clone()) else {
+) -> Dispatched {
+    if replica.config.fair_sharing {
+        dispatch_fairly(replica, turn_id, jobs, trace).await
+    } else {
+        publish(replica, turn_id, jobs, trace).await
+    }
+}
+
+/// Dispatches the jobs of queued calls that freed slots released (by any replica's
+/// recording: the queue is stored with the turn), under the turn span, and confirms
+/// each one published or stored in its tool's lane, so a duplicate result no longer
+/// hands it out again. Returns the jobs that could not be published.
+pub(crate) async fn dispatch_released(
+    replica: &Replica,
+    turn_id: &str,
+    released: Vec<Released>,
+) -> Vec<Unpublished> {
+    let Some(stored) = released.first().map(|r| r.trace.clone()) else {
         return Vec::new();
+    };
+    fault::point(fault::EXIT_AFTER_CALL_RELEASED);
+    let trace = replica
+        .turns
+        .trace(turn_id)
+        .or_else(|| TurnTrace::decode(&stored));
+    let jobs = released.into_iter().map(|r| (r.key, r.job)).collect();
+    let dispatched = dispatch(replica, turn_id, jobs, trace.as_ref()).await;
+    for key in dispatched.published {
+        if let Err(error) = replica.join.confirm_dispatched(turn_id, &key).await {
+            // Harmless: a duplicate result may publish it again, which the stream
+            // de-duplicates by message id.
+            warn!(%turn_id, call = %key, %error, "could not confirm a released call's publish");
+        }
+    }
+    dispatched.failed
+}
+
+/// Publishes `jobs` of one turn through their tools' lanes: the calls that fit now are
+/// published (with any other tenant's calls the lane hands out with them), the rest
+/// wait in the lane. Returns the keys published or stored in a lane, and the jobs that
+/// could not be published.
+async fn dispatch_fairly(
+    replica: &Replica,
+    turn_id: &str,
+    jobs: Vec<(String, JobEnvelope)>,
+    trace: Option<&TurnTrace>,
+) -> Dispatched {
+    let Some(tenant) = jobs.first().map(|(_, job)| job.tenant_id.clone()) else {
+        return Dispatched::default();
     };
     let policy = replica.config.tenants.get(&tenant);
     let stored_trace = TurnTrace::stored(trace).1;
@@ -168,9 +182,12 @@ pub(crate) async fn dispatch_fairly(
             }
         }
     }
-    accepted.extend(publish(replica, turn_id, now, trace).await);
-    publish_handed_out(replica, others).await;
-    accepted
+    let mut dispatched = publish(replica, turn_id, now, trace).await;
+    accepted.append(&mut dispatched.published);
+    dispatched.published = accepted;
+    let failed = publish_handed_out(replica, others).await;
+    dispatched.failed.extend(failed);
+    dispatched
 }
 
 /// The payload a lane keeps for `job`.
@@ -188,10 +205,15 @@ fn encode(job: &JobEnvelope, trace: &str) -> String {
 type HandedTurn = (String, Vec<(String, String, JobEnvelope)>);
 
 /// Publishes calls lanes handed out (of any turn, by `tool`), each under its turn's
-/// span, and confirms the published ones so no tick hands them out again.
-pub(crate) async fn publish_handed_out(replica: &Arc<Replica>, calls: Vec<(String, HandedOut)>) {
+/// span, and confirms the published ones so no tick hands them out again. Returns the
+/// jobs that could not be published.
+async fn publish_handed_out(
+    replica: &Replica,
+    calls: Vec<(String, HandedOut)>,
+) -> Vec<Unpublished> {
+    let mut failed = Vec::new();
     if calls.is_empty() {
-        return;
+        return failed;
     }
     let now_ms = unix_ms();
     let mut turns: BTreeMap<String, HandedTurn> = BTreeMap::new();
@@ -225,9 +247,10 @@ pub(crate) async fn publish_handed_out(replica: &Arc<Replica>, calls: Vec<(Strin
             .map(|(tool, key, _)| (key.clone(), tool.clone()))
             .collect();
         let jobs = calls.into_iter().map(|(_, key, job)| (key, job)).collect();
-        let published = Box::pin(publish(replica, &turn_id, jobs, trace.as_ref())).await;
+        let dispatched = publish(replica, &turn_id, jobs, trace.as_ref()).await;
+        failed.extend(dispatched.failed);
         let mut by_tool: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-        for key in &published {
+        for key in &dispatched.published {
             if let Some(tool) = tools.get(key) {
                 by_tool
                     .entry(tool.as_str())
@@ -243,20 +266,21 @@ pub(crate) async fn publish_handed_out(replica: &Arc<Replica>, calls: Vec<(Strin
             }
         }
     }
+    failed
 }
 
 /// Frees the lane slot of the call `key` of `turn_id` on `tool` (its result was
 /// recorded, or came late or twice) and publishes what the lane hands out instead.
 /// `Err` when the lane could not be reached: the result is then delivered again, and
-/// freeing twice frees once.
+/// freeing twice frees once. Returns the jobs handed out that could not be published.
 pub(crate) async fn release(
-    replica: &Arc<Replica>,
+    replica: &Replica,
     tool: &str,
     turn_id: &str,
     key: &str,
-) -> Result<(), LaneError> {
+) -> Result<Vec<Unpublished>, LaneError> {
     if !replica.config.fair_sharing {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let member = lanes::member(turn_id, key);
     let freed = replica
@@ -271,8 +295,7 @@ pub(crate) async fn release(
         .into_iter()
         .map(|out| (tool.to_string(), out))
         .collect();
-    Box::pin(publish_handed_out(replica, calls)).await;
-    Ok(())
+    Ok(publish_handed_out(replica, calls).await)
 }
 
 /// Stops counting `turn_id` among `tenant`'s turns in flight (it completed), when the
@@ -410,10 +433,12 @@ pub(crate) fn backlog_wait(
 }
 
 /// Every `tool`'s lane's upkeep (lapsed slots, unconfirmed calls handed out again) and
-/// the per-tenant gauges, summed over the tools.
-pub(crate) async fn tick(replica: &Arc<Replica>, tools: &[String]) {
+/// the per-tenant gauges, summed over the tools. Returns the jobs handed out that could
+/// not be published.
+pub(crate) async fn tick(replica: &Replica, tools: &[String]) -> Vec<Unpublished> {
+    let mut failed = Vec::new();
     if !replica.config.fair_sharing {
-        return;
+        return failed;
     }
     let mut counts = Vec::new();
     for tool in tools {
@@ -436,7 +461,7 @@ pub(crate) async fn tick(replica: &Arc<Replica>, tools: &[String]) {
             .into_iter()
             .map(|out| (tool.clone(), out))
             .collect();
-        publish_handed_out(replica, calls).await;
+        failed.extend(publish_handed_out(replica, calls).await);
         counts.extend(ticked.tenants);
     }
     let mut by_label: BTreeMap<String, (u64, u64)> = BTreeMap::new();
@@ -454,6 +479,7 @@ pub(crate) async fn tick(replica: &Arc<Replica>, tools: &[String]) {
     for (label, (waiting, in_flight)) in by_label {
         replica.metrics.tenant_calls(&label, waiting, in_flight);
     }
+    failed
 }
 
 #[cfg(test)]

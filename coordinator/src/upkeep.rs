@@ -15,15 +15,15 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::metrics::QueueLag;
 use toolfleet_common::streams::{jobs_config, results_config};
 use toolfleet_common::topology::Needed;
-use toolfleet_common::ToolDefinition;
+use toolfleet_common::{Names, ToolDefinition};
 use tracing::debug;
 
+use crate::consumers::EnsureConsumerError;
+use crate::replica::Replica;
 use crate::results::results_consumer_config;
-use crate::startup::Replica;
 
 /// The JetStream objects the coordinator recreates when they disappear, streams first.
-pub(crate) fn needed(replica: &Replica) -> Vec<Needed> {
-    let names = &replica.names;
+pub(crate) fn needed(names: &Names) -> Vec<Needed> {
     let partitions = 0..names.partitions();
     let streams = partitions.clone().flat_map(|k| {
         [
@@ -64,7 +64,8 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
             .iter()
             .map(|t| t.definition.name.clone())
             .collect();
-        crate::sharing::tick(&replica, &tools).await;
+        let unpublished = crate::sharing::tick(&replica, &tools).await;
+        crate::results::record_unpublished(&replica, unpublished).await;
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(period) => {}
@@ -75,7 +76,10 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
 /// Ensures `definition`'s consumer in every stream partition (created when missing,
 /// retry settings put back) and samples its queue lag, summed over the partitions (the
 /// oldest job's age: the oldest of any).
-async fn sample_tool(replica: &Replica, definition: &ToolDefinition) -> Result<QueueLag, String> {
+async fn sample_tool(
+    replica: &Replica,
+    definition: &ToolDefinition,
+) -> Result<QueueLag, EnsureConsumerError> {
     let tool = definition.name.as_str();
     let infos = crate::consumers::ensure(replica, definition).await?;
     let now_s = i64::try_from(unix_ms() / 1000).unwrap_or(i64::MAX);
