@@ -1061,6 +1061,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_turn_sent_again_is_refused_once_and_old_turns_are_forgotten() {
+        let mut recent = RecentTurns::default();
+        assert!(recent.insert("t1"));
+        assert!(!recent.insert("t1"));
+        for n in 0..RecentTurns::KEPT {
+            assert!(recent.insert(&format!("other-{n}")));
+        }
+        assert_eq!(recent.order.len(), RecentTurns::KEPT);
+        assert_eq!(recent.ids.len(), RecentTurns::KEPT);
+        assert!(recent.insert("t1"), "the oldest id gave way");
+    }
+
+    #[test]
     fn chat_model_labels_are_bounded() {
         let metrics = ChatMetrics::new();
         assert_eq!(metrics.model("gpt-4o-mini"), "gpt-4o-mini");
