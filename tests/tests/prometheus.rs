@@ -1079,3 +1079,46 @@ async fn gateway_5xx_answers_fire_gateway_errors() -> Result<()> {
     requests.abort();
     prometheus.stop().await
 }
+
+/// A tool that left the registry (its workers gone and its definition deleted) leaves
+/// the coordinator's queue gauges too, instead of its last sample staying forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_left_the_registry_leaves_the_queue_gauges() -> Result<()> {
+    let mut scene = Scene::start(&[], &[]).await?;
+    let coordinator = scene.coordinator;
+    let noop = ["gen_ai_tool_name=\"test.noop\""];
+    let gauge_of_noop = || async {
+        let (_, text) = http_get(coordinator.port, "/metrics").await.ok()?;
+        Some(toolfleet_tests::metric_value(&text, "toolfleet_queue_pending", &noop).is_some())
+    };
+    eventually_named(
+        "test.noop's queue sampled",
+        Duration::from_secs(30),
+        || async { gauge_of_noop().await.filter(|present| *present) },
+    )
+    .await?;
+
+    let worker = scene.worker.pid;
+    scene
+        .fleet
+        .terminate_node(worker, Duration::from_secs(15))
+        .await?;
+    let mut redis = scene
+        .fleet
+        .redis
+        .client()?
+        .get_multiplexed_async_connection()
+        .await?;
+    let () = redis::cmd("DEL")
+        .arg(scene.fleet.names.tool_definition_key("test.noop"))
+        .query_async(&mut redis)
+        .await?;
+    scene.fleet.wait_for_tool_gone("test.noop").await?;
+    eventually_named(
+        "test.noop's queue gone",
+        Duration::from_secs(30),
+        || async { gauge_of_noop().await.filter(|present| !*present) },
+    )
+    .await?;
+    Ok(())
+}
