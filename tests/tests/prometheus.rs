@@ -135,6 +135,55 @@ fn the_dashboard_carries_what_operations_promises() -> Result<()> {
     Ok(())
 }
 
+/// docs/OPERATIONS.md lists every `operation` label of `toolfleet_redis_errors_total` the
+/// coordinator and the worker count, and every call site's operation is one whose series
+/// starts at 0.
+#[test]
+fn operations_lists_every_redis_operation_the_processes_count() -> Result<()> {
+    let operations = std::fs::read_to_string(repo_path("docs/OPERATIONS.md"))?;
+    let row = operations
+        .lines()
+        .find(|l| l.starts_with("| `toolfleet_redis_errors_total`"))
+        .context("no row for toolfleet_redis_errors_total")?;
+    let counted = toolfleet_common::metrics::COORDINATOR_REDIS_OPERATIONS
+        .iter()
+        .chain(toolfleet_common::metrics::WORKER_REDIS_OPERATIONS.iter());
+    let missing: Vec<&&str> = counted
+        .filter(|op| !row.contains(&format!("`{op}`")))
+        .collect();
+    assert!(missing.is_empty(), "not listed: {missing:?}");
+
+    // And those lists hold every operation a `redis_error("…")` call site names.
+    let listed: Vec<&str> = toolfleet_common::metrics::COORDINATOR_REDIS_OPERATIONS
+        .iter()
+        .chain(toolfleet_common::metrics::WORKER_REDIS_OPERATIONS.iter())
+        .copied()
+        .collect();
+    let mut sources = Vec::new();
+    for dir in ["coordinator/src", "worker/src", "common/src"] {
+        let mut stack = vec![repo_path(dir)];
+        while let Some(path) = stack.pop() {
+            if path.is_dir() {
+                stack.extend(std::fs::read_dir(&path)?.filter_map(|e| e.ok().map(|e| e.path())));
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                sources.push(std::fs::read_to_string(&path)?);
+            }
+        }
+    }
+    let emitted: Vec<&str> = sources
+        .iter()
+        .flat_map(|text| text.split("redis_error(\"").skip(1))
+        .filter_map(|rest| rest.split_once('"').map(|(op, _)| op))
+        .collect();
+    assert!(emitted.len() >= listed.len(), "{emitted:?}");
+    let unlisted: Vec<&&str> = emitted.iter().filter(|op| !listed.contains(op)).collect();
+    assert!(
+        unlisted.is_empty(),
+        "counted but not started at 0: {unlisted:?}"
+    );
+    Ok(())
+}
+
 /// How a test loads deploy/prometheus/alerts.yml.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rules {
