@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use redis::{FromRedisValue, Script, Value as RedisValue};
+use tokio::sync::oneshot;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::Names;
@@ -208,12 +209,14 @@ return {num(state, 'waiting'), in_flight(), again, out}
 "#
 );
 
-/// Frees a call's slot (a result came) and hands out what now fits. ARGV 5: member.
-/// Returns {its tenant ('' when it held no slot), waiting, in flight, handed out}.
+/// Frees calls' slots (their results came) and hands out what now fits. ARGV 5 on:
+/// members. Returns {the last one's tenant ('' when none held a slot), waiting, in
+/// flight, handed out}.
 const RELEASE: &str = concat!(
     lane_lua!(),
     r#"
-local tenant = free(ARGV[5], true)
+local tenant
+for i = 5, #ARGV do tenant = free(ARGV[i], true) or tenant end
 reclaim()
 local out = {}
 fill(out, {})
@@ -471,15 +474,17 @@ impl LaneStore {
         })
     }
 
-    /// Frees the slot of `member` on `tool`'s lane and hands out what fits.
+    /// Frees the slots of `members` on `tool`'s lane and hands out what fits.
     pub(crate) async fn release(
         &self,
         tool: &str,
         clock: LaneClock,
-        member: &str,
+        members: &[String],
     ) -> Result<Freed, LaneError> {
         let mut invocation = self.invocation(&self.release, tool, clock);
-        invocation.arg(member);
+        for member in members {
+            invocation.arg(member);
+        }
         let mut redis = self.redis.clone();
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         Ok(Freed {
@@ -640,11 +645,30 @@ pub(crate) fn sum_counts<'a>(
 /// backlog is looked at; other turns skip the look.
 const CONTENDED_FOR_MS: u64 = 2000;
 
-/// This replica's lanes: the store and the lanes it lately saw contended.
+/// This replica's lanes: the store, the lanes it lately saw contended, and the slots
+/// waiting to be freed while a release of their tool is in flight.
 pub(crate) struct Lanes {
     pub(crate) store: LaneStore,
     /// Tool → when this replica last saw calls waiting on its lane (Unix ms).
     contended: Mutex<HashMap<String, u64>>,
+    /// Tool → the releases asked for while one of that tool's ran.
+    releasing: Mutex<HashMap<String, Releasing>>,
+}
+
+/// Releases of one tool's lane that wait for the script in flight: each member with
+/// the channel that tells its caller whether its slot was freed.
+#[derive(Default)]
+struct Releasing {
+    waiting: Vec<(String, oneshot::Sender<bool>)>,
+}
+
+/// What one [`Lanes::release`] call did.
+pub(crate) enum SlotFreed {
+    /// This call ran the scripts: what they freed and handed out, which the caller
+    /// publishes (the slots of calls that asked meanwhile included).
+    Ran(Freed),
+    /// Another call's script freed this slot too; it publishes what was handed out.
+    Joined,
 }
 
 impl Lanes {
@@ -653,6 +677,109 @@ impl Lanes {
         Self {
             store,
             contended: Mutex::default(),
+            releasing: Mutex::default(),
+        }
+    }
+
+    /// Frees the slot of `member` on `tool`'s lane. One script per tool runs at a
+    /// time: the slots asked for while it runs are freed together by the next one, run
+    /// by the call that started the first (results of one turn arrive together, so most
+    /// of a turn's slots go in one script). Every member of a script that failed is
+    /// released again on its own, so each caller learns its own failure (the result is
+    /// then delivered again; freeing twice frees once).
+    pub(crate) async fn release(
+        &self,
+        tool: &str,
+        clock: LaneClock,
+        member: String,
+    ) -> Result<SlotFreed, LaneError> {
+        let joined = {
+            let Ok(mut releasing) = self.releasing.lock() else {
+                return self.release_alone(tool, clock, member).await;
+            };
+            match releasing.get_mut(tool) {
+                Some(running) => {
+                    let (sent, freed) = oneshot::channel();
+                    running.waiting.push((member.clone(), sent));
+                    Some(freed)
+                }
+                None => {
+                    releasing.insert(tool.to_string(), Releasing::default());
+                    None
+                }
+            }
+        };
+        if let Some(freed) = joined {
+            return match freed.await {
+                Ok(true) => Ok(SlotFreed::Joined),
+                // The script failed (or its runner went away): alone, for this
+                // caller's own outcome.
+                _ => self.release_alone(tool, clock, member).await,
+            };
+        }
+        let mut total = Freed::default();
+        let mut members = vec![member];
+        let mut waiters: Vec<oneshot::Sender<bool>> = Vec::new();
+        let mut first = true;
+        loop {
+            let outcome = self.store.release(tool, clock, &members).await;
+            let ok = outcome.is_ok();
+            for waiter in waiters.drain(..) {
+                let _ = waiter.send(ok);
+            }
+            match outcome {
+                Ok(freed) => {
+                    total.waiting = freed.waiting;
+                    total.handed_out.extend(freed.handed_out);
+                }
+                // The first script held this caller's own slot.
+                Err(error) if first => {
+                    self.stop_releasing(tool);
+                    return Err(error);
+                }
+                Err(_) => {}
+            }
+            first = false;
+            let next = match self.releasing.lock() {
+                Ok(mut releasing) => match releasing.get_mut(tool) {
+                    Some(running) if !running.waiting.is_empty() => {
+                        std::mem::take(&mut running.waiting)
+                    }
+                    _ => {
+                        releasing.remove(tool);
+                        Vec::new()
+                    }
+                },
+                Err(_) => Vec::new(),
+            };
+            if next.is_empty() {
+                return Ok(SlotFreed::Ran(total));
+            }
+            (members, waiters) = next.into_iter().unzip();
+        }
+    }
+
+    /// Frees `member`'s slot in a script of its own.
+    async fn release_alone(
+        &self,
+        tool: &str,
+        clock: LaneClock,
+        member: String,
+    ) -> Result<SlotFreed, LaneError> {
+        Ok(SlotFreed::Ran(
+            self.store.release(tool, clock, &[member]).await?,
+        ))
+    }
+
+    /// Forgets that a release of `tool` runs; the calls that joined it in the meantime
+    /// are told to release on their own.
+    fn stop_releasing(&self, tool: &str) {
+        if let Ok(mut releasing) = self.releasing.lock() {
+            if let Some(running) = releasing.remove(tool) {
+                for (_, waiter) in running.waiting {
+                    let _ = waiter.send(false);
+                }
+            }
         }
     }
 

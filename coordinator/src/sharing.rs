@@ -28,7 +28,7 @@ use crate::config::TenantPolicy;
 use crate::dispatch::{publish, Dispatched, Jobs, Unpublished};
 use crate::fault;
 use crate::join::Released;
-use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError};
+use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError, SlotFreed};
 use crate::replica::Replica;
 use crate::trace::TurnTrace;
 
@@ -283,12 +283,16 @@ pub(crate) async fn release(
         return Ok(Vec::new());
     }
     let member = lanes::member(turn_id, key);
-    let freed = replica
+    let freed = match replica
         .lanes
-        .store
-        .release(tool, clock(replica, tool), &member)
+        .release(tool, clock(replica, tool), member)
         .await
-        .inspect_err(|_| replica.metrics.redis_error("lane_release"))?;
+        .inspect_err(|_| replica.metrics.redis_error("lane_release"))?
+    {
+        SlotFreed::Ran(freed) => freed,
+        // The call that ran the script publishes what it handed out.
+        SlotFreed::Joined => return Ok(Vec::new()),
+    };
     replica.lanes.note(tool, freed.waiting);
     let calls = freed
         .handed_out
