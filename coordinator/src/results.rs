@@ -615,11 +615,22 @@ mod tests {
         record_unpublished(&replica, unpublished).await;
         let turn = stored(&store, "t1");
         assert_eq!(finals(&turn), 1);
-        let c2 = turn
-            .results
-            .get("c2")
-            .map(|b| String::from_utf8_lossy(b).to_string());
-        assert!(c2.is_some_and(|b| b.contains("dispatch_failed")));
+        // The `final` holds c2's result (the stored bodies gave way to it).
+        let fin = turn
+            .events
+            .iter()
+            .find_map(|e| match serde_json::from_str(e) {
+                Ok(toolfleet_common::TurnEvent::Final(fin)) => Some(fin),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no final in {:?}", turn.events));
+        let c2 = fin.results.iter().find(|r| r.tool_call_id == "c2");
+        assert!(
+            c2.and_then(|r| r.error.as_ref())
+                .is_some_and(|e| e.code == "dispatch_failed"),
+            "{fin:?}"
+        );
+        assert!(turn.results.contains_key("c2"));
     }
 
     #[test]

@@ -95,6 +95,14 @@ impl StoredState {
         })
     }
 
+    /// Empties the stored result bodies once the `final` holds them, keeping each
+    /// call's key (as `bodies_kept_in_final` does in the join's scripts).
+    fn keep_bodies_in_final(&mut self) {
+        for body in self.results.values_mut() {
+            body.clear();
+        }
+    }
+
     /// Appends `events`; the seq of the last one.
     fn push(&mut self, events: &[String]) -> u64 {
         self.events.extend_from_slice(events);
@@ -247,6 +255,7 @@ impl MemoryStore {
             if let Some(ahead) = record.ahead.filter(|a| stored_ahead(turn, record.key, a)) {
                 let last = turn.push(ahead.events);
                 turn.final_seq = Some(last);
+                turn.keep_bodies_in_final();
                 return Ok(Recorded::CompleteStored {
                     reply: turn.reply.clone(),
                     seq,
@@ -334,6 +343,7 @@ impl MemoryStore {
         let last = turn.push(events);
         turn.final_seq = Some(last);
         turn.published = 0;
+        turn.keep_bodies_in_final();
         Ok(StoredFinal::Stored {
             reply: turn.reply.clone(),
             first_seq: last - events.len() as u64 + 1,
