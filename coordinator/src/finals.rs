@@ -39,16 +39,44 @@ pub(crate) fn encode(
     deadline_hit: bool,
     limit: usize,
 ) -> Option<Encoded> {
-    let sent = fit(turn_id, text, &mut results, deadline_hit, limit, true)?;
-    // Cut to fit without its history: the stored form is the same event.
-    if sent.ends_with(OMITTED_TAIL) {
+    let kept = |r: &[CallResult]| r.iter().filter(|r| r.result.is_some()).count();
+    let bodies = kept(&results);
+    let stored = fit(turn_id, text, &mut results, deadline_hit, limit, false)?;
+    // A body cut to fit: the history goes too, as stored.
+    if kept(&results) < bodies {
         return Some(Encoded {
-            stored: sent.clone(),
-            sent,
+            sent: stored.clone(),
+            stored,
         });
     }
-    let stored = fit(turn_id, text, &mut results, deadline_hit, limit, false)?;
+    let sent = with_history(&stored, &results, deadline_hit)
+        .filter(|sent| sent.len() <= limit)
+        .unwrap_or_else(|| stored.clone());
     Some(Encoded { stored, sent })
+}
+
+/// A `final` encoded without its history, from its `history` member to the value of
+/// `deadline_hit`.
+const EMPTY_HISTORY: &str = r#""history":{"openai":[],"anthropic":[]},"deadline_hit":"#;
+
+/// `stored` (a [`FinalOut`] without its history) with the history of `results` in
+/// its place: the same text as encoding it with the history, without encoding the
+/// results again. `None` if it does not have that shape.
+fn with_history(stored: &str, results: &[CallResult], deadline_hit: bool) -> Option<String> {
+    // The history member is the last but two (FinalOut's order); a result's own body
+    // comes before it, so the last match is the member itself.
+    let at = stored.rfind(EMPTY_HISTORY)?;
+    let history = serde_json::to_string(&HistoryOf(results)).ok()?;
+    let mut sent = String::with_capacity(stored.len() + history.len());
+    sent.push_str(&stored[..at]);
+    sent.push_str(r#""history":"#);
+    sent.push_str(&history);
+    sent.push_str(if deadline_hit {
+        r#","deadline_hit":true}"#
+    } else {
+        r#","deadline_hit":false}"#
+    });
+    Some(sent)
 }
 
 /// How a `final` encoded with `history_omitted` ends ([`FinalOut`]'s last member).
