@@ -24,8 +24,8 @@ def main() -> None:
         )
         page = browser.new_page(viewport={"width": 1280, "height": 760})
         page.goto(base + "/")
-        page.fill("#key", key)
         page.wait_for_selector("#example option", state="attached")
+        page.fill("#key", key)
         if example.lstrip().startswith("{"):
             page.fill("#decision", example)
         else:

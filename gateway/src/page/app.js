@@ -20,7 +20,8 @@ async function loadConfig() {
   }
   select.addEventListener("change", showExample);
   showExample();
-  $("key").value = localStorage.getItem("toolfleet.key") || "";
+  // A key typed (or filled in) while the settings loaded is kept.
+  if (!$("key").value) $("key").value = localStorage.getItem("toolfleet.key") || "";
 }
 
 function showExample() {
