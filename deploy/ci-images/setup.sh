@@ -74,7 +74,8 @@ PY
 # 3. A daemon.
 if ! timeout 20 "$docker" info >/dev/null 2>&1; then
     echo "starting dockerd (log: /var/log/toolfleet-dockerd.log)"
-    setsid /usr/sbin/dockerd >>/var/log/toolfleet-dockerd.log 2>&1 </dev/null &
+    # The daemon must not keep the set-up lock (fd 9) open for its whole life.
+    setsid /usr/sbin/dockerd >>/var/log/toolfleet-dockerd.log 2>&1 </dev/null 9>&- &
     for _ in $(seq 120); do
         timeout 5 "$docker" info >/dev/null 2>&1 && break
         sleep 0.5
