@@ -627,8 +627,6 @@ async fn turns_spread_over_stream_partitions_and_survive_a_node_killed() -> Resu
     const PARTITIONS: u32 = 4;
     let mut fleet = ClusterFleet::start_with(Placement::Anywhere, PARTITIONS).await?;
     let names = fleet.names.clone();
-    // As for the other cluster fleets: turns run before the measured batch.
-    serving(&fleet.client).await?;
     let ends_before = ends(submit_all(&fleet.client, "spread", 24, 3, 20).await).await?;
     assert_eq!(
         (ends_before.finals, ends_before.done),
