@@ -106,9 +106,7 @@ mod tests {
     use super::*;
     use crate::dispatch::Unpublished;
     use crate::store::memory::MemoryStore;
-    use crate::store::TurnStore;
-    use crate::testing::{self, finals, ok_result, open_turn, stored, REPLY};
-    use toolfleet_common::call::unix_ms;
+    use crate::testing::{self, finals, ok_result, open, stored, REPLY};
 
     fn cancel_message(subject: String, request: serde_json::Value) -> async_nats::Message {
         async_nats::Message {
@@ -120,16 +118,6 @@ mod tests {
             description: None,
             length: 0,
         }
-    }
-
-    async fn open(store: &MemoryStore, turn_id: &str) {
-        let created = store
-            .create(open_turn(turn_id, 2, unix_ms() + 60_000))
-            .await;
-        assert!(
-            matches!(created, Ok(crate::join::Created::New)),
-            "{created:?}"
-        );
     }
 
     #[tokio::test]

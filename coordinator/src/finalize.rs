@@ -803,17 +803,7 @@ mod tests {
     use super::*;
     use crate::store::memory::MemoryStore;
     use crate::store::TurnStore;
-    use crate::testing::{self, event_types, finals, open_turn, stored};
-
-    async fn open(store: &MemoryStore, turn_id: &str) {
-        let created = store
-            .create(open_turn(turn_id, 2, unix_ms() + 60_000))
-            .await;
-        assert!(
-            matches!(created, Ok(crate::join::Created::New)),
-            "{created:?}"
-        );
-    }
+    use crate::testing::{self, event_types, finals, open, stored};
 
     #[tokio::test]
     async fn ending_a_turn_from_several_places_at_once_publishes_one_final() {

@@ -93,6 +93,18 @@ pub(crate) fn tool(name: &str) -> (&str, String) {
     (name, definition.to_string())
 }
 
+/// Creates an open turn `turn_id` of two calls, its deadline a minute away, in `store`.
+pub(crate) async fn open(store: &MemoryStore, turn_id: &str) {
+    use crate::store::TurnStore;
+    let created = store
+        .create(open_turn(turn_id, 2, unix_ms() + 60_000))
+        .await;
+    assert!(
+        matches!(created, Ok(crate::join::Created::New)),
+        "{created:?}"
+    );
+}
+
 /// A turn of `calls` (keys `c1`, `c2`, … of tool `crm.get`) for the unidentified
 /// frontend, open until `deadline_unix_ms`; the first `running` run now, the rest
 /// queued (paced) when fewer than all.
