@@ -7,51 +7,18 @@ would. With SPANS_FILE, each trace export (protobuf, read field by field: only t
 resource's service.name and each span's ids, name and times) is appended to it as one
 JSON object per span and line.
 """
-import json, struct, sys, threading
+import json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
-def fields(buf):
-    """(field number, wire type, value) of each field of one protobuf message."""
-    i, n = 0, len(buf)
-    def varint():
-        nonlocal i
-        shift = value = 0
-        while True:
-            b = buf[i]; i += 1
-            value |= (b & 0x7F) << shift
-            if b < 0x80:
-                return value
-            shift += 7
-    while i < n:
-        key = varint()
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            yield number, wire, varint()
-        elif wire == 1:
-            yield number, wire, struct.unpack_from("<Q", buf, i)[0]; i += 8
-        elif wire == 2:
-            length = varint()
-            yield number, wire, buf[i:i + length]; i += length
-        elif wire == 5:
-            yield number, wire, struct.unpack_from("<I", buf, i)[0]; i += 4
-        else:
-            raise ValueError(f"wire type {wire}")
+# The protobuf reading is the Jaeger stand-in's (deploy/ci-images/otlp_standin.py), which
+# the CI image ships alone; importing it from the checkout keeps one reader of the format.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "deploy" / "ci-images"))
+from otlp_standin import attributes, fields  # noqa: E402
 
 def service_of(resource):
-    for number, _, kv in fields(resource):
-        if number != 1:
-            continue
-        key = value = None
-        for n, _, v in fields(kv):
-            if n == 1:
-                key = v.decode()
-            elif n == 2:
-                for an, _, av in fields(v):
-                    if an == 1:
-                        value = av.decode()
-        if key == "service.name":
-            return value
-    return ""
+    """The service.name of a Resource message ("" when it names none)."""
+    return attributes(kv for n, _, kv in fields(resource) if n == 1).get("service.name", "")
 
 def spans_of(body):
     for number, _, resource_spans in fields(body):

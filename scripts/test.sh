@@ -67,11 +67,16 @@ TOOLFLEET_NATS_COORDINATOR_PASSWORD=ci TOOLFLEET_NATS_WORKER_PASSWORD=ci \
   TOOLFLEET_REDIS_ADMIN_PASSWORD=ci \
   docker-compose -f docker-compose.yml config -q
 
-# With no arguments, every test of the workspace. That includes tests/tests/compose_up.rs,
-# which brings docker-compose.yml up for real: it installs docker.io and debootstrap when
-# missing, starts dockerd and builds the images it needs (deploy/ci-images/setup.sh, kept
-# between runs): 3 to 5 minutes warm, about 2.5 more the first time on a machine.
+# With no arguments, every test of the workspace: the doc tests first, on their own
+# (later test binaries build this checkout's command-line binaries into the same target
+# directory, tests/src/fleet.rs, which would rewrite libraries rustdoc was about to
+# link), then the tests of the libraries, binaries and test targets. That includes
+# tests/tests/compose_up.rs, which brings docker-compose.yml up for real: it installs
+# docker.io and debootstrap when missing, starts dockerd and builds the images it needs
+# (deploy/ci-images/setup.sh, kept between runs): 3 to 5 minutes warm, about 2.5 more
+# the first time on a machine.
 if [ "$#" -eq 0 ]; then
-  set -- --workspace
+  cargo test --workspace --doc
+  set -- --workspace --lib --bins --tests
 fi
 exec cargo test "$@"

@@ -18,7 +18,7 @@ use toolfleet_packs::receptionist::{normalize_topic, topic_match};
 use uuid::Uuid;
 
 /// Database used when neither `--database-url` nor `TOOLFLEET_DATABASE_URL` is set.
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/toolfleet";
+pub use toolfleet_keys::DEFAULT_DATABASE_URL;
 
 /// What `toolfleet admin` can do.
 #[derive(Subcommand)]
@@ -129,7 +129,7 @@ pub enum KeyCommand {
 impl KeyCommand {
     /// Runs this command on `client`; its JSON answer.
     async fn run(self, client: &Client) -> Result<Value> {
-        use toolfleet_gateway::keys;
+        use toolfleet_keys as keys;
         Ok(match self {
             Self::Create { tenant, name } => {
                 json!({"status": "ok", "key": keys::create(client, &tenant, &name).await?})
@@ -147,8 +147,8 @@ impl KeyCommand {
                     max_rounds,
                     max_calls_per_round,
                     stop_after: match stop_after.as_deref() {
-                        Some("first") => Some(toolfleet_gateway::keys::StopAfter::First),
-                        Some("burst") => Some(toolfleet_gateway::keys::StopAfter::Burst),
+                        Some("first") => Some(keys::StopAfter::First),
+                        Some("burst") => Some(keys::StopAfter::Burst),
                         _ => None,
                     },
                 };

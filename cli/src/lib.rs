@@ -4,8 +4,9 @@
 //! | module | what lives there |
 //! |---|---|
 //! | [`conformance`] | `toolfleet conformance`: a worker of any language checked against PROTOCOL §7 |
-//! | [`local`] | a local fleet: servers started when none answer, coordinator and worker in-process, the gateway |
-//! | [`node`] | one coordinator, worker or gateway in this process, as the hidden commands run them |
+//! | [`local`] | a local fleet: servers started when none answer, coordinator and worker in-process, the gateway as a child process |
+//! | [`process`] | the global flags naming the fleet, telemetry around a command (`toolfleet` and `toolfleet-dev`) |
+//! | [`node`] | one coordinator or worker in this process, as the hidden commands run them |
 //!
 //! Everything else of the command (its flags, the terminal rendering, `admin`) lives in
 //! the binary (`main.rs`).
@@ -13,3 +14,4 @@
 pub mod conformance;
 pub mod local;
 pub mod node;
+pub mod process;

@@ -2,7 +2,8 @@
 //! started on free loopback ports when nothing answers; a coordinator and a worker
 //! in-process, their ops endpoints on free ports ([`OpsAddrs`]), the worker's packs
 //! started as the `toolfleet-worker` binary starts them (the `mcp` pack included);
-//! optionally the HTTP gateway in-process ([`LocalGateway`]).
+//! optionally the HTTP gateway, the `toolfleet-gateway` binary as a child process
+//! ([`LocalGateway`]).
 //!
 //! Owns the server processes it starts and their temporary data folders. It must never
 //! stop or alter a server it did not start, and never leave one it started running:
@@ -18,6 +19,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use toolfleet_common::host::{binary_env_var, find_binary, free_port};
 use toolfleet_common::{CatalogFormat, FleetClient, Names};
 use toolfleet_coordinator::CoordinatorConfig;
 use toolfleet_packs::StartedPacks;
@@ -237,7 +239,7 @@ impl Servers {
         }
         let name = server.bin;
         let bin = server.find()?;
-        let port = toolfleet_testkit::free_port()?;
+        let port = free_port()?;
         let dir = tempdir::Dir::new(server.dir_tag)?;
         let child = server.spawn(&bin, port, dir.path())?;
         self.started.extend(child.id().map(|pid| (name, pid)));
@@ -272,7 +274,7 @@ pub struct Server {
 impl Server {
     /// Its executable on `PATH` or in the usual system folders.
     pub fn find(&self) -> Result<PathBuf> {
-        toolfleet_testkit::find_binary(self.bin).with_context(|| {
+        find_binary(self.bin).with_context(|| {
             format!(
                 "the local fleet starts its own {} when none answers",
                 self.what
@@ -320,16 +322,8 @@ pub const REDIS: Server = Server {
     what: "Redis",
     default_port: 6379,
     dir_tag: "redis",
-    args_before_port: &["--port"],
-    args_before_dir: &[
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-    ],
+    args_before_port: &["--bind", "127.0.0.1", "--save", "", "--port"],
+    args_before_dir: &["--appendonly", "no", "--dir"],
     scheme: "redis",
     path: "/",
 };
@@ -338,17 +332,7 @@ pub const REDIS: Server = Server {
 /// restart keeps what was written up to a second before it died.
 pub const REDIS_AOF: Server = Server {
     dir_tag: "redis-aof",
-    args_before_dir: &[
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "everysec",
-        "--dir",
-    ],
+    args_before_dir: &["--appendonly", "yes", "--appendfsync", "everysec", "--dir"],
     ..REDIS
 };
 
@@ -493,51 +477,115 @@ pub async fn wait_for_tools(
 /// A turn body for the curl line `toolfleet up --gateway` prints.
 const DEMO_TURN: &str = r#"{"decision": {"type": "tool_calls", "calls": [{"toolName": "crm.listUpcomingAppointments", "arguments": {"customerId": "cust_001"}}, {"toolName": "crm.getOpenInvoices", "arguments": {"customerId": "cust_001"}}]}}"#;
 
-/// The HTTP gateway serving a local fleet, with a fresh API key for tenant `demo`.
+/// The HTTP gateway's executable, which `toolfleet up --gateway` starts.
+const GATEWAY_BIN: &str = "toolfleet-gateway";
+
+/// How long the gateway may take to listen, and to stop after SIGTERM.
+const GATEWAY_WAIT: Duration = Duration::from_secs(10);
+
+/// The HTTP gateway serving a local fleet, with a fresh API key for tenant `demo`: the
+/// `toolfleet-gateway` binary as a child process, killed if it outlives this value.
 pub struct LocalGateway {
-    shutdown: CancellationToken,
-    task: JoinHandle<()>,
+    child: Child,
 }
 
 impl LocalGateway {
     /// Migrates the key database (`TOOLFLEET_DATABASE_URL`), makes a key for tenant
-    /// `demo`, and serves the gateway on `addr` over `fleet`'s client; prints the page's
-    /// URL and the key.
-    pub async fn start(fleet: &LocalFleet, addr: SocketAddr) -> Result<Self> {
-        let config = toolfleet_gateway::GatewayConfig {
-            addr,
-            ..toolfleet_gateway::GatewayConfig::from_env()?
-        };
-        let url = &config.database_url;
-        toolfleet_packs::db::create_database_if_missing(url).await?;
-        let mut admin = toolfleet_packs::db::connect_admin(url)
+    /// `demo`, and starts `toolfleet-gateway` on `addr` over `fleet`'s NATS and `prefix`;
+    /// prints the page's URL and the key once the gateway listens.
+    pub async fn start(fleet: &LocalFleet, prefix: &str, addr: SocketAddr) -> Result<Self> {
+        let bin = gateway_binary()?;
+        // Refused here, at once, when taken: the child's own refusal would come after a
+        // wait, and another server's answer could pass for the gateway's.
+        TcpListener::bind(addr).with_context(|| format!("binding the gateway to {addr}"))?;
+        let url = toolfleet_common::config::env_string(
+            "TOOLFLEET_DATABASE_URL",
+            toolfleet_keys::DEFAULT_DATABASE_URL,
+        );
+        toolfleet_packs::db::create_database_if_missing(&url).await?;
+        let mut admin = toolfleet_packs::db::connect_admin(&url)
             .await
             .with_context(|| format!("the gateway keeps API keys in PostgreSQL at {url} (set TOOLFLEET_DATABASE_URL)"))?;
         toolfleet_packs::db::migrate(&mut admin).await?;
-        let key = toolfleet_gateway::keys::create(&admin, "demo", "toolfleet up").await?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the gateway to {addr}"))?;
-        let gateway = toolfleet_gateway::Gateway::new(config, fleet.client.clone())?;
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let task = tokio::spawn(async move {
-            if let Err(error) = toolfleet_gateway::serve(listener, gateway, token).await {
-                eprintln!("gateway failed: {error}");
-            }
-        });
+        let key = toolfleet_keys::create(&admin, "demo", "toolfleet up").await?;
+        let log_filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
+        let child = Command::new(&bin)
+            .envs([
+                ("TOOLFLEET_NATS_URL", fleet.nats_url.as_str()),
+                ("TOOLFLEET_PREFIX", prefix),
+                ("TOOLFLEET_DATABASE_URL", url.as_str()),
+                ("TOOLFLEET_GATEWAY_ADDR", &addr.to_string()),
+                // The fleet's ops endpoints are the coordinator's and the worker's.
+                (HTTP_ADDR_VAR, "off"),
+                ("RUST_LOG", &log_filter),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut gateway = Self { child };
+        gateway.wait_listening(addr).await?;
         println!("gateway: http://{addr}/ (live turn page), http://{addr}/docs (API)");
         println!("API key for tenant demo: {}", key.key);
         println!(
             "try: curl -N http://{addr}/v1/turns -H 'Authorization: Bearer {}' -H 'Accept: text/event-stream' -H 'Content-Type: application/json' -d '{}'",
             key.key, DEMO_TURN
         );
-        Ok(Self { shutdown, task })
+        Ok(gateway)
     }
 
-    /// Stops serving; open event streams end.
-    pub async fn stop(self) {
-        self.shutdown.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    /// Waits until the gateway accepts connections on `addr`; an error when it exits
+    /// first (an address in use, a bad setting: its own message is on stderr).
+    async fn wait_listening(&mut self, addr: SocketAddr) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + GATEWAY_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("the gateway exited before listening on {addr}: {status}");
+            }
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("the gateway did not listen on {addr} within {GATEWAY_WAIT:?}")
+    }
+
+    /// Stops serving (SIGTERM, then a kill after 10 s); open event streams end.
+    pub async fn stop(mut self) {
+        terminate(&mut self.child, GATEWAY_WAIT).await;
+    }
+}
+
+/// Stops `child` with SIGTERM, killing it when it has not exited within `wait`; whether
+/// it exited on its own.
+pub async fn terminate(child: &mut Child, wait: Duration) -> bool {
+    if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    if tokio::time::timeout(wait, child.wait()).await.is_ok() {
+        return true;
+    }
+    let _ = child.kill().await;
+    false
+}
+
+/// `toolfleet-gateway`: where `TOOLFLEET_GATEWAY_BIN` says, else beside this executable
+/// (a cargo build, an install, the container image), else on `PATH` or in the system
+/// folders.
+fn gateway_binary() -> Result<PathBuf> {
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(GATEWAY_BIN)))
+        .filter(|path| path.is_file());
+    match beside {
+        Some(path) if std::env::var_os(binary_env_var(GATEWAY_BIN)).is_none() => Ok(path),
+        _ => find_binary(GATEWAY_BIN).context(
+            "`toolfleet up --gateway` runs the toolfleet-gateway binary: build it \
+             (cargo build -p toolfleet-gateway) or install it beside toolfleet",
+        ),
     }
 }

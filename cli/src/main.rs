@@ -12,7 +12,8 @@
 //! |---|---|
 //! | `toolfleet_cli::conformance` (the library) | `toolfleet conformance`: a worker of any language checked against PROTOCOL §7 |
 //! | `toolfleet_cli::local` (the library) | starting a local fleet (servers when none answer, coordinator, worker) |
-//! | `toolfleet_cli::node` (the library) | one coordinator, worker or gateway in this process (hidden commands) |
+//! | `toolfleet_cli::process` (the library) | the global flags naming the fleet, telemetry around a command |
+//! | `toolfleet_cli::node` (the library) | one coordinator or worker in this process (hidden commands) |
 //! | `admin` | database migrations and per-business policies and FAQs |
 //! | `print` | rendering turn events for a terminal |
 //!
@@ -28,16 +29,15 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
 use toolfleet_common::client::{ClientError, ClientErrorKind, TurnStream};
-use toolfleet_common::config::{DEFAULT_NATS_URL, DEFAULT_REDIS_URL};
 use toolfleet_common::credentials::NatsCredentials;
-use toolfleet_common::names::DEFAULT_PREFIX;
-use toolfleet_common::telemetry::{self, TelemetryConfig};
+use toolfleet_common::telemetry;
 use toolfleet_common::turn::CancelOutcome;
 use toolfleet_common::{CatalogFormat, FleetClient, TurnEvent, TurnRequest};
 use tracing::Instrument;
 
 use toolfleet_cli::local::{self, LocalFleet};
 use toolfleet_cli::node;
+use toolfleet_cli::process::{self, FleetArgs};
 
 /// The demo's model decision: a recorded OpenAI Chat Completions response for
 /// "Show me my appointments and my billing".
@@ -63,15 +63,8 @@ Environment:
     about = "Run LLM tool calls on a NATS + Redis worker fleet"
 )]
 struct Cli {
-    /// NATS URL.
-    #[arg(long, global = true, env = "TOOLFLEET_NATS_URL", default_value = DEFAULT_NATS_URL)]
-    nats: String,
-    /// Redis URL (for commands that start a local fleet).
-    #[arg(long, global = true, env = "TOOLFLEET_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
-    redis: String,
-    /// Subject and key prefix.
-    #[arg(long, global = true, env = "TOOLFLEET_PREFIX", default_value = DEFAULT_PREFIX)]
-    prefix: String,
+    #[command(flatten)]
+    fleet: FleetArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -96,7 +89,8 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "demo,test")]
         packs: Vec<String>,
         /// Also serve the HTTP gateway and its live turn page, with a fresh API key for
-        /// tenant `demo` (needs PostgreSQL at TOOLFLEET_DATABASE_URL).
+        /// tenant `demo` (needs PostgreSQL at TOOLFLEET_DATABASE_URL and the
+        /// toolfleet-gateway binary beside toolfleet, on PATH or at TOOLFLEET_GATEWAY_BIN).
         #[arg(long)]
         gateway: bool,
         /// Where the gateway listens.
@@ -187,19 +181,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run a coordinator configured by the environment until SIGTERM.
-    #[command(hide = true)]
-    Coordinator,
-    /// Run the HTTP gateway configured by the environment until SIGTERM.
-    #[command(hide = true)]
-    Gateway,
-    /// Run a worker configured by the environment until SIGTERM.
-    #[command(hide = true)]
-    Worker {
-        /// Tool packs to serve.
-        #[arg(long, value_delimiter = ',', default_value = "test")]
-        packs: Vec<String>,
-    },
+    #[command(flatten)]
+    Node(node::NodeCommand),
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -211,33 +194,14 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let (service, fleet_node) = match cli.command {
-        Command::Coordinator => ("toolfleet-coordinator", true),
-        Command::Worker { .. } => ("toolfleet-worker", true),
-        Command::Gateway => ("toolfleet-gateway", false),
+    let (service, fleet_node) = match &cli.command {
+        Command::Node(node) => (node.service(), true),
         _ => ("toolfleet-cli", false),
     };
-    let mut telemetry_config = TelemetryConfig::from_env(service)?;
-    if std::env::var_os("RUST_LOG").is_none() {
-        telemetry_config.log_filter = "warn".into();
-    }
-    telemetry_config.always_trace = !fleet_node;
     // A process that runs a coordinator (`coordinator`, and the local fleets of `demo`,
     // `submit --local`, `up`) ends a turn's trace with the `turn` span.
-    if !matches!(service, "toolfleet-worker" | "toolfleet-gateway") {
-        telemetry_config.closing_span = Some(toolfleet_common::names::spans::TURN);
-    }
-    let telemetry = telemetry::init(&telemetry_config)?;
-    // On a runtime thread, not the thread that blocks on `main`: a message for the
-    // command's loops (a bench's turn loop, a frontend's stream) then wakes a runtime
-    // thread, not the main thread and then a runtime thread for each task it spawns.
-    let outcome = match tokio::spawn(run(cli)).await {
-        Ok(outcome) => outcome,
-        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-        Err(error) => Err(error.into()),
-    };
-    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
-    outcome
+    let config = process::telemetry_config(service, fleet_node, service != "toolfleet-worker")?;
+    process::run_traced(&config, run(cli)).await
 }
 
 /// Where the command's fleet is: the NATS and Redis URLs and the prefix.
@@ -294,10 +258,11 @@ fn no_fleet_at(url: &str) -> String {
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    let fleet = &cli.fleet;
     let servers = Servers {
-        nats: &cli.nats,
-        redis: &cli.redis,
-        prefix: &cli.prefix,
+        nats: &fleet.nats,
+        redis: &fleet.redis,
+        prefix: &fleet.prefix,
     };
     match cli.command {
         Command::Demo { customer, json } => demo(&servers, &customer, json).await,
@@ -363,18 +328,16 @@ async fn run(cli: Cli) -> Result<()> {
             json,
         } => {
             let settings = toolfleet_cli::conformance::Settings {
-                nats_url: cli.nats.clone(),
-                redis_url: cli.redis.clone(),
-                prefix: cli.prefix.clone(),
+                nats_url: fleet.nats.clone(),
+                redis_url: fleet.redis.clone(),
+                prefix: fleet.prefix.clone(),
                 tool,
                 timeout: Duration::from_millis(timeout_ms),
                 pid,
             };
             conformance(&settings, json).await
         }
-        Command::Coordinator => node::coordinator(&cli.nats, &cli.redis, &cli.prefix).await,
-        Command::Gateway => node::gateway(&cli.nats, &cli.prefix).await,
-        Command::Worker { packs } => node::worker(&cli.nats, &cli.redis, &cli.prefix, &packs).await,
+        Command::Node(node) => node.run(fleet).await,
     }
 }
 
@@ -408,22 +371,34 @@ async fn up(
     packs: &[String],
     gateway: Option<std::net::SocketAddr>,
 ) -> Result<()> {
+    // Listening for Ctrl-C and SIGTERM before anything starts: a signal while the
+    // servers, the fleet or the gateway are still starting drops what has started (each
+    // child process is killed with its handle) instead of ending this process with
+    // them left running.
+    let stop = toolfleet_common::shutdown::on_signal();
     let names: Vec<&str> = packs.iter().map(String::as_str).collect();
-    let fleet = servers.local(&names).await?;
-    println!(
-        "fleet up: nats {} redis {} prefix {} (Ctrl-C to stop)",
-        fleet.nats_url, fleet.redis_url, servers.prefix
-    );
-    if let (Some(coordinator), Some(worker)) = (fleet.ops.coordinator, fleet.ops.worker) {
-        println!("ops endpoints (/healthz, /readyz, /metrics): coordinator http://{coordinator}, worker http://{worker}");
-    }
-    let tools = fleet.tool_names();
-    println!("serving {} tools: {}", tools.len(), tools.join(", "));
-    let served = match gateway {
-        Some(addr) => Some(local::LocalGateway::start(&fleet, addr).await?),
-        None => None,
+    let started = async {
+        let fleet = servers.local(&names).await?;
+        println!(
+            "fleet up: nats {} redis {} prefix {} (Ctrl-C to stop)",
+            fleet.nats_url, fleet.redis_url, servers.prefix
+        );
+        if let (Some(coordinator), Some(worker)) = (fleet.ops.coordinator, fleet.ops.worker) {
+            println!("ops endpoints (/healthz, /readyz, /metrics): coordinator http://{coordinator}, worker http://{worker}");
+        }
+        let tools = fleet.tool_names();
+        println!("serving {} tools: {}", tools.len(), tools.join(", "));
+        let served = match gateway {
+            Some(addr) => Some(local::LocalGateway::start(&fleet, servers.prefix, addr).await?),
+            None => None,
+        };
+        anyhow::Ok((fleet, served))
     };
-    toolfleet_common::shutdown::signalled().await;
+    let (fleet, served) = tokio::select! {
+        started = started => started?,
+        () = stop.cancelled() => return Ok(()),
+    };
+    stop.cancelled().await;
     if let Some(gateway) = served {
         gateway.stop().await;
     }

@@ -12,6 +12,44 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_coordinator::CoordinatorConfig;
 use toolfleet_worker::WorkerConfig;
 
+use crate::process::FleetArgs;
+
+/// The hidden commands that run one fleet component in this process, the same in
+/// `toolfleet` and `toolfleet-dev`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum NodeCommand {
+    /// Run a coordinator configured by the environment until SIGTERM.
+    #[command(hide = true)]
+    Coordinator,
+    /// Run a worker configured by the environment until SIGTERM.
+    #[command(hide = true)]
+    Worker {
+        /// Tool packs to serve.
+        #[arg(long, value_delimiter = ',', default_value = "test")]
+        packs: Vec<String>,
+    },
+}
+
+impl NodeCommand {
+    /// The service its telemetry reports, that of the dedicated binary.
+    pub fn service(&self) -> &'static str {
+        match self {
+            Self::Coordinator => "toolfleet-coordinator",
+            Self::Worker { .. } => "toolfleet-worker",
+        }
+    }
+
+    /// Runs the component on the fleet `fleet` names until SIGTERM or Ctrl-C.
+    pub async fn run(self, fleet: &FleetArgs) -> Result<()> {
+        match self {
+            Self::Coordinator => coordinator(&fleet.nats, &fleet.redis, &fleet.prefix).await,
+            Self::Worker { packs } => {
+                worker(&fleet.nats, &fleet.redis, &fleet.prefix, &packs).await
+            }
+        }
+    }
+}
+
 /// Runs a coordinator until SIGTERM or Ctrl-C.
 pub async fn coordinator(nats_url: &str, redis_url: &str, prefix: &str) -> Result<()> {
     let config = CoordinatorConfig {
@@ -70,16 +108,4 @@ pub fn stop_on_signal() -> CancellationToken {
         cancel.cancel();
     });
     token
-}
-
-/// `toolfleet gateway`: the HTTP gateway configured by the environment, on `nats_url`
-/// under `prefix`, until SIGTERM.
-pub async fn gateway(nats_url: &str, prefix: &str) -> Result<()> {
-    let config = toolfleet_gateway::GatewayConfig {
-        nats_url: nats_url.to_string(),
-        prefix: prefix.to_string(),
-        ..toolfleet_gateway::GatewayConfig::from_env()?
-    };
-    toolfleet_gateway::run(config, toolfleet_common::shutdown::on_signal()).await?;
-    Ok(())
 }

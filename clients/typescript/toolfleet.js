@@ -370,8 +370,12 @@ export class TurnStream {
             }
             const seq = frame.id === null ? null : Number(frame.id);
             if (seq !== null && Number.isInteger(seq)) {
-              if (seq <= this.lastSeq) continue;
-              this.lastSeq = seq;
+              // A turn ends once: its `final` or `error` is new to a stream that has
+              // not ended, whatever its seq (a Redis that lost acknowledged writes
+              // when it died numbers later events again from below the one held).
+              const last = event.type === "final" || event.type === "error";
+              if (seq <= this.lastSeq && !last) continue;
+              this.lastSeq = Math.max(seq, this.lastSeq);
               // The frame's `id:` is the event's `seq`, as on the NATS wire.
               event = { seq, ...event };
             } else if (event.type === "error" && event.error?.retryable && this.lastSeq > 0 && quiet + 1 < this.client.maxResumes) {

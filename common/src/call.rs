@@ -111,6 +111,32 @@ pub mod codes {
     pub const NOT_DISPATCHED: &str = "not_dispatched";
     /// The worker's arguments did not deserialize into the tool's argument type.
     pub const BAD_ARGUMENTS: &str = "bad_arguments";
+
+    /// Every code above, in that order: the `error.type` values the metrics keep
+    /// (`metrics::error_type`).
+    pub const ALL: [&str; 21] = [
+        MALFORMED_CALL,
+        MALFORMED_ARGUMENTS,
+        UNKNOWN_TOOL,
+        INVALID_ARGUMENTS,
+        DUPLICATE_CALL_ID,
+        TOO_MANY_CALLS,
+        TOOL_NOT_ALLOWED,
+        TENANT_MISMATCH,
+        ARGUMENTS_TOO_LARGE,
+        NO_LIVE_WORKER,
+        DISPATCH_FAILED,
+        TOOL_ERROR,
+        TOOL_PANICKED,
+        TOOL_TIMEOUT,
+        DEADLINE_EXCEEDED,
+        CALL_INTERRUPTED,
+        CANCELLED,
+        INVALID_RESULT,
+        RESULT_TOO_LARGE,
+        NOT_DISPATCHED,
+        BAD_ARGUMENTS,
+    ];
 }
 
 /// An error that crosses the wire: a stable code, a human message, whether trying
@@ -395,6 +421,21 @@ pub mod lenient {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_code_is_listed_in_all() {
+        let source = include_str!("call.rs");
+        let start = source.find("pub mod codes {").unwrap_or(0);
+        let end = source[start..]
+            .find("pub const ALL")
+            .map_or(0, |i| start + i);
+        let declared: Vec<&str> = source[start..end]
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("pub const "))
+            .filter_map(|rest| rest.split(':').next())
+            .collect();
+        assert_eq!(declared.len(), super::codes::ALL.len(), "{declared:?}");
+    }
+
     #[test]
     fn counts_are_read_leniently() {
         let read = |counts: &str| {

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::Value;
 
+use crate::call::CallError;
 use crate::credentials::NatsCredentials;
 use crate::failover::Failover;
 use crate::names::{self, Names};
@@ -135,35 +136,28 @@ impl FleetClient {
     /// Wraps an existing NATS connection without a user: turns go to the unidentified
     /// subject.
     pub fn new(nats: async_nats::Client, names: Names) -> Self {
-        let submit_subject = names.turn_submit();
-        let attach_subject = names.turn_attach();
-        let cancel_subject = names.turn_cancel();
-        let catalog_subject = names.catalog();
-        Self {
-            failover: Failover::of(&nats, false),
-            nats,
-            submit_subject,
-            attach_subject,
-            cancel_subject,
-            catalog_subject,
-            standby: None,
-        }
+        Self::for_user(nats, &names, None)
     }
 
     /// Wraps a connection made as NATS user `frontend` (with inbox prefix
     /// `_INBOX_<frontend>`): turns go to that user's own submit subject.
     pub fn new_as(nats: async_nats::Client, names: Names, frontend: &str) -> Self {
-        let submit_subject = names.turn_submit_as(frontend);
-        let attach_subject = names.turn_attach_as(frontend);
-        let cancel_subject = names.turn_cancel_as(frontend);
-        let catalog_subject = names.catalog_as(frontend);
+        Self::for_user(nats, &names, Some(frontend))
+    }
+
+    /// Wraps `nats`, sending on the subjects of NATS user `frontend`, or on the
+    /// unidentified ones without a user.
+    fn for_user(nats: async_nats::Client, names: &Names, frontend: Option<&str>) -> Self {
+        let subject = |plain: fn(&Names) -> String, own: fn(&Names, &str) -> String| {
+            frontend.map_or_else(|| plain(names), |user| own(names, user))
+        };
         Self {
             failover: Failover::of(&nats, false),
             nats,
-            submit_subject,
-            attach_subject,
-            cancel_subject,
-            catalog_subject,
+            submit_subject: subject(Names::turn_submit, Names::turn_submit_as),
+            attach_subject: subject(Names::turn_attach, Names::turn_attach_as),
+            cancel_subject: subject(Names::turn_cancel, Names::turn_cancel_as),
+            catalog_subject: subject(Names::catalog, Names::catalog_as),
             standby: None,
         }
     }
@@ -235,13 +229,7 @@ impl FleetClient {
         mut headers: HeaderMap,
     ) -> Result<TurnStream, ClientError> {
         let turn_id = match request.turn_id.take() {
-            Some(id) if valid_turn_id(&id) => id,
-            Some(id) => {
-                return Err(ClientError::new(
-                    ClientErrorKind::InvalidRequest,
-                    format!("turn id {id:?} must be 1-64 characters of [A-Za-z0-9_-]"),
-                ))
-            }
+            Some(id) => checked_turn_id(id)?,
             None => uuid::Uuid::new_v4().simple().to_string(),
         };
         request.turn_id = Some(turn_id.clone());
@@ -305,13 +293,7 @@ impl FleetClient {
         tenant: Option<&str>,
         after_seq: u64,
     ) -> Result<TurnStream, ClientError> {
-        if !valid_turn_id(turn_id) {
-            return Err(ClientError::new(
-                ClientErrorKind::InvalidRequest,
-                format!("turn id {turn_id:?} must be 1-64 characters of [A-Za-z0-9_-]"),
-            ));
-        }
-        let mut stream = self.stream(turn_id.to_string(), None).await?;
+        let mut stream = self.stream(checked_turn_id(turn_id)?, None).await?;
         stream.tenant = tenant.map(str::to_string);
         stream.next_seq = after_seq.saturating_add(1);
         stream.resumed_from = after_seq;
@@ -331,14 +313,8 @@ impl FleetClient {
         tenant: Option<&str>,
         timeout: Duration,
     ) -> Result<CancelReply, ClientError> {
-        if !valid_turn_id(turn_id) {
-            return Err(ClientError::new(
-                ClientErrorKind::InvalidRequest,
-                format!("turn id {turn_id:?} must be 1-64 characters of [A-Za-z0-9_-]"),
-            ));
-        }
         let request = CancelRequest {
-            turn_id: turn_id.to_string(),
+            turn_id: checked_turn_id(turn_id)?,
             tenant_id: tenant.map(str::to_string),
         };
         let body = serde_json::to_vec(&request)
@@ -415,31 +391,57 @@ impl FleetClient {
 
     /// Submits a turn and waits for its `final` event, collecting every event.
     /// `timeout` bounds the wait for each event.
+    ///
+    /// A turn refused with the retryable `overloaded` (the fleet shedding load: its
+    /// Redis nearly full, or the tenant past its limits) was never stored, so it is
+    /// submitted again, with the same turn id, once the `retry_after_ms` the refusal
+    /// names has passed ([`OVERLOADED_WAIT`] when it names none), for at most
+    /// `timeout` of waiting in all; then the refusal is the answer.
     pub async fn run_turn(
         &self,
         request: TurnRequest,
         timeout: Duration,
     ) -> Result<TurnOutcome, ClientError> {
+        let mut request = request;
+        request
+            .turn_id
+            .get_or_insert_with(|| uuid::Uuid::new_v4().simple().to_string());
+        let mut waited = Duration::ZERO;
+        loop {
+            match self.run_once(request.clone(), timeout).await? {
+                Ran::Ended(outcome) => return Ok(outcome),
+                Ran::Refused(error) => {
+                    let wait = match overloaded_wait(&error) {
+                        Some(wait) if waited + wait <= timeout => wait,
+                        _ => {
+                            return Err(ClientError::new(
+                                ClientErrorKind::TurnFailed,
+                                format!("{}: {}", error.code, error.message),
+                            ))
+                        }
+                    };
+                    tokio::time::sleep(wait).await;
+                    waited += wait;
+                }
+            }
+        }
+    }
+
+    /// One submission of `request`, to its `final` or its `error`.
+    async fn run_once(&self, request: TurnRequest, timeout: Duration) -> Result<Ran, ClientError> {
         let mut stream = self.submit(request).await?;
         let mut events = Vec::new();
         loop {
-            let event = stream.next_event(timeout).await?;
-            match event {
+            match stream.next_event(timeout).await? {
                 TurnEvent::Final(fin) => {
-                    let fin = fin.clone();
                     events.push(TurnEvent::Final(fin.clone()));
-                    return Ok(TurnOutcome {
+                    return Ok(Ran::Ended(TurnOutcome {
                         turn_id: stream.turn_id,
                         events,
                         final_event: fin,
-                    });
+                    }));
                 }
-                TurnEvent::Error { error, .. } => {
-                    return Err(ClientError::new(
-                        ClientErrorKind::TurnFailed,
-                        format!("{}: {}", error.code, error.message),
-                    ));
-                }
+                TurnEvent::Error { error, .. } => return Ok(Ran::Refused(error)),
                 other => events.push(other),
             }
         }
@@ -481,6 +483,28 @@ impl FleetClient {
         }
         Ok(response.tools)
     }
+}
+
+/// How long [`FleetClient::run_turn`] waits before submitting again a turn refused with
+/// `overloaded` that names no `retry_after_ms`.
+pub const OVERLOADED_WAIT: Duration = Duration::from_secs(1);
+
+/// How one submission of a turn ended.
+enum Ran {
+    /// With its `final`.
+    Ended(TurnOutcome),
+    /// With its `error`.
+    Refused(CallError),
+}
+
+/// How long to wait before submitting again a turn refused with `error`: only for the
+/// retryable `overloaded`, which is refused before the turn is stored.
+fn overloaded_wait(error: &CallError) -> Option<Duration> {
+    (error.code == turn_codes::OVERLOADED && error.retryable).then(|| {
+        error
+            .retry_after_ms
+            .map_or(OVERLOADED_WAIT, Duration::from_millis)
+    })
 }
 
 /// Every event of a finished turn.
@@ -732,7 +756,11 @@ impl TurnStream {
                         "subscription closed",
                     ))
                 }
-                Err(_) if tokio::time::Instant::now() < until => self.on_silence().await,
+                Err(_) if tokio::time::Instant::now() < until => {
+                    // Within the caller's time: with NATS gone, an ask's flush waits for
+                    // the connection to come back.
+                    let _ = tokio::time::timeout_at(until, self.on_silence()).await;
+                }
                 Err(_) => {}
             }
         }
@@ -804,6 +832,11 @@ impl TurnStream {
                 None
             }
             None => Some(self.unstored(event).await),
+            // A turn ends once, so its `final` or `error` is new to a stream that has
+            // not ended, whatever its seq: a Redis that lost acknowledged writes when
+            // it died (`appendfsync everysec` with a slow disk) numbers the turn's
+            // later events again from below the seq this stream holds.
+            Some(seq) if seq < self.next_seq && event.is_last() => Some(self.hand_out(event).await),
             Some(seq) if seq < self.next_seq => None,
             Some(seq) if seq == self.next_seq => {
                 self.next_seq += 1;
@@ -813,7 +846,8 @@ impl TurnStream {
             Some(seq) => {
                 self.submission = None;
                 self.early.insert(seq, event);
-                let _ = self.ask().await;
+                // Bounded, as a probe is: the caller's wait goes on in `next_event`.
+                let _ = tokio::time::timeout(PROBE_START, self.ask()).await;
                 None
             }
         }
@@ -1067,4 +1101,17 @@ async fn next_of(
         },
         None => (own.next().await, false),
     }
+}
+
+/// `turn_id` as the id of a request, or the refusal of an invalid one
+/// ([`valid_turn_id`]), before anything is sent for it.
+fn checked_turn_id(turn_id: impl Into<String>) -> Result<String, ClientError> {
+    let turn_id = turn_id.into();
+    if valid_turn_id(&turn_id) {
+        return Ok(turn_id);
+    }
+    Err(ClientError::new(
+        ClientErrorKind::InvalidRequest,
+        format!("turn id {turn_id:?} must be 1-64 characters of [A-Za-z0-9_-]"),
+    ))
 }

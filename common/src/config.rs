@@ -4,10 +4,38 @@
 //! [`crate::env`] (below credentials, TLS and streams, which read their own variables)
 //! and are re-exported here for the configs that read both.
 //!
+//! Also owns the settings coordinator and worker both read, with the same variable and
+//! range ([`shutdown_grace_from_env`], [`topology_check_from_env`]), and the tool
+//! consumers' [`ACK_WAIT_MS`] range, which either may set: the two cannot disagree.
+//!
 //! Never holds a process's own settings (each config module does) and never reads a
 //! file.
 
 pub use crate::env::{env_in, env_ms, env_ms_in, env_or, env_string, in_range, ConfigError};
+
+/// Ack wait of the tool consumers, in ms, whichever process sets it.
+pub const ACK_WAIT_MS: std::ops::RangeInclusive<u64> = 500..=600_000;
+
+/// Shutdown grace, in ms (0: stop at once).
+pub const SHUTDOWN_GRACE_MS: std::ops::RangeInclusive<u64> = 0..=600_000;
+/// Topology checks, in ms.
+pub const TOPOLOGY_CHECK_MS: std::ops::RangeInclusive<u64> = 100..=60_000;
+
+/// `TOOLFLEET_SHUTDOWN_GRACE_MS`: how long a stopping process waits for the work it has
+/// in flight.
+pub fn shutdown_grace_from_env(
+    default: std::time::Duration,
+) -> Result<std::time::Duration, ConfigError> {
+    env_ms_in("TOOLFLEET_SHUTDOWN_GRACE_MS", default, SHUTDOWN_GRACE_MS)
+}
+
+/// `TOOLFLEET_TOPOLOGY_CHECK_MS`: how often a process checks the JetStream objects it
+/// relies on.
+pub fn topology_check_from_env(
+    default: std::time::Duration,
+) -> Result<std::time::Duration, ConfigError> {
+    env_ms_in("TOOLFLEET_TOPOLOGY_CHECK_MS", default, TOPOLOGY_CHECK_MS)
+}
 
 /// Default NATS URL.
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";

@@ -247,65 +247,15 @@ impl<P: SpanProcessor> SpanProcessor for KeepErrors<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::TraceState;
-    use std::sync::{Arc, Mutex as StdMutex};
-
-    /// What reached the exporting processor.
-    #[derive(Debug, Clone, Default)]
-    struct Collected(Arc<StdMutex<Vec<SpanData>>>);
-
-    impl Collected {
-        fn names(&self) -> Vec<String> {
-            let spans = self.0.lock().expect("lock");
-            spans.iter().map(|s| s.name.to_string()).collect()
-        }
-    }
-
-    impl SpanProcessor for Collected {
-        fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-        fn on_end(&self, span: SpanData) {
-            assert!(span.span_context.is_sampled(), "handed on unsampled");
-            self.0.lock().expect("lock").push(span);
-        }
-        fn force_flush(&self) -> OTelSdkResult {
-            Ok(())
-        }
-        fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-            Ok(())
-        }
-    }
+    use crate::test_spans::{ended_span, Collected};
 
     fn span(trace: u128, id: u64, parent: u64, name: &str, sampled: bool, error: bool) -> SpanData {
-        let flags = if sampled {
-            TraceFlags::SAMPLED
-        } else {
-            TraceFlags::default()
-        };
-        SpanData {
-            span_context: SpanContext::new(
-                TraceId::from(trace),
-                SpanId::from(id),
-                flags,
-                false,
-                TraceState::default(),
-            ),
-            parent_span_id: SpanId::from(parent),
-            parent_span_is_remote: parent == 1,
-            span_kind: SpanKind::Internal,
-            name: name.to_string().into(),
-            start_time: std::time::SystemTime::now(),
-            end_time: std::time::SystemTime::now(),
-            attributes: Vec::new(),
-            dropped_attributes_count: 0,
-            events: Default::default(),
-            links: Default::default(),
-            status: if error {
-                Status::error("boom")
-            } else {
-                Status::Unset
-            },
-            instrumentation_scope: Default::default(),
+        let mut span = ended_span(trace, id, parent, name, sampled);
+        span.parent_span_is_remote = parent == 1;
+        if error {
+            span.status = Status::error("boom");
         }
+        span
     }
 
     fn processor(closing: Option<&'static str>) -> (KeepErrors<Collected>, Collected) {

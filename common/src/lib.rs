@@ -30,6 +30,7 @@
 //! | [`timetable`] | keys due at a time, waited for by one task (turn deadlines, job keep-alives) |
 //! | [`tls`] | the TLS files (root CA, client certificate) of the NATS and Redis connections |
 //! | [`topology`] | streams and consumers recreated when they disappear |
+//! | [`host`] | this machine: a server's executable (`find_binary`), a free loopback port |
 //! | [`health`] | liveness (supervised tasks), drain and start-up phase of a process |
 //! | [`telemetry`] | logs, OTLP traces and metrics, Prometheus text, trace context in NATS headers |
 //! | [`client`] | `FleetClient`: submit a turn, stream its events, list the catalog |
@@ -44,6 +45,7 @@ pub mod failover;
 pub mod headers;
 pub mod health;
 pub mod history;
+pub mod host;
 pub mod http;
 pub mod job;
 pub mod keep_errors;
@@ -63,6 +65,8 @@ pub mod schemas;
 pub mod shutdown;
 pub mod streams;
 pub mod telemetry;
+#[cfg(test)]
+mod test_spans;
 pub mod timetable;
 pub mod tls;
 pub mod tool;

@@ -119,30 +119,10 @@ pub mod names {
 /// The `error.type` label of `code`: a code toolfleet itself uses, else `other`, so a
 /// tool's free-form codes cannot grow the number of series.
 pub fn error_type(code: &str) -> &'static str {
-    use crate::call::codes as c;
-    const KNOWN: [&str; 20] = [
-        c::MALFORMED_CALL,
-        c::MALFORMED_ARGUMENTS,
-        c::UNKNOWN_TOOL,
-        c::INVALID_ARGUMENTS,
-        c::DUPLICATE_CALL_ID,
-        c::TOO_MANY_CALLS,
-        c::TOOL_NOT_ALLOWED,
-        c::TENANT_MISMATCH,
-        c::ARGUMENTS_TOO_LARGE,
-        c::NO_LIVE_WORKER,
-        c::DISPATCH_FAILED,
-        c::TOOL_ERROR,
-        c::TOOL_PANICKED,
-        c::TOOL_TIMEOUT,
-        c::DEADLINE_EXCEEDED,
-        c::CALL_INTERRUPTED,
-        c::INVALID_RESULT,
-        c::RESULT_TOO_LARGE,
-        c::NOT_DISPATCHED,
-        c::BAD_ARGUMENTS,
-    ];
-    KNOWN.into_iter().find(|k| *k == code).unwrap_or("other")
+    crate::call::codes::ALL
+        .into_iter()
+        .find(|k| *k == code)
+        .unwrap_or("other")
 }
 
 /// The tool label.
@@ -203,17 +183,40 @@ mod process {
             .with_description("CPU time used by the process")
             .with_callback(|o| observe(o, cpu_seconds()))
             .build();
-        let _memory = meter
-            .u64_observable_gauge(super::names::PROCESS_MEMORY)
-            .with_unit("By")
-            .with_description("Resident memory of the process")
-            .with_callback(|o| observe(o, resident_bytes()))
-            .build();
-        let _fds = meter
-            .u64_observable_gauge(super::names::PROCESS_FDS)
-            .with_description("Open file descriptors of the process")
-            .with_callback(|o| observe(o, open_fds()))
-            .build();
+        let _memory = gauge(
+            &meter,
+            super::names::PROCESS_MEMORY,
+            Some("By"),
+            "Resident memory of the process",
+            resident_bytes,
+        );
+        let _fds = gauge(
+            &meter,
+            super::names::PROCESS_FDS,
+            None,
+            "Open file descriptors of the process",
+            open_fds,
+        );
+    }
+
+    /// An observable gauge `name` (in `unit`, when it has one) whose value is `read`
+    /// whenever metrics are collected; no sample when `read` finds none.
+    fn gauge(
+        meter: &opentelemetry::metrics::Meter,
+        name: &'static str,
+        unit: Option<&'static str>,
+        description: &'static str,
+        read: fn() -> Option<u64>,
+    ) -> opentelemetry::metrics::ObservableGauge<u64> {
+        let gauge = meter
+            .u64_observable_gauge(name)
+            .with_description(description)
+            .with_callback(move |o| observe(o, read()));
+        match unit {
+            Some(unit) => gauge.with_unit(unit),
+            None => gauge,
+        }
+        .build()
     }
 
     fn observe<T>(o: &dyn AsyncInstrument<T>, value: Option<T>) {
@@ -360,35 +363,74 @@ const GAUGES: [(&str, &str, &str); 8] = [
     (names::BUILD_INFO, "", "Build information"),
 ];
 
+/// Defines, for each `method => COUNTER`, a public [`FleetMetrics`] method that counts
+/// one event of a tool's job in `names::COUNTER` (one of [`LABELLED_COUNTERS`]),
+/// labelled by the tool.
+macro_rules! tool_job_counters {
+    ($($(#[doc = $doc:literal])* $method:ident => $counter:ident;)*) => {
+        impl FleetMetrics {
+            $(
+                $(#[doc = $doc])*
+                pub fn $method(&self, tool: &str) {
+                    self.count(names::$counter, TOOL, tool);
+                }
+            )*
+        }
+    };
+}
+
+tool_job_counters! {
+    /// A worker handed `tool`'s job back for another attempt after a retryable error.
+    job_retried => JOB_RETRIES;
+    /// A job of `tool` arrived for the second time or later.
+    job_redelivered => JOB_REDELIVERIES;
+    /// A redelivered call of the non-idempotent `tool` was reported interrupted.
+    job_interrupted => JOB_INTERRUPTIONS;
+    /// A job of `tool` was dropped unrun: its turn's deadline had passed.
+    job_deadline_dropped => JOB_DEADLINE_DROPS;
+    /// A job of `tool` was skipped, or its result dropped, because its turn was
+    /// cancelled.
+    job_cancelled => JOBS_CANCELLED;
+    /// An in-flight job of `tool` was handed back when the shutdown grace ran out.
+    job_handed_back => JOB_HANDED_BACK;
+}
+
+/// A counter `name` of `meter`, described for the exporters.
+fn counter_on(
+    meter: &opentelemetry::metrics::Meter,
+    name: &'static str,
+    description: &'static str,
+) -> Counter<u64> {
+    meter
+        .u64_counter(name)
+        .with_description(description)
+        .build()
+}
+
 impl FleetMetrics {
     /// Instruments on the global meter provider.
     pub fn new() -> Self {
         in_flight::register();
         queue::register();
         let meter = opentelemetry::global::meter("toolfleet");
-        let counter = |name: &'static str, description: &'static str| {
-            meter
-                .u64_counter(name)
-                .with_description(description)
-                .build()
-        };
-        let seconds = |name: &'static str, description: &'static str| {
+        let counter = |name, description| counter_on(&meter, name, description);
+        let seconds_in = |bounds: &[f64], name: &'static str, description: &'static str| {
             meter
                 .f64_histogram(name)
                 .with_unit("s")
                 .with_description(description)
-                .with_boundaries(LATENCY_BOUNDS.to_vec())
+                .with_boundaries(bounds.to_vec())
                 .build()
         };
+        let seconds = |name, description| seconds_in(&LATENCY_BOUNDS, name, description);
         Self {
             calls: counter(names::CALLS, "Calls ended, by tool and outcome"),
             call_duration: seconds(names::CALL_DURATION, "Tool execution time"),
-            queue_wait: meter
-                .f64_histogram(names::CALL_QUEUE_WAIT)
-                .with_unit("s")
-                .with_description("Time a job waited between dispatch and execution")
-                .with_boundaries(QUEUE_WAIT_BOUNDS.to_vec())
-                .build(),
+            queue_wait: seconds_in(
+                &QUEUE_WAIT_BOUNDS,
+                names::CALL_QUEUE_WAIT,
+                "Time a job waited between dispatch and execution",
+            ),
             errors: counter(names::ERRORS, "Failed calls by error code"),
             turn_calls: meter
                 .u64_histogram(names::TURN_CALLS)
@@ -402,12 +444,10 @@ impl FleetMetrics {
             ),
             late: counter(names::LATE_RESULTS, "Results after their turn ended"),
             duplicates: counter(names::DUPLICATE_RESULTS, "Results ignored as duplicates"),
-            tenant_wait: meter
-                .f64_histogram(names::TENANT_CALL_WAIT)
-                .with_unit("s")
-                .with_description("Time a call waited in its tool's lane for a slot")
-                .with_boundaries(LATENCY_BOUNDS.to_vec())
-                .build(),
+            tenant_wait: seconds(
+                names::TENANT_CALL_WAIT,
+                "Time a call waited in its tool's lane for a slot",
+            ),
             tenant_refused: counter(
                 names::TENANT_TURNS_REFUSED,
                 "Turns refused by the tenant's own limits",
@@ -452,37 +492,6 @@ impl FleetMetrics {
         if let Some((_, g)) = self.gauges.iter().find(|(n, _)| *n == name) {
             g.record(value, labels);
         }
-    }
-
-    /// A worker handed `tool`'s job back for another attempt after a retryable error.
-    pub fn job_retried(&self, tool: &str) {
-        self.count(names::JOB_RETRIES, TOOL, tool);
-    }
-
-    /// A job of `tool` arrived for the second time or later.
-    pub fn job_redelivered(&self, tool: &str) {
-        self.count(names::JOB_REDELIVERIES, TOOL, tool);
-    }
-
-    /// A redelivered call of the non-idempotent `tool` was reported interrupted.
-    pub fn job_interrupted(&self, tool: &str) {
-        self.count(names::JOB_INTERRUPTIONS, TOOL, tool);
-    }
-
-    /// A job of `tool` was dropped unrun: its turn's deadline had passed.
-    pub fn job_deadline_dropped(&self, tool: &str) {
-        self.count(names::JOB_DEADLINE_DROPS, TOOL, tool);
-    }
-
-    /// A job of `tool` was skipped, or its result dropped, because its turn was
-    /// cancelled.
-    pub fn job_cancelled(&self, tool: &str) {
-        self.count(names::JOBS_CANCELLED, TOOL, tool);
-    }
-
-    /// An in-flight job of `tool` was handed back when the shutdown grace ran out.
-    pub fn job_handed_back(&self, tool: &str) {
-        self.count(names::JOB_HANDED_BACK, TOOL, tool);
     }
 
     /// A turn was refused whole with `code` (a `turn_codes` constant, else `other`).
@@ -944,12 +953,7 @@ impl ChatMetrics {
     /// Instruments on the global meter provider.
     pub fn new() -> Self {
         let meter = opentelemetry::global::meter("toolfleet");
-        let counter = |name: &'static str, description: &'static str| {
-            meter
-                .u64_counter(name)
-                .with_description(description)
-                .build()
-        };
+        let counter = |name, description| counter_on(&meter, name, description);
         Self {
             completions: counter(
                 names::CHAT_COMPLETIONS,
@@ -1090,6 +1094,7 @@ mod tests {
     fn error_types_are_toolfleet_codes_or_other() {
         assert_eq!(error_type("tool_timeout"), "tool_timeout");
         assert_eq!(error_type("no_live_worker"), "no_live_worker");
+        assert_eq!(error_type("cancelled"), "cancelled");
         assert_eq!(error_type("boom"), "other");
         assert_eq!(error_type(""), "other");
     }

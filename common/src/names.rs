@@ -601,8 +601,8 @@ pub mod spans {
     pub const PUBLISH_RESULT: &str = "publish";
 }
 
-/// `parts` joined, allocated once: the names built for every turn and call.
-/// `parts` joined into one allocation (cheaper than `format!` on hot paths).
+/// `parts` joined into one allocation, cheaper than `format!` for the names built for
+/// every turn and call.
 pub fn concat(parts: &[&str]) -> String {
     let mut name = String::with_capacity(parts.iter().map(|p| p.len()).sum());
     for part in parts {

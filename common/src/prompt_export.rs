@@ -308,68 +308,13 @@ fn subtree_parent(spans: &[SpanData]) -> SpanId {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::{SpanContext, SpanKind, Status, TraceFlags, TraceId, TraceState};
-    use opentelemetry::InstrumentationScope;
+    use crate::test_spans::{ended_span, Collected};
     use std::sync::Arc;
-    use std::time::SystemTime;
-
-    /// What reached a processor or an exporter, in order.
-    #[derive(Debug, Clone, Default)]
-    struct Collected(Arc<Mutex<Vec<String>>>);
-
-    impl Collected {
-        fn names(&self) -> Vec<String> {
-            self.0.lock().map(|v| v.clone()).unwrap_or_default()
-        }
-    }
-
-    impl SpanProcessor for Collected {
-        fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-        fn on_end(&self, span: SpanData) {
-            if let Ok(mut v) = self.0.lock() {
-                v.push(span.name.to_string());
-            }
-        }
-        fn force_flush(&self) -> OTelSdkResult {
-            Ok(())
-        }
-        fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-            Ok(())
-        }
-    }
-
-    impl SpanExporter for Collected {
-        async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-            if let Ok(mut v) = self.0.lock() {
-                v.extend(batch.iter().map(|s| format!("exported {}", s.name)));
-            }
-            Ok(())
-        }
-    }
 
     fn span(id: u64, parent: u64, remote: bool, name: &'static str) -> SpanData {
-        let context = SpanContext::new(
-            TraceId::from(7u128),
-            SpanId::from(id),
-            TraceFlags::SAMPLED,
-            false,
-            TraceState::default(),
-        );
-        SpanData {
-            span_context: context,
-            parent_span_id: SpanId::from(parent),
-            parent_span_is_remote: remote,
-            span_kind: SpanKind::Internal,
-            name: name.into(),
-            start_time: SystemTime::now(),
-            end_time: SystemTime::now(),
-            attributes: Vec::new(),
-            dropped_attributes_count: 0,
-            events: Default::default(),
-            links: Default::default(),
-            status: Status::Unset,
-            instrumentation_scope: InstrumentationScope::builder("test").build(),
-        }
+        let mut span = ended_span(7, id, parent, name, true);
+        span.parent_span_is_remote = remote;
+        span
     }
 
     #[test]

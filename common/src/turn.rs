@@ -128,33 +128,17 @@ pub fn seq_of(payload: &[u8]) -> Option<u64> {
 /// first buffering the whole object to find its `type` when `type` is the first member
 /// after an optional `seq` (as a coordinator writes events).
 pub fn decode_event(payload: &[u8]) -> serde_json::Result<TurnEvent> {
-    #[derive(Deserialize)]
-    struct Ack {
-        turn_id: String,
-        text: String,
-        calls: Vec<AckCall>,
-        #[serde(default)]
-        deadline_ms: Option<u64>,
-    }
-    #[derive(Deserialize)]
-    struct ToolState {
-        turn_id: String,
-        tool_call_id: String,
-        name: String,
-        state: CallState,
-        #[serde(default)]
-        error: Option<CallError>,
-    }
-    #[derive(Deserialize)]
-    struct Narration {
-        turn_id: String,
-        text: String,
-    }
-    #[derive(Deserialize)]
-    struct Error {
-        #[serde(default)]
-        turn_id: Option<String>,
-        error: CallError,
+    /// Decodes `payload` as variant `$variant` of [`TurnEvent`], whose fields (with
+    /// their serde attributes) are listed as the variant declares them.
+    macro_rules! variant {
+        ($variant:ident { $($(#[$attr:meta])* $field:ident: $ty:ty),* $(,)? }) => {{
+            #[derive(Deserialize)]
+            struct Fields {
+                $($(#[$attr])* $field: $ty),*
+            }
+            let Fields { $($field),* } = serde_json::from_slice(payload)?;
+            TurnEvent::$variant { $($field),* }
+        }};
     }
     let mut rest = payload.strip_prefix(b"{").unwrap_or_default();
     if let Some(after) = rest.strip_prefix(b"\"seq\":") {
@@ -168,40 +152,31 @@ pub fn decode_event(payload: &[u8]) -> serde_json::Result<TurnEvent> {
         .strip_prefix(b"\"type\":\"")
         .and_then(|r| r.iter().position(|&b| b == b'"').map(|end| &r[..end]));
     Ok(match kind {
-        Some(b"ack") => {
-            let e: Ack = serde_json::from_slice(payload)?;
-            TurnEvent::Ack {
-                turn_id: e.turn_id,
-                text: e.text,
-                calls: e.calls,
-                deadline_ms: e.deadline_ms,
-            }
-        }
-        Some(b"tool_state") => {
-            let e: ToolState = serde_json::from_slice(payload)?;
-            TurnEvent::ToolState {
-                turn_id: e.turn_id,
-                tool_call_id: e.tool_call_id,
-                name: e.name,
-                state: e.state,
-                error: e.error,
-            }
-        }
-        Some(b"narration") => {
-            let e: Narration = serde_json::from_slice(payload)?;
-            TurnEvent::Narration {
-                turn_id: e.turn_id,
-                text: e.text,
-            }
-        }
+        Some(b"ack") => variant!(Ack {
+            turn_id: String,
+            text: String,
+            calls: Vec<AckCall>,
+            #[serde(default)]
+            deadline_ms: Option<u64>,
+        }),
+        Some(b"tool_state") => variant!(ToolState {
+            turn_id: String,
+            tool_call_id: String,
+            name: String,
+            state: CallState,
+            #[serde(default)]
+            error: Option<CallError>,
+        }),
+        Some(b"narration") => variant!(Narration {
+            turn_id: String,
+            text: String,
+        }),
         Some(b"final") => TurnEvent::Final(serde_json::from_slice(payload)?),
-        Some(b"error") => {
-            let e: Error = serde_json::from_slice(payload)?;
-            TurnEvent::Error {
-                turn_id: e.turn_id,
-                error: e.error,
-            }
-        }
+        Some(b"error") => variant!(Error {
+            #[serde(default)]
+            turn_id: Option<String>,
+            error: CallError,
+        }),
         _ => serde_json::from_slice(payload)?,
     })
 }

@@ -16,8 +16,8 @@ use tracing::warn;
 use crate::attach;
 use crate::callers::Reply;
 use crate::events;
-use crate::join::{Created, NewTurn};
-use crate::replica::Replica;
+use crate::replica::Outbox;
+use crate::store::redis::{Created, NewTurn};
 use crate::store::TurnStore;
 use crate::validate::{PlannedCall, Verdict};
 
@@ -46,15 +46,15 @@ pub(crate) enum Admission {
 
 /// Stores the turn in the join, or replays the existing turn of the same id to this
 /// caller, or says why neither.
-pub(crate) async fn admit(replica: &Replica, turn: NewTurn<'_>, reply: &Reply) -> Admission {
+pub(crate) async fn admit(outbox: Outbox<'_>, turn: NewTurn<'_>, reply: &Reply) -> Admission {
     let (turn_id, caller) = (turn.turn_id.to_string(), turn.caller.to_string());
-    match create(&*replica.join, &replica.metrics, turn).await {
+    match create(outbox.store, outbox.metrics, turn).await {
         Ok(Created::New) => Admission::New,
         Ok(Created::Exists {
             same_caller: true,
             same_request: true,
         }) => {
-            attach::replay(replica, &turn_id, (&caller, None), reply, 0).await;
+            attach::replay(outbox, &turn_id, (&caller, None), reply, 0).await;
             Admission::Replayed
         }
         Ok(Created::Exists {
@@ -138,4 +138,77 @@ pub(crate) fn first_events(
         .chain(states)
         .filter_map(|event| events::encode(&event))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use toolfleet_common::call::unix_ms;
+
+    use super::*;
+    use crate::testing::{self, open_turn, stored};
+
+    fn reply(name: &str) -> Reply {
+        Reply::kept(&format!("_INBOX.test.{name}")).expect("an inbox subject")
+    }
+
+    fn refusal(admission: Admission) -> CallError {
+        match admission {
+            Admission::Refused(error) => error,
+            Admission::New | Admission::Replayed => panic!("admitted"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_turn_id_submitted_again_is_replayed_to_its_frontend_and_refused_to_others() {
+        let (store, replica) = testing::store_and_replica().await;
+        let deadline = unix_ms() + 60_000;
+        let first = reply("first");
+        let turn = open_turn("t1", 2, deadline);
+        let admitted = admit(replica.outbox(), turn, &first).await;
+        assert!(matches!(admitted, Admission::New));
+
+        // The same frontend with the same request: its events go to the new subject.
+        let again = reply("again");
+        let turn = open_turn("t1", 2, deadline);
+        let admitted = admit(replica.outbox(), turn, &again).await;
+        assert!(matches!(admitted, Admission::Replayed));
+        assert_eq!(stored(&store, "t1").reply, again.as_str());
+
+        // The same frontend with another request, and another frontend: refused, and
+        // the stored turn is left as it is.
+        let changed = NewTurn {
+            digest: "another request",
+            ..open_turn("t1", 2, deadline)
+        };
+        let mallory = NewTurn {
+            caller: "mallory",
+            ..open_turn("t1", 2, deadline)
+        };
+        for (turn, code) in [
+            (changed, turn_codes::TURN_ID_CONFLICT),
+            (mallory, turn_codes::DUPLICATE_TURN),
+        ] {
+            let error = refusal(admit(replica.outbox(), turn, &reply("other")).await);
+            assert_eq!((error.code.as_str(), error.retryable), (code, false));
+        }
+        let turn = stored(&store, "t1");
+        assert_eq!(
+            (turn.reply.as_str(), turn.events.len()),
+            (again.as_str(), 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_store_refuses_the_turn_for_now_and_stores_nothing() {
+        let (store, replica) = testing::store_and_replica().await;
+        store.set_unavailable(true);
+        let turn = open_turn("t1", 2, unix_ms() + 60_000);
+        let error = refusal(admit(replica.outbox(), turn, &reply("first")).await);
+        assert_eq!(
+            (error.code.as_str(), error.retryable),
+            (turn_codes::UNAVAILABLE, true)
+        );
+        store.set_unavailable(false);
+        assert!(store.turn("t1").is_none());
+    }
 }

@@ -21,8 +21,10 @@
 //! the caller's own inbox through `finalize.rs`.
 
 use toolfleet_common::credentials::DEFAULT_INBOX_PREFIX;
+use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::turn::turn_codes;
 use toolfleet_common::{CallError, Names};
+use tracing::warn;
 
 use crate::config::FrontendBindings;
 
@@ -101,6 +103,27 @@ impl Caller {
     /// `reply` as a [`Reply`] when this caller [may receive](Self::may_receive) on it.
     pub fn reply_to(&self, reply: &str, own_inbox: &str) -> Option<Reply> {
         (plain(reply) && self.may_receive(reply, own_inbox)).then(|| Reply(reply.to_string()))
+    }
+
+    /// The caller of `message` and the [`Reply`] its answer goes to; `None` when the
+    /// message has no reply subject, or, counted and logged, when its reply is outside
+    /// the caller's own inbox: such a `request` (what the log calls it) is dropped,
+    /// never answered.
+    pub(crate) fn of_request(
+        names: &Names,
+        own_inbox: &str,
+        metrics: &FleetMetrics,
+        message: &async_nats::Message,
+        request: &str,
+    ) -> Option<(Self, Reply)> {
+        let subject = message.reply.as_deref()?;
+        let caller = Self::of(names, &message.subject);
+        let Some(reply) = caller.reply_to(subject, own_inbox) else {
+            metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
+            warn!(subject = %message.subject, reply = %subject, "{request} dropped: reply outside the caller's inbox");
+            return None;
+        };
+        Some((caller, reply))
     }
 
     /// Refuses a turn for `tenant` unless the bindings let this caller name it.

@@ -3,7 +3,7 @@
 //! one `final` in which every call without a result is `cancelled`.
 //!
 //! Owns the cancel subject's requests and their answers ([`CancelReply`]). The `CANCEL`
-//! script (`join.rs`) decides, atomically with every result's `RECORD`, whether the
+//! script (`store/redis.rs`) decides, atomically with every result's `RECORD`, whether the
 //! turn was still open: a cancel racing the last result ends the turn once, either way.
 //! Workers are told on `<p>.cancelled.<turn_id>` before the `final` is built, so running
 //! calls see their cancellation token fire and jobs not yet started are skipped; results
@@ -16,28 +16,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use toolfleet_common::turn::{
-    turn_codes, valid_turn_id, CancelOutcome, CancelReply, CancelRequest,
-};
+use toolfleet_common::turn::{valid_turn_id, CancelOutcome, CancelReply, CancelRequest};
 use tracing::{debug, warn};
 
-use crate::callers::{Caller, Reply};
+use crate::callers::Reply;
 use crate::events::{self, Notice};
 use crate::finalize::{finish, TurnEnd};
-use crate::join::Cancelled;
 use crate::replica::Replica;
+use crate::store::redis::Cancelled;
 
 /// Handles one request on the cancel subject.
 pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_nats::Message) {
     let received = Instant::now();
-    let Some(subject) = message.reply.as_deref() else {
-        return;
-    };
-    let caller = Caller::of(&replica.names, &message.subject);
-    let own_inbox = replica.config.nats_credentials.inbox_prefix();
-    let Some(reply) = caller.reply_to(subject, &own_inbox) else {
-        replica.metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
-        warn!(subject = %message.subject, reply = %subject, "cancel dropped: reply outside the caller's inbox");
+    let Some((caller, reply)) = replica.caller_of(&message, "cancel") else {
         return;
     };
     let request = match serde_json::from_slice::<CancelRequest>(&message.payload) {
@@ -60,7 +51,9 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
         Ok(Cancelled::Ended(closing)) => {
             // Workers first: running calls stop while the final is being built.
             let notice = Notice::Cancelled(&turn_id);
-            if let Err(error) = events::notify(&replica, notice, Bytes::new()).await {
+            if let Err(error) =
+                events::notify(&replica.nats, &replica.names, notice, Bytes::new()).await
+            {
                 debug!(%turn_id, %error, "cancel notice to workers not sent");
             }
             let end = TurnEnd::Cancelled {
@@ -97,7 +90,7 @@ pub(crate) async fn handle_cancel_message(replica: Arc<Replica>, message: async_
 
 async fn answer_with(replica: &Replica, reply: &Reply, answer: &CancelReply) {
     if let Ok(body) = serde_json::to_vec(answer) {
-        events::answer(replica, reply, body.into()).await;
+        events::answer(&replica.nats, reply, body.into()).await;
     }
 }
 
@@ -105,7 +98,6 @@ async fn answer_with(replica: &Replica, reply: &Reply, answer: &CancelReply) {
 mod tests {
     use super::*;
     use crate::dispatch::Unpublished;
-    use crate::store::memory::MemoryStore;
     use crate::testing::{self, finals, ok_result, open, stored, REPLY};
 
     fn cancel_message(subject: String, request: serde_json::Value) -> async_nats::Message {
@@ -122,8 +114,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancel_racing_the_last_result_ends_the_turn_once() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         open(&store, "t1").await;
         let last = Unpublished {
             turn_id: "t1".into(),
@@ -156,8 +147,7 @@ mod tests {
 
     #[tokio::test]
     async fn only_the_frontend_that_submitted_a_turn_may_cancel_it_for_its_tenant() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         open(&store, "t1").await;
         // The turn is the unidentified frontend's; an identified one does not see it.
         let mallory = replica.names.turn_cancel_as("mallory");

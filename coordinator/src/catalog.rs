@@ -14,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_common::tool::{CatalogFormat, CatalogRequest, CatalogResponse};
 use toolfleet_common::turn::{normalize_tenant, turn_codes};
 use toolfleet_common::CallError;
-use tracing::warn;
 
 use crate::callers::Caller;
 use crate::config::TenantPolicy;
@@ -82,14 +81,7 @@ pub(crate) async fn serve(
     shutdown: CancellationToken,
 ) {
     while let Some(message) = next_message(&mut subscriber, &shutdown).await {
-        let Some(subject) = message.reply.as_deref() else {
-            continue;
-        };
-        let caller = Caller::of(&replica.names, &message.subject);
-        let own_inbox = replica.config.nats_credentials.inbox_prefix();
-        let Some(reply) = caller.reply_to(subject, &own_inbox) else {
-            replica.metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
-            warn!(subject = %message.subject, reply = %subject, "catalog request dropped: reply outside the caller's inbox");
+        let Some((caller, reply)) = replica.caller_of(&message, "catalog request") else {
             continue;
         };
         let parsed = if message.payload.is_empty() {
@@ -109,7 +101,7 @@ pub(crate) async fn serve(
             },
         };
         if let Ok(body) = serde_json::to_vec(&response) {
-            events::answer(&replica, &reply, body.into()).await;
+            events::answer(&replica.nats, &reply, body.into()).await;
         }
     }
     let _ = subscriber.unsubscribe().await;

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
+use toolfleet_common::config::{self, env_in, env_ms_in, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::tls::TlsFiles;
 use toolfleet_common::turn::normalize_tenant;
@@ -126,21 +126,18 @@ impl CoordinatorConfig {
 
     /// Defaults against local servers.
     pub fn local() -> Self {
-        let Endpoints {
-            nats_url,
-            nats_credentials,
-            redis_url,
-            redis_tls,
-            prefix,
-            stream_partitions,
-        } = Endpoints::local();
+        Self::at(Endpoints::local())
+    }
+
+    /// Default settings against `endpoints`.
+    fn at(endpoints: Endpoints) -> Self {
         Self {
-            nats_url,
-            nats_credentials,
-            redis_url,
-            redis_tls,
-            prefix,
-            stream_partitions,
+            nats_url: endpoints.nats_url,
+            nats_credentials: endpoints.nats_credentials,
+            redis_url: endpoints.redis_url,
+            redis_tls: endpoints.redis_tls,
+            prefix: endpoints.prefix,
+            stream_partitions: endpoints.stream_partitions,
             default_deadline: Duration::from_secs(15),
             max_deadline: Duration::from_secs(300),
             max_calls: 16,
@@ -175,11 +172,6 @@ impl CoordinatorConfig {
 
     /// Reads the configuration from the environment.
     pub fn from_env() -> Result<Self, ConfigError> {
-        let d = Self::local();
-        let keys = env_string(
-            "TOOLFLEET_TENANT_ARGUMENT_KEYS",
-            &d.tenant_argument_keys.join(","),
-        );
         let tenants = match std::env::var("TOOLFLEET_TENANTS_FILE") {
             Ok(path) if !path.trim().is_empty() => {
                 TenantPolicies::from_file(Path::new(path.trim())).map_err(|reason| ConfigError {
@@ -190,21 +182,13 @@ impl CoordinatorConfig {
             }
             _ => TenantPolicies::default(),
         };
-        let Endpoints {
-            nats_url,
-            nats_credentials,
-            redis_url,
-            redis_tls,
-            prefix,
-            stream_partitions,
-        } = Endpoints::from_env()?;
+        // A bad tenants file is reported ahead of a bad endpoint variable.
+        let d = Self::at(Endpoints::from_env()?);
+        let keys = env_string(
+            "TOOLFLEET_TENANT_ARGUMENT_KEYS",
+            &d.tenant_argument_keys.join(","),
+        );
         let config = Self {
-            nats_url,
-            nats_credentials,
-            redis_url,
-            redis_tls,
-            prefix,
-            stream_partitions,
             tenant_argument_keys: keys
                 .split(',')
                 .map(str::trim)
@@ -320,23 +304,15 @@ impl CoordinatorConfig {
             result_concurrency: env_in(
                 "TOOLFLEET_RESULT_CONCURRENCY",
                 d.result_concurrency,
-                r::RESULT_CONCURRENCY,
+                r::REPLICA_CONCURRENCY,
             )?,
             intake_concurrency: env_in(
                 "TOOLFLEET_INTAKE_CONCURRENCY",
                 d.intake_concurrency,
-                r::INTAKE_CONCURRENCY,
+                r::REPLICA_CONCURRENCY,
             )?,
-            shutdown_grace: env_ms_in(
-                "TOOLFLEET_SHUTDOWN_GRACE_MS",
-                d.shutdown_grace,
-                r::SHUTDOWN_GRACE_MS,
-            )?,
-            topology_check: env_ms_in(
-                "TOOLFLEET_TOPOLOGY_CHECK_MS",
-                d.topology_check,
-                r::REFRESH_MS,
-            )?,
+            shutdown_grace: config::shutdown_grace_from_env(d.shutdown_grace)?,
+            topology_check: config::topology_check_from_env(d.topology_check)?,
             lane_worker_slots: env_in(
                 "TOOLFLEET_LANE_WORKER_SLOTS",
                 d.lane_worker_slots,
@@ -366,8 +342,7 @@ pub mod ranges {
     pub const DECISION_CALLS: RangeInclusive<usize> = 1..=10_000;
     /// Serialized arguments of one call, in bytes.
     pub const ARGUMENT_BYTES: RangeInclusive<usize> = 1024..=8 * 1024 * 1024;
-    /// Ack wait of the tool consumers, in ms.
-    pub const ACK_WAIT_MS: RangeInclusive<u64> = 500..=600_000;
+    pub use toolfleet_common::config::{ACK_WAIT_MS, SHUTDOWN_GRACE_MS};
     /// Serialized turn context, in bytes.
     pub const CONTEXT_BYTES: RangeInclusive<usize> = 256..=1024 * 1024;
     /// Turns one replica takes in and follows at once.
@@ -384,12 +359,8 @@ pub mod ranges {
     pub const REFRESH_MS: RangeInclusive<u64> = 100..=60_000;
     /// Turn keys kept after the deadline, in ms.
     pub const RETENTION_MS: RangeInclusive<u64> = 10_000..=86_400_000;
-    /// Results recorded at once by one replica.
-    pub const RESULT_CONCURRENCY: RangeInclusive<usize> = 1..=4096;
-    /// Turn requests taken in at once by one replica.
-    pub const INTAKE_CONCURRENCY: RangeInclusive<usize> = 1..=4096;
-    /// Shutdown grace, in ms (0: stop at once).
-    pub const SHUTDOWN_GRACE_MS: RangeInclusive<u64> = 0..=600_000;
+    /// Results recorded, and turn requests taken in, at once by one replica.
+    pub const REPLICA_CONCURRENCY: RangeInclusive<usize> = 1..=4096;
     /// Calls of one tool a worker runs at once, as the lanes count them.
     pub const LANE_WORKER_SLOTS: RangeInclusive<usize> = 1..=4096;
     /// A lane's work beyond the slots, in ms of mean call time.

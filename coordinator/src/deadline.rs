@@ -90,11 +90,10 @@ mod tests {
 
     #[tokio::test]
     async fn the_clock_ends_an_owned_turn_at_its_deadline_and_forgets_it() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         let deadline = unix_ms() + 30;
         let created = store.create(open_turn("t1", 1, deadline)).await;
-        assert!(matches!(created, Ok(crate::join::Created::New)));
+        assert!(matches!(created, Ok(crate::store::redis::Created::New)));
         let owned = OwnedTurn {
             reply: Reply::kept(testing::REPLY).unwrap_or_else(|| panic!("an inbox reply")),
             trace: None,
@@ -130,7 +129,7 @@ mod tests {
         let now = unix_ms();
         for (turn_id, deadline) in [("past", now - 1), ("future", now + 60_000)] {
             let created = store.create(open_turn(turn_id, 1, deadline)).await;
-            assert!(matches!(created, Ok(crate::join::Created::New)));
+            assert!(matches!(created, Ok(crate::store::redis::Created::New)));
         }
         let stop = CancellationToken::new();
         let sweeping = tokio::spawn(sweep(Arc::clone(&replica), stop.clone()));

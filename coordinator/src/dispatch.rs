@@ -25,8 +25,8 @@ use toolfleet_common::tool::provider_tool_name;
 use toolfleet_common::{CallError, CallResult, CallState, JobEnvelope, Names, TurnRequest};
 use tracing::{debug, info, info_span, warn, Instrument};
 
-use crate::join::CallEntry;
-use crate::replica::Replica;
+use crate::replica::JobSink;
+use crate::store::redis::CallEntry;
 use crate::trace::TurnTrace;
 use crate::validate::{PlannedCall, Verdict};
 
@@ -148,7 +148,7 @@ pub(crate) struct Dispatched {
 /// be published gets a `dispatch_failed` result, handed back in [`Dispatched::failed`]
 /// for the caller to record.
 pub(crate) async fn publish(
-    replica: &Replica,
+    sink: JobSink<'_>,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
@@ -159,14 +159,14 @@ pub(crate) async fn publish(
     let mut published = Vec::with_capacity(jobs.len());
     let mut failed = Vec::new();
     let mut pending = Vec::with_capacity(jobs.len());
-    let (address, port) = telemetry::server_of(&replica.config.nats_url);
+    let (address, port) = telemetry::server_of(&sink.config.nats_url);
     for (key, mut job) in jobs {
         job.dispatched_unix_ms = unix_ms();
-        let subject = job_subject(&replica.names, &job);
+        let subject = job_subject(sink.names, &job);
         let span = publish_span(trace, turn_id, &job, &subject);
         span.record("server.address", address.as_str());
         span.record("server.port", port);
-        let outcome = publish_job(replica, &job, subject, &span, trace).await;
+        let outcome = publish_job(sink, &job, subject, &span, trace).await;
         pending.push((key, job, outcome, span));
     }
     for (key, job, outcome, span) in pending {
@@ -188,7 +188,7 @@ pub(crate) async fn publish(
             // Whether the job reached the stream is unknown: ask again with the same
             // message id, which the stream de-duplicates.
             // Boxed: a rare path whose future would otherwise grow every publish.
-            Err(error) => match Box::pin(publish_again(replica, &job, &span, trace, error)).await {
+            Err(error) => match Box::pin(publish_again(sink, &job, &span, trace, error)).await {
                 Ok(()) => {
                     published.push(key);
                     continue;
@@ -269,7 +269,7 @@ const REPUBLISH_DELAYS: [Duration; 4] = [
 /// stream electing a leader, and moving would not help. An error that can never
 /// succeed ([`JobPublishError::retryable`]) ends the tries at once.
 async fn publish_again(
-    replica: &Replica,
+    sink: JobSink<'_>,
     job: &JobEnvelope,
     span: &tracing::Span,
     trace: Option<&TurnTrace>,
@@ -282,13 +282,13 @@ async fn publish_again(
         .enumerate()
     {
         if attempt >= MOVE_AFTER_ATTEMPTS
-            && replica
+            && sink
                 .failover
-                .claim_if_cut_off(&replica.js, &replica.names.all_streams())
+                .claim_if_cut_off(sink.js, &sink.names.all_streams())
                 .await
         {
             info!(turn_id = %job.turn_id, %error, "job publishes keep failing through this NATS server; moving to another");
-            if let Err(move_error) = replica.nats.force_reconnect().await {
+            if let Err(move_error) = sink.nats.force_reconnect().await {
                 warn!(error = %move_error, "could not move to another NATS server");
             }
         }
@@ -298,8 +298,8 @@ async fn publish_again(
         }
         debug!(turn_id = %job.turn_id, call = %job.call.id, %error, "job publish unconfirmed; publishing again");
         tokio::time::sleep(delay).await;
-        let subject = job_subject(&replica.names, job);
-        let ack = match publish_job(replica, job, subject, span, trace).await {
+        let subject = job_subject(sink.names, job);
+        let ack = match publish_job(sink, job, subject, span, trace).await {
             Ok(ack) => ack,
             Err(e) if !e.retryable() => return Err(e),
             Err(e) => {
@@ -355,7 +355,7 @@ fn publish_span(
 
 /// Sends one job; the returned future resolves with the stream's ack.
 async fn publish_job(
-    replica: &Replica,
+    sink: JobSink<'_>,
     job: &JobEnvelope,
     subject: String,
     span: &tracing::Span,
@@ -370,9 +370,7 @@ async fn publish_job(
     }
     // Jobs go only to `subject`, built from `Names` by the caller.
     #[allow(clippy::disallowed_methods)]
-    let publishing = replica
-        .js
-        .publish_with_headers(subject, headers, body.into());
+    let publishing = sink.js.publish_with_headers(subject, headers, body.into());
     Ok(publishing.await?)
 }
 
@@ -409,7 +407,7 @@ mod tests {
             "deadline_unix_ms": unix_ms() + 150, "timeout_ms": 100, "dispatched_unix_ms": 0
         }))
         .unwrap_or_else(|e| panic!("job: {e}"));
-        let dispatched = publish(&replica, "t1", vec![("c1".into(), job)], None).await;
+        let dispatched = publish(replica.job_sink(), "t1", vec![("c1".into(), job)], None).await;
         assert!(dispatched.published.is_empty());
         let [failed] = &dispatched.failed[..] else {
             panic!("one failure expected: {dispatched:?}");

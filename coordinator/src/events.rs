@@ -9,7 +9,7 @@
 //! send. Everything bound for a frontend goes to a [`Reply`], which only the caller
 //! checks of `callers.rs` make, and every notice to a subject built from `Names` by
 //! [`Notice`]: no function here takes a subject as a string. Every event of
-//! a stored turn is stored in the turn's event list before it is sent (`join.rs`), so a
+//! a stored turn is stored in the turn's event list before it is sent (`store/redis.rs`), so a
 //! publish that is lost is only a gap the frontend fills by attaching; sending is core
 //! NATS, fire-and-forget, and never changes a turn's state. Nor does it hold a turn up:
 //! while the NATS connection is down its outgoing queue fills and a publish would wait
@@ -23,17 +23,18 @@
 
 use std::time::Duration;
 
+use async_nats::Client;
 use bytes::Bytes;
 use toolfleet_common::failover::{publish_within, PublishWithinError};
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::turn::with_seq;
-use toolfleet_common::{CallError, CallResult, CallState, TurnEvent};
+use toolfleet_common::{CallError, CallResult, CallState, Names, TurnEvent};
 use tracing::warn;
 
 use crate::callers::Reply;
 use crate::finals;
-use crate::join::Emitted;
-use crate::replica::Replica;
+use crate::replica::Outbox;
+use crate::store::redis::Emitted;
 
 /// The longest an event or notice waits for room in the connection's outgoing queue.
 /// The queue (2,048 commands) drains in microseconds while the connection is up; it
@@ -51,41 +52,37 @@ pub(crate) enum Notice<'a> {
 
 /// Publishes `body` on `subject`, waiting at most [`PUBLISH_WAIT`] for the connection
 /// to take it. Private: callers name a [`Reply`] or a [`Notice`].
-async fn send(replica: &Replica, subject: String, body: Bytes) -> Result<(), PublishWithinError> {
+async fn send(nats: &Client, subject: String, body: Bytes) -> Result<(), PublishWithinError> {
     #[allow(clippy::disallowed_methods)] // the one publish of this module
-    publish_within(&replica.nats, subject, body, PUBLISH_WAIT).await
+    publish_within(nats, subject, body, PUBLISH_WAIT).await
 }
 
 /// Publishes `notice` with `body`.
 pub(crate) async fn notify(
-    replica: &Replica,
+    nats: &Client,
+    names: &Names,
     notice: Notice<'_>,
     body: Bytes,
 ) -> Result<(), PublishWithinError> {
     let subject = match notice {
-        Notice::Ended(turn_id) => replica.names.ended_subject(turn_id),
-        Notice::Cancelled(turn_id) => replica.names.turn_cancelled(turn_id),
+        Notice::Ended(turn_id) => names.ended_subject(turn_id),
+        Notice::Cancelled(turn_id) => names.turn_cancelled(turn_id),
     };
-    send(replica, subject, body).await
+    send(nats, subject, body).await
 }
 
 /// Sends a request's one answer (a catalog, a cancel's outcome) to `reply`.
-pub(crate) async fn answer(replica: &Replica, reply: &Reply, body: Bytes) {
-    if let Err(error) = send(replica, reply.to_string(), body).await {
+pub(crate) async fn answer(nats: &Client, reply: &Reply, body: Bytes) {
+    if let Err(error) = send(nats, reply.to_string(), body).await {
         warn!(%error, "answer not sent");
     }
 }
 
 /// Sends stored events to the kept reply subject of a turn (see [`Reply::kept`]);
 /// nothing, logged, when the store holds a subject outside the inbox namespace.
-pub(crate) async fn publish_kept(
-    replica: &Replica,
-    reply: &str,
-    first_seq: u64,
-    events: &[String],
-) {
+pub(crate) async fn publish_kept(nats: &Client, reply: &str, first_seq: u64, events: &[String]) {
     match Reply::kept(reply) {
-        Some(reply) => publish_stored(replica, &reply, first_seq, events).await,
+        Some(reply) => publish_stored(nats, &reply, first_seq, events).await,
         None => warn!(%reply, "stored reply subject outside the inbox namespace; events not sent"),
     }
 }
@@ -105,15 +102,15 @@ pub(crate) fn encode(event: &TurnEvent) -> Option<String> {
 /// Sends stored events to `reply`, the first with `first_seq`, the next with the next;
 /// a stored `final` with its history (`finals.rs`).
 pub(crate) async fn publish_stored(
-    replica: &Replica,
+    nats: &Client,
     reply: &Reply,
     first_seq: u64,
     events: &[String],
 ) {
-    let limit = finals::limit(&replica.nats);
+    let limit = finals::limit(nats);
     for (seq, event) in (first_seq..).zip(events) {
         let body = with_seq(finals::sendable(event, limit).as_bytes(), seq);
-        match send(replica, reply.to_string(), body.into()).await {
+        match send(nats, reply.to_string(), body.into()).await {
             Ok(()) => {}
             // The connection is down: the events after it would wait as long.
             Err(error @ PublishWithinError::QueueFull(_)) => {
@@ -128,9 +125,9 @@ pub(crate) async fn publish_stored(
 }
 
 /// Sends the `error` of a request whose turn was never stored (no `seq`).
-pub(crate) async fn publish_unstored(replica: &Replica, reply: &Reply, event: &TurnEvent) {
+pub(crate) async fn publish_unstored(nats: &Client, reply: &Reply, event: &TurnEvent) {
     let Some(body) = encode(event) else { return };
-    if let Err(error) = send(replica, reply.to_string(), body.into()).await {
+    if let Err(error) = send(nats, reply.to_string(), body.into()).await {
         warn!(%error, kind = event.kind(), "event publish failed");
     }
 }
@@ -139,19 +136,19 @@ pub(crate) async fn publish_unstored(replica: &Replica, reply: &Reply, event: &T
 /// is unknown or has ended, or when `unless_result_of` names a call that has its result
 /// (a `running` is never stored after its call's terminal state nor after `final`).
 pub(crate) async fn emit(
-    replica: &Replica,
+    outbox: Outbox<'_>,
     turn_id: &str,
     unless_result_of: Option<&str>,
     events: &[TurnEvent],
 ) {
     let encoded: Vec<String> = events.iter().filter_map(encode).collect();
-    match replica.join.emit(turn_id, unless_result_of, &encoded).await {
+    match outbox.store.emit(turn_id, unless_result_of, &encoded).await {
         Ok(Emitted::Stored { reply, first_seq }) => {
-            publish_kept(replica, &reply, first_seq, &encoded).await;
+            publish_kept(outbox.nats, &reply, first_seq, &encoded).await;
         }
         Ok(Emitted::Nothing) => {}
         Err(error) => {
-            replica.metrics.redis_error("emit");
+            outbox.metrics.redis_error("emit");
             warn!(%turn_id, %error, "could not store events; not sent");
         }
     }
@@ -159,9 +156,9 @@ pub(crate) async fn emit(
 
 /// Tells every replica that `turn_id` ended (its owner forgets it), on the turn's
 /// ended subject, which only coordinators may publish.
-pub(crate) async fn notify_ended(replica: &Replica, turn_id: &str) {
+pub(crate) async fn notify_ended(nats: &Client, names: &Names, turn_id: &str) {
     if let Ok(body) = serde_json::to_vec(&ProgressNotice::Ended) {
-        if let Err(error) = notify(replica, Notice::Ended(turn_id), body.into()).await {
+        if let Err(error) = notify(nats, names, Notice::Ended(turn_id), body.into()).await {
             warn!(%error, %turn_id, "progress notice publish failed");
         }
     }

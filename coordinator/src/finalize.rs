@@ -32,11 +32,11 @@ use crate::callers::Reply;
 use crate::events;
 use crate::fault;
 use crate::finals;
-use crate::join::{CallEntry, Closing, Finalized, NewTurn, StoredFinal};
 use crate::limits::millis;
 use crate::narrate::{NarrationInput, TemplateNarrator, FALLBACK};
 use crate::replica::Replica;
 use crate::sent::{mark_sent, send_stored_again};
+use crate::store::redis::{CallEntry, Closing, Finalized, NewTurn, StoredFinal};
 use crate::trace::{self, worst_outcome, EndedBy, TurnOutcome, TurnTrace};
 use crate::turns::{Ready, Started};
 
@@ -166,7 +166,7 @@ async fn reject(
     let outcome_error = error.clone();
     replica.metrics.turn_refused_once(turn_id, &error.code);
     let event = events::turn_error(turn_id, error);
-    events::publish_unstored(replica, reply, &event).await;
+    events::publish_unstored(&replica.nats, reply, &event).await;
     if let Some(trace) = trace {
         trace.end(&TurnOutcome {
             turn_id: turn_id.unwrap_or_default(),
@@ -372,7 +372,7 @@ async fn turn_ended(replica: &Arc<Replica>, trace: Option<&TurnTrace>, ended: En
     replica.metrics.turn_ended(reason.label(), turn_seconds);
     // Another replica that took the turn is told; this one forgets it at once.
     if !replica.turns.owns(turn_id) {
-        events::notify_ended(replica, turn_id).await;
+        events::notify_ended(&replica.nats, &replica.names, turn_id).await;
     }
     replica.turns.release(turn_id);
 }
@@ -483,7 +483,7 @@ pub(crate) async fn send_closed_ahead(
         let mut sent = Vec::with_capacity(closing.sent.len() + 1);
         sent.push(state);
         sent.extend(closing.sent);
-        events::publish_kept(replica, reply, seq, &sent).await;
+        events::publish_kept(&replica.nats, reply, seq, &sent).await;
         mark_sent(&*replica.join, &replica.metrics, turn_id).await
     }
     .instrument(span)
@@ -509,12 +509,7 @@ async fn answer_without_tools(
     text: String,
     trace: Option<TurnTrace>,
 ) {
-    let Taken {
-        turn_id,
-        reply,
-        caller,
-        digest,
-    } = taken;
+    let turn_id = &taken.turn_id;
     let narration = TurnEvent::Narration {
         turn_id: turn_id.clone(),
         text: text.clone(),
@@ -535,9 +530,9 @@ async fn answer_without_tools(
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
     let now = unix_ms();
     let turn = NewTurn {
-        turn_id: &turn_id,
-        reply: reply.as_str(),
-        digest: &digest,
+        turn_id,
+        reply: taken.reply.as_str(),
+        digest: &taken.digest,
         tenant,
         deadline_unix_ms: now + millis(replica.config.sweep_grace),
         paced: false,
@@ -547,20 +542,20 @@ async fn answer_without_tools(
         created_unix_ms: now,
         traceparent: &traceparent,
         trace: &stored_trace,
-        caller: &caller,
+        caller: &taken.caller,
         events: stored.clone(),
         ended: true,
         queued: Vec::new(),
     };
-    match admission::admit(replica, turn, &reply).await {
+    match admission::admit(replica.outbox(), turn, &taken.reply).await {
         Admission::New => {}
         Admission::Replayed => return,
         Admission::Refused(error) => {
-            return reject(replica, Some(&turn_id), &reply, error, trace).await;
+            return reject(replica, Some(turn_id), &taken.reply, error, trace).await;
         }
     }
-    events::publish_stored(replica, &reply, 1, &stored).await;
-    let marked_first = match replica.join.mark_published(&turn_id).await {
+    events::publish_stored(&replica.nats, &taken.reply, 1, &stored).await;
+    let marked_first = match replica.join.mark_published(turn_id).await {
         Ok(first) => first,
         Err(error) => {
             debug!(%turn_id, %error, "could not mark the final sent; the sweeper sends it again");
@@ -569,7 +564,7 @@ async fn answer_without_tools(
     };
     if let Some(trace) = trace.filter(|_| marked_first) {
         trace.end(&TurnOutcome {
-            turn_id: &turn_id,
+            turn_id,
             outcome: "no_tools",
             summary: None,
             deadline_hit: false,
@@ -657,7 +652,7 @@ async fn publish_final(
     match replica.join.store_final(turn_id, &closing.stored).await {
         Ok(StoredFinal::Stored { reply, first_seq }) => {
             fault::point(fault::EXIT_AFTER_FINAL_STORED);
-            events::publish_kept(replica, &reply, first_seq, &closing.sent).await;
+            events::publish_kept(&replica.nats, &reply, first_seq, &closing.sent).await;
             Some(mark_sent(&*replica.join, &replica.metrics, turn_id).await)
         }
         Ok(StoredFinal::StoredBefore | StoredFinal::UnknownTurn) => None,
@@ -801,14 +796,12 @@ fn missing_result(entry: &CallEntry, reason: EndReason, started: Option<&Started
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::memory::MemoryStore;
     use crate::store::TurnStore;
-    use crate::testing::{self, event_types, finals, open, stored};
+    use crate::testing::{self, ended, event_types, finals, open, stored};
 
     #[tokio::test]
     async fn ending_a_turn_from_several_places_at_once_publishes_one_final() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         open(&store, "t1").await;
         futures::join!(
             end_open_turn(&replica, "t1", true),
@@ -831,14 +824,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_final_stored_but_never_sent_is_sent_again_and_marked_once() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
-        open(&store, "t1").await;
+        let (store, replica) = testing::store_and_replica().await;
         // The replica that ended the turn stored its final and died before sending it.
-        assert!(matches!(
-            store.finalize("t1", "deadline").await,
-            Ok(Finalized::Ended(_))
-        ));
+        ended(&store, "t1").await;
         let closing = [
             r#"{"type":"narration"}"#.to_string(),
             r#"{"type":"final"}"#.to_string(),
@@ -857,14 +845,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_turn_ended_without_a_stored_final_is_finished_by_whoever_finds_it() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
-        open(&store, "t1").await;
+        let (store, replica) = testing::store_and_replica().await;
         // Ended, and its replica died before storing the final.
-        assert!(matches!(
-            store.finalize("t1", "deadline").await,
-            Ok(Finalized::Ended(_))
-        ));
+        ended(&store, "t1").await;
         sweep_turn(&replica, "t1").await;
         let turn = stored(&store, "t1");
         assert_eq!(event_types(&turn).last().map(String::as_str), Some("final"));
@@ -873,8 +856,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_turn_the_store_cannot_end_stays_open_for_the_sweeper() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         open(&store, "t1").await;
         store.set_unavailable(true);
         end_open_turn(&replica, "t1", true).await;

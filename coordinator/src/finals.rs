@@ -221,14 +221,18 @@ fn shrink(results: &mut [CallResult], limit: usize) -> bool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_final_is_encoded_once_as_it_is_or_fitted_to_the_limit() {
-        let call = |id: &str| ToolCall {
+    /// A call `id` of tool `t`.
+    fn call(id: &str) -> ToolCall {
+        ToolCall {
             id: id.into(),
             name: "t".into(),
             arguments: serde_json::Value::Null,
             parent_id: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_final_is_encoded_once_as_it_is_or_fitted_to_the_limit() {
         let results = vec![
             CallResult::success(&call("small"), serde_json::json!({"n": 1})),
             CallResult::success(
@@ -305,12 +309,6 @@ mod tests {
 
     #[test]
     fn a_final_is_stored_with_each_result_once_and_sent_again_with_its_history() {
-        let call = |id: &str| ToolCall {
-            id: id.into(),
-            name: "t".into(),
-            arguments: serde_json::Value::Null,
-            parent_id: None,
-        };
         let results = vec![
             CallResult::success(
                 &call("a"),

@@ -19,6 +19,7 @@
 //! goes through `finalize.rs`. Never publishes a job itself (`dispatch.rs` does). Next: workers
 //! run the jobs, and `results.rs` records what they return.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -35,15 +36,15 @@ use tracing::{info, info_span, warn, Instrument};
 
 use crate::admission::{admit, first_events, Admission, Taken};
 use crate::attach;
-use crate::callers::{Caller, Reply};
+use crate::callers::Reply;
 use crate::cancel;
 use crate::dispatch::{build_jobs, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
-use crate::join::{CallEntry, NewTurn};
 use crate::limits::{millis, TurnLimits};
 use crate::registry::Snapshot;
 use crate::replica::{next_message, Replica};
+use crate::store::redis::{CallEntry, NewTurn};
 use crate::trace::{self, TurnTrace};
 use crate::turns::{Ahead, OwnedTurn};
 use crate::validate::{plan, Limits, PlannedCall, Verdict};
@@ -82,62 +83,41 @@ async fn take_turns(
     replica: &Arc<Replica>,
     shutdown: CancellationToken,
 ) -> Result<(), CoordinatorError> {
-    // Each handler is boxed: its task then moves a pointer, not the handler's whole
-    // state machine, each time it is spawned, polled to its end and dropped.
     let take = |message, permit| {
-        let replica = Arc::clone(replica);
-        replica.tasks.clone().spawn(Box::pin(async move {
+        spawn_handler(replica, |replica| async move {
             handle_turn_message(replica, message).await;
             drop(permit);
-        }));
+        });
     };
     // Requests being taken in at once (`TOOLFLEET_INTAKE_CONCURRENCY`): a burst waits in
     // the subscription, not as that many decoded requests and plans in memory together.
     let intake_slots = Arc::new(Semaphore::new(replica.config.intake_concurrency));
     let slot = || async { Arc::clone(&intake_slots).acquire_owned().await.ok() };
     let attach = |message| {
-        let replica = Arc::clone(replica);
-        replica
-            .tasks
-            .clone()
-            .spawn(Box::pin(attach::handle_attach_message(replica, message)));
+        spawn_handler(replica, |replica| {
+            attach::handle_attach_message(replica, message)
+        });
     };
     let cancel = |message| {
-        let replica = Arc::clone(replica);
-        replica
-            .tasks
-            .clone()
-            .spawn(Box::pin(cancel::handle_cancel_message(replica, message)));
+        spawn_handler(replica, |replica| {
+            cancel::handle_cancel_message(replica, message)
+        });
     };
-    let group = || COORDINATOR_QUEUE_GROUP.to_string();
     let names = &replica.names;
+    let subscribe = |subject| {
+        replica
+            .nats
+            .queue_subscribe(subject, COORDINATOR_QUEUE_GROUP.to_string())
+    };
     // Identified frontends (`<p>.turns.submit.<user>`) and unidentified ones.
-    let mut identified = replica
-        .nats
-        .queue_subscribe(names.turn_submit_any(), group())
-        .await?;
-    let mut unidentified = replica
-        .nats
-        .queue_subscribe(names.turn_submit(), group())
-        .await?;
+    let mut identified = subscribe(names.turn_submit_any()).await?;
+    let mut unidentified = subscribe(names.turn_submit()).await?;
     // Attach requests: a frontend following a turn it submitted.
-    let mut attaching = replica
-        .nats
-        .queue_subscribe(names.turn_attach_any(), group())
-        .await?;
-    let mut attaching_unidentified = replica
-        .nats
-        .queue_subscribe(names.turn_attach(), group())
-        .await?;
+    let mut attaching = subscribe(names.turn_attach_any()).await?;
+    let mut attaching_unidentified = subscribe(names.turn_attach()).await?;
     // Cancel requests: a frontend stopping a turn it submitted.
-    let mut cancelling = replica
-        .nats
-        .queue_subscribe(names.turn_cancel_any(), group())
-        .await?;
-    let mut cancelling_unidentified = replica
-        .nats
-        .queue_subscribe(names.turn_cancel(), group())
-        .await?;
+    let mut cancelling = subscribe(names.turn_cancel_any()).await?;
+    let mut cancelling_unidentified = subscribe(names.turn_cancel()).await?;
     info!(prefix = %names.prefix(), "coordinator taking turns");
     {
         let turns = futures::stream::select(&mut identified, &mut unidentified);
@@ -177,17 +157,23 @@ enum Incoming {
     Cancel(async_nats::Message),
 }
 
+/// Spawns the handler `handle` makes of its own reference to `replica` on the replica's
+/// tracked tasks. Boxed: the task then moves a pointer, not the handler's whole state
+/// machine, each time it is spawned, polled to its end and dropped.
+fn spawn_handler<F>(replica: &Arc<Replica>, handle: impl FnOnce(Arc<Replica>) -> F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    replica.tasks.spawn(Box::pin(handle(Arc::clone(replica))));
+}
+
 /// Handles one message on the turn subject.
 pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_nats::Message) {
-    let Some(subject) = message.reply.as_deref() else {
+    if message.reply.is_none() {
         warn!(subject = %message.subject, "turn request without a reply subject dropped");
         return;
-    };
-    let caller = Caller::of(&replica.names, &message.subject);
-    let own_inbox = replica.config.nats_credentials.inbox_prefix();
-    let Some(reply) = caller.reply_to(subject, &own_inbox) else {
-        replica.metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
-        warn!(subject = %message.subject, reply = %subject, "turn request dropped: reply outside the caller's inbox");
+    }
+    let Some((caller, reply)) = replica.caller_of(&message, "turn request") else {
         return;
     };
     // The turn span's ids and start are fixed here; whoever ends the turn exports it.
@@ -343,10 +329,9 @@ async fn take_turn(
     let decision = match read_decision(config, &request) {
         Ok(decision) => decision,
         Err(Ok(text)) => {
-            let tenant = request.tenant_id.clone();
             let end = TurnEnd::NoTools {
                 taken,
-                tenant,
+                tenant: request.tenant_id.clone(),
                 text,
                 trace,
             };
@@ -376,16 +361,11 @@ async fn take_turn(
     let first = first_events(&turn_id, &planned, acknowledgement, limits.budget_ms);
     let planned_calls = planned.len();
     let jobs = build_jobs(planned, &layout.calls, &turn_id, &request, deadline);
+    let lanes = replica.sharing();
     let tenant = &request.tenant_id;
-    let shared = sharing::admit_turn(
-        &replica,
-        &turn_id,
-        tenant,
-        &jobs,
-        deadline,
-        limits.budget_ms,
-    );
-    if let Err(error) = shared.await {
+    if let Err(error) =
+        sharing::admit_turn(lanes, &turn_id, tenant, &jobs, deadline, limits.budget_ms).await
+    {
         return reject(&replica, Some(turn_id), reply, error, trace).await;
     }
     let new_turn = NewTurn {
@@ -408,7 +388,10 @@ async fn take_turn(
     };
     let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
     let refused = new_turn.results.clone();
-    match admit(&replica, new_turn, &reply).instrument(script).await {
+    match admit(replica.outbox(), new_turn, &reply)
+        .instrument(script)
+        .await
+    {
         Admission::New => {}
         Admission::Replayed => return,
         Admission::Refused(error) => {
@@ -416,11 +399,10 @@ async fn take_turn(
         }
     }
     count_refused(&replica.metrics, planned_calls, &refused, &registry);
-    events::publish_stored(&replica, &reply, 1, &first).await;
+    events::publish_stored(&replica.nats, &reply, 1, &first).await;
     if layout.dispatched == 0 {
         return end_open_turn(&replica, &turn_id, false).await;
     }
-
     let owned = owned_turn(
         &replica,
         reply,
@@ -431,7 +413,7 @@ async fn take_turn(
         now,
     );
     replica.turns.own(turn_id.clone(), owned);
-    let dispatched = sharing::dispatch(&replica, &turn_id, jobs.now, trace.as_ref()).await;
+    let dispatched = sharing::dispatch(lanes, &turn_id, jobs.now, trace.as_ref()).await;
     results::record_unpublished(&replica, dispatched.failed).await;
 }
 
@@ -595,8 +577,7 @@ fn count_refused(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::join::Created;
-    use crate::store::memory::MemoryStore;
+    use crate::store::redis::Created;
     use crate::store::TurnStore;
     use crate::testing::{self, event_types, finals, open_turn, stored, REPLY};
 
@@ -636,8 +617,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_turn_is_stored_with_its_ack_and_pending_states_first_and_ends_once() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         // No NATS behind this replica: both jobs fail to publish before the deadline,
         // and their dispatch_failed results end the turn.
         let request = calls("t1", &["crm.get", "crm.get"], 600);
@@ -656,8 +636,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_to_an_unknown_tool_is_refused_up_front_and_the_turn_ends_at_once() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         let request = calls("t1", &["nope.tool"], 60_000);
         handle_turn_message(Arc::clone(&replica), turn_message(&replica, REPLY, request)).await;
         let turn = stored(&store, "t1");
@@ -673,8 +652,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_without_tools_is_stored_ended_and_a_resubmission_replays_it() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         let first = turn_message(&replica, REPLY, answer("t1", "hello"));
         handle_turn_message(Arc::clone(&replica), first).await;
         let turn = stored(&store, "t1");
@@ -698,8 +676,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_turn_id_another_frontend_holds_is_refused_and_left_as_stored() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         let mut theirs = open_turn("t1", 1, unix_ms() + 60_000);
         theirs.caller = "web";
         assert!(matches!(store.create(theirs).await, Ok(Created::New)));
@@ -712,8 +689,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_refused_before_the_store_leave_nothing_stored() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         // A reply outside the caller's inbox: dropped unread.
         let elsewhere = turn_message(&replica, "orders.new", answer("t1", "hi"));
         handle_turn_message(Arc::clone(&replica), elsewhere).await;

@@ -30,6 +30,8 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::Names;
 
+use crate::store::redis::reply_at;
+
 /// The Lua helpers every lane script shares. KEYS: slots, held, state, queue, ready,
 /// sending (`Names::lane_keys`). ARGV 1-4: now (Unix ms), the tool's slots, headroom
 /// (ms of mean slot time), grace (ms a slot outlives its call's deadline).
@@ -186,17 +188,45 @@ end
 }
 
 /// Queues calls of one tenant on the lane and hands out what now fits. ARGV 5 on:
-/// tenant, weight, cap on its calls in flight (0: none), n, (member, deadline, payload)*.
-/// A call already holding a slot is not queued again but handed back (`again`) to be
-/// published again (its message id de-duplicates it). Returns {waiting, in flight,
-/// again, handed out}.
+/// tenant, weight, cap on its calls in flight (0: none), n, (member, deadline, payload)*,
+/// then `bare`. A call already holding a slot is not queued again but handed back
+/// (`again`) to be published again (its message id de-duplicates it). Returns
+/// {waiting, in flight, again, handed out}.
+///
+/// `bare` ('1') is the uncontended case, sent without payloads: when no call waits on
+/// the lane and every new call fits the lane and the tenant's cap, each takes its slot
+/// at once, which leaves the lane as queueing and handing it out would (the tenant's
+/// queue and the virtual time are cleared whenever nothing waits) and stores no
+/// payload; otherwise nothing changes and the answer is {-1}: the caller admits again
+/// with payloads.
 const ADMIT: &str = concat!(
     lane_lua!(),
     r#"
 reclaim()
 local tenant, weight, cap = ARGV[5], math.max(1, tonumber(ARGV[6])), tonumber(ARGV[7])
+local last = 8 + 3 * tonumber(ARGV[8])
 local own, out, again = {}, {}, {}
-for i = 9, 8 + 3 * tonumber(ARGV[8]), 3 do
+if ARGV[last + 1] == '1' then
+  local fresh = 0
+  for i = 9, last, 3 do
+    if redis.call('HEXISTS', held, ARGV[i]) == 0 then fresh = fresh + 1 end
+  end
+  if num(state, 'waiting') > 0 or in_flight() + fresh > limit()
+      or (cap > 0 and num(state, 'n:' .. tenant) + fresh > cap) then
+    return {-1}
+  end
+  for i = 9, last, 3 do
+    local deadline = tonumber(ARGV[i + 1])
+    if redis.call('HEXISTS', held, ARGV[i]) == 1 then
+      again[#again + 1] = ARGV[i]
+    elseif deadline > now then
+      take(ARGV[i], tenant, deadline)
+      out[#out + 1] = ARGV[i]; out[#out + 1] = tenant; out[#out + 1] = ARGV[1]; out[#out + 1] = ''
+    end
+  end
+  return {0, in_flight(), again, out}
+end
+for i = 9, last, 3 do
   if redis.call('HEXISTS', held, ARGV[i]) == 1 then
     again[#again + 1] = ARGV[i]
   else
@@ -452,26 +482,69 @@ impl LaneStore {
         share: (&str, u32, usize),
         entries: &[LaneEntry],
     ) -> Result<Admitted, LaneError> {
-        let (tenant, weight, cap) = share;
-        let mut invocation = self.invocation(&self.admit, tool, clock);
-        invocation
-            .arg(tenant)
-            .arg(weight.max(1))
-            .arg(cap)
-            .arg(entries.len());
+        let mut invocation = self.admission(tool, clock, share, entries.len());
         for entry in entries {
             invocation
                 .arg(&entry.member)
                 .arg(entry.deadline_ms)
                 .arg(&entry.payload);
         }
+        self.admitted(invocation.arg("0"))
+            .await?
+            .ok_or_else(|| LaneError::Decode("a full admission answered as a bare one".into()))
+    }
+
+    /// Lets `members` of `tenant` (each with its deadline) onto `tool`'s lane at once
+    /// when no call waits there and all of them fit, storing no payload; `None`, with
+    /// the lane unchanged, when they do not: then [`LaneStore::admit`] them.
+    pub(crate) async fn admit_bare(
+        &self,
+        tool: &str,
+        clock: LaneClock,
+        share: (&str, u32, usize),
+        members: &[(&str, u64)],
+    ) -> Result<Option<Admitted>, LaneError> {
+        let mut invocation = self.admission(tool, clock, share, members.len());
+        for (member, deadline_ms) in members {
+            invocation.arg(member).arg(deadline_ms).arg("");
+        }
+        self.admitted(invocation.arg("1")).await
+    }
+
+    /// The admission script's invocation up to its calls: the lane, the clock, the
+    /// tenant's share and how many calls follow.
+    fn admission(
+        &self,
+        tool: &str,
+        clock: LaneClock,
+        share: (&str, u32, usize),
+        calls: usize,
+    ) -> redis::ScriptInvocation<'_> {
+        let (tenant, weight, cap) = share;
+        let mut invocation = self.invocation(&self.admit, tool, clock);
+        invocation
+            .arg(tenant)
+            .arg(weight.max(1))
+            .arg(cap)
+            .arg(calls);
+        invocation
+    }
+
+    /// Runs an admission: `None` when a bare one was answered "not at once".
+    async fn admitted(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Option<Admitted>, LaneError> {
         let mut redis = self.redis.clone();
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
-        Ok(Admitted {
+        if matches!(reply.first(), Some(RedisValue::Int(-1))) {
+            return Ok(None);
+        }
+        Ok(Some(Admitted {
             waiting: number_at(&reply, 0)?,
             again: strings_at(&reply, 2)?,
             handed_out: handed_out(&strings_at(&reply, 3)?)?,
-        })
+        }))
     }
 
     /// Frees the slots of `members` on `tool`'s lane and hands out what fits.
@@ -593,17 +666,11 @@ fn parse(text: &str) -> Result<u64, LaneError> {
 }
 
 fn number_at(reply: &[RedisValue], i: usize) -> Result<u64, LaneError> {
-    let value = reply
-        .get(i)
-        .ok_or_else(|| LaneError::Decode(format!("no element {i}")))?;
-    u64::from_redis_value(value.clone()).map_err(|e| LaneError::Decode(e.to_string()))
+    reply_at(reply, i).map_err(LaneError::Decode)
 }
 
 fn string_at(reply: &[RedisValue], i: usize) -> Result<String, LaneError> {
-    let value = reply
-        .get(i)
-        .ok_or_else(|| LaneError::Decode(format!("no element {i}")))?;
-    String::from_redis_value(value.clone()).map_err(|e| LaneError::Decode(e.to_string()))
+    reply_at(reply, i).map_err(LaneError::Decode)
 }
 
 fn strings_at(reply: &[RedisValue], i: usize) -> Result<Vec<String>, LaneError> {

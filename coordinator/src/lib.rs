@@ -10,7 +10,7 @@
 //! | step | module | what happens there |
 //! |---|---|---|
 //! | 0 | `startup` | connections, streams, background tasks, drain |
-//! | - | `replica` | `Replica`, the state every task shares (a leaf: it imports no handler) |
+//! | - | `replica` | `Replica`, the state every task shares, and the narrow handles it lends (`Outbox`, `JobSink`, `Sharing`); a leaf: it imports no handler |
 //! | 1 | `intake` | the loop taking requests in; decode the request, check ids, parse the decision; the turn as named steps |
 //! | - | `admission` | storing a new turn or replaying the stored one; its first events |
 //! | - | `callers` | the submitting frontend: its own inbox as the only reply, its tenants |
@@ -20,10 +20,11 @@
 //! | - | `sharing` | every job through its tool's lane, shared fairly between tenants; paced calls as slots release them; tenants' own limits (`overloaded`) |
 //! | - | `lanes` | the lanes in Redis: a weighted fair queue per tool in front of its stream (Lua); tenants' turns in flight |
 //! | 5 | `deadline` | the clock that ends owned turns at their deadlines; the sweeper for turns whose owner is gone |
-//! | 6 | `results` | the shared results consumer: record each result, report its state |
+//! | 6 | `results` | where results are joined: the shared results consumer records each result, reports its state, ends the turn on the last |
 //! | 7 | `finalize` | `TurnEnd`: every way a turn ends, narrated and published once |
 //! | - | `sent` | a stored `final` marked sent; the turn span exported from a stored turn |
 //! | - | `events` | every event to a frontend and every notice between replicas |
+//! | - | `event_log` | a turn's events as its Redis list keeps them: without the turn id each repeats |
 //! | - | `trace` | the turn span from accept to `final` on whichever replica ends the turn |
 //! | - | `memory` | Redis's memory sampled; new turns refused (`overloaded`) before it is full |
 //! | - | `upkeep` | recreating lost streams and the results consumer; queue-lag and turn gauges |
@@ -31,8 +32,7 @@
 //! | - | `progress` | relaying `running`; forgetting turns another replica ended |
 //! | - | `attach` | a frontend following a turn it submitted, from a `seq` |
 //! | - | `cancel` | a frontend cancelling a turn it submitted; workers told to stop |
-//! | - | [`join`] | the join in Redis: Lua scripts, write-once results, end-once turns |
-//! | - | [`store`] | `TurnStore`, the seam in front of the join; an in-memory store for unit tests |
+//! | - | [`store`] | `TurnStore`, the seam in front of the turn store; the Redis store (`store::redis`: Lua scripts, write-once results, end-once turns) and an in-memory store for unit tests |
 //! | - | [`registry`] | the cached tool registry: definitions, schemas, live workers |
 //! | - | [`narrate`] | the `Narrator` trait and the template narrator |
 //! | - | `catalog` | serving the tool catalog to frontends |
@@ -47,12 +47,12 @@ pub mod config;
 mod consumers;
 mod deadline;
 mod dispatch;
+mod event_log;
 mod events;
 mod fault;
 mod finalize;
 mod finals;
 mod intake;
-pub mod join;
 mod lanes;
 mod limits;
 mod memory;
@@ -76,6 +76,9 @@ pub use config::{CoordinatorConfig, FrontendBindings, TenantPolicies, TenantPoli
 pub use narrate::{Narrator, TemplateNarrator};
 pub use startup::{run, run_with_narrator, REDIS_RESPONSE_TIMEOUT};
 pub use store::TurnStore;
+
+/// The Redis turn store under the name the integration tests import it by.
+pub use store::redis as join;
 
 /// Why a coordinator could not start.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@
 //!
 //! Open turns are never deleted. Writes to Redis only through the join's trim.
 //!
-//! [`JoinStore::trim_ended`]: crate::join::JoinStore::trim_ended
+//! [`JoinStore::trim_ended`]: crate::store::redis::JoinStore::trim_ended
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -27,7 +27,7 @@ use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::redis_client::RedisConnection;
 use tracing::{debug, warn};
 
-use crate::join::JoinStore;
+use crate::store::redis::JoinStore;
 
 /// How often a replica reads Redis's memory.
 pub(crate) const SAMPLE_PERIOD: Duration = Duration::from_millis(500);

@@ -60,7 +60,7 @@ pub trait Narrator: Send + Sync {
 
     /// Whether [`Narrator::narrate_ahead`] narrates: then a turn's closing events are
     /// built before its last result is recorded and stored by the same script
-    /// (`join.rs`, `RECORD`). `false` (the default, and right for any narrator that
+    /// (`store/redis.rs`, `RECORD`). `false` (the default, and right for any narrator that
     /// calls out) narrates after the join.
     fn narrates_ahead(&self) -> bool {
         false

@@ -19,8 +19,8 @@ use toolfleet_common::CallState;
 use toolfleet_common::call::unix_ms;
 
 use crate::events;
-use crate::replica::Replica;
-use crate::turns::Started;
+use crate::replica::{Outbox, Replica};
+use crate::turns::{OwnedTurns, Started};
 
 /// Relays notices until `shutdown`: `started` notices from workers on
 /// `<p>.progress.<turn>.<tool>` and `ended` notices from coordinators on
@@ -68,7 +68,14 @@ pub(crate) async fn relay(
         replica.turns.note_started(turn_id, &tool_call_id, started);
         let (replica, turn_id) = (Arc::clone(&replica), turn_id.to_string());
         replica.tasks.clone().spawn(Box::pin(async move {
-            relay_running(&replica, &turn_id, &tool_call_id, &name).await;
+            relay_running(
+                &replica.turns,
+                replica.outbox(),
+                &turn_id,
+                &tool_call_id,
+                &name,
+            )
+            .await;
         }));
     }
     let _ = progress.unsubscribe().await;
@@ -80,20 +87,21 @@ pub(crate) async fn relay(
 /// `EMIT` script stores it only then, in one step with the check. The store and the
 /// publish run under the turn's publishing lock, which this replica also holds while
 /// publishing terminal states and the turn's end, so `running` never follows `done`.
-async fn relay_running(replica: &Replica, turn_id: &str, tool_call_id: &str, name: &str) {
-    replica
-        .turns
+async fn relay_running(
+    turns: &OwnedTurns,
+    outbox: Outbox<'_>,
+    turn_id: &str,
+    tool_call_id: &str,
+    name: &str,
+) {
+    turns
         .gated(turn_id, |gate| async move {
             let _publishing = gate.publishing.lock().await;
-            if replica
-                .turns
-                .running_target(turn_id, tool_call_id, name)
-                .is_none()
-            {
+            if turns.running_target(turn_id, tool_call_id, name).is_none() {
                 return;
             }
             let running = events::tool_state(turn_id, tool_call_id, name, CallState::Running, None);
-            events::emit(replica, turn_id, Some(tool_call_id), &[running]).await;
+            events::emit(outbox, turn_id, Some(tool_call_id), &[running]).await;
         })
         .await;
 }

@@ -1,6 +1,7 @@
-//! Where a result goes: every replica pulls from the shared results consumer, records
-//! each result in the join, publishes the call's terminal state, and ends the turn when
-//! it was the last one.
+//! Where results are joined and where a result goes: every replica pulls from the
+//! shared results consumer, records each result in the turn store (`store/redis.rs`,
+//! whose scripts count it once), publishes the call's terminal state, and ends the turn
+//! when it was the last one.
 //!
 //! Owns the results consumer, the recording of every result (workers' and the
 //! coordinator's own `dispatch_failed`, handed back by whoever dispatched:
@@ -25,7 +26,7 @@
 //! A result that may complete a turn this replica owns carries the turn's closing
 //! events, built ahead by `finalize.rs` from the results known here (`turns.rs`), into
 //! its `RECORD`, which stores them when it completes the turn and every other stored
-//! result is the one they hold (`join.rs`).
+//! result is the one they hold (`store/redis.rs`).
 //!
 //! Never builds the `final` (`finalize.rs` does). Next: `finalize.rs`, for the result
 //! that completes the turn.
@@ -48,11 +49,11 @@ use tracing::{debug, warn, Instrument};
 use crate::dispatch::Unpublished;
 use crate::events;
 use crate::finalize::{close_ahead, finish, send_closed_ahead, ClosedAhead, TurnEnd};
-use crate::join::{ClosingAhead, JoinError, Recorded};
 use crate::lanes::LaneError;
 use crate::registry::Registry;
 use crate::replica::Replica;
 use crate::sharing;
+use crate::store::redis::{ClosingAhead, JoinError, Recorded};
 use crate::trace;
 use crate::turns::TurnGate;
 
@@ -333,7 +334,7 @@ async fn try_record(
     if matches!(outcome, "wrong_tool" | "unknown_call") {
         return Ok(unpublished);
     }
-    let handed_out = sharing::release(replica, &tool, turn_id, key)
+    let handed_out = sharing::release(replica.sharing(), &tool, turn_id, key)
         .await
         .map_err(|error| match error {
             LaneError::Redis(e) => JoinError::Redis(e),
@@ -341,7 +342,7 @@ async fn try_record(
         })?;
     unpublished.extend(handed_out);
     if outcome == "complete" {
-        sharing::turn_ended(replica, traced.tenant, turn_id).await;
+        sharing::turn_ended(replica.sharing(), traced.tenant, turn_id).await;
     }
     Ok(unpublished)
 }
@@ -381,7 +382,7 @@ async fn record_and_report(
             debug!(%turn_id, call = %key, "duplicate result ignored");
             drop(recording);
             if !again.is_empty() {
-                unpublished = sharing::dispatch_released(replica, turn_id, again).await;
+                unpublished = sharing::dispatch_released(replica.sharing(), turn_id, again).await;
             }
         }
         Recorded::Late => {
@@ -398,13 +399,14 @@ async fn record_and_report(
             {
                 let _publishing = gate.publishing.lock().await;
                 replica.turns.mark_ended(turn_id, key);
-                events::publish_kept(replica, &reply, seq, std::slice::from_ref(&state))
+                events::publish_kept(&replica.nats, &reply, seq, std::slice::from_ref(&state))
                     .instrument(span.clone())
                     .await;
             }
             drop(recording);
             if let Some(released) = released {
-                unpublished = sharing::dispatch_released(replica, turn_id, vec![released]).await;
+                unpublished =
+                    sharing::dispatch_released(replica.sharing(), turn_id, vec![released]).await;
             }
         }
         Recorded::CompleteStored { reply, seq } => {
@@ -430,9 +432,14 @@ async fn record_and_report(
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
-            events::publish_kept(replica, &closing.reply, seq, std::slice::from_ref(&state))
-                .instrument(span.clone())
-                .await;
+            events::publish_kept(
+                &replica.nats,
+                &closing.reply,
+                seq,
+                std::slice::from_ref(&state),
+            )
+            .instrument(span.clone())
+            .await;
             let end = TurnEnd::AllResultsIn {
                 turn_id: turn_id.to_string(),
                 closing,
@@ -509,18 +516,17 @@ mod tests {
             .unwrap_or_else(|e| panic!("recording {key}: {e}"))
     }
 
-    async fn create(store: &MemoryStore, turn: crate::join::NewTurn<'_>) {
+    async fn create(store: &MemoryStore, turn: crate::store::redis::NewTurn<'_>) {
         let created = store.create(turn).await;
         assert!(
-            matches!(created, Ok(crate::join::Created::New)),
+            matches!(created, Ok(crate::store::redis::Created::New)),
             "{created:?}"
         );
     }
 
     #[tokio::test]
     async fn results_recorded_at_once_end_their_turn_with_one_final_after_every_state() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         create(&store, open_turn("t1", 3, unix_ms() + 60_000)).await;
         let recordings = ["c1", "c2", "c3"].map(|k| record(&replica, "t1", ok_result(k)));
         futures::future::join_all(recordings).await;
@@ -540,8 +546,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_duplicate_changes_nothing_and_a_result_after_the_end_counts_as_late() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         create(&store, open_turn("t1", 2, unix_ms() + 60_000)).await;
         record(&replica, "t1", ok_result("c1")).await;
         record(&replica, "t1", ok_result("c1")).await;
@@ -551,7 +556,10 @@ mod tests {
 
         create(&store, open_turn("t2", 2, unix_ms() + 60_000)).await;
         let ended = store.finalize("t2", "deadline").await;
-        assert!(matches!(ended, Ok(crate::join::Finalized::Ended(_))));
+        assert!(matches!(
+            ended,
+            Ok(crate::store::redis::Finalized::Ended(_))
+        ));
         record(&replica, "t2", ok_result("c1")).await;
         let turn = stored(&store, "t2");
         assert_eq!((turn.late, turn.results.len()), (1, 0));
@@ -559,8 +567,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_result_naming_another_tool_than_its_call_is_refused() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         create(&store, open_turn("t1", 1, unix_ms() + 60_000)).await;
         let mut forged = ok_result("c1");
         forged.name = "bank.transfer".into();
@@ -572,8 +579,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_result_is_written_back_for_its_tools_workers() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         let body = br#"{"tool_call_id": "c1", "name": 7}"#;
         reject(&replica, "crm.get", "t1", body, "does not decode".into()).await;
         let rejection = store.rejected("crm.get");
@@ -585,8 +591,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_call_that_cannot_be_published_still_ends_its_turn_once() {
-        let store = Arc::new(MemoryStore::default());
-        let replica = testing::replica(Arc::clone(&store)).await;
+        let (store, replica) = testing::store_and_replica().await;
         // Two calls, one at a time: c2 waits for c1's slot. The deadline is near, so the
         // publish of c2 (no NATS behind this replica) gives up quickly.
         let deadline = unix_ms() + 300;

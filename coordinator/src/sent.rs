@@ -11,8 +11,8 @@ use toolfleet_common::TurnEvent;
 use tracing::warn;
 
 use crate::events;
-use crate::join::StoredTurn;
 use crate::replica::Replica;
+use crate::store::redis::StoredTurn;
 use crate::store::TurnStore;
 use crate::trace::{worst_outcome, EndedBy, TurnOutcome, TurnTrace};
 use toolfleet_common::metrics::FleetMetrics;
@@ -36,7 +36,7 @@ pub(crate) async fn mark_sent(join: &dyn TurnStore, metrics: &FleetMetrics, turn
 pub(crate) async fn send_stored_again(replica: &Replica, turn_id: &str) {
     match replica.join.stored_events(turn_id).await {
         Ok(stored) if !stored.reply.is_empty() && !stored.events.is_empty() => {
-            events::publish_kept(replica, &stored.reply, 1, &stored.events).await;
+            events::publish_kept(&replica.nats, &stored.reply, 1, &stored.events).await;
             if mark_sent(&*replica.join, &replica.metrics, turn_id).await {
                 export_stored(turn_id, &stored, EndedBy::Resend);
             }

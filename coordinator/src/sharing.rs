@@ -27,9 +27,9 @@ use tracing::{debug, warn};
 use crate::config::TenantPolicy;
 use crate::dispatch::{publish, Dispatched, Jobs, Unpublished};
 use crate::fault;
-use crate::join::Released;
 use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError, SlotFreed};
-use crate::replica::Replica;
+use crate::replica::Sharing;
+use crate::store::redis::Released;
 use crate::trace::TurnTrace;
 
 /// How long a slot outlives its call's deadline when no result frees it.
@@ -48,16 +48,16 @@ struct Waiting {
 }
 
 /// The clock of `tool`'s lane now: its slots from the registry's live workers.
-fn clock(replica: &Replica, tool: &str) -> LaneClock {
-    let workers = replica
+fn clock(sharing: Sharing<'_>, tool: &str) -> LaneClock {
+    let workers = sharing
         .registry
         .snapshot()
         .get(tool)
         .map_or(1, |t| t.live_workers.max(1));
     LaneClock {
         now_ms: unix_ms(),
-        slots: workers.saturating_mul(replica.config.lane_worker_slots),
-        headroom_ms: crate::limits::millis(replica.config.lane_headroom),
+        slots: workers.saturating_mul(sharing.config.lane_worker_slots),
+        headroom_ms: crate::limits::millis(sharing.config.lane_headroom),
         grace_ms: SLOT_GRACE_MS,
     }
 }
@@ -72,15 +72,15 @@ fn cap(policy: &TenantPolicy, tool: &str) -> usize {
 /// keys of the jobs published or stored in a lane, and the jobs that could not be
 /// published, for the caller to record.
 pub(crate) async fn dispatch(
-    replica: &Replica,
+    sharing: Sharing<'_>,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
 ) -> Dispatched {
-    if replica.config.fair_sharing {
-        dispatch_fairly(replica, turn_id, jobs, trace).await
+    if sharing.config.fair_sharing {
+        dispatch_fairly(sharing, turn_id, jobs, trace).await
     } else {
-        publish(replica, turn_id, jobs, trace).await
+        publish(sharing.jobs, turn_id, jobs, trace).await
     }
 }
 
@@ -89,7 +89,7 @@ pub(crate) async fn dispatch(
 /// each one published or stored in its tool's lane, so a duplicate result no longer
 /// hands it out again. Returns the jobs that could not be published.
 pub(crate) async fn dispatch_released(
-    replica: &Replica,
+    sharing: Sharing<'_>,
     turn_id: &str,
     released: Vec<Released>,
 ) -> Vec<Unpublished> {
@@ -97,14 +97,14 @@ pub(crate) async fn dispatch_released(
         return Vec::new();
     };
     fault::point(fault::EXIT_AFTER_CALL_RELEASED);
-    let trace = replica
+    let trace = sharing
         .turns
         .trace(turn_id)
         .or_else(|| TurnTrace::decode(&stored));
     let jobs = released.into_iter().map(|r| (r.key, r.job)).collect();
-    let dispatched = dispatch(replica, turn_id, jobs, trace.as_ref()).await;
+    let dispatched = dispatch(sharing, turn_id, jobs, trace.as_ref()).await;
     for key in dispatched.published {
-        if let Err(error) = replica.join.confirm_dispatched(turn_id, &key).await {
+        if let Err(error) = sharing.store.confirm_dispatched(turn_id, &key).await {
             // Harmless: a duplicate result may publish it again, which the stream
             // de-duplicates by message id.
             warn!(%turn_id, call = %key, %error, "could not confirm a released call's publish");
@@ -118,7 +118,7 @@ pub(crate) async fn dispatch_released(
 /// wait in the lane. Returns the keys published or stored in a lane, and the jobs that
 /// could not be published.
 async fn dispatch_fairly(
-    replica: &Replica,
+    sharing: Sharing<'_>,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
@@ -126,7 +126,7 @@ async fn dispatch_fairly(
     let Some(tenant) = jobs.first().map(|(_, job)| job.tenant_id.clone()) else {
         return Dispatched::default();
     };
-    let policy = replica.config.tenants.get(&tenant);
+    let policy = sharing.config.tenants.get(&tenant);
     let stored_trace = TurnTrace::stored(trace).1;
     let mut by_tool: BTreeMap<String, Vec<(String, JobEnvelope)>> = BTreeMap::new();
     for (key, job) in jobs {
@@ -135,59 +135,94 @@ async fn dispatch_fairly(
             .or_default()
             .push((key, job));
     }
-    let label = replica.config.tenants.label(&tenant);
+    let label = sharing.config.tenants.label(&tenant);
     let mut accepted = Vec::new();
     let mut now = Vec::new();
     let mut others = Vec::new();
     for (tool, group) in by_tool {
-        let entries: Vec<LaneEntry> = group
+        let members: Vec<String> = group
             .iter()
-            .map(|(key, job)| LaneEntry {
-                member: lanes::member(turn_id, key),
-                deadline_ms: job.deadline_unix_ms,
-                payload: encode(job, &stored_trace),
-            })
+            .map(|(key, _)| lanes::member(turn_id, key))
             .collect();
         let share = (tenant.as_str(), policy.weight(), cap(policy, &tool));
-        let clock = clock(replica, &tool);
-        let admitted = match replica
-            .lanes
-            .store
-            .admit(&tool, clock, share, &entries)
-            .await
+        let clock = clock(sharing, &tool);
+        let admitted = match admit(
+            sharing,
+            &tool,
+            clock,
+            share,
+            &group,
+            &members,
+            &stored_trace,
+        )
+        .await
         {
             Ok(admitted) => admitted,
             Err(error) => {
                 warn!(%turn_id, %tool, %error, "the tool's lane is unavailable; publishing unshared");
-                replica.metrics.redis_error("lane_admit");
+                sharing.metrics.redis_error("lane_admit");
                 now.extend(group);
                 continue;
             }
         };
-        replica.lanes.note(&tool, admitted.waiting);
+        sharing.lanes.note(&tool, admitted.waiting);
         let mut run: HashMap<&str, ()> = admitted.again.iter().map(|m| (m.as_str(), ())).collect();
         for out in &admitted.handed_out {
-            if entries.iter().any(|e| e.member == out.member) {
+            if members.contains(&out.member) {
                 run.insert(out.member.as_str(), ());
             } else {
                 others.push((tool.clone(), out.clone()));
             }
         }
-        for ((key, job), entry) in group.into_iter().zip(&entries) {
-            if run.contains_key(entry.member.as_str()) {
-                replica.metrics.lane_waited(&label, 0.0);
+        for ((key, job), member) in group.into_iter().zip(&members) {
+            if run.contains_key(member.as_str()) {
+                sharing.metrics.lane_waited(&label, 0.0);
                 now.push((key, job));
             } else {
                 accepted.push(key);
             }
         }
     }
-    let mut dispatched = publish(replica, turn_id, now, trace).await;
+    let mut dispatched = publish(sharing.jobs, turn_id, now, trace).await;
     accepted.append(&mut dispatched.published);
     dispatched.published = accepted;
-    let failed = publish_handed_out(replica, others).await;
+    let failed = publish_handed_out(sharing, others).await;
     dispatched.failed.extend(failed);
     dispatched
+}
+
+/// Lets one turn's calls of `tool` onto its lane. A lane not lately seen with calls
+/// waiting is asked first to take them at once without their payloads (no queue entry
+/// to write and read back, no job to encode); when calls wait there or these do not
+/// all fit, they are queued with their payloads, as on a contended lane.
+async fn admit(
+    sharing: Sharing<'_>,
+    tool: &str,
+    clock: LaneClock,
+    share: (&str, u32, usize),
+    group: &[(String, JobEnvelope)],
+    members: &[String],
+    stored_trace: &str,
+) -> Result<lanes::Admitted, LaneError> {
+    let store = &sharing.lanes.store;
+    let entries = group.iter().zip(members);
+    if !sharing.lanes.contended(tool, clock.now_ms) {
+        let bare: Vec<(&str, u64)> = entries
+            .clone()
+            .map(|((_, job), member)| (member.as_str(), job.deadline_unix_ms))
+            .collect();
+        if let Some(admitted) = store.admit_bare(tool, clock, share, &bare).await? {
+            return Ok(admitted);
+        }
+    }
+    let entries: Vec<LaneEntry> = entries
+        .map(|((_, job), member)| LaneEntry {
+            member: member.clone(),
+            deadline_ms: job.deadline_unix_ms,
+            payload: encode(job, stored_trace),
+        })
+        .collect();
+    store.admit(tool, clock, share, &entries).await
 }
 
 /// The payload a lane keeps for `job`.
@@ -208,7 +243,7 @@ type HandedTurn = (String, Vec<(String, String, JobEnvelope)>);
 /// span, and confirms the published ones so no tick hands them out again. Returns the
 /// jobs that could not be published.
 async fn publish_handed_out(
-    replica: &Replica,
+    sharing: Sharing<'_>,
     calls: Vec<(String, HandedOut)>,
 ) -> Vec<Unpublished> {
     let mut failed = Vec::new();
@@ -230,15 +265,15 @@ async fn publish_handed_out(
             }
         };
         let waited = now_ms.saturating_sub(out.queued_ms) as f64 / 1000.0;
-        let label = replica.config.tenants.label(&out.tenant);
-        replica.metrics.lane_waited(&label, waited);
+        let label = sharing.config.tenants.label(&out.tenant);
+        sharing.metrics.lane_waited(&label, waited);
         let entry = turns
             .entry(turn_id.to_string())
             .or_insert_with(|| (waiting.trace.clone(), Vec::new()));
         entry.1.push((tool, key.to_string(), waiting.job));
     }
     for (turn_id, (stored, calls)) in turns {
-        let trace = replica
+        let trace = sharing
             .turns
             .trace(&turn_id)
             .or_else(|| TurnTrace::decode(&stored));
@@ -247,7 +282,7 @@ async fn publish_handed_out(
             .map(|(tool, key, _)| (key.clone(), tool.clone()))
             .collect();
         let jobs = calls.into_iter().map(|(_, key, job)| (key, job)).collect();
-        let dispatched = publish(replica, &turn_id, jobs, trace.as_ref()).await;
+        let dispatched = publish(sharing.jobs, &turn_id, jobs, trace.as_ref()).await;
         failed.extend(dispatched.failed);
         let mut by_tool: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         for key in &dispatched.published {
@@ -259,7 +294,7 @@ async fn publish_handed_out(
             }
         }
         for (tool, members) in by_tool {
-            if let Err(error) = replica.lanes.store.confirm(tool, &members).await {
+            if let Err(error) = sharing.lanes.store.confirm(tool, &members).await {
                 // Harmless: the next tick hands them out again, and the stream
                 // de-duplicates the second copy.
                 debug!(%turn_id, %tool, %error, "could not confirm calls a lane handed out");
@@ -274,40 +309,40 @@ async fn publish_handed_out(
 /// `Err` when the lane could not be reached: the result is then delivered again, and
 /// freeing twice frees once. Returns the jobs handed out that could not be published.
 pub(crate) async fn release(
-    replica: &Replica,
+    sharing: Sharing<'_>,
     tool: &str,
     turn_id: &str,
     key: &str,
 ) -> Result<Vec<Unpublished>, LaneError> {
-    if !replica.config.fair_sharing {
+    if !sharing.config.fair_sharing {
         return Ok(Vec::new());
     }
     let member = lanes::member(turn_id, key);
-    let freed = match replica
+    let freed = match sharing
         .lanes
-        .release(tool, clock(replica, tool), member)
+        .release(tool, clock(sharing, tool), member)
         .await
-        .inspect_err(|_| replica.metrics.redis_error("lane_release"))?
+        .inspect_err(|_| sharing.metrics.redis_error("lane_release"))?
     {
         SlotFreed::Ran(freed) => freed,
         // The call that ran the script publishes what it handed out.
         SlotFreed::Joined => return Ok(Vec::new()),
     };
-    replica.lanes.note(tool, freed.waiting);
+    sharing.lanes.note(tool, freed.waiting);
     let calls = freed
         .handed_out
         .into_iter()
         .map(|out| (tool.to_string(), out))
         .collect();
-    Ok(publish_handed_out(replica, calls).await)
+    Ok(publish_handed_out(sharing, calls).await)
 }
 
 /// Stops counting `turn_id` among `tenant`'s turns in flight (it completed), when the
 /// tenant's turns are limited. Best effort: a turn not removed stops counting at its
 /// deadline.
-pub(crate) async fn turn_ended(replica: &Replica, tenant: &str, turn_id: &str) {
+pub(crate) async fn turn_ended(sharing: Sharing<'_>, tenant: &str, turn_id: &str) {
     if tenant.is_empty()
-        || replica
+        || sharing
             .config
             .tenants
             .get(tenant)
@@ -316,7 +351,7 @@ pub(crate) async fn turn_ended(replica: &Replica, tenant: &str, turn_id: &str) {
     {
         return;
     }
-    if let Err(error) = replica.lanes.store.end_turn(tenant, turn_id).await {
+    if let Err(error) = sharing.lanes.store.end_turn(tenant, turn_id).await {
         debug!(%turn_id, %error, "could not stop counting a turn in flight");
     }
 }
@@ -326,39 +361,39 @@ pub(crate) async fn turn_ended(replica: &Replica, tenant: &str, turn_id: &str) {
 /// would outlive `budget_ms`. Else the `overloaded` refusal, with a retry hint. A check
 /// that cannot reach Redis lets the turn in.
 pub(crate) async fn admit_turn(
-    replica: &Replica,
+    sharing: Sharing<'_>,
     turn_id: &str,
     tenant: &str,
     jobs: &Jobs,
     deadline_ms: u64,
     budget_ms: u64,
 ) -> Result<(), CallError> {
-    if !replica.config.fair_sharing || (jobs.now.is_empty() && jobs.queued.is_empty()) {
+    if !sharing.config.fair_sharing || (jobs.now.is_empty() && jobs.queued.is_empty()) {
         return Ok(());
     }
-    let policy = replica.config.tenants.get(tenant);
+    let policy = sharing.config.tenants.get(tenant);
     let now_ms = unix_ms();
     let mut calls: BTreeMap<&str, u64> = BTreeMap::new();
     for (_, job) in jobs.now.iter().chain(&jobs.queued) {
         *calls.entry(job.call.name.as_str()).or_default() += 1;
     }
     for (tool, n) in calls {
-        if !replica.lanes.contended(tool, now_ms) {
+        if !sharing.lanes.contended(tool, now_ms) {
             continue;
         }
-        let standing = match replica.lanes.store.peek(tool, tenant).await {
+        let standing = match sharing.lanes.store.peek(tool, tenant).await {
             Ok(standing) => standing,
             Err(error) => {
                 debug!(%tool, %error, "a lane's backlog not read; the turn goes in");
                 continue;
             }
         };
-        let slots = clock(replica, tool).slots;
+        let slots = clock(sharing, tool).slots;
         if let Some(wait) = backlog_wait(standing, n, slots, policy, tool) {
             if standing.waiting > 0 && wait.total_ms > budget_ms as f64 {
-                replica
+                sharing
                     .metrics
-                    .tenant_refused(&replica.config.tenants.label(tenant), "backlog");
+                    .tenant_refused(&sharing.config.tenants.label(tenant), "backlog");
                 let retry = wait.drained_ms.ceil().max(100.0) as u64;
                 return Err(CallError::retryable(
                     turn_codes::OVERLOADED,
@@ -372,7 +407,7 @@ pub(crate) async fn admit_turn(
         }
     }
     if let Some(limit) = policy.max_turns_in_flight {
-        let taken = replica
+        let taken = sharing
             .lanes
             .store
             .take_turn(tenant, turn_id, deadline_ms, limit, now_ms)
@@ -380,9 +415,9 @@ pub(crate) async fn admit_turn(
         match taken {
             Ok(Ok(())) => {}
             Ok(Err(first_deadline)) => {
-                replica
+                sharing
                     .metrics
-                    .tenant_refused(&replica.config.tenants.label(tenant), "turns_in_flight");
+                    .tenant_refused(&sharing.config.tenants.label(tenant), "turns_in_flight");
                 let retry = first_deadline.saturating_sub(now_ms).clamp(100, 60_000);
                 return Err(CallError::retryable(
                     turn_codes::OVERLOADED,
@@ -394,7 +429,7 @@ pub(crate) async fn admit_turn(
             }
             Err(error) => {
                 warn!(%turn_id, %error, "a tenant's turns in flight not counted; the turn goes in");
-                replica.metrics.redis_error("tenant_turns");
+                sharing.metrics.redis_error("tenant_turns");
             }
         }
     }
@@ -439,17 +474,17 @@ pub(crate) fn backlog_wait(
 /// Every `tool`'s lane's upkeep (lapsed slots, unconfirmed calls handed out again) and
 /// the per-tenant gauges, summed over the tools. Returns the jobs handed out that could
 /// not be published.
-pub(crate) async fn tick(replica: &Replica, tools: &[String]) -> Vec<Unpublished> {
+pub(crate) async fn tick(sharing: Sharing<'_>, tools: &[String]) -> Vec<Unpublished> {
     let mut failed = Vec::new();
-    if !replica.config.fair_sharing {
+    if !sharing.config.fair_sharing {
         return failed;
     }
     let mut counts = Vec::new();
     for tool in tools {
-        let ticked = match replica
+        let ticked = match sharing
             .lanes
             .store
-            .tick(tool, clock(replica, tool), RESEND_AFTER_MS)
+            .tick(tool, clock(sharing, tool), RESEND_AFTER_MS)
             .await
         {
             Ok(ticked) => ticked,
@@ -459,29 +494,29 @@ pub(crate) async fn tick(replica: &Replica, tools: &[String]) -> Vec<Unpublished
             }
         };
         let waiting: u64 = ticked.tenants.iter().map(|(_, w, _)| w).sum();
-        replica.lanes.note(tool, waiting);
+        sharing.lanes.note(tool, waiting);
         let calls = ticked
             .handed_out
             .into_iter()
             .map(|out| (tool.clone(), out))
             .collect();
-        failed.extend(publish_handed_out(replica, calls).await);
+        failed.extend(publish_handed_out(sharing, calls).await);
         counts.extend(ticked.tenants);
     }
     let mut by_label: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for label in replica.config.tenants.tenants.keys() {
-        by_label.insert(replica.config.tenants.label(label), (0, 0));
+    for label in sharing.config.tenants.tenants.keys() {
+        by_label.insert(sharing.config.tenants.label(label), (0, 0));
     }
     by_label.insert("_other".to_string(), (0, 0));
     for (tenant, (waiting, in_flight)) in lanes::sum_counts(&counts) {
         let sum = by_label
-            .entry(replica.config.tenants.label(tenant))
+            .entry(sharing.config.tenants.label(tenant))
             .or_default();
         sum.0 += waiting;
         sum.1 += in_flight;
     }
     for (label, (waiting, in_flight)) in by_label {
-        replica.metrics.tenant_calls(&label, waiting, in_flight);
+        sharing.metrics.tenant_calls(&label, waiting, in_flight);
     }
     failed
 }

@@ -24,10 +24,10 @@ use toolfleet_common::streams::ensure_streams;
 use toolfleet_common::Names;
 use tracing::{info, warn};
 
-use crate::join::JoinStore;
 use crate::narrate::{Narrator, TemplateNarrator};
 use crate::registry::Registry;
 use crate::replica::Replica;
+use crate::store::redis::JoinStore;
 use crate::turns::OwnedTurns;
 use crate::{
     catalog, deadline, intake, progress, results, upkeep, CoordinatorConfig, CoordinatorError,

@@ -1,231 +1,132 @@
 //! The seam in front of the turn store: [`TurnStore`], what the turn path asks of the
-//! join, with the Redis join (`join.rs`) behind it in a running coordinator and an
-//! in-memory store (`store/memory.rs`) behind it in unit tests.
+//! store, with the Redis store (`store/redis.rs`) behind it in a running coordinator and
+//! an in-memory store (`store/memory.rs`) behind it in unit tests.
 //!
-//! Owns the trait and its implementation for [`JoinStore`], which only forwards to the
-//! join's own methods: every decision that makes a result count once and a turn end
-//! once stays in the join's scripts. Never decides anything itself.
+//! Owns the trait and its implementations, made from one list of its methods: for
+//! [`JoinStore`], which only forwards to the join's own methods (every decision that
+//! makes a result count once and a turn end once stays in the join's scripts), and for
+//! the memory store through the `Immediate` trait it implements. Never decides anything
+//! itself.
 
 use futures::future::BoxFuture;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::CallResult;
 
-use crate::join::{
+use crate::store::redis::{
     Attached, Cancelled, ClosingAhead, Created, Emitted, Finalized, JoinError, JoinStore, NewTurn,
     Recorded, StoredFinal, StoredTurn,
 };
 
 #[cfg(test)]
 pub(crate) mod memory;
+pub mod redis;
 
-/// What the turn path asks of the store of turns, calls, results and events. Each
-/// method does what the [`JoinStore`] method of the same name documents, in one step.
-pub trait TurnStore: Send + Sync {
-    /// Stores a new turn with its first events, or says who holds the id.
-    fn create<'a>(&'a self, turn: NewTurn<'a>) -> BoxFuture<'a, Result<Created, JoinError>>;
+/// Declares [`TurnStore`] from one list of its methods, and implements it for
+/// [`JoinStore`] (each method awaits the join's own method of the same name) and, in unit
+/// tests, for every `Immediate` store (each method runs the store's method of the same
+/// name, which decides at once). One list, so the trait and both stores cannot drift
+/// apart. Every listed method answers `Result<_, JoinError>`; `'a` is the lifetime of
+/// the store and of every borrowed argument.
+macro_rules! turn_store {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $out:ty;
+    )*) => {
+        /// What the turn path asks of the store of turns, calls, results and events. Each
+        /// method does what the [`JoinStore`] method of the same name documents, in one
+        /// step.
+        pub trait TurnStore: Send + Sync {
+            $(
+                $(#[$doc])*
+                fn $name<'a>(&'a self, $($arg: $ty),*) -> BoxFuture<'a, Result<$out, JoinError>>;
+            )*
 
-    /// Records `result` (stored as `body`) under `call_key`, once.
-    fn record_encoded<'a>(
-        &'a self,
-        turn_id: &'a str,
-        call_key: &'a str,
-        result: &'a CallResult,
-        body: &'a [u8],
-        state_event: &'a str,
-        ahead: Option<ClosingAhead<'a>>,
-    ) -> BoxFuture<'a, Result<Recorded, JoinError>>;
+            /// The deadline index keys a sweep reads, starting at bucket `first`.
+            fn deadline_keys(&self, first: u32) -> Vec<String>;
+        }
 
-    /// Ends the turn for `reason` unless it already ended.
-    fn finalize<'a>(
-        &'a self,
-        turn_id: &'a str,
-        reason: &'a str,
-    ) -> BoxFuture<'a, Result<Finalized, JoinError>>;
+        impl TurnStore for JoinStore {
+            $(
+                fn $name<'a>(&'a self, $($arg: $ty),*) -> BoxFuture<'a, Result<$out, JoinError>> {
+                    Box::pin(JoinStore::$name(self, $($arg),*))
+                }
+            )*
 
-    /// Ends the open turn of `caller` (and `tenant`) because it was cancelled.
-    fn cancel<'a>(
-        &'a self,
-        turn_id: &'a str,
-        caller: &'a str,
-        tenant: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Cancelled, JoinError>>;
+            fn deadline_keys(&self, first: u32) -> Vec<String> {
+                JoinStore::deadline_keys(self, first)
+            }
+        }
 
-    /// Stores the closing events, `final` last, unless a `final` is stored.
-    fn store_final<'a>(
-        &'a self,
-        turn_id: &'a str,
-        events: &'a [String],
-    ) -> BoxFuture<'a, Result<StoredFinal, JoinError>>;
+        /// A store that decides at once, without I/O (`store/memory.rs`): the methods of
+        /// [`TurnStore`], answered without a future.
+        #[cfg(test)]
+        pub(crate) trait Immediate: Send + Sync {
+            $(
+                fn $name<'a>(&'a self, $($arg: $ty),*) -> Result<$out, JoinError>;
+            )*
 
-    /// Stores events of a turn that has not ended.
-    fn emit<'a>(
-        &'a self,
-        turn_id: &'a str,
-        unless_result_of: Option<&'a str>,
-        events: &'a [String],
-    ) -> BoxFuture<'a, Result<Emitted, JoinError>>;
+            fn deadline_keys(&self, first: u32) -> Vec<String>;
+        }
 
-    /// Moves the turn's later events to `reply`; the stored events after `after_seq`.
-    fn attach<'a>(
-        &'a self,
-        turn_id: &'a str,
-        caller: &'a str,
-        tenant: Option<&'a str>,
-        reply: &'a str,
-        after_seq: u64,
-    ) -> BoxFuture<'a, Result<Attached, JoinError>>;
+        #[cfg(test)]
+        impl<S: Immediate> TurnStore for S {
+            $(
+                fn $name<'a>(&'a self, $($arg: $ty),*) -> BoxFuture<'a, Result<$out, JoinError>> {
+                    // Decided when awaited, as the join's script runs then.
+                    Box::pin(async move { Immediate::$name(self, $($arg),*) })
+                }
+            )*
 
-    /// Every stored event of a turn, for sending a stored `final` again.
-    fn stored_events<'a>(
-        &'a self,
-        turn_id: &'a str,
-    ) -> BoxFuture<'a, Result<StoredTurn, JoinError>>;
-
-    /// Marks the stored `final` sent; whether this call was the first.
-    fn mark_published<'a>(&'a self, turn_id: &'a str) -> BoxFuture<'a, Result<bool, JoinError>>;
-
-    /// Notes that a released call's job was published.
-    fn confirm_dispatched<'a>(
-        &'a self,
-        turn_id: &'a str,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<(), JoinError>>;
-
-    /// Removes the turn from the deadline index.
-    fn forget_deadline<'a>(&'a self, turn_id: &'a str) -> BoxFuture<'a, Result<(), JoinError>>;
-
-    /// The deadline index keys a sweep reads, starting at bucket `first`.
-    fn deadline_keys(&self, first: u32) -> Vec<String>;
-
-    /// Turns in index `key` whose deadline is at or before `unix_ms`, at most `limit`.
-    fn due<'a>(
-        &'a self,
-        key: &'a str,
-        unix_ms: u64,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, JoinError>>;
-
-    /// Writes back the last result of `tool` this coordinator refused.
-    fn reject_result<'a>(
-        &'a self,
-        tool: &'a str,
-        rejection: &'a Rejection,
-    ) -> BoxFuture<'a, Result<(), JoinError>>;
+            fn deadline_keys(&self, first: u32) -> Vec<String> {
+                Immediate::deadline_keys(self, first)
+            }
+        }
+    };
 }
 
-impl TurnStore for JoinStore {
-    fn create<'a>(&'a self, turn: NewTurn<'a>) -> BoxFuture<'a, Result<Created, JoinError>> {
-        Box::pin(JoinStore::create(self, turn))
-    }
+turn_store! {
+    /// Stores a new turn with its first events, or says who holds the id.
+    fn create(turn: NewTurn<'a>) -> Created;
 
-    fn record_encoded<'a>(
-        &'a self,
-        turn_id: &'a str,
-        call_key: &'a str,
-        result: &'a CallResult,
-        body: &'a [u8],
-        state_event: &'a str,
-        ahead: Option<ClosingAhead<'a>>,
-    ) -> BoxFuture<'a, Result<Recorded, JoinError>> {
-        Box::pin(JoinStore::record_encoded(
-            self,
-            turn_id,
-            call_key,
-            result,
-            body,
-            state_event,
-            ahead,
-        ))
-    }
+    /// Records `result` (stored as `body`) under `call_key`, once.
+    fn record_encoded(
+        turn_id: &'a str, call_key: &'a str, result: &'a CallResult, body: &'a [u8],
+        state_event: &'a str, ahead: Option<ClosingAhead<'a>>,
+    ) -> Recorded;
 
-    fn finalize<'a>(
-        &'a self,
-        turn_id: &'a str,
-        reason: &'a str,
-    ) -> BoxFuture<'a, Result<Finalized, JoinError>> {
-        Box::pin(JoinStore::finalize(self, turn_id, reason))
-    }
+    /// Ends the turn for `reason` unless it already ended.
+    fn finalize(turn_id: &'a str, reason: &'a str) -> Finalized;
 
-    fn cancel<'a>(
-        &'a self,
-        turn_id: &'a str,
-        caller: &'a str,
-        tenant: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Cancelled, JoinError>> {
-        Box::pin(JoinStore::cancel(self, turn_id, caller, tenant))
-    }
+    /// Ends the open turn of `caller` (and `tenant`) because it was cancelled.
+    fn cancel(turn_id: &'a str, caller: &'a str, tenant: Option<&'a str>) -> Cancelled;
 
-    fn store_final<'a>(
-        &'a self,
-        turn_id: &'a str,
-        events: &'a [String],
-    ) -> BoxFuture<'a, Result<StoredFinal, JoinError>> {
-        Box::pin(JoinStore::store_final(self, turn_id, events))
-    }
+    /// Stores the closing events, `final` last, unless a `final` is stored.
+    fn store_final(turn_id: &'a str, events: &'a [String]) -> StoredFinal;
 
-    fn emit<'a>(
-        &'a self,
-        turn_id: &'a str,
-        unless_result_of: Option<&'a str>,
-        events: &'a [String],
-    ) -> BoxFuture<'a, Result<Emitted, JoinError>> {
-        Box::pin(JoinStore::emit(self, turn_id, unless_result_of, events))
-    }
+    /// Stores events of a turn that has not ended.
+    fn emit(turn_id: &'a str, unless_result_of: Option<&'a str>, events: &'a [String]) -> Emitted;
 
-    fn attach<'a>(
-        &'a self,
-        turn_id: &'a str,
-        caller: &'a str,
-        tenant: Option<&'a str>,
-        reply: &'a str,
+    /// Moves the turn's later events to `reply`; the stored events after `after_seq`.
+    fn attach(
+        turn_id: &'a str, caller: &'a str, tenant: Option<&'a str>, reply: &'a str,
         after_seq: u64,
-    ) -> BoxFuture<'a, Result<Attached, JoinError>> {
-        Box::pin(JoinStore::attach(
-            self, turn_id, caller, tenant, reply, after_seq,
-        ))
-    }
+    ) -> Attached;
 
-    fn stored_events<'a>(
-        &'a self,
-        turn_id: &'a str,
-    ) -> BoxFuture<'a, Result<StoredTurn, JoinError>> {
-        Box::pin(JoinStore::stored_events(self, turn_id))
-    }
+    /// Every stored event of a turn, for sending a stored `final` again.
+    fn stored_events(turn_id: &'a str) -> StoredTurn;
 
-    fn mark_published<'a>(&'a self, turn_id: &'a str) -> BoxFuture<'a, Result<bool, JoinError>> {
-        Box::pin(JoinStore::mark_published(self, turn_id))
-    }
+    /// Marks the stored `final` sent; whether this call was the first.
+    fn mark_published(turn_id: &'a str) -> bool;
 
-    fn confirm_dispatched<'a>(
-        &'a self,
-        turn_id: &'a str,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<(), JoinError>> {
-        Box::pin(JoinStore::confirm_dispatched(self, turn_id, key))
-    }
+    /// Notes that a released call's job was published.
+    fn confirm_dispatched(turn_id: &'a str, key: &'a str) -> ();
 
-    fn forget_deadline<'a>(&'a self, turn_id: &'a str) -> BoxFuture<'a, Result<(), JoinError>> {
-        Box::pin(JoinStore::forget_deadline(self, turn_id))
-    }
+    /// Removes the turn from the deadline index.
+    fn forget_deadline(turn_id: &'a str) -> ();
 
-    fn deadline_keys(&self, first: u32) -> Vec<String> {
-        JoinStore::deadline_keys(self, first)
-    }
+    /// Turns in index `key` whose deadline is at or before `unix_ms`, at most `limit`.
+    fn due(key: &'a str, unix_ms: u64, limit: usize) -> Vec<String>;
 
-    fn due<'a>(
-        &'a self,
-        key: &'a str,
-        unix_ms: u64,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, JoinError>> {
-        Box::pin(JoinStore::due(self, key, unix_ms, limit))
-    }
-
-    fn reject_result<'a>(
-        &'a self,
-        tool: &'a str,
-        rejection: &'a Rejection,
-    ) -> BoxFuture<'a, Result<(), JoinError>> {
-        Box::pin(JoinStore::reject_result(self, tool, rejection))
-    }
+    /// Writes back the last result of `tool` this coordinator refused.
+    fn reject_result(tool: &'a str, rejection: &'a Rejection) -> ();
 }

@@ -17,13 +17,13 @@ use toolfleet_common::metrics::FleetMetrics;
 use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::{CallResult, ToolCall};
 
-use crate::join::{CallEntry, NewTurn};
 use crate::lanes::{LaneStore, Lanes};
 use crate::memory::StoreMemory;
 use crate::narrate::TemplateNarrator;
 use crate::registry::Registry;
 use crate::replica::Replica;
 use crate::store::memory::{MemoryStore, StoredState};
+use crate::store::redis::{CallEntry, NewTurn};
 use crate::turns::OwnedTurns;
 use crate::CoordinatorConfig;
 
@@ -83,6 +83,13 @@ pub(crate) async fn replica(store: Arc<MemoryStore>) -> Arc<Replica> {
     replica_with(store, Registry::holding(&[tool("crm.get")]), config).await
 }
 
+/// A new memory store and a [`replica`] over it.
+pub(crate) async fn store_and_replica() -> (Arc<MemoryStore>, Arc<Replica>) {
+    let store = Arc::new(MemoryStore::default());
+    let replica = replica(Arc::clone(&store)).await;
+    (store, replica)
+}
+
 /// The definition of a tool named `name` that takes any object.
 pub(crate) fn tool(name: &str) -> (&str, String) {
     let definition = serde_json::json!({
@@ -93,6 +100,18 @@ pub(crate) fn tool(name: &str) -> (&str, String) {
     (name, definition.to_string())
 }
 
+/// Creates turn `turn_id` as [`open`] does and ends it at its deadline, as a replica
+/// that died before storing or sending the turn's `final` leaves it.
+pub(crate) async fn ended(store: &MemoryStore, turn_id: &str) {
+    use crate::store::TurnStore;
+    open(store, turn_id).await;
+    let finalized = store.finalize(turn_id, "deadline").await;
+    assert!(matches!(
+        finalized,
+        Ok(crate::store::redis::Finalized::Ended(_))
+    ));
+}
+
 /// Creates an open turn `turn_id` of two calls, its deadline a minute away, in `store`.
 pub(crate) async fn open(store: &MemoryStore, turn_id: &str) {
     use crate::store::TurnStore;
@@ -100,7 +119,7 @@ pub(crate) async fn open(store: &MemoryStore, turn_id: &str) {
         .create(open_turn(turn_id, 2, unix_ms() + 60_000))
         .await;
     assert!(
-        matches!(created, Ok(crate::join::Created::New)),
+        matches!(created, Ok(crate::store::redis::Created::New)),
         "{created:?}"
     );
 }

@@ -7,7 +7,7 @@
 //! [`TurnGate`]. Only the owner relays `running`; any
 //! replica may release a paced turn's next call (the queue is in Redis) or end a turn.
 //!
-//! Never the source of truth about a turn's state: the join in Redis is (`join.rs`). A
+//! Never the source of truth about a turn's state: the join in Redis is (`store/redis.rs`). A
 //! turn missing here may still be open there, ended by another replica or the sweeper.
 //! Never publishes anything itself.
 
@@ -21,7 +21,7 @@ use toolfleet_common::timetable::Timetable;
 use toolfleet_common::CallResult;
 
 use crate::callers::Reply;
-use crate::join::CallEntry;
+use crate::store::redis::CallEntry;
 use crate::trace::TurnTrace;
 
 /// Most calls of a turn whose closing events are built ahead (see [`Ahead`]).
@@ -55,7 +55,7 @@ pub(crate) struct OwnedTurn {
 }
 
 /// What an owned turn keeps so that the result completing it can carry the turn's
-/// closing events into the same `RECORD` script (`join.rs`): every call, and each
+/// closing events into the same `RECORD` script (`store/redis.rs`): every call, and each
 /// result recorded or being recorded here (or refused up front) with its stored body.
 /// The script stores the events only if every other call's stored result is byte for
 /// byte the one the events were built from; a result stored by another

@@ -64,7 +64,7 @@ pub(crate) async fn sample(replica: Arc<Replica>, period: Duration, stop: Cancel
             .iter()
             .map(|t| t.definition.name.clone())
             .collect();
-        let unpublished = crate::sharing::tick(&replica, &tools).await;
+        let unpublished = crate::sharing::tick(replica.sharing(), &tools).await;
         crate::results::record_unpublished(&replica, unpublished).await;
         tokio::select! {
             _ = stop.cancelled() => return,

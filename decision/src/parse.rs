@@ -299,11 +299,8 @@ fn parse_openai_message(
 
 fn parse_responses_items(items: &[Value], mut builder: Builder) -> Result<Decision, DecisionError> {
     let mut texts: Vec<&str> = Vec::new();
-    for (index, item) in items.iter().enumerate() {
-        let Some(obj) = item.as_object() else {
-            continue;
-        };
-        match str_field(obj, "type") {
+    for (index, obj, kind) in typed_objects(items) {
+        match kind {
             Some("function_call") => {
                 let entry = Entry {
                     id: non_empty_str(obj, "call_id").or_else(|| non_empty_str(obj, "id")),
@@ -334,11 +331,8 @@ fn parse_anthropic_blocks(
     mut builder: Builder,
 ) -> Result<Decision, DecisionError> {
     let mut texts: Vec<&str> = Vec::new();
-    for (index, block) in blocks.iter().enumerate() {
-        let Some(obj) = block.as_object() else {
-            continue;
-        };
-        match str_field(obj, "type") {
+    for (index, obj, kind) in typed_objects(blocks) {
+        match kind {
             Some("tool_use") => {
                 let entry = Entry {
                     id: str_field(obj, "id"),
@@ -623,6 +617,17 @@ fn malformed_arguments(message: impl Into<String>) -> CallError {
 
 fn unrecognized(message: impl Into<String>) -> DecisionError {
     DecisionError::new(DecisionErrorKind::UnrecognizedShape, message)
+}
+
+/// The objects among `items` (Responses items, Anthropic content blocks), each with its
+/// index in `items` and its `type`; items that are not objects are passed over.
+fn typed_objects(
+    items: &[Value],
+) -> impl Iterator<Item = (usize, &Map<String, Value>, Option<&str>)> {
+    items.iter().enumerate().filter_map(|(index, item)| {
+        let obj = item.as_object()?;
+        Some((index, obj, str_field(obj, "type")))
+    })
 }
 
 fn str_field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a str> {

@@ -161,11 +161,95 @@ impl Node {
     }
 }
 
+/// The server processes of one cluster, with the faults a test puts them under: each
+/// node killed, started again, or cut off from its peers. Both clusters hand these
+/// controls out through `Deref`, so `cluster.kill(i)` reads the same on either.
+pub struct Members {
+    nodes: Vec<Node>,
+    /// The port each node's peers reach it on (NATS routes, the Redis cluster bus):
+    /// what a partition cuts.
+    peer_ports: Vec<u16>,
+    /// The rules cutting each node off, while it is partitioned.
+    partitions: Vec<Option<Rules>>,
+    /// The high bits of a partition's connection mark, one value per kind of cluster.
+    mark_base: u32,
+}
+
+impl Members {
+    fn new(nodes: Vec<Node>, peer_ports: Vec<u16>, mark_base: u32) -> Self {
+        Self {
+            partitions: nodes.iter().map(|_| None).collect(),
+            nodes,
+            peer_ports,
+            mark_base,
+        }
+    }
+
+    /// Starts every node and waits until each listens.
+    async fn spawn_all(&mut self) -> Result<()> {
+        for node in &mut self.nodes {
+            node.spawn().await?;
+        }
+        Ok(())
+    }
+
+    /// How many nodes the cluster has.
+    pub fn size(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Node `i`'s process id while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].pid()
+    }
+
+    /// Whether node `i` runs.
+    pub fn is_running(&mut self, i: usize) -> bool {
+        self.nodes[i].is_running()
+    }
+
+    /// Kills node `i` (SIGKILL).
+    pub async fn kill(&mut self, i: usize) {
+        self.nodes[i].kill().await;
+    }
+
+    /// Starts node `i` again on its port: a NATS node with its store; a Redis node
+    /// rejoins the cluster with an empty dataset (a master that was replaced comes back
+    /// as a replica of its successor).
+    pub async fn restart(&mut self, i: usize) -> Result<()> {
+        self.nodes[i].spawn().await
+    }
+
+    /// Cuts node `i` off from the other nodes' peer ports (NATS routes, the Redis
+    /// cluster bus), not from its clients or a replica's replication link. Needs root
+    /// and `iptables`.
+    pub fn partition(&mut self, i: usize) -> Result<()> {
+        let uid = self.nodes[i]
+            .uid
+            .context("partitions need root (nodes run under their own user ids)")?;
+        if self.partitions[i].is_none() {
+            let mark = self.mark_base | u32::from(self.peer_ports[i]);
+            self.partitions[i] = Some(Rules::add(isolation_rules(uid, &self.peer_ports, mark))?);
+        }
+        Ok(())
+    }
+
+    /// Ends node `i`'s partition.
+    pub fn heal(&mut self, i: usize) {
+        self.partitions[i] = None;
+    }
+}
+
 /// `iptables` rules in the `OUTPUT` chain, removed on drop.
 struct Rules {
     iptables: PathBuf,
     rules: Vec<Vec<String>>,
 }
+
+/// How often one `iptables` change is tried before it counts as failed: with the
+/// nf_tables backend, a change that races another process's change of the ruleset is
+/// refused (exit status 4) and succeeds when made again.
+const IPTABLES_TRIES: u32 = 5;
 
 impl Rules {
     /// Adds `rules` in order; on a failure removes those already added.
@@ -175,30 +259,43 @@ impl Rules {
             rules: Vec::new(),
         };
         for rule in rules {
-            let status = std::process::Command::new(&added.iptables)
-                .args(["-w", "5", "-A", "OUTPUT"])
-                .args(&rule)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .status()
-                .context("running iptables")?;
-            ensure!(status.success(), "iptables -A OUTPUT {rule:?}: {status}");
+            added.change("-A", &rule)?;
             added.rules.push(rule);
         }
         Ok(added)
+    }
+
+    /// Appends (`-A`) or deletes (`-D`) `rule` in the `OUTPUT` chain, tried again a few
+    /// times when `iptables` refuses it; the last refusal's message on failure.
+    fn change(&self, action: &str, rule: &[String]) -> Result<()> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let output = std::process::Command::new(&self.iptables)
+                .args(["-w", "5", action, "OUTPUT"])
+                .args(rule)
+                .stdin(Stdio::null())
+                .output()
+                .context("running iptables")?;
+            if output.status.success() {
+                return Ok(());
+            }
+            if tries >= IPTABLES_TRIES {
+                bail!(
+                    "iptables {action} OUTPUT {rule:?}: {}: {}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr).trim()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100 * u64::from(tries)));
+        }
     }
 }
 
 impl Drop for Rules {
     fn drop(&mut self) {
         for rule in self.rules.iter().rev() {
-            let _ = std::process::Command::new(&self.iptables)
-                .args(["-w", "5", "-D", "OUTPUT"])
-                .args(rule)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            let _ = self.change("-D", rule);
         }
     }
 }
@@ -255,12 +352,32 @@ fn go_share_of_cores(nodes: usize) -> Vec<(String, String)> {
     vec![("GOMAXPROCS".to_string(), share.to_string())]
 }
 
+/// `Deref` and `DerefMut` of each cluster type to its [`Members`], so a cluster is used
+/// as its nodes (`kill`, `restart`, `partition`, `heal`).
+macro_rules! deref_to_members {
+    ($($cluster:ty),*) => {$(
+        impl std::ops::Deref for $cluster {
+            type Target = Members;
+
+            fn deref(&self) -> &Members {
+                &self.members
+            }
+        }
+
+        impl std::ops::DerefMut for $cluster {
+            fn deref_mut(&mut self) -> &mut Members {
+                &mut self.members
+            }
+        }
+    )*};
+}
+
+deref_to_members!(NatsCluster, RedisCluster);
+
 /// A JetStream cluster of `nats-server`s on loopback, fully meshed by routes.
 pub struct NatsCluster {
-    nodes: Vec<Node>,
-    route_ports: Vec<u16>,
+    members: Members,
     monitor_ports: Vec<u16>,
-    partitions: Vec<Option<Rules>>,
     _folder: Folder,
 }
 
@@ -314,22 +431,13 @@ impl NatsCluster {
             });
         }
         let mut cluster = Self {
-            partitions: (0..size).map(|_| None).collect(),
-            nodes,
-            route_ports,
+            members: Members::new(nodes, route_ports, 0x7f00_0000),
             monitor_ports,
             _folder: folder,
         };
-        for node in &mut cluster.nodes {
-            node.spawn().await?;
-        }
+        cluster.members.spawn_all().await?;
         cluster.wait_jetstream(CLUSTER_START).await?;
         Ok(cluster)
-    }
-
-    /// How many nodes the cluster has.
-    pub fn size(&self) -> usize {
-        self.nodes.len()
     }
 
     /// Every node's client URL, comma-separated (`TOOLFLEET_NATS_URL`).
@@ -359,44 +467,6 @@ impl NatsCluster {
     /// Node `i`'s server name (`n<i>`), as JetStream names leaders.
     pub fn server_name(i: usize) -> String {
         format!("n{i}")
-    }
-
-    /// Node `i`'s process id while it runs.
-    pub fn pid(&self, i: usize) -> Option<u32> {
-        self.nodes[i].pid()
-    }
-
-    /// Whether node `i` runs.
-    pub fn is_running(&mut self, i: usize) -> bool {
-        self.nodes[i].is_running()
-    }
-
-    /// Kills node `i` (SIGKILL).
-    pub async fn kill(&mut self, i: usize) {
-        self.nodes[i].kill().await;
-    }
-
-    /// Starts node `i` again on its port with its store.
-    pub async fn restart(&mut self, i: usize) -> Result<()> {
-        self.nodes[i].spawn().await
-    }
-
-    /// Cuts node `i` off from the other nodes (its routes), not from its clients.
-    /// Needs root and `iptables`.
-    pub fn partition(&mut self, i: usize) -> Result<()> {
-        let uid = self.nodes[i]
-            .uid
-            .context("partitions need root (nodes run under their own user ids)")?;
-        if self.partitions[i].is_none() {
-            let mark = 0x7f00_0000 | u32::from(self.route_ports[i]);
-            self.partitions[i] = Some(Rules::add(isolation_rules(uid, &self.route_ports, mark))?);
-        }
-        Ok(())
-    }
-
-    /// Ends node `i`'s partition.
-    pub fn heal(&mut self, i: usize) {
-        self.partitions[i] = None;
     }
 
     /// Connects a plain client to every node's URL.
@@ -459,9 +529,7 @@ impl NatsCluster {
 /// A Redis Cluster of `redis-server`s on loopback: masters and their replicas,
 /// joined with `redis-cli --cluster create`, persistence off.
 pub struct RedisCluster {
-    nodes: Vec<Node>,
-    bus_ports: Vec<u16>,
-    partitions: Vec<Option<Rules>>,
+    members: Members,
     _folder: Folder,
 }
 
@@ -527,14 +595,10 @@ impl RedisCluster {
             });
         }
         let mut cluster = Self {
-            partitions: (0..size).map(|_| None).collect(),
-            nodes,
-            bus_ports,
+            members: Members::new(nodes, bus_ports, 0x7e00_0000),
             _folder: folder,
         };
-        for node in &mut cluster.nodes {
-            node.spawn().await?;
-        }
+        cluster.members.spawn_all().await?;
         let mut create = Command::new(cli);
         create.arg("--cluster").arg("create");
         for port in &ports {
@@ -560,11 +624,6 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// How many nodes the cluster has.
-    pub fn size(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// The cluster as `TOOLFLEET_REDIS_URL`: `redis+cluster://` and every node.
     pub fn url(&self) -> String {
         let nodes = self
@@ -579,40 +638,6 @@ impl RedisCluster {
     /// Node `i`'s own URL (one server; for `CLUSTER` and `ROLE` queries).
     pub fn node_url(&self, i: usize) -> String {
         format!("redis://127.0.0.1:{}/", self.nodes[i].port)
-    }
-
-    /// Node `i`'s process id while it runs.
-    pub fn pid(&self, i: usize) -> Option<u32> {
-        self.nodes[i].pid()
-    }
-
-    /// Kills node `i` (SIGKILL).
-    pub async fn kill(&mut self, i: usize) {
-        self.nodes[i].kill().await;
-    }
-
-    /// Starts node `i` again on its port; it rejoins the cluster (a master that was
-    /// replaced comes back as a replica of its successor) with an empty dataset.
-    pub async fn restart(&mut self, i: usize) -> Result<()> {
-        self.nodes[i].spawn().await
-    }
-
-    /// Cuts node `i` off from the other nodes' cluster bus (not from its clients or
-    /// its replication link). Needs root and `iptables`.
-    pub fn partition(&mut self, i: usize) -> Result<()> {
-        let uid = self.nodes[i]
-            .uid
-            .context("partitions need root (nodes run under their own user ids)")?;
-        if self.partitions[i].is_none() {
-            let mark = 0x7e00_0000 | u32::from(self.bus_ports[i]);
-            self.partitions[i] = Some(Rules::add(isolation_rules(uid, &self.bus_ports, mark))?);
-        }
-        Ok(())
-    }
-
-    /// Ends node `i`'s partition.
-    pub fn heal(&mut self, i: usize) {
-        self.partitions[i] = None;
     }
 
     /// The nodes that are masters now (by `ROLE`), among those that run and answer.

@@ -31,6 +31,22 @@ pub enum Scripted {
     Fail(u16, Value),
 }
 
+/// The `role: "tool"` messages a request the upstream received (one of [`ScriptedUpstream::requests`]) carries, as (id, content).
+pub fn tool_messages(request: &Value) -> Vec<(String, String)> {
+    request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap_or("").to_string(),
+                m["content"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
 /// A `chat.completion` whose message says `text`.
 pub fn text_answer(text: &str) -> Scripted {
     Scripted::Answer(completion(

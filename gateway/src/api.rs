@@ -205,35 +205,27 @@ fn describe(api: TransformOpenApi<'_>) -> TransformOpenApi<'_> {
                 extensions: Default::default(),
             },
         )
-        .tag(Tag {
-            name: "turns".into(),
-            description: Some("Turns: submit and follow.".into()),
-            ..Default::default()
-        })
-        .tag(Tag {
-            name: "tools".into(),
-            description: Some("The tool catalog.".into()),
-            ..Default::default()
-        })
-        .tag(Tag {
-            name: "chat".into(),
-            description: Some("OpenAI-compatible chat completions.".into()),
-            ..Default::default()
-        })
-        .tag(Tag {
-            name: "mcp".into(),
-            description: Some(
-                "The fleet as an MCP server (Streamable HTTP). JSON-RPC errors are the \
-                 MCP protocol's own; the transport's refusals are in the error shape."
-                    .into(),
-            ),
-            ..Default::default()
-        })
-        .tag(Tag {
-            name: "meta".into(),
-            description: Some("Health, this document and the live page; no key.".into()),
-            ..Default::default()
-        })
+        .tag(tag("turns", "Turns: submit and follow."))
+        .tag(tag("tools", "The tool catalog."))
+        .tag(tag("chat", "OpenAI-compatible chat completions."))
+        .tag(tag(
+            "mcp",
+            "The fleet as an MCP server (Streamable HTTP). JSON-RPC errors are the MCP \
+             protocol's own; the transport's refusals are in the error shape.",
+        ))
+        .tag(tag(
+            "meta",
+            "Health, this document and the live page; no key.",
+        ))
+}
+
+/// A tag of the document's operations.
+fn tag(name: &str, description: &str) -> Tag {
+    Tag {
+        name: name.into(),
+        description: Some(description.into()),
+        ..Default::default()
+    }
 }
 
 /// CORS for `origins` (none: no CORS headers at all, same origin only).

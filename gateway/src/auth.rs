@@ -103,14 +103,10 @@ impl FromRequestParts<Arc<Gateway>> for Caller {
                 ));
             }
         };
-        gateway.limiter.take(&record.id).map_err(|wait| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                codes::RATE_LIMITED,
-                format!("this key's request rate is exhausted; retry in {wait} s"),
-            )
-            .retry_after(wait)
-        })?;
+        gateway
+            .limiter
+            .take(&record.id)
+            .map_err(ApiError::rate_limited)?;
         Ok(Self {
             key_id: record.id,
             tenant: record.tenant,
@@ -173,14 +169,10 @@ impl FromRequestParts<Arc<Gateway>> for Reader {
             .stream_tokens
             .check(&token, &path.turn_id)
             .map_err(|e| ApiError::unauthorized(e.to_string()))?;
-        gateway.limiter.take(&grant.key_id).map_err(|wait| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                codes::RATE_LIMITED,
-                format!("this key's request rate is exhausted; retry in {wait} s"),
-            )
-            .retry_after(wait)
-        })?;
+        gateway
+            .limiter
+            .take(&grant.key_id)
+            .map_err(ApiError::rate_limited)?;
         Ok(Self {
             key_id: grant.key_id,
             tenant: grant.tenant,
@@ -188,15 +180,18 @@ impl FromRequestParts<Arc<Gateway>> for Reader {
     }
 }
 
+/// Documents `scheme` as one way to authorize `operation` (once).
+fn require_scheme(operation: &mut Operation, scheme: &str) {
+    let requirement: SecurityRequirement = [(scheme.to_string(), Vec::new())].into_iter().collect();
+    if !operation.security.contains(&requirement) {
+        operation.security.push(requirement);
+    }
+}
+
 impl aide::OperationInput for Reader {
     fn operation_input(ctx: &mut GenContext, operation: &mut Operation) {
         Caller::operation_input(ctx, operation);
-        let requirement: SecurityRequirement = [(STREAM_TOKEN_SCHEME.to_string(), Vec::new())]
-            .into_iter()
-            .collect();
-        if !operation.security.contains(&requirement) {
-            operation.security.push(requirement);
-        }
+        require_scheme(operation, STREAM_TOKEN_SCHEME);
     }
 
     fn inferred_early_responses(
@@ -209,12 +204,7 @@ impl aide::OperationInput for Reader {
 
 impl aide::OperationInput for Caller {
     fn operation_input(_: &mut GenContext, operation: &mut Operation) {
-        let requirement: SecurityRequirement = [(SECURITY_SCHEME.to_string(), Vec::new())]
-            .into_iter()
-            .collect();
-        if !operation.security.contains(&requirement) {
-            operation.security.push(requirement);
-        }
+        require_scheme(operation, SECURITY_SCHEME);
     }
 
     fn inferred_early_responses(

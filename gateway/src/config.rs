@@ -21,8 +21,7 @@ pub const UPSTREAM_TLS: TlsVariables = TlsVariables {
 
 /// Where the gateway listens when `TOOLFLEET_GATEWAY_ADDR` is unset.
 pub const DEFAULT_ADDR: &str = "0.0.0.0:8080";
-/// The database of API keys when `TOOLFLEET_DATABASE_URL` is unset.
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/toolfleet";
+pub use toolfleet_keys::DEFAULT_DATABASE_URL;
 /// The Jaeger UI the live page links traces to when `TOOLFLEET_GATEWAY_JAEGER_URL` is unset.
 pub const DEFAULT_JAEGER_URL: &str = "http://localhost:16686";
 /// How long a known key is trusted when `TOOLFLEET_GATEWAY_KEY_CACHE_MS` is unset.

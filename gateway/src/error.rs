@@ -124,6 +124,26 @@ impl ApiError {
         .retry_after(1)
     }
 
+    /// 503 `overloaded` with `Retry-After: 1`: every turn slot is taken.
+    pub fn overloaded() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            codes::OVERLOADED,
+            "the gateway follows as many turns as it may",
+        )
+        .retry_after(1)
+    }
+
+    /// 429 `rate_limited` with `Retry-After: wait`: the key's token bucket is empty.
+    pub fn rate_limited(wait: u64) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            codes::RATE_LIMITED,
+            format!("this key's request rate is exhausted; retry in {wait} s"),
+        )
+        .retry_after(wait)
+    }
+
     /// 404 `not_found`.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, codes::NOT_FOUND, message)
@@ -215,16 +235,16 @@ const COMMON_ERRORS: [(u16, &str); 5] = [
     (503, "The fleet cannot take the request now (`unavailable`, `overloaded`, `timeout`); see `Retry-After`."),
 ];
 
-/// The documented responses of an operation: `ok` as 200, then `extra` (other answers
-/// such as 204), its own errors (`status`, description), then the errors every
-/// authenticated operation may answer.
-pub fn documented_responses(
+/// The documented responses of an operation answering `T`: `T`'s own response as 200,
+/// then `extra` (other answers such as 204), its own errors (`status`, description),
+/// then the errors every authenticated operation may answer.
+pub fn documented_responses<T: aide::OperationOutput>(
     ctx: &mut GenContext,
     operation: &mut Operation,
-    ok: Option<Response>,
     extra: Vec<(u16, Response)>,
     errors: &[(u16, &str)],
 ) -> Vec<(Option<DocStatus>, Response)> {
+    let ok = T::operation_response(ctx, operation);
     let mut out: Vec<(Option<DocStatus>, Response)> = ok
         .map(|ok| (Some(DocStatus::Code(200)), ok))
         .into_iter()
@@ -251,19 +271,9 @@ pub fn error_response(ctx: &mut GenContext, status: u16, description: &str) -> R
     let json_schema = ctx.schema.subschema_for::<ErrorBody>();
     let mut response = Response {
         description: description.to_string(),
-        content: [(
-            "application/json".to_string(),
-            MediaType {
-                schema: Some(SchemaObject {
-                    json_schema,
-                    example: None,
-                    external_docs: None,
-                }),
-                ..Default::default()
-            },
-        )]
-        .into_iter()
-        .collect(),
+        content: [("application/json".to_string(), media(json_schema))]
+            .into_iter()
+            .collect(),
         ..Default::default()
     };
     if status == 429 || status == 503 {
@@ -273,6 +283,26 @@ pub fn error_response(ctx: &mut GenContext, status: u16, description: &str) -> R
         );
     }
     response
+}
+
+/// A documented response with `description` and no body yet.
+pub fn described(description: &str) -> Response {
+    Response {
+        description: description.to_string(),
+        ..Default::default()
+    }
+}
+
+/// A documented body of `json_schema`, without an example.
+pub fn media(json_schema: schemars::Schema) -> MediaType {
+    MediaType {
+        schema: Some(SchemaObject {
+            json_schema,
+            example: None,
+            external_docs: None,
+        }),
+        ..Default::default()
+    }
 }
 
 /// A documented integer response header.

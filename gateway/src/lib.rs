@@ -25,6 +25,7 @@
 //! | `trace` | the server span with HTTP semantic conventions, `traceparent` in and out |
 //! | `turns` | `POST /v1/turns`, SSE and JSON |
 //! | `stream_token` | short-lived, turn-scoped tokens that let a browser's `EventSource` read one turn |
+//! | `sse` | a turn's events as Server-Sent Events, shared by `turns` and `stored` |
 //! | `stored` | `GET /v1/turns/{id}`, `GET /v1/turns/{id}/events` (resumed after `Last-Event-ID`), `DELETE /v1/turns/{id}` |
 //!
 //! A turn's path: `api` routes `POST /v1/turns` → `trace` opens the server span (parent:
@@ -45,6 +46,7 @@ pub mod limits;
 pub mod mcp;
 pub mod openai;
 pub mod page;
+pub mod sse;
 pub mod stored;
 pub mod stream_token;
 pub mod trace;

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aide::generate::GenContext;
-use aide::openapi::{MediaType, Operation, Response, SchemaObject, StatusCode as DocStatus};
+use aide::openapi::{Operation, Response, StatusCode as DocStatus};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
@@ -23,9 +23,10 @@ use toolfleet_common::turn::{CancelOutcome, CancelReply};
 use toolfleet_common::TurnEvent;
 
 use crate::auth::{Caller, Reader};
-use crate::error::{documented_responses, ApiError};
+use crate::error::{described, documented_responses, media, ApiError};
 use crate::extract::ApiQuery;
-use crate::turns::{event_stream, EVENT_STREAM};
+use crate::sse::{event_stream, sse_event, EVENT_STREAM};
+use crate::stream_token::StreamToken;
 use crate::Gateway;
 
 /// How long the gateway waits for the first stored event of a turn it attaches to.
@@ -57,40 +58,6 @@ pub struct EventsQuery {
     pub token: Option<String>,
 }
 
-/// A stream token for one turn.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct StreamToken {
-    /// The turn the token reads.
-    pub turn_id: String,
-    /// The token (`tfs_…`): reads this turn's events only, until `expires_at`.
-    pub token: String,
-    /// When the token stops working, seconds since the Unix epoch.
-    pub expires_at: u64,
-    /// The path an `EventSource` opens: `/v1/turns/{turn_id}/events?token=…`.
-    pub events_url: String,
-}
-
-impl StreamToken {
-    /// A token of `gateway` for `turn_id`, minted by `key_id` of `tenant`, living at
-    /// least `life`.
-    pub fn mint(
-        gateway: &Gateway,
-        turn_id: &str,
-        key_id: &str,
-        tenant: &str,
-        life: Duration,
-    ) -> Self {
-        let grant = gateway.stream_tokens.grant(turn_id, key_id, tenant, life);
-        let token = gateway.stream_tokens.mint(&grant);
-        Self {
-            turn_id: turn_id.to_string(),
-            events_url: format!("/v1/turns/{turn_id}/events?token={token}"),
-            token,
-            expires_at: grant.expires_at,
-        }
-    }
-}
-
 /// `POST /v1/turns/{turn_id}/stream-token`: a token with which a client that cannot send
 /// headers (a browser's `EventSource`) reads this turn's events. The turn need not exist
 /// yet; the token reads only a turn of the key's tenant.
@@ -106,7 +73,7 @@ pub async fn stream_token(
         )));
     }
     Ok(axum::Json(StreamToken::mint(
-        &gateway,
+        &gateway.stream_tokens,
         &path.turn_id,
         &caller.key_id,
         &caller.tenant,
@@ -165,7 +132,7 @@ pub async fn get(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path(path): Path<TurnPath>,
-) -> Result<StoredAnswer, ApiError> {
+) -> Result<TurnJson<StoredTurn>, ApiError> {
     gateway.nats_connected()?;
     let mut stream = gateway
         .client
@@ -180,7 +147,7 @@ pub async fn get(
         }
     }
     let final_event = events.last().filter(|e| e.is_last()).cloned();
-    Ok(StoredAnswer(StoredTurn {
+    Ok(TurnJson(StoredTurn {
         turn_id: path.turn_id,
         status: if final_event.is_some() {
             TurnStatus::Ended
@@ -192,28 +159,29 @@ pub async fn get(
     }))
 }
 
-/// The answer to `GET /v1/turns/{turn_id}`.
-pub struct StoredAnswer(pub StoredTurn);
+/// The JSON answer of an operation on a turn by id: `GET /v1/turns/{turn_id}` (a
+/// [`StoredTurn`]) and `DELETE /v1/turns/{turn_id}` (what the cancel did, `cancelled`, or
+/// `already_ended` with how the turn ended), documented with the errors of a turn by id.
+pub struct TurnJson<T>(pub T);
 
-impl IntoResponse for StoredAnswer {
+impl<T: Serialize> IntoResponse for TurnJson<T> {
     fn into_response(self) -> axum::response::Response {
         axum::Json(self.0).into_response()
     }
 }
 
-impl aide::OperationOutput for StoredAnswer {
-    type Inner = StoredTurn;
+impl<T: JsonSchema> aide::OperationOutput for TurnJson<T> {
+    type Inner = T;
 
     fn operation_response(ctx: &mut GenContext, operation: &mut Operation) -> Option<Response> {
-        <axum::Json<StoredTurn> as aide::OperationOutput>::operation_response(ctx, operation)
+        <axum::Json<T> as aide::OperationOutput>::operation_response(ctx, operation)
     }
 
     fn inferred_responses(
         ctx: &mut GenContext,
         operation: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
-        let ok = Self::operation_response(ctx, operation);
-        documented_responses(ctx, operation, ok, Vec::new(), &TURN_ERRORS)
+        documented_responses::<Self>(ctx, operation, Vec::new(), &TURN_ERRORS)
     }
 }
 
@@ -238,14 +206,7 @@ pub async fn events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<ResumedEvents, ApiError> {
     let after = resume_after(&headers, &query)?;
-    let slot = gateway.slots.try_take().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            crate::error::codes::OVERLOADED,
-            "the gateway follows as many turns as it may",
-        )
-        .retry_after(1)
-    })?;
+    let slot = gateway.slots.try_take().ok_or_else(ApiError::overloaded)?;
     gateway.nats_connected()?;
     // The whole turn is replayed and what the client holds skipped here, so a client
     // that already has the `final` is told so (204) instead of waiting for nothing.
@@ -298,24 +259,14 @@ impl aide::OperationOutput for ResumedEvents {
     type Inner = ();
 
     fn operation_response(_: &mut GenContext, _: &mut Operation) -> Option<Response> {
-        let mut response = Response {
-            description: "The turn's events after the client's last one as Server-Sent \
-                Events (`id:` the event's seq, `event:` its type, `data:` its JSON), \
-                following the turn until `final` or `error`."
-                .into(),
-            ..Default::default()
-        };
-        response.content.insert(
-            EVENT_STREAM.into(),
-            MediaType {
-                schema: Some(SchemaObject {
-                    json_schema: crate::api::openapi::sse_event(),
-                    example: None,
-                    external_docs: None,
-                }),
-                ..Default::default()
-            },
+        let mut response = described(
+            "The turn's events after the client's last one as Server-Sent Events (`id:` the \
+             event's seq, `event:` its type, `data:` its JSON), following the turn until \
+             `final` or `error`.",
         );
+        response
+            .content
+            .insert(EVENT_STREAM.into(), media(sse_event()));
         Some(response)
     }
 
@@ -323,12 +274,8 @@ impl aide::OperationOutput for ResumedEvents {
         ctx: &mut GenContext,
         operation: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
-        let ok = Self::operation_response(ctx, operation);
-        let done = Response {
-            description: "The client holds every event of the ended turn.".into(),
-            ..Default::default()
-        };
-        documented_responses(ctx, operation, ok, vec![(204, done)], &TURN_ERRORS)
+        let done = described("The client holds every event of the ended turn.");
+        documented_responses::<Self>(ctx, operation, vec![(204, done)], &TURN_ERRORS)
     }
 }
 
@@ -349,14 +296,14 @@ pub async fn cancel(
     State(gateway): State<Arc<Gateway>>,
     caller: Caller,
     Path(path): Path<TurnPath>,
-) -> Result<Cancelled, ApiError> {
+) -> Result<TurnJson<CancelReply>, ApiError> {
     gateway.nats_connected()?;
     let reply = gateway
         .client
         .cancel(&path.turn_id, Some(&caller.tenant), CANCEL_WAIT)
         .await?;
     match reply.outcome {
-        CancelOutcome::Cancelled | CancelOutcome::AlreadyEnded => Ok(Cancelled(reply)),
+        CancelOutcome::Cancelled | CancelOutcome::AlreadyEnded => Ok(TurnJson(reply)),
         CancelOutcome::UnknownTurn => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             toolfleet_common::turn::turn_codes::UNKNOWN_TURN,
@@ -367,31 +314,5 @@ pub async fn cancel(
             path.turn_id
         ))),
         CancelOutcome::Unavailable => Err(ApiError::unavailable("the turn store is unavailable")),
-    }
-}
-
-/// The answer to `DELETE /v1/turns/{turn_id}`: what the cancel did
-/// (`cancelled`, or `already_ended` with how the turn ended).
-pub struct Cancelled(pub CancelReply);
-
-impl IntoResponse for Cancelled {
-    fn into_response(self) -> axum::response::Response {
-        axum::Json(self.0).into_response()
-    }
-}
-
-impl aide::OperationOutput for Cancelled {
-    type Inner = CancelReply;
-
-    fn operation_response(ctx: &mut GenContext, operation: &mut Operation) -> Option<Response> {
-        <axum::Json<CancelReply> as aide::OperationOutput>::operation_response(ctx, operation)
-    }
-
-    fn inferred_responses(
-        ctx: &mut GenContext,
-        operation: &mut Operation,
-    ) -> Vec<(Option<DocStatus>, Response)> {
-        let ok = Self::operation_response(ctx, operation);
-        documented_responses(ctx, operation, ok, Vec::new(), &TURN_ERRORS)
     }
 }

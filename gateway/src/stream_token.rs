@@ -12,6 +12,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// What every stream token starts with.
@@ -152,6 +154,40 @@ impl StreamTokens {
     /// What `token` grants for reading `turn_id` now.
     pub fn check(&self, token: &str, turn_id: &str) -> Result<Grant, TokenError> {
         self.check_at(token, turn_id, now_s())
+    }
+}
+
+/// A stream token for one turn.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct StreamToken {
+    /// The turn the token reads.
+    pub turn_id: String,
+    /// The token (`tfs_…`): reads this turn's events only, until `expires_at`.
+    pub token: String,
+    /// When the token stops working, seconds since the Unix epoch.
+    pub expires_at: u64,
+    /// The path an `EventSource` opens: `/v1/turns/{turn_id}/events?token=…`.
+    pub events_url: String,
+}
+
+impl StreamToken {
+    /// A token of `tokens` for `turn_id`, minted by `key_id` of `tenant`, living at
+    /// least `life`.
+    pub fn mint(
+        tokens: &StreamTokens,
+        turn_id: &str,
+        key_id: &str,
+        tenant: &str,
+        life: Duration,
+    ) -> Self {
+        let grant = tokens.grant(turn_id, key_id, tenant, life);
+        let token = tokens.mint(&grant);
+        Self {
+            turn_id: turn_id.to_string(),
+            events_url: format!("/v1/turns/{turn_id}/events?token={token}"),
+            token,
+            expires_at: grant.expires_at,
+        }
     }
 }
 

@@ -13,31 +13,41 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aide::generate::GenContext;
-use aide::openapi::{
-    MediaType, Operation, ReferenceOr, Response, SchemaObject, StatusCode as DocStatus,
-};
-use axum::body::Body;
+use aide::openapi::{Operation, ReferenceOr, Response, StatusCode as DocStatus};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
-use futures::StreamExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use toolfleet_common::client::TurnStream;
 use toolfleet_common::turn::{normalize_tenant, valid_turn_id, TurnOptions};
-use toolfleet_common::{CallError, TurnEvent, TurnRequest};
+use toolfleet_common::{TurnEvent, TurnRequest};
 
 use crate::auth::Caller;
-use crate::error::{codes, documented_responses, string_header, ApiError};
+use crate::error::{described, documented_responses, media, string_header, ApiError};
 use crate::extract::{ApiJson, ApiQuery};
+use crate::sse::{event_stream, sse_event, CancelOnDrop, EVENT_STREAM};
+use crate::stream_token::StreamToken;
 use crate::Gateway;
 
 /// The longest deadline the gateway waits for, whatever a turn asks.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
-/// The content type of an event stream.
-pub const EVENT_STREAM: &str = "text/event-stream";
+
+/// A decision the demo pack runs: the simple form with two calls, as a model that was
+/// asked "Show me my appointments and my billing" might decide.
+pub fn example_decision() -> Value {
+    json!({
+        "type": "tool_calls",
+        "calls": [
+            {"id": "call_appts_01", "toolName": "crm.listUpcomingAppointments",
+             "arguments": {"customerId": "cust_002"}},
+            {"id": "call_bill_02", "toolName": "crm.getOpenInvoices",
+             "arguments": {"customerId": "cust_002"}}
+        ]
+    })
+}
 
 /// A turn as an HTTP client submits it. The tenant is the API key's.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -57,7 +67,7 @@ pub struct TurnBody {
     pub user_message: Option<String>,
     /// The model's decision in any supported shape (OpenAI Chat Completions or Responses,
     /// Anthropic Messages, the simple form, `parallel`).
-    #[schemars(example = crate::api::openapi::example_decision())]
+    #[schemars(example = example_decision())]
     pub decision: Value,
     /// Budget for the whole turn in milliseconds, at least 1; leave it out for the
     /// default (0 or a negative number is refused with 400 `invalid_request`).
@@ -159,14 +169,7 @@ pub async fn submit(
 ) -> Result<TurnReply, ApiError> {
     let request = body.into_request(&caller)?;
     let wait = gateway.event_wait(request.deadline_ms);
-    let slot = gateway.slots.try_take().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::OVERLOADED,
-            "the gateway follows as many turns as it may",
-        )
-        .retry_after(1)
-    })?;
+    let slot = gateway.slots.try_take().ok_or_else(ApiError::overloaded)?;
     gateway.nats_connected()?;
     let mut stream = gateway.client.submit(request).await?;
     let first = stream.next_event(wait).await?;
@@ -174,8 +177,8 @@ pub async fn submit(
         return Err(ApiError::from_turn_error(error));
     }
     // A token to follow this turn with, living past its deadline.
-    let token = crate::stored::StreamToken::mint(
-        &gateway,
+    let token = StreamToken::mint(
+        &gateway.stream_tokens,
         stream.turn_id(),
         &caller.key_id,
         &caller.tenant,
@@ -206,10 +209,12 @@ async fn reply(
     if wants_events(headers) {
         // A client that goes away mid-stream cancels the turn when so configured;
         // otherwise the turn runs on and `GET /v1/turns/{id}/events` resumes it.
-        let on_drop = gateway.config.cancel_on_disconnect.then(|| CancelOnDrop {
-            gateway: Arc::clone(gateway),
-            turn_id: stream.turn_id().to_string(),
-            tenant: caller.tenant.clone(),
+        let on_drop = gateway.config.cancel_on_disconnect.then(|| {
+            CancelOnDrop::new(
+                Arc::clone(gateway),
+                stream.turn_id().to_string(),
+                caller.tenant.clone(),
+            )
         });
         return Ok(TurnReply::Events(event_stream(
             first, stream, wait, slot, on_drop,
@@ -252,92 +257,6 @@ async fn read_to_final(
     }
 }
 
-/// One event as Server-Sent Events text: `event:` its type, `data:` its JSON.
-pub fn sse_frame(event: &TurnEvent, seq: Option<u64>) -> String {
-    let data = serde_json::to_string(event).unwrap_or_else(|_| "{}".into());
-    let id = seq.map(|seq| format!("id: {seq}\n")).unwrap_or_default();
-    format!("{id}event: {}\ndata: {data}\n\n", event.kind())
-}
-
-/// Cancels a turn when dropped before its last event went out: the HTTP client of its
-/// event stream went away (`TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT`).
-pub struct CancelOnDrop {
-    gateway: Arc<Gateway>,
-    turn_id: String,
-    tenant: String,
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if self.turn_id.is_empty() {
-            return;
-        }
-        let (gateway, turn_id, tenant) = (
-            Arc::clone(&self.gateway),
-            std::mem::take(&mut self.turn_id),
-            std::mem::take(&mut self.tenant),
-        );
-        tokio::spawn(async move {
-            let wait = Duration::from_secs(10);
-            if let Err(error) = gateway.client.cancel(&turn_id, Some(&tenant), wait).await {
-                tracing::warn!(%turn_id, %error, "could not cancel the turn of a client that went away");
-            }
-        });
-    }
-}
-
-/// The event stream of a turn whose first event is `first`; the turn slot is held until
-/// the stream ends or the client goes away, and `on_drop` (if any) cancels the turn when
-/// the client goes away before its last event.
-pub(crate) fn event_stream(
-    first: TurnEvent,
-    stream: TurnStream,
-    wait: Duration,
-    slot: OwnedSemaphorePermit,
-    on_drop: Option<CancelOnDrop>,
-) -> axum::response::Response {
-    // The seq handed out before the first event: the first's own when it was stored.
-    let before = stream.last_seq().saturating_sub(1);
-    let state = (Some(first), Some(stream), (slot, on_drop), before);
-    let frames = futures::stream::unfold(
-        state,
-        move |(pending, stream, mut held, before)| async move {
-            let mut stream = stream?;
-            let event = match pending {
-                Some(event) => event,
-                None => stream.next_event(wait).await.unwrap_or_else(|error| {
-                    let code = match error.kind() {
-                        toolfleet_common::client::ClientErrorKind::Timeout => codes::TIMEOUT,
-                        _ => toolfleet_common::turn::turn_codes::UNAVAILABLE,
-                    };
-                    TurnEvent::Error {
-                        turn_id: Some(stream.turn_id().to_string()),
-                        error: CallError::retryable(code, error.to_string()),
-                    }
-                }),
-            };
-            // An event with a seq (stored with its turn) moved the stream's last seq on.
-            let seq = (stream.last_seq() > before).then_some(stream.last_seq());
-            let after = stream.last_seq();
-            let next = (!event.is_last()).then_some(stream);
-            if next.is_none() {
-                // The last event goes out: nothing to cancel any more.
-                if let Some(armed) = held.1.as_mut() {
-                    armed.turn_id.clear();
-                }
-            }
-            let frame = Ok::<_, std::convert::Infallible>(sse_frame(&event, seq));
-            Some((frame, (None, next, held, after)))
-        },
-    );
-    let mut response = Body::from_stream(frames.boxed()).into_response();
-    let headers = response.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(EVENT_STREAM));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
-}
-
 /// What `POST /v1/turns` answers: an event stream or the JSON answer.
 pub enum TurnReply {
     /// `text/event-stream`.
@@ -345,7 +264,7 @@ pub enum TurnReply {
     /// `application/json`.
     Json(TurnAnswer),
     /// `202 Accepted` (`Prefer: respond-async`): the turn runs; follow it with the token.
-    Accepted(crate::stored::StreamToken),
+    Accepted(StreamToken),
     /// Another reply with the `Toolfleet-Stream-Token` header.
     WithToken(Box<TurnReply>, String),
 }
@@ -389,27 +308,17 @@ impl aide::OperationOutput for TurnReply {
 
     fn operation_response(ctx: &mut GenContext, _: &mut Operation) -> Option<Response> {
         let json_schema = ctx.schema.subschema_for::<TurnAnswer>();
-        let media = |json_schema| MediaType {
-            schema: Some(SchemaObject {
-                json_schema,
-                example: None,
-                external_docs: None,
-            }),
-            ..Default::default()
-        };
-        let mut response = Response {
-            description: "The turn's `final` event (JSON), or every event as Server-Sent Events \
-                (`Accept: text/event-stream`: `event:` the type, `data:` the event's JSON, \
-                ending after `final` or `error`)."
-                .into(),
-            ..Default::default()
-        };
+        let mut response = described(
+            "The turn's `final` event (JSON), or every event as Server-Sent Events \
+             (`Accept: text/event-stream`: `event:` the type, `data:` the event's JSON, \
+             ending after `final` or `error`).",
+        );
         response
             .content
             .insert("application/json".into(), media(json_schema));
         response
             .content
-            .insert(EVENT_STREAM.into(), media(crate::api::openapi::sse_event()));
+            .insert(EVENT_STREAM.into(), media(sse_event()));
         response.headers.insert(
             "traceparent".into(),
             ReferenceOr::Item(string_header(
@@ -432,33 +341,21 @@ impl aide::OperationOutput for TurnReply {
         ctx: &mut GenContext,
         operation: &mut Operation,
     ) -> Vec<(Option<DocStatus>, Response)> {
-        let ok = Self::operation_response(ctx, operation);
-        let mut accepted = Response {
-            description: "With `Prefer: respond-async`: the turn was accepted and runs on; \
-                `events_url` follows it (with the stream token, no API key needed)."
-                .into(),
-            ..Default::default()
-        };
-        let json_schema = ctx.schema.subschema_for::<crate::stored::StreamToken>();
-        accepted.content.insert(
-            "application/json".into(),
-            MediaType {
-                schema: Some(SchemaObject {
-                    json_schema,
-                    example: None,
-                    external_docs: None,
-                }),
-                ..Default::default()
-            },
+        let mut accepted = described(
+            "With `Prefer: respond-async`: the turn was accepted and runs on; `events_url` \
+             follows it (with the stream token, no API key needed).",
         );
-        documented_responses(ctx, operation, ok, vec![(202, accepted)], &TURN_ERRORS)
+        let json_schema = ctx.schema.subschema_for::<StreamToken>();
+        accepted
+            .content
+            .insert("application/json".into(), media(json_schema));
+        documented_responses::<Self>(ctx, operation, vec![(202, accepted)], &TURN_ERRORS)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn caller() -> Caller {
         Caller {
@@ -502,18 +399,5 @@ mod tests {
             bad_id.err().map(|e| e.status),
             Some(StatusCode::BAD_REQUEST)
         );
-    }
-
-    #[test]
-    fn frames_name_the_event_type() {
-        let event = TurnEvent::Narration {
-            turn_id: "t".into(),
-            text: "hi".into(),
-        };
-        assert_eq!(
-            sse_frame(&event, None),
-            "event: narration\ndata: {\"type\":\"narration\",\"turn_id\":\"t\",\"text\":\"hi\"}\n\n"
-        );
-        assert!(sse_frame(&event, Some(4)).starts_with("id: 4\nevent: narration\n"));
     }
 }

@@ -53,6 +53,8 @@ use toolfleet_common::{RetryPolicy, ToolDefinition};
 
 use toolfleet_worker::tool::{Tool, ToolContext, ToolError, ToolFuture, ToolOutput};
 
+use crate::json_file::{read_json, JsonFileError};
+
 /// No response within the timeout.
 pub const UPSTREAM_TIMEOUT: &str = "upstream_timeout";
 /// The endpoint could not be reached.
@@ -135,24 +137,9 @@ pub struct HttpToolsFile {
 /// Why HTTP tools could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpToolError {
-    /// The tools file could not be read.
-    #[error("reading {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The tools file is not valid.
-    #[error("parsing {path}: {source}")]
-    Parse {
-        /// The file.
-        path: String,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
-    },
+    /// The tools file could not be read or is not valid.
+    #[error(transparent)]
+    File(#[from] JsonFileError),
     /// A tool's declaration is unusable.
     #[error("http tool {tool}: {reason}")]
     Invalid {
@@ -168,16 +155,7 @@ pub enum HttpToolError {
 
 /// Reads the tools file at `path` and builds its tools.
 pub fn tools_from_file(path: &Path) -> Result<Vec<Tool>, HttpToolError> {
-    let display = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| HttpToolError::Read {
-        path: display.clone(),
-        source,
-    })?;
-    let file: HttpToolsFile =
-        serde_json::from_str(&text).map_err(|source| HttpToolError::Parse {
-            path: display,
-            source,
-        })?;
+    let file: HttpToolsFile = read_json(path)?;
     tools(file.tools)
 }
 

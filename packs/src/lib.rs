@@ -1,7 +1,7 @@
 //! # toolfleet-packs
 //!
-//! The tool packs the `toolfleet-worker` binary hosts, chosen by name
-//! (`TOOLFLEET_PACKS=demo,test`), and what they need: PostgreSQL ([`db`]) and tools
+//! The tool packs the `toolfleet-worker` binary (`src/bin/toolfleet-worker.rs`) hosts,
+//! chosen by name (`TOOLFLEET_PACKS=demo,test`), and what they need: PostgreSQL ([`db`]) and tools
 //! declared in a file that call HTTP endpoints ([`http_tool`]). Tools are built with the
 //! worker SDK (`toolfleet-worker`: [`Tool`], `run`, the result cache); this crate owns
 //! every tool toolfleet ships and must never reimplement what the SDK does (serving,
@@ -36,12 +36,14 @@
 //! | [`db`] | PostgreSQL for the database packs: pool, scoped read-only queries, migrations |
 //! | [`keda`] | the worker's KEDA `ScaledObject`, one trigger per tool consumer |
 //! | [`http_tool`] | the `http` pack: tools declared in a file that POST to an HTTP endpoint |
+//! | [`json_file`] | reading the JSON settings files of the `http` and `mcp` packs |
 //! | [`mcp`] | the `mcp` pack: MCP servers' tools, kept in the worker's set while the servers come and go |
 
 pub mod crm;
 pub mod crm_db;
 pub mod db;
 pub mod http_tool;
+pub mod json_file;
 pub mod keda;
 pub mod mcp;
 pub mod receptionist;
@@ -215,13 +217,11 @@ pub fn tools_with(packs: &[&str], settings: &PackSettings) -> Result<Vec<Tool>, 
             )),
             "crm-db" => tools.extend(crm_db::tools(&database("crm-db")?, cache.as_ref())),
             "http" => {
-                let path = settings
-                    .http_tools_file
-                    .as_ref()
-                    .ok_or(PackError::MissingSetting {
-                        pack: "http",
-                        variable: "TOOLFLEET_HTTP_TOOLS_FILE",
-                    })?;
+                let path = file_setting(
+                    &settings.http_tools_file,
+                    "http",
+                    "TOOLFLEET_HTTP_TOOLS_FILE",
+                )?;
                 tools.extend(http_tool::tools_from_file(path)?);
             }
             "mcp" => return Err(PackError::RunTime("mcp")),
@@ -230,6 +230,17 @@ pub fn tools_with(packs: &[&str], settings: &PackSettings) -> Result<Vec<Tool>, 
         }
     }
     Ok(tools)
+}
+
+/// The file that configures `pack`, or why the pack cannot start: its environment
+/// variable `variable` is not set.
+fn file_setting<'a>(
+    file: &'a Option<PathBuf>,
+    pack: &'static str,
+    variable: &'static str,
+) -> Result<&'a PathBuf, PackError> {
+    file.as_ref()
+        .ok_or(PackError::MissingSetting { pack, variable })
 }
 
 /// The named packs, started: their tools as the set a worker serves
@@ -263,13 +274,7 @@ pub async fn start_packs(
     let tools = ToolSet::new(tools_with(&fixed, settings)?);
     let mut mcp = None;
     if !run_time.is_empty() {
-        let path = settings
-            .mcp_servers_file
-            .as_ref()
-            .ok_or(PackError::MissingSetting {
-                pack: "mcp",
-                variable: "TOOLFLEET_MCP_SERVERS",
-            })?;
+        let path = file_setting(&settings.mcp_servers_file, "mcp", "TOOLFLEET_MCP_SERVERS")?;
         let servers = mcp::read_servers(path)?;
         mcp = Some(McpPack::start(servers, &tools).await);
     }

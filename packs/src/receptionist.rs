@@ -713,139 +713,147 @@ fn topics_output_schema(list_key: &str, item: Value) -> Value {
 /// cache, results are served from Redis for its TTL (the two booking tools keyed also by
 /// the caller's phone, which decides what they may return).
 pub fn tools(db: &Db, cache: Option<&ResultCache>) -> Vec<Tool> {
-    let base = |name: &str, description: &str, hint: &str, output_schema: Value| {
-        Tool::builder(name, description)
-            .waiting_hint(hint)
-            .timeout(TOOL_TIMEOUT)
-            .idempotent(MAX_ATTEMPTS)
-            .tenant_scoped()
-            .output_schema(output_schema)
-    };
-    let booking = |schema: Value| closed_object(&["booking"], json!({ "booking": schema }));
     let no_context: &[&str] = &[];
-    let tools = [
-        (
-            tool(
-                db,
-                base(
-                    "get_latest_booking",
-                    "The caller's next booking (or their most recent one when none is upcoming), found by the caller's phone number",
-                    "checking your booking",
-                    booking(json!({"anyOf": [{"type": "null"}, booking_schema()]})),
-                ),
-                latest_booking,
-            ),
-            PHONE_CONTEXT_KEYS,
-        ),
-        (
-            tool(
-                db,
-                base(
-                    "get_booking_by_id",
-                    "A booking of this business by its id (only the caller's own when the call's phone is known)",
-                    "looking up that booking",
-                    booking(booking_schema()),
-                ),
-                booking_by_id,
-            ),
-            PHONE_CONTEXT_KEYS,
-        ),
-        (
-            tool(
-                db,
-                base(
-                    "get_business_services",
-                    "The services this business offers, with durations and prices",
-                    "checking our services",
-                    closed_object(
-                        &["business_name", "services"],
-                        json!({
-                            "business_name": {"type": "string"},
-                            "services": {"type": "array"}
-                        }),
-                    ),
-                ),
-                business_services,
-            ),
-            no_context,
-        ),
-        (
-            tool(
-                db,
-                base(
-                    "get_working_hours",
-                    "This business's opening hours by weekday",
-                    "checking our opening hours",
-                    closed_object(
-                        &["business_name", "timezone", "working_hours"],
-                        json!({
-                            "business_name": {"type": "string"},
-                            "timezone": {"type": "string"},
-                            "working_hours": {"type": ["object", "null"]}
-                        }),
-                    ),
-                ),
-                working_hours,
-            ),
-            no_context,
-        ),
-        (
-            tool(
-                db,
-                base(
-                    "get_policies",
-                    "This business's policy on a topic (cancellation, reschedule, late arrival, deposits, refunds, ...); topic required",
-                    "checking our policies",
-                    topics_output_schema(
-                        "policies",
-                        closed_object(
-                            &["topic", "content", "updated_at"],
-                            json!({
-                                "topic": {"type": "string"},
-                                "content": {"type": "string"},
-                                "updated_at": {"type": "string"}
-                            }),
-                        ),
-                    ),
-                ),
-                policies,
-            ),
-            no_context,
-        ),
-        (
-            tool(
-                db,
-                base(
-                    "get_faqs",
-                    "Answers to frequently asked questions on a topic (parking, location, pricing, payment, ...); topic required",
-                    "looking that up",
-                    topics_output_schema(
-                        "faqs",
-                        closed_object(
-                            &["question", "answer", "tags", "updated_at"],
-                            json!({
-                                "question": {"type": "string"},
-                                "answer": {"type": "string"},
-                                "tags": {"type": "array", "items": {"type": "string"}},
-                                "updated_at": {"type": "string"}
-                            }),
-                        ),
-                    ),
-                ),
-                faqs,
-            ),
-            no_context,
-        ),
-    ];
-    tools
+    let bookings = booking_tools(db)
         .into_iter()
-        .map(|(tool, vary_on)| cached(cache, tool, vary_on))
-        .collect()
+        .map(|tool| cached(cache, tool, PHONE_CONTEXT_KEYS));
+    let business = business_tools(db)
+        .into_iter()
+        .map(|tool| cached(cache, tool, no_context));
+    bookings.chain(business).collect()
+}
+
+/// What every receptionist tool is: tenant-scoped, idempotent, bounded by
+/// [`TOOL_TIMEOUT`], with its output schema.
+fn base(name: &str, description: &str, hint: &str, output_schema: Value) -> ToolBuilder {
+    Tool::builder(name, description)
+        .waiting_hint(hint)
+        .timeout(TOOL_TIMEOUT)
+        .idempotent(MAX_ATTEMPTS)
+        .tenant_scoped()
+        .output_schema(output_schema)
+}
+
+/// The tools that read the caller's bookings (what they may return depends on the
+/// call's phone).
+fn booking_tools(db: &Db) -> [Tool; 2] {
+    let booking = |schema: Value| closed_object(&["booking"], json!({ "booking": schema }));
+    [
+        tool(
+            db,
+            base(
+                "get_latest_booking",
+                "The caller's next booking (or their most recent one when none is upcoming), found by the caller's phone number",
+                "checking your booking",
+                booking(json!({"anyOf": [{"type": "null"}, booking_schema()]})),
+            ),
+            latest_booking,
+        ),
+        tool(
+            db,
+            base(
+                "get_booking_by_id",
+                "A booking of this business by its id (only the caller's own when the call's phone is known)",
+                "looking up that booking",
+                booking(booking_schema()),
+            ),
+            booking_by_id,
+        ),
+    ]
+}
+
+/// The tools that read what the business publishes: services, hours, policies, FAQs.
+fn business_tools(db: &Db) -> [Tool; 4] {
+    [
+        tool(
+            db,
+            base(
+                "get_business_services",
+                "The services this business offers, with durations and prices",
+                "checking our services",
+                closed_object(
+                    &["business_name", "services"],
+                    json!({
+                        "business_name": {"type": "string"},
+                        "services": {"type": "array"}
+                    }),
+                ),
+            ),
+            business_services,
+        ),
+        tool(
+            db,
+            base(
+                "get_working_hours",
+                "This business's opening hours by weekday",
+                "checking our opening hours",
+                closed_object(
+                    &["business_name", "timezone", "working_hours"],
+                    json!({
+                        "business_name": {"type": "string"},
+                        "timezone": {"type": "string"},
+                        "working_hours": {"type": ["object", "null"]}
+                    }),
+                ),
+            ),
+            working_hours,
+        ),
+        tool(
+            db,
+            base(
+                "get_policies",
+                "This business's policy on a topic (cancellation, reschedule, late arrival, deposits, refunds, ...); topic required",
+                "checking our policies",
+                topics_output_schema(
+                    "policies",
+                    closed_object(
+                        &["topic", "content", "updated_at"],
+                        json!({
+                            "topic": {"type": "string"},
+                            "content": {"type": "string"},
+                            "updated_at": {"type": "string"}
+                        }),
+                    ),
+                ),
+            ),
+            policies,
+        ),
+        tool(
+            db,
+            base(
+                "get_faqs",
+                "Answers to frequently asked questions on a topic (parking, location, pricing, payment, ...); topic required",
+                "looking that up",
+                topics_output_schema(
+                    "faqs",
+                    closed_object(
+                        &["question", "answer", "tags", "updated_at"],
+                        json!({
+                            "question": {"type": "string"},
+                            "answer": {"type": "string"},
+                            "tags": {"type": "array", "items": {"type": "string"}},
+                            "updated_at": {"type": "string"}
+                        }),
+                    ),
+                ),
+            ),
+            faqs,
+        ),
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `error` is there, with `code` and the sentence the caller hears.
+    fn assert_refusal(error: Option<ToolError>, code: &str, sentence: &str) {
+        assert_eq!(error.as_ref().map(|e| e.code.as_str()), Some(code));
+        assert_eq!(
+            error.and_then(|e| e.user_message).as_deref(),
+            Some(sentence)
+        );
+    }
 
     fn ctx(tenant: &str, phone: Option<&str>) -> ToolContext {
         let mut context = Map::new();
@@ -884,13 +892,10 @@ mod tests {
             Some("61400111222")
         );
         let mismatch = caller_phone(&c, Some("+61400999999")).err();
-        assert_eq!(
-            mismatch.as_ref().map(|e| e.code.as_str()),
-            Some(CUSTOMER_PHONE_MISMATCH)
-        );
-        assert_eq!(
-            mismatch.and_then(|e| e.user_message).as_deref(),
-            Some(CUSTOMER_PHONE_MISMATCH_SENTENCE)
+        assert_refusal(
+            mismatch,
+            CUSTOMER_PHONE_MISMATCH,
+            CUSTOMER_PHONE_MISMATCH_SENTENCE,
         );
         assert_eq!(
             caller_phone(&ctx(A, None), Some("0400 111 222"))
@@ -899,13 +904,10 @@ mod tests {
             Some("0400111222")
         );
         let missing = caller_phone(&ctx(A, None), None).err();
-        assert_eq!(
-            missing.as_ref().map(|e| e.code.as_str()),
-            Some(MISSING_CUSTOMER_PHONE)
-        );
-        assert_eq!(
-            missing.and_then(|e| e.user_message).as_deref(),
-            Some(MISSING_CUSTOMER_PHONE_SENTENCE)
+        assert_refusal(
+            missing,
+            MISSING_CUSTOMER_PHONE,
+            MISSING_CUSTOMER_PHONE_SENTENCE,
         );
     }
 

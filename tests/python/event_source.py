@@ -66,19 +66,7 @@ class Proxy:
                     self.cut = cut_this = True
         upstream.sendall(head)
         threading.Thread(target=self.pump, args=(client, upstream), daemon=True).start()
-        frames = 0
-        try:
-            while True:
-                data = upstream.recv(65536)
-                if not data:
-                    break
-                client.sendall(data)
-                if cut_this:
-                    frames += data.count(b"\nid: ") + data.startswith(b"id: ")
-                    if frames >= CUT_AFTER_FRAMES:
-                        break
-        except OSError:
-            pass
+        self.pump(upstream, client, CUT_AFTER_FRAMES if cut_this else None)
         for s in (client, upstream):
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -87,13 +75,34 @@ class Proxy:
             s.close()
 
     @staticmethod
-    def pump(source, sink):
+    def pump(source, sink, cut_after=None):
+        """Copies `source` to `sink` until `source` ends or fails; with `cut_after`, only up
+        to the end of that many event frames (those with an `id:`), however the bytes
+        arrive: a turn that ended before the browser connected is replayed in one chunk,
+        and the cut still falls between its events."""
+        pending = b""  # what was sent since the last frame's end
+        frames = 0
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
+                if cut_after is None:
+                    sink.sendall(data)
+                    continue
+                buf, start = pending + data, 0
+                while True:
+                    end = buf.find(b"\n\n", start)
+                    if end < 0:
+                        break
+                    frame, start = buf[start:end], end + 2
+                    if b"id: " in frame:
+                        frames += 1
+                        if frames >= cut_after:
+                            sink.sendall(buf[len(pending):start])
+                            return
                 sink.sendall(data)
+                pending = buf[start:]
         except OSError:
             pass
 

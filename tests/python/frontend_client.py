@@ -9,7 +9,10 @@ sleeps, then cancelled again. SCENARIO `overloaded` (tenant `busy`, one turn in 
 a second turn submitted while the first runs, waited out for the refusal's
 `retry_after_ms`. SCENARIO `as_user`: the client connected as the NATS user and password
 of TOOLFLEET_NATS_USER and TOOLFLEET_NATS_PASSWORD (deploy/nats/auth.conf): the catalog,
-a turn, the turn attached again, a cancel. Prints one JSON object.
+a turn, the turn attached again, a cancel. SCENARIO `rewound`: a turn whose last
+events the Redis of TOOLFLEET_TEST_REDIS_URL loses (trimmed under the key of
+TOOLFLEET_PREFIX) once three of its four calls are done, read to its `final`. Prints one
+JSON object.
 """
 
 import asyncio
@@ -17,6 +20,8 @@ import json
 import os
 import sys
 import time
+import urllib.parse
+import uuid
 
 from toolfleet_client import FleetClient, TurnFailed
 
@@ -126,13 +131,54 @@ async def as_user(client):
             "again": shape(again), "cancel": cancel}
 
 
+async def redis_command(url, *args):
+    """One command to the Redis of `url` (no password), over RESP; its reply line."""
+    address = urllib.parse.urlparse(url)
+    reader, writer = await asyncio.open_connection(address.hostname, address.port)
+    request = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        data = str(arg).encode()
+        request.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    writer.write(b"".join(request))
+    await writer.drain()
+    reply = (await reader.readline()).decode().strip()
+    writer.close()
+    await writer.wait_closed()
+    return reply
+
+
+async def rewound(client):
+    # Redis comes back without the turn's last events once three fast calls are done, as
+    # one that died before writing them to disk: the slow call's `done`, the narration
+    # and the `final` are stored under seqs the client already holds.
+    redis_url = os.environ["TOOLFLEET_TEST_REDIS_URL"]
+    turn_id = uuid.uuid4().hex
+    stream = await client.submit(behave(10, 10, 10, 2000), "acme", turn_id=turn_id,
+                                 deadline_ms=20000)
+    events, done = [], 0
+    while done < 3:
+        event = await stream.next_event(10)
+        events.append(event)
+        done += event["type"] == "tool_state" and event.get("state") == "done"
+    held = stream.last_seq
+    key = f"{os.environ['TOOLFLEET_PREFIX']}:turn:{{{turn_id}}}:events"
+    trimmed = await redis_command(redis_url, "LTRIM", key, 0, 0)
+    rest = [event async for event in stream]
+    stored = await redis_command(redis_url, "LLEN", key)
+    final = rest[-1] if rest else {}
+    return {"held": held, "trimmed": trimmed, "stored": int(stored.lstrip(":")),
+            "last": final.get("type"), "last_seq": final.get("seq"),
+            "summary": final.get("summary")}
+
+
 async def main():
     url, prefix, scenario = sys.argv[1:4]
     user = os.environ.get("TOOLFLEET_NATS_USER")
     password = os.environ.get("TOOLFLEET_NATS_PASSWORD")
     async with await FleetClient.connect(url, prefix=prefix, user=user,
                                          password=password) as client:
-        scenarios = {"follow": follow, "overloaded": overloaded, "as_user": as_user}
+        scenarios = {"follow": follow, "overloaded": overloaded, "as_user": as_user,
+                     "rewound": rewound}
         report = await scenarios[scenario](client)
     print(json.dumps(report))
 

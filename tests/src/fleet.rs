@@ -15,10 +15,12 @@ use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use toolfleet_common::call::unix_ms;
 use toolfleet_common::client::{TurnOutcome, TurnStream};
 use toolfleet_common::{
     CallResult, CallState, CatalogFormat, FinalEvent, FleetClient, Names, TurnEvent, TurnRequest,
 };
+use toolfleet_coordinator::join::NewTurn;
 use toolfleet_coordinator::{CoordinatorConfig, TenantPolicies, TenantPolicy};
 use toolfleet_worker::{Tool, WorkerConfig};
 
@@ -33,14 +35,47 @@ const CATALOG_REQUEST: Duration = Duration::from_millis(500);
 /// Path of the `fleet-node` test binary (coordinator or worker in a child process):
 /// beside the running test executable's `deps/` directory.
 pub fn fleet_node_path() -> Result<std::path::PathBuf> {
+    test_binary("fleet-node")
+}
+
+/// Path of the test crate's binary `name`, beside the running test executable's
+/// `deps/` directory; an error that says how to build it when it is missing.
+pub(crate) fn test_binary(name: &str) -> Result<std::path::PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe
         .parent()
         .and_then(|deps| deps.parent())
         .context("test executable has no target directory")?;
-    let path = dir.join(format!("fleet-node{}", std::env::consts::EXE_SUFFIX));
-    anyhow::ensure!(path.exists(), "{} is not built", path.display());
+    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    anyhow::ensure!(
+        path.exists(),
+        "{} is not built (cargo build -p toolfleet-tests --bin {name})",
+        path.display()
+    );
     Ok(path)
+}
+
+/// The short timings every `fleet-node` a test starts runs with: heartbeat 500 ms, ack
+/// wait 1 s, sweeps every 100 ms with a 300 ms grace, catalog refresh 250 ms, and its HTTP
+/// endpoints on a free loopback port.
+const NODE_TIMINGS: [(&str, &str); 6] = [
+    ("TOOLFLEET_HEARTBEAT_MS", "500"),
+    ("TOOLFLEET_ACK_WAIT_MS", "1000"),
+    ("TOOLFLEET_SWEEP_INTERVAL_MS", "100"),
+    ("TOOLFLEET_SWEEP_GRACE_MS", "300"),
+    ("TOOLFLEET_REGISTRY_REFRESH_MS", "250"),
+    ("TOOLFLEET_HTTP_ADDR", "127.0.0.1:0"),
+];
+
+/// `fleet-node <role>` under `prefix` with [`NODE_TIMINGS`], as a
+/// [`crate::child_command`]; the caller adds where the servers are.
+pub(crate) fn node_command(role: &str, prefix: &str) -> Result<Command> {
+    let mut command = crate::child_command(fleet_node_path()?, Stdio::null());
+    command
+        .arg(role)
+        .env("TOOLFLEET_PREFIX", prefix)
+        .envs(NODE_TIMINGS);
+    Ok(command)
 }
 
 /// How long building the command-line binaries from this checkout may take.
@@ -48,9 +83,10 @@ const CLI_BUILD_TIMEOUT: Duration = Duration::from_secs(900);
 
 /// Builds `toolfleet`, `toolfleet-coordinator` and `toolfleet-worker` from this checkout
 /// into the running tests' target directory and profile (a no-op when they are up to
-/// date) and returns the path of `toolfleet`.
+/// date) and returns the path of `toolfleet`; `toolfleet-gateway` lies beside it, where
+/// `toolfleet up --gateway` looks for it.
 pub async fn checkout_cli() -> Result<std::path::PathBuf> {
-    checkout_binary("toolfleet-cli", "toolfleet").await
+    checkout_binary(&["toolfleet-cli", "toolfleet-gateway"], "toolfleet").await
 }
 
 /// Builds `toolfleet-dev` (the benchmark and the chaos run), `toolfleet-coordinator`
@@ -58,12 +94,12 @@ pub async fn checkout_cli() -> Result<std::path::PathBuf> {
 /// path of `toolfleet-dev`; the other two lie beside it, where `toolfleet-dev chaos`
 /// looks for them.
 pub async fn checkout_dev() -> Result<std::path::PathBuf> {
-    checkout_binary("toolfleet-dev", "toolfleet-dev").await
+    checkout_binary(&["toolfleet-dev"], "toolfleet-dev").await
 }
 
-/// Builds the binaries of `package`, `toolfleet-coordinator` and `toolfleet-packs` from
+/// Builds the binaries of `packages`, `toolfleet-coordinator` and `toolfleet-packs` from
 /// this checkout and returns the path of `binary`.
-async fn checkout_binary(package: &str, binary: &str) -> Result<std::path::PathBuf> {
+async fn checkout_binary(packages: &[&str], binary: &str) -> Result<std::path::PathBuf> {
     let node = fleet_node_path()?;
     let dir = node.parent().context("fleet-node has no folder")?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -71,7 +107,8 @@ async fn checkout_binary(package: &str, binary: &str) -> Result<std::path::PathB
     build
         .current_dir(crate::repo_path(""))
         .args(["build", "--bins", "--quiet"])
-        .args(["-p", package, "-p", "toolfleet-coordinator"])
+        .args(packages.iter().flat_map(|package| ["-p", package]))
+        .args(["-p", "toolfleet-coordinator"])
         .args(["-p", "toolfleet-packs"])
         .stdin(Stdio::null())
         .kill_on_drop(true);
@@ -93,23 +130,43 @@ async fn checkout_binary(package: &str, binary: &str) -> Result<std::path::PathB
 /// Runs this checkout's `toolfleet-dev bench` with `args`, its report written to a
 /// temporary file, bounded by `timeout`, and returns that JSON report.
 pub async fn bench_report(args: &[&str], timeout: Duration) -> Result<Value> {
+    let args = [&["bench"], args].concat();
+    let (status, report) = dev_report(&args, "--out", Stdio::null(), timeout).await?;
+    anyhow::ensure!(status.success(), "toolfleet-dev bench failed: {status}");
+    report
+}
+
+/// Runs this checkout's `toolfleet-dev` with `args`, then `report_flag` naming a
+/// temporary file for its JSON report, with `stdout`, bounded by `timeout`: its exit
+/// status and the report it wrote (an error where it wrote none).
+pub async fn dev_report(
+    args: &[&str],
+    report_flag: &str,
+    stdout: Stdio,
+    timeout: Duration,
+) -> Result<(std::process::ExitStatus, Result<Value>)> {
     let toolfleet_dev = checkout_dev().await?;
     let dir = tempfile::tempdir()?;
-    let out = dir.path().join("bench.json");
+    let out = dir.path().join("report.json");
+    let what = format!(
+        "toolfleet-dev {}",
+        args.first().copied().unwrap_or_default()
+    );
     let status = Command::new(toolfleet_dev)
-        .arg("bench")
         .args(args)
-        .arg("--out")
+        .arg(report_flag)
         .arg(&out)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .kill_on_drop(true)
         .status();
     let status = tokio::time::timeout(timeout, status)
         .await
-        .context("toolfleet-dev bench did not finish in time")??;
-    anyhow::ensure!(status.success(), "toolfleet-dev bench failed: {status}");
-    Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
+        .with_context(|| format!("{what} did not finish in time"))??;
+    let report = std::fs::read_to_string(&out)
+        .with_context(|| format!("{what} ({status}) wrote no report"))
+        .and_then(|text| Ok(serde_json::from_str(&text)?));
+    Ok((status, report))
 }
 
 /// An in-process component: cancel its token to stop it gracefully, abort to stop it
@@ -317,31 +374,21 @@ impl Fleet {
         .await
     }
 
+    /// Where this fleet's servers are and its prefix, as the variables every toolfleet
+    /// process reads (`TOOLFLEET_NATS_URL`, `TOOLFLEET_REDIS_URL`, `TOOLFLEET_PREFIX`).
+    pub fn servers_env(&self) -> [(&'static str, String); 3] {
+        [
+            ("TOOLFLEET_NATS_URL", self.nats.url()),
+            ("TOOLFLEET_REDIS_URL", self.redis.url()),
+            ("TOOLFLEET_PREFIX", self.names.prefix().to_string()),
+        ]
+    }
+
     /// Spawns `fleet-node <role>` as a child process with this fleet's settings and
     /// `extra` environment.
     pub fn spawn_node(&mut self, role: &str, extra: &[(&str, &str)]) -> Result<u32> {
-        let mut cmd = Command::new(fleet_node_path()?);
-        cmd.arg(role)
-            .env("TOOLFLEET_NATS_URL", self.nats.url())
-            .env("TOOLFLEET_REDIS_URL", self.redis.url())
-            .env("TOOLFLEET_PREFIX", self.names.prefix())
-            .env("TOOLFLEET_HEARTBEAT_MS", "500")
-            .env("TOOLFLEET_ACK_WAIT_MS", "1000")
-            .env("TOOLFLEET_SWEEP_INTERVAL_MS", "100")
-            .env("TOOLFLEET_SWEEP_GRACE_MS", "300")
-            .env("TOOLFLEET_REGISTRY_REFRESH_MS", "250")
-            .env("TOOLFLEET_HTTP_ADDR", "127.0.0.1:0")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
+        let mut cmd = node_command(role, self.names.prefix())?;
+        cmd.envs(self.servers_env()).envs(extra.iter().copied());
         let child = cmd.spawn().context("spawning fleet-node")?;
         let pid = child.id().context("child has no pid")?;
         self.children.push(child);
@@ -442,6 +489,20 @@ impl Fleet {
         .await
     }
 
+    /// Submits a turn of `tenant` with `calls` and a deadline of `deadline_ms` (see
+    /// [`timed_turn`]); its event stream.
+    pub async fn submit_calls(
+        &self,
+        tenant: &str,
+        deadline_ms: u64,
+        calls: Vec<Value>,
+    ) -> Result<TurnStream> {
+        Ok(self
+            .client
+            .submit(timed_turn(tenant, deadline_ms, calls))
+            .await?)
+    }
+
     /// Submits `request` and collects every event up to its `final` (each wait for an
     /// event bounded by `wait`).
     pub async fn run(&self, request: TurnRequest, wait: Duration) -> Result<TurnOutcome> {
@@ -456,6 +517,41 @@ impl Fleet {
         wait: Duration,
     ) -> Result<TurnOutcome> {
         self.run(turn(tenant, tool_calls(calls)), wait).await
+    }
+
+    /// Runs a turn for `tenant` with the one call `id` of `tool` with `arguments` (as
+    /// [`Fleet::run_calls`]): that call's result in the final.
+    pub async fn run_one(
+        &self,
+        tenant: &str,
+        id: &str,
+        tool: &str,
+        arguments: Value,
+        wait: Duration,
+    ) -> Result<CallResult> {
+        let outcome = self
+            .run_calls(tenant, vec![call(id, tool, arguments)], wait)
+            .await?;
+        result_of(&outcome.final_event, id).cloned()
+    }
+
+    /// Asserts that `tool` (once listed) gives a job `attempts` deliveries: its consumer
+    /// says so, and a call that fails every time ends as an error with `code` after
+    /// exactly `attempts` attempts.
+    pub async fn assert_gives_up_after(
+        &self,
+        tool: &str,
+        attempts: u32,
+        code: &str,
+        wait: Duration,
+    ) -> Result<()> {
+        self.wait_for_tools(&[tool]).await?;
+        assert_eq!(self.consumer_max_deliver(tool).await?, i64::from(attempts));
+        let result = self.run_one("acme", "c1", tool, json!({}), wait).await?;
+        assert_eq!(result.state, CallState::Error, "{result:?}");
+        assert_eq!(code_of(&result), Some(code), "{result:?}");
+        assert_eq!(result.attempts, attempts, "{result:?}");
+        Ok(())
     }
 
     /// A subscription to every worker's progress notices.
@@ -490,6 +586,15 @@ impl Fleet {
             .arg(key)
             .query_async(&mut conn)
             .await?)
+    }
+
+    /// The calls of the ended turn `turn_id` whose results were recorded, sorted: once
+    /// its `final` (which carries each result) is stored, the turn's results hash is
+    /// gone and each call's entry says whether its result came (see [`recorded_calls`]).
+    pub async fn recorded_calls(&self, turn_id: &str) -> Result<Vec<String>> {
+        Ok(recorded_calls(
+            &self.hash(self.names.turn_calls_key(turn_id)).await?,
+        ))
     }
 
     /// The results recorded in Redis for `turn_id`, by call key.
@@ -550,6 +655,31 @@ pub async fn wait_for_tools_on(client: &FleetClient, names: &[&str]) -> Result<(
     .await
 }
 
+/// A turn for the join store as the coordinator creates one: `acme`'s, submitted by the
+/// frontend `frontend` with its events to `reply.subject`, 60 s to its deadline and keys
+/// that live 120 s, not paced, with no calls, results, events or queued jobs yet (a test
+/// sets those with struct update syntax).
+pub fn new_turn(turn_id: &str) -> NewTurn<'_> {
+    NewTurn {
+        turn_id,
+        reply: "reply.subject",
+        digest: "",
+        tenant: "acme",
+        deadline_unix_ms: unix_ms() + 60_000,
+        paced: false,
+        calls: Vec::new(),
+        results: Vec::new(),
+        ttl_ms: 120_000,
+        created_unix_ms: unix_ms(),
+        traceparent: "",
+        trace: "",
+        caller: "frontend",
+        events: Vec::new(),
+        ended: false,
+        queued: Vec::new(),
+    }
+}
+
 /// A turn request for `tenant` with `decision`.
 pub fn turn(tenant: &str, decision: Value) -> TurnRequest {
     TurnRequest {
@@ -572,9 +702,44 @@ pub fn timed_turn(tenant: &str, deadline_ms: u64, calls: Vec<Value>) -> TurnRequ
     request
 }
 
+/// [`timed_turn`] under the turn id `turn_id`.
+pub fn named_turn(turn_id: &str, tenant: &str, deadline_ms: u64, calls: Vec<Value>) -> TurnRequest {
+    TurnRequest {
+        turn_id: Some(turn_id.to_string()),
+        ..timed_turn(tenant, deadline_ms, calls)
+    }
+}
+
+/// The turn `turn_id` of tenant `acme` (with a deadline of `deadline_ms`) whose one
+/// call `c1` of `test.behave` sleeps `sleep_ms`.
+pub fn one_sleeping_call(turn_id: &str, deadline_ms: u64, sleep_ms: u64) -> TurnRequest {
+    let sleeping = call("c1", "test.behave", json!({ "sleep_ms": sleep_ms }));
+    named_turn(turn_id, "acme", deadline_ms, vec![sleeping])
+}
+
 /// A simple-form call `{id, toolName, arguments}`.
 pub fn call(id: &str, tool: &str, arguments: Value) -> Value {
     json!({"id": id, "toolName": tool, "arguments": arguments})
+}
+
+/// A call of the demo pack's CRM tool `tool` for the customer `customer`.
+pub fn crm_call(id: &str, tool: &str, customer: &str) -> Value {
+    call(id, tool, json!({ "customerId": customer }))
+}
+
+/// The calls `c<i>` for each `i` of `indices`, each of `test.behave` sleeping
+/// `sleep_ms` and then answering `i`.
+pub fn sleeping_calls(indices: impl IntoIterator<Item = usize>, sleep_ms: u64) -> Vec<Value> {
+    indices
+        .into_iter()
+        .map(|i| {
+            call(
+                &format!("c{i}"),
+                "test.behave",
+                json!({"sleep_ms": sleep_ms, "value": i}),
+            )
+        })
+        .collect()
 }
 
 /// A simple-form decision holding `calls`.
@@ -635,6 +800,24 @@ pub async fn until_state(
     }
 }
 
+/// Asserts on what an example client prints, one line per event as `seq type text`:
+/// the ack numbered 1 first, and the final last, numbered as the line count.
+pub fn assert_numbered_ack_to_final(text: &str) -> Result<()> {
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(
+        lines.first().map(|l| &l[..2]),
+        Some(&["1", "ack"][..]),
+        "{text}"
+    );
+    let last = lines.last().context("no output")?;
+    assert_eq!(
+        last[..2],
+        [lines.len().to_string().as_str(), "final"],
+        "{text}"
+    );
+    Ok(())
+}
+
 /// The `final` event among `events`.
 pub fn final_of(events: &[TurnEvent]) -> Result<&FinalEvent> {
     events
@@ -644,6 +827,14 @@ pub fn final_of(events: &[TurnEvent]) -> Result<&FinalEvent> {
             _ => None,
         })
         .context("no final event")
+}
+
+/// The `final` that ends `events`: an error when the last event is anything else.
+pub fn final_in(events: &[TurnEvent]) -> Result<FinalEvent> {
+    match events.last() {
+        Some(TurnEvent::Final(fin)) => Ok(fin.clone()),
+        other => anyhow::bail!("expected a final last, got {other:?}"),
+    }
 }
 
 /// The call ids of the results in `fin`, in order.
@@ -718,4 +909,19 @@ pub fn forged_result(id: &str, tool: &str, value: Value, worker: &str) -> Result
     result.attempts = 1;
     result.worker_id = Some(worker.into());
     Ok(serde_json::to_vec(&result)?)
+}
+
+/// The keys of `calls` (a turn's calls hash, by call key) whose entry is marked
+/// `"recorded": true`, sorted: the calls that had their result when the turn's `final`
+/// was stored.
+pub fn recorded_calls(calls: &HashMap<String, String>) -> Vec<String> {
+    let mut keys: Vec<String> = calls
+        .iter()
+        .filter(|(_, entry)| {
+            serde_json::from_str::<Value>(entry).is_ok_and(|e| e["recorded"] == json!(true))
+        })
+        .map(|(key, _)| key.clone())
+        .collect();
+    keys.sort_unstable();
+    keys
 }

@@ -12,9 +12,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use serde_json::Value;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, Running};
 use crate::pg::TestDatabase;
 
 /// How long the gateway may take to answer `/readyz`.
@@ -24,18 +24,7 @@ pub const HTTP_WAIT: Duration = Duration::from_secs(20);
 
 /// Path of the `gateway-node` test binary, beside the running test executable's `deps/`.
 pub fn gateway_node_path() -> Result<std::path::PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("test executable has no target directory")?;
-    let path = dir.join(format!("gateway-node{}", std::env::consts::EXE_SUFFIX));
-    anyhow::ensure!(
-        path.exists(),
-        "{} is not built (cargo build -p toolfleet-tests --bin gateway-node)",
-        path.display()
-    );
-    Ok(path)
+    crate::fleet::test_binary("gateway-node")
 }
 
 /// A running gateway process.
@@ -45,6 +34,18 @@ pub struct GatewayNode {
     /// An HTTP client.
     pub http: reqwest::Client,
     child: Child,
+}
+
+/// What most gateway tests start with: a fleet with its default coordinator and worker,
+/// a database for API keys, and a `gateway-node` on both with `extra` settings, in the
+/// order a test binds them (dropped the other way round, gateway first).
+pub async fn stack(
+    extra: &[(&str, &str)],
+) -> Result<(Fleet, Running, Running, TestDatabase, GatewayNode)> {
+    let (fleet, coordinator, worker) = Fleet::start_with_default_nodes().await?;
+    let db = TestDatabase::create().await?;
+    let gateway = GatewayNode::start(&fleet, &db, extra).await?;
+    Ok((fleet, coordinator, worker, db, gateway))
 }
 
 impl GatewayNode {
@@ -62,24 +63,14 @@ impl GatewayNode {
         extra: &[(&str, &str)],
     ) -> Result<Self> {
         let port = crate::free_port()?;
-        let mut cmd = Command::new(gateway_node_path()?);
+        let mut cmd = crate::child_command(gateway_node_path()?, Stdio::null());
         cmd.env("TOOLFLEET_NATS_URL", nats_url)
             .env("TOOLFLEET_PREFIX", prefix)
             .env("TOOLFLEET_DATABASE_URL", db.url())
             .env("TOOLFLEET_GATEWAY_ADDR", format!("127.0.0.1:{port}"))
             .env("TOOLFLEET_GATEWAY_KEY_CACHE_MS", "0")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        for (k, v) in extra {
-            cmd.env(k, v);
-        }
+            .envs(extra.iter().copied());
         let child = cmd.spawn().context("spawning gateway-node")?;
         let node = Self {
             base: format!("http://127.0.0.1:{port}"),
@@ -102,6 +93,28 @@ impl GatewayNode {
     /// `base` + `path`.
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// `GET path` (under `key` where given); the answer's body as JSON, whatever its
+    /// status.
+    pub async fn get_json(&self, path: &str, key: Option<&str>) -> Result<Value> {
+        let mut request = self.http.get(self.url(path));
+        if let Some(key) = key {
+            request = request.bearer_auth(key);
+        }
+        Ok(request.send().await?.json().await?)
+    }
+
+    /// `GET path` without a key; the answer's body as text, whatever its status.
+    pub async fn get_text(&self, path: &str) -> Result<String> {
+        Ok(self.http.get(self.url(path)).send().await?.text().await?)
+    }
+
+    /// `POST path` with no body under `key`; the answer's body as JSON, whatever its
+    /// status.
+    pub async fn post_for_json(&self, path: &str, key: &str) -> Result<Value> {
+        let request = self.http.post(self.url(path)).bearer_auth(key);
+        Ok(request.send().await?.json().await?)
     }
 
     /// The gateway process's id.

@@ -10,6 +10,8 @@
 //! - [`RedisServer`]: a private, non-persistent `redis-server` on a free
 //!   loopback port (or on a TLS port only, [`RedisServer::start_tls`]). Both are a
 //!   [`Server`], which holds their shared stop/kill/restart controls.
+//! - [`conformance`]: the conformance probe's settings for a fleet's tool, and its
+//!   clean report.
 //! - [`fleet::Fleet`]: a whole fleet on those servers, with the shared helpers
 //!   of the integration tests (run a turn with these calls, wait for a call's
 //!   state, a catalog or a counter, read a turn to its `final`).
@@ -26,7 +28,11 @@
 //!   dropped on `Drop`.
 //! - [`python::venv`]: a virtual environment with a requirements file installed,
 //!   made once per file content, so tests with Python clients need only `python3`.
+//! - [`redis_memory`] and [`cap_redis_memory`]: what Redis holds, and a `maxmemory`
+//!   for tests that fill it.
 //! - [`init_test_tracing`]: an idempotent `tracing` subscriber for tests.
+//! - [`child_command`]: a child process that shares the test's stderr and dies with
+//!   its handle.
 //! - [`free_port`] and [`find_binary`] (from `toolfleet-testkit`), [`repo_path`],
 //!   [`read_repo_file`] and [`read_repo_json`]: a free loopback port, a server's
 //!   executable and the repository's own files.
@@ -38,6 +44,7 @@
 //! If the dropping thread is panicking (a failed test), the log tail is printed
 //! to stderr so it shows up in the test's captured output.
 
+pub mod conformance;
 pub mod dashboard;
 pub mod fleet;
 pub mod gateway;
@@ -688,6 +695,37 @@ impl Server<Redis> {
     }
 }
 
+/// `used_memory` and `maxmemory` of the Redis behind `admin` (from `INFO memory`).
+pub async fn redis_memory(admin: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64)> {
+    let info: String = redis::cmd("INFO").arg("memory").query_async(admin).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Ok((
+        field("used_memory").context("used_memory")?,
+        field("maxmemory").context("maxmemory")?,
+    ))
+}
+
+/// Gives the Redis behind `admin` a `maxmemory` of `max` bytes with `noeviction`, as
+/// deploy/ runs it: a write past the limit is refused and nothing is evicted.
+pub async fn cap_redis_memory(
+    admin: &mut redis::aio::MultiplexedConnection,
+    max: u64,
+) -> Result<()> {
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(max)
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query_async(admin)
+        .await?;
+    Ok(())
+}
+
 /// Polls `f` every 20 ms until it yields `Some`, for at most `timeout`.
 ///
 /// Each call of `f` is itself bounded by the remaining time. Returns the value
@@ -743,6 +781,51 @@ pub fn init_test_tracing() {
         .try_init();
 }
 
+/// [`toolfleet_testkit::child_command`] as a tokio command that is killed when its
+/// handle (or the future waiting on its output) drops, so no child outlives its test.
+pub fn child_command(program: impl AsRef<std::ffi::OsStr>, stdout: Stdio) -> Command {
+    let mut command = Command::from(toolfleet_testkit::child_command(program, stdout));
+    command.kill_on_drop(true);
+    command
+}
+
+/// Runs `command` to its end (killed when it takes longer than `wait`); its output where
+/// it exits successfully, else an error naming `what` with its exit status and stderr.
+pub async fn output_of(
+    command: &mut Command,
+    wait: Duration,
+    what: &str,
+) -> Result<std::process::Output> {
+    let out = tokio::time::timeout(wait, command.kill_on_drop(true).output())
+        .await
+        .with_context(|| format!("{what} timed out"))?
+        .with_context(|| format!("starting {what}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out)
+}
+
+/// The string at the JSON `pointer` of each element of the array `list` (the element
+/// itself for the empty pointer), skipping elements without one; an error naming `what`
+/// where `list` is no array.
+pub fn strings_at<'a>(
+    list: &'a serde_json::Value,
+    pointer: &str,
+    what: &str,
+) -> Result<Vec<&'a str>> {
+    Ok(list
+        .as_array()
+        .with_context(|| format!("{what}: not an array"))?
+        .iter()
+        .filter_map(|element| element.pointer(pointer).and_then(serde_json::Value::as_str))
+        .collect())
+}
+
 /// The path of `relative` in the repository (the workspace root).
 pub fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -768,8 +851,9 @@ mod tests {
     /// Bound for whole test bodies.
     const TEST_TIMEOUT: Duration = Duration::from_secs(60);
 
-    /// Runs `fut` bounded by [`TEST_TIMEOUT`].
+    /// Runs `fut` bounded by [`TEST_TIMEOUT`], with the test's tracing on.
     async fn bounded<T>(fut: impl Future<Output = Result<T>>) -> Result<T> {
+        init_test_tracing();
         tokio::time::timeout(TEST_TIMEOUT, fut)
             .await
             .map_err(|_| anyhow!("test timed out after {TEST_TIMEOUT:?}"))?
@@ -828,7 +912,6 @@ mod tests {
 
     #[tokio::test]
     async fn nats_server_accepts_jetstream_stream() -> Result<()> {
-        init_test_tracing();
         bounded(async {
             let nats = NatsServer::start().await?;
             assert_eq!(nats.url(), format!("nats://127.0.0.1:{}", nats.port()));
@@ -854,7 +937,6 @@ mod tests {
 
     #[tokio::test]
     async fn nats_restart_keeps_stream_and_port() -> Result<()> {
-        init_test_tracing();
         bounded(async {
             let mut nats = NatsServer::start().await?;
             let port = nats.port();
@@ -883,7 +965,6 @@ mod tests {
 
     #[tokio::test]
     async fn nats_extra_config_is_applied() -> Result<()> {
-        init_test_tracing();
         bounded(async {
             let nats =
                 NatsServer::start_with_config("authorization {\n  token: \"s3cret\"\n}\n").await?;
@@ -927,7 +1008,6 @@ mod tests {
 
     #[tokio::test]
     async fn redis_server_answers_ping_and_restarts() -> Result<()> {
-        init_test_tracing();
         bounded(async {
             let mut redis_server = RedisServer::start().await?;
             let port = redis_server.port();

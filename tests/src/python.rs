@@ -13,8 +13,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
+
+use crate::fleet::{Fleet, Running};
 
 /// Longest a `pip install` of one requirements file may take.
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
@@ -29,6 +32,21 @@ pub fn python3() -> Result<PathBuf> {
         .map(|dir| dir.join("python3"))
         .find(|p| p.is_file())
         .with_context(|| format!("python3 not found: {INSTALL_HINT}"))
+}
+
+/// The interpreter of [`venv`] with the SDK's own requirements (`sdk/python`), what a
+/// Python worker or frontend of the tests runs on.
+pub async fn sdk_venv(root: impl AsRef<Path>) -> Result<PathBuf> {
+    venv(root, "sdk/python/requirements.txt").await
+}
+
+/// Where most Python worker tests start: the interpreter of [`sdk_venv`] under `root`,
+/// then a fresh fleet with one coordinator.
+pub async fn sdk_fleet(root: impl AsRef<Path>) -> Result<(PathBuf, Fleet, Running)> {
+    let python = sdk_venv(root).await?;
+    let fleet = Fleet::start().await?;
+    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    Ok((python, fleet, coordinator))
 }
 
 /// The Python interpreter of a virtual environment under `root` holding the packages of
@@ -61,30 +79,15 @@ pub async fn venv(root: impl AsRef<Path>, requirements: &str) -> Result<PathBuf>
     let system = python3()?;
     let made = run(Command::new(&system).arg("-m").arg("venv").arg(&building)).await;
     made.with_context(|| format!("python3 -m venv failed: {INSTALL_HINT}"))?;
-    let pip = Command::new(building.join("bin").join("python"))
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-r",
-        ])
+    let mut pip = Command::new(building.join("bin").join("python"));
+    pip.args(PIP_INSTALL)
+        .arg("-r")
         .arg(&file)
-        .env("PIP_NO_INPUT", "1")
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(INSTALL_TIMEOUT, pip)
-        .await
-        .with_context(|| format!("pip install -r {requirements} timed out"))?
-        .context("starting pip")?;
-    if !out.status.success() {
+        .env("PIP_NO_INPUT", "1");
+    let what = format!("pip install -r {requirements}");
+    if let Err(failed) = crate::output_of(&mut pip, INSTALL_TIMEOUT, &what).await {
         let _ = std::fs::remove_dir_all(&building);
-        bail!(
-            "pip install -r {requirements} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        return Err(failed);
     }
     if std::fs::rename(&building, &dir).is_err() {
         // Another test binary finished first: use its environment.
@@ -96,12 +99,22 @@ pub async fn venv(root: impl AsRef<Path>, requirements: &str) -> Result<PathBuf>
     Ok(python)
 }
 
+/// `python` arguments that install quietly with pip, without its version check (the
+/// packages or requirements follow).
+pub const PIP_INSTALL: [&str; 5] = [
+    "-m",
+    "pip",
+    "install",
+    "--quiet",
+    "--disable-pip-version-check",
+];
+
 /// Starts `python <args>` (a worker on the SDK of `sdk/python`, imported from the
 /// repository) against `fleet` with heartbeat 500 ms, ack wait 1 s and `extra`
 /// environment; killed when dropped.
 pub fn worker(
     python: &Path,
-    fleet: &crate::fleet::Fleet,
+    fleet: &Fleet,
     args: &[&str],
     extra: &[(&str, &str)],
 ) -> Result<tokio::process::Child> {
@@ -114,28 +127,30 @@ pub fn worker(
 /// or waits for its exit.
 pub fn worker_command(
     python: &Path,
-    fleet: &crate::fleet::Fleet,
+    fleet: &Fleet,
     args: &[&str],
     extra: &[(&str, &str)],
 ) -> Command {
-    let mut command = Command::new(python);
+    let mut command = sdk_command(python, fleet.names.prefix());
     command
         .args(args)
+        .envs(fleet.servers_env())
+        .env("TOOLFLEET_HTTP_ADDR", "off")
+        .envs(extra.iter().copied());
+    command
+}
+
+/// `python` in the repository root with the SDK of `sdk/python` importable, under
+/// `prefix` with heartbeat 500 ms and ack wait 1 s, as a [`crate::child_command`]; the
+/// caller adds the script and where the servers are.
+pub fn sdk_command(python: &Path, prefix: &str) -> Command {
+    let mut command = crate::child_command(python, Stdio::null());
+    command
         .current_dir(crate::repo_path(""))
         .env("PYTHONPATH", crate::repo_path("sdk/python"))
-        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
-        .env("TOOLFLEET_REDIS_URL", fleet.redis.url())
-        .env("TOOLFLEET_PREFIX", fleet.names.prefix())
+        .env("TOOLFLEET_PREFIX", prefix)
         .env("TOOLFLEET_HEARTBEAT_MS", "500")
-        .env("TOOLFLEET_ACK_WAIT_MS", "1000")
-        .env("TOOLFLEET_HTTP_ADDR", "off")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    for (key, value) in extra {
-        command.env(key, value);
-    }
+        .env("TOOLFLEET_ACK_WAIT_MS", "1000");
     command
 }
 
@@ -156,18 +171,19 @@ pub async fn terminate(child: &mut tokio::process::Child) -> Result<std::process
 /// Runs `command` to completion (at most two minutes), quietly; an error unless it
 /// succeeds.
 async fn run(command: &mut Command) -> Result<()> {
-    let status = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .output();
-    let out = tokio::time::timeout(Duration::from_secs(120), status)
-        .await
-        .context("timed out")??;
-    if !out.status.success() {
-        bail!("{}", String::from_utf8_lossy(&out.stderr).trim());
-    }
+    command.stdout(Stdio::null());
+    crate::output_of(command, Duration::from_secs(120), "the command").await?;
     Ok(())
+}
+
+/// Runs the repository's Python script `script` on `python` with `args` (at most two
+/// minutes); the JSON it printed.
+pub async fn script_json(python: &Path, script: &str, args: &[&str]) -> Result<Value> {
+    let mut command = Command::new(python);
+    command.arg(crate::repo_path(script)).args(args);
+    let out = crate::output_of(&mut command, Duration::from_secs(120), script).await?;
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stdout).to_string())
 }
 
 fn hex(bytes: &[u8]) -> String {

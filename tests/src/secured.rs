@@ -8,7 +8,7 @@ use async_nats::jetstream;
 use tokio::sync::mpsc;
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::streams::ensure_streams;
-use toolfleet_common::{FleetClient, Names};
+use toolfleet_common::{FleetClient, Names, TurnEvent, TurnRequest};
 use toolfleet_coordinator::CoordinatorConfig;
 use toolfleet_packs as packs;
 use toolfleet_worker::WorkerConfig;
@@ -27,6 +27,12 @@ pub const GATEWAY_PASSWORD: &str = "gateway-test-password";
 pub const ERROR_WAIT: Duration = Duration::from_secs(5);
 /// How long a test waits to be sure a message does not arrive.
 pub const SILENCE: Duration = Duration::from_millis(1500);
+
+/// Whether `heard` (a next message, an error from the server) stays unfinished for
+/// [`SILENCE`]: nothing arrived.
+pub async fn silent<T>(heard: impl std::future::Future<Output = T>) -> bool {
+    tokio::time::timeout(SILENCE, heard).await.is_err()
+}
 /// How long a JetStream request may take before it counts as refused.
 pub const JS_TIMEOUT: Duration = Duration::from_secs(1);
 pub const EVENT_WAIT: Duration = Duration::from_secs(10);
@@ -285,4 +291,54 @@ impl SecuredServers {
 /// `127.0.0.1:port`.
 pub fn loopback(port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// The count of turn requests the coordinator serving HTTP on `port` refused with
+/// `code` (0 before its first).
+pub async fn refused_turns(port: u16, code: &str) -> Result<f64> {
+    let (_, text) = crate::http_get(port, "/metrics").await?;
+    let label = format!("code=\"{code}\"");
+    Ok(crate::metric_value(&text, "toolfleet_turns_refused_total", &[&label]).unwrap_or(0.0))
+}
+
+/// Runs `request` on `frontend` to its end (each event within [`EVENT_WAIT`]): its last
+/// event.
+pub async fn last_event(frontend: &FleetClient, request: TurnRequest) -> Result<TurnEvent> {
+    let mut stream = frontend.submit(request).await?;
+    let events = crate::fleet::read_to_end(&mut stream, EVENT_WAIT).await?;
+    events.last().cloned().context("no event")
+}
+
+/// Asserts that `request` on `frontend` ends in a turn-level `code` error that a retry
+/// cannot change, and that the coordinator serving HTTP on `port` counted it as its
+/// first refusal with that code.
+pub async fn assert_refused_once(
+    frontend: &FleetClient,
+    request: TurnRequest,
+    port: u16,
+    code: &str,
+) -> Result<()> {
+    match last_event(frontend, request).await? {
+        TurnEvent::Error { error, .. } => {
+            assert_eq!(error.code, code);
+            assert!(!error.retryable);
+        }
+        other => anyhow::bail!("the turn was not refused with `{code}`: {other:?}"),
+    }
+    assert_eq!(refused_turns(port, code).await?, 1.0);
+    Ok(())
+}
+
+/// Asserts that an `acme` turn answered at once ("hello") runs to its final for
+/// `frontend`: what a caller that breaks no rule still gets.
+pub async fn assert_a_turn_runs(frontend: &FleetClient) -> Result<()> {
+    let request = crate::fleet::turn(
+        "acme",
+        serde_json::json!({"type": "final", "text": "hello"}),
+    );
+    assert!(matches!(
+        last_event(frontend, request).await?,
+        TurnEvent::Final(_)
+    ));
+    Ok(())
 }

@@ -26,6 +26,17 @@ const OPENSSL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Days the certificates are valid.
 const VALID_DAYS: &str = "2";
 
+/// The `openssl req` arguments for a new unencrypted P-256 key, written to the file
+/// named by the argument that follows them.
+const NEW_KEY: [&str; 6] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+    "-keyout",
+];
+
 /// How long `nats-server` waits for a client's TLS handshake, in seconds: above its
 /// half-second default, for a loaded test machine.
 const NATS_TLS_TIMEOUT_S: u32 = 5;
@@ -50,26 +61,23 @@ impl TestCertificates {
             .openssl(
                 &openssl,
                 &[
-                    "req",
-                    "-x509",
-                    "-newkey",
-                    "ec",
-                    "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1",
-                    "-nodes",
-                    "-keyout",
-                    "ca.key",
-                    "-out",
-                    "ca.pem",
-                    "-days",
-                    VALID_DAYS,
-                    "-subj",
-                    "/CN=toolfleet test CA",
-                    "-addext",
-                    "basicConstraints=critical,CA:TRUE",
-                    "-addext",
-                    "keyUsage=critical,keyCertSign,cRLSign",
-                ],
+                    &["req", "-x509"][..],
+                    &NEW_KEY,
+                    &[
+                        "ca.key",
+                        "-out",
+                        "ca.pem",
+                        "-days",
+                        VALID_DAYS,
+                        "-subj",
+                        "/CN=toolfleet test CA",
+                        "-addext",
+                        "basicConstraints=critical,CA:TRUE",
+                        "-addext",
+                        "keyUsage=critical,keyCertSign,cRLSign",
+                    ],
+                ]
+                .concat(),
             )
             .await?;
         certificates
@@ -115,20 +123,11 @@ impl TestCertificates {
         self.openssl(
             openssl,
             &[
-                "req",
-                "-new",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                &key,
-                "-out",
-                &csr,
-                "-subj",
-                subject,
-            ],
+                &["req", "-new"][..],
+                &NEW_KEY,
+                &[&key, "-out", &csr, "-subj", subject],
+            ]
+            .concat(),
         )
         .await?;
         self.openssl(
@@ -315,24 +314,7 @@ impl TlsServers {
     /// these servers through [`TlsServers::environment`] with `extra` environment on top,
     /// short sweeps and heartbeats; killed when the handle drops.
     pub fn node(&self, role: &str, extra: &[(&str, &str)]) -> Result<Child> {
-        let mut command = Command::new(crate::fleet::fleet_node_path()?);
-        command
-            .arg(role)
-            .env("TOOLFLEET_PREFIX", self.names.prefix())
-            .env("TOOLFLEET_HEARTBEAT_MS", "500")
-            .env("TOOLFLEET_ACK_WAIT_MS", "1000")
-            .env("TOOLFLEET_SWEEP_INTERVAL_MS", "100")
-            .env("TOOLFLEET_SWEEP_GRACE_MS", "300")
-            .env("TOOLFLEET_REGISTRY_REFRESH_MS", "250")
-            .env("TOOLFLEET_HTTP_ADDR", "127.0.0.1:0")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
+        let mut command = crate::fleet::node_command(role, self.names.prefix())?;
         command.envs(self.environment());
         command.envs(extra.iter().copied());
         command
@@ -344,18 +326,8 @@ impl TlsServers {
     /// repository) on these servers through [`TlsServers::environment`]; killed when the
     /// handle drops.
     pub fn python_worker(&self, python: &Path, script: &str) -> Result<Child> {
-        let mut command = Command::new(python);
-        command
-            .arg(script)
-            .current_dir(crate::repo_path(""))
-            .env("PYTHONPATH", crate::repo_path("sdk/python"))
-            .env("TOOLFLEET_PREFIX", self.names.prefix())
-            .env("TOOLFLEET_HEARTBEAT_MS", "500")
-            .env("TOOLFLEET_ACK_WAIT_MS", "1000")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
+        let mut command = crate::python::sdk_command(python, self.names.prefix());
+        command.arg(script);
         command.envs(self.environment());
         command.spawn().context("starting the Python worker")
     }

@@ -15,17 +15,12 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use toolfleet_common::call::codes;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::turn::CancelOutcome;
-use toolfleet_common::{CallState, FinalEvent, TurnEvent};
-use toolfleet_tests::fleet::{call, checkout_cli, read_to_end, timed_turn, Fleet};
+use toolfleet_common::{CallState, TurnEvent};
+use toolfleet_tests::fleet::{
+    call, checkout_cli, final_in, named_turn, one_sleeping_call, read_to_end, Fleet,
+};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
-
-fn final_in(events: &[TurnEvent]) -> Result<FinalEvent> {
-    match events.last() {
-        Some(TurnEvent::Final(fin)) => Ok(fin.clone()),
-        other => bail!("expected a final last, got {other:?}"),
-    }
-}
 
 /// The `started` notices per call id of `turn_id` seen on `progress` within `within`.
 async fn starts_of(
@@ -58,7 +53,8 @@ async fn a_cancelled_turn_ends_at_once_its_running_call_stops_and_held_calls_nev
     let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
     let mut progress = fleet.subscribe_progress().await?;
     let turn_id = "cancel-at-once";
-    let mut request = timed_turn(
+    let mut request = named_turn(
+        turn_id,
         "acme",
         20_000,
         vec![
@@ -67,7 +63,6 @@ async fn a_cancelled_turn_ends_at_once_its_running_call_stops_and_held_calls_nev
             call("c3", "test.behave", json!({"sleep_ms": 100})),
         ],
     );
-    request.turn_id = Some(turn_id.into());
     request.options.concurrency = Some(1);
     let mut stream = fleet.client.submit(request).await?;
 
@@ -160,12 +155,12 @@ async fn unknown_finished_and_other_tenants_turns_are_answered_clearly() -> Resu
         .await?;
     assert_eq!(unknown.outcome, CancelOutcome::UnknownTurn);
 
-    let mut request = timed_turn(
+    let request = named_turn(
+        "cancel-finished",
         "acme",
         10_000,
         vec![call("c1", "test.behave", json!({"value": 1}))],
     );
-    request.turn_id = Some("cancel-finished".into());
     let done = fleet.client.run_turn(request, EVENT_WAIT).await?;
     assert_eq!(done.final_event.results[0].state, CallState::Done);
     let finished = fleet
@@ -177,12 +172,7 @@ async fn unknown_finished_and_other_tenants_turns_are_answered_clearly() -> Resu
 
     // A running turn of tenant acme: a cancel naming another tenant finds nothing and
     // changes nothing.
-    let mut request = timed_turn(
-        "acme",
-        10_000,
-        vec![call("c1", "test.behave", json!({"sleep_ms": 300}))],
-    );
-    request.turn_id = Some("cancel-other-tenant".into());
+    let request = one_sleeping_call("cancel-other-tenant", 10_000, 300);
     let mut stream = fleet.client.submit(request).await?;
     let ack = stream.next_event(EVENT_WAIT).await?;
     assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
@@ -202,12 +192,7 @@ async fn a_cancel_racing_the_last_result_ends_the_turn_once() -> Result<()> {
     let (mut cancelled, mut complete) = (0, 0);
     for i in 0..30u64 {
         let turn_id = format!("race-{i}");
-        let mut request = timed_turn(
-            "acme",
-            10_000,
-            vec![call("c1", "test.behave", json!({"sleep_ms": 20}))],
-        );
-        request.turn_id = Some(turn_id.clone());
+        let request = one_sleeping_call(&turn_id, 10_000, 20);
         let mut stream = fleet.client.submit(request).await?;
         let ack = stream.next_event(EVENT_WAIT).await?;
         assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
@@ -251,18 +236,11 @@ async fn ctrl_c_on_toolfleet_submit_cancels_the_turn() -> Result<()> {
         ]})
         .to_string(),
     )?;
-    let mut child = tokio::process::Command::new(cli)
+    let mut child = toolfleet_tests::child_command(cli, Stdio::piped())
         .arg("submit")
         .arg(&decision)
         .args(["--tenant", "acme", "--deadline-ms", "20000"])
-        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
-        .env("TOOLFLEET_REDIS_URL", fleet.redis.url())
-        .env("TOOLFLEET_PREFIX", fleet.names.prefix())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
+        .envs(fleet.servers_env())
         .spawn()?;
     let stdout = child.stdout.take().context("no stdout")?;
     let mut lines = BufReader::new(stdout).lines();

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use tokio::process::Command;
-use toolfleet_tests::fleet::checkout_dev;
+use toolfleet_tests::fleet::dev_report;
 
 /// The faults the run covers, after the `none` baseline.
 const FAULTS: [&str; 4] = ["worker", "coordinator", "redis", "nats"];
@@ -19,22 +18,10 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Runs `toolfleet-dev chaos` for `FAULTS`, four seconds each; its exit success and report.
 async fn short_chaos_run() -> Result<(bool, Value)> {
-    let toolfleet_dev = checkout_dev().await?;
-    let dir = tempfile::tempdir()?;
-    let json_path = dir.path().join("chaos.json");
-    let status = Command::new(toolfleet_dev)
-        .args(["chaos", "--faults", &FAULTS.join(","), "--each", "4s"])
-        .arg("--json")
-        .arg(&json_path)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .status();
-    let status = tokio::time::timeout(RUN_TIMEOUT, status)
-        .await
-        .context("toolfleet-dev chaos did not finish in time")??;
-    let text = std::fs::read_to_string(&json_path)
-        .with_context(|| format!("toolfleet-dev chaos ({status}) wrote no report"))?;
-    Ok((status.success(), serde_json::from_str(&text)?))
+    let faults = FAULTS.join(",");
+    let args = ["chaos", "--faults", &faults, "--each", "4s"];
+    let (status, report) = dev_report(&args, "--json", Stdio::inherit(), RUN_TIMEOUT).await?;
+    Ok((status.success(), report?))
 }
 
 fn count(fault: &Value, field: &str) -> u64 {

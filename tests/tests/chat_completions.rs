@@ -8,16 +8,17 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use tokio::process::Command;
-use toolfleet_dev::upstream::{calls_answer, text_answer, Scripted, ScriptedUpstream};
+use toolfleet_dev::upstream::{
+    calls_answer, text_answer, tool_messages, Scripted, ScriptedUpstream,
+};
 use toolfleet_gateway::keys::{self, ChatLimits, StopAfter};
 use toolfleet_tests::fleet::Fleet;
-use toolfleet_tests::gateway::{create_key, GatewayNode};
+use toolfleet_tests::gateway::{create_key, stack, GatewayNode};
 use toolfleet_tests::ops::metric_value;
 use toolfleet_tests::pg::TestDatabase;
-use toolfleet_tests::python::venv;
+use toolfleet_tests::python::{script_json, venv};
 use toolfleet_tests::tls::{TestCertificates, TlsProxy};
-use toolfleet_tests::{free_port, repo_path};
+use toolfleet_tests::{free_port, strings_at};
 
 const REQUIREMENTS: &str = "tests/python/requirements-openai.txt";
 
@@ -89,27 +90,13 @@ async fn run_with(scenario: &str, script: Vec<Scripted>, setup: Setup) -> Result
         let set = keys::set_chat_limits(&admin, id, limits).await?;
         assert_eq!(set.chat, limits);
     }
-    let script = repo_path("tests/python/openai_client.py");
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        Command::new(&python)
-            .arg(script)
-            .arg(format!("{}/v1", gateway.base))
-            .arg(&key)
-            .arg(scenario)
-            .kill_on_drop(true)
-            .output(),
+    let base = format!("{}/v1", gateway.base);
+    let seen = script_json(
+        &python,
+        "tests/python/openai_client.py",
+        &[&base, &key, scenario],
     )
-    .await
-    .context("the openai client hung")??;
-    if !out.status.success() {
-        bail!(
-            "openai_client.py {scenario} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let seen: Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| String::from_utf8_lossy(&out.stdout).to_string())?;
+    .await?;
     let metrics = reqwest::get(format!("http://{ops}/metrics"))
         .await?
         .error_for_status()?
@@ -140,22 +127,6 @@ fn assert_parity(run: &Run) {
         essence(&run.streamed),
         "plain vs streamed"
     );
-}
-
-/// The `role: "tool"` messages a request sent upstream carries, as (id, content).
-fn tool_messages(request: &Value) -> Vec<(String, String)> {
-    request["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| {
-            (
-                m["tool_call_id"].as_str().unwrap_or("").to_string(),
-                m["content"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect()
 }
 
 /// `answer` reporting `prompt` and `completion` tokens.
@@ -195,12 +166,7 @@ async fn one_round_of_three_parallel_fleet_calls_then_the_answer() -> Result<()>
     assert_eq!(run.plain["toolfleet"]["fleet_calls"], 3);
     // Per mode: the first request, then one with every result in the model's order.
     assert_eq!(run.requests.len(), 4);
-    let offered: Vec<&str> = run.requests[0]["tools"]
-        .as_array()
-        .context("tools offered")?
-        .iter()
-        .filter_map(|t| t["function"]["name"].as_str())
-        .collect();
+    let offered = strings_at(&run.requests[0]["tools"], "/function/name", "tools offered")?;
     assert!(offered.contains(&"crm__getOpenInvoices"), "{offered:?}");
     for second in [&run.requests[1], &run.requests[3]] {
         let results = tool_messages(second);
@@ -263,12 +229,7 @@ async fn a_message_mixing_fleet_and_caller_tools_returns_every_call_in_order() -
     assert_parity(&run);
     for seen in [&run.plain, &run.streamed] {
         assert_eq!(seen["finish_reason"], "tool_calls");
-        let ids: Vec<&str> = seen["tool_calls"]
-            .as_array()
-            .context("calls")?
-            .iter()
-            .filter_map(|c| c["id"].as_str())
-            .collect();
+        let ids = strings_at(&seen["tool_calls"], "/id", "calls")?;
         assert_eq!(ids, ["m1", "m2", "m3"], "never a subset, never reordered");
         assert_eq!(seen["toolfleet"]["fleet_call_ids"], json!(["m1", "m3"]));
         assert_eq!(
@@ -471,11 +432,9 @@ async fn two_conversations_with_the_same_call_ids_each_get_their_own_results() -
         appointments("cust_002"),
         text_answer("Here are your appointments."),
     ];
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
     let upstream = ScriptedUpstream::start(script).await?;
-    let db = TestDatabase::create().await?;
     let env = [("TOOLFLEET_UPSTREAM_BASE_URL", upstream.base_url.as_str())];
-    let gateway = GatewayNode::start(&fleet, &db, &env).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&env).await?;
     // One frontend (one key of the tenant) serving both users.
     let key = create_key(&db, "acme").await?;
 

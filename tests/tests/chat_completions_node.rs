@@ -11,15 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
-use toolfleet_dev::upstream::{calls_answer, text_answer, ScriptedUpstream};
-use toolfleet_tests::fleet::Fleet;
-use toolfleet_tests::gateway::{create_key, GatewayNode};
-use toolfleet_tests::pg::TestDatabase;
-use toolfleet_tests::repo_path;
+use toolfleet_dev::upstream::{calls_answer, text_answer, tool_messages, ScriptedUpstream};
+use toolfleet_tests::gateway::{create_key, stack};
+use toolfleet_tests::{output_of, repo_path};
 
 /// The Debian packages that give a machine `node` and `npm`.
 const INSTALL_HINT: &str = "apt-get install -y nodejs npm";
@@ -68,24 +66,14 @@ async fn node_modules() -> Result<PathBuf> {
         std::fs::create_dir_all(&building)?;
         std::fs::write(building.join("package.json"), &manifest)?;
         std::fs::write(building.join("package-lock.json"), &lock)?;
-        let out = tokio::time::timeout(
-            Duration::from_secs(600),
-            Command::new(npm)
-                .args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
-                .current_dir(&building)
-                .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .context("npm ci timed out")??;
-        if !out.status.success() {
+        let mut npm = Command::new(npm);
+        npm.args(["ci", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(&building)
+            .stdin(Stdio::null());
+        let installed = output_of(&mut npm, Duration::from_secs(600), "npm ci in tests/node").await;
+        if let Err(failed) = installed {
             let _ = std::fs::remove_dir_all(&building);
-            bail!(
-                "npm ci in tests/node failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            return Err(failed);
         }
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::rename(&building, &dir)?;
@@ -107,33 +95,9 @@ async fn node(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<String>
     for (key, value) in env {
         command.env(key, value);
     }
-    let out = tokio::time::timeout(Duration::from_secs(120), command.output())
-        .await
-        .with_context(|| format!("node {args:?} hung"))??;
-    if !out.status.success() {
-        bail!(
-            "node {args:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let what = format!("node {args:?}");
+    let out = output_of(&mut command, Duration::from_secs(120), &what).await?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// The `role: "tool"` messages a request sent upstream carries, as (id, content).
-fn tool_messages(request: &Value) -> Vec<(String, String)> {
-    request["messages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| {
-            (
-                m["tool_call_id"].as_str().unwrap_or("").to_string(),
-                m["content"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect()
 }
 
 /// The names of the tools a request offered the model.
@@ -163,11 +127,9 @@ async fn typed_js_clients_mix_their_own_tool_with_the_fleets() -> Result<()> {
         ]),
         text_answer(FINAL_TEXT),
     ];
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
     let upstream = ScriptedUpstream::start(script).await?;
-    let db = TestDatabase::create().await?;
     let env = [("TOOLFLEET_UPSTREAM_BASE_URL", upstream.base_url.as_str())];
-    let gateway = GatewayNode::start(&fleet, &db, &env).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&env).await?;
     let key = create_key(&db, "acme").await?;
 
     let scenarios = ["ai-generate", "ai-stream", "openai-plain", "openai-stream"];

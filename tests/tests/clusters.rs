@@ -28,7 +28,7 @@ use toolfleet_coordinator::join::{
 };
 use toolfleet_dev::cluster::{NatsCluster, RedisCluster};
 use toolfleet_tests::fleet::{
-    call, coordinator_settings, tool_calls, turn, worker_settings, Running,
+    coordinator_settings, new_turn, sleeping_calls, tool_calls, turn, worker_settings, Running,
 };
 
 /// The cluster tests start many servers each: one at a time on a small machine.
@@ -89,25 +89,15 @@ fn job(turn_id: &str, id: &str) -> JobEnvelope {
 async fn every_script_once(store: &JoinStore, turn_id: &str) -> Result<()> {
     let deadline = unix_ms() + 60_000;
     let new = || NewTurn {
-        turn_id,
-        reply: "reply.subject",
-        digest: "",
-        tenant: "acme",
         deadline_unix_ms: deadline,
         paced: true,
         calls: vec![
             ("k0".to_string(), entry(0, "c0", false)),
             ("k1".to_string(), entry(1, "c1", true)),
         ],
-        results: Vec::new(),
-        ttl_ms: 120_000,
-        created_unix_ms: unix_ms(),
-        traceparent: "",
-        trace: "",
-        caller: "frontend",
         events: vec!["{\"type\":\"ack\"}".to_string()],
-        ended: false,
         queued: vec![("k1".to_string(), job(turn_id, "c1"))],
+        ..new_turn(turn_id)
     };
     assert_eq!(store.create(new()).await?, Created::New, "CREATE");
     assert_eq!(
@@ -226,22 +216,13 @@ async fn every_join_script_runs_on_a_redis_cluster() -> Result<()> {
     // The deadline index: a turn past its deadline is found in its own bucket, whatever
     // bucket the sweeper starts at; the buckets live on several masters.
     let past = NewTurn {
-        turn_id: "due-turn",
         reply: "r",
-        digest: "",
-        tenant: "acme",
         deadline_unix_ms: unix_ms() - 1,
-        paced: false,
         calls: vec![("k0".to_string(), entry(0, "c0", false))],
-        results: Vec::new(),
         ttl_ms: 60_000,
-        created_unix_ms: unix_ms(),
-        traceparent: "",
-        trace: "",
         caller: "",
         events: vec!["{}".to_string()],
-        ended: false,
-        queued: Vec::new(),
+        ..new_turn("due-turn")
     };
     assert_eq!(store.create(past).await?, Created::New);
     let mut found = Vec::new();
@@ -320,6 +301,8 @@ struct ClusterFleet {
     names: Names,
     client: FleetClient,
     nodes: Vec<Running>,
+    // Held while the clusters run, released last (see [`ONE_AT_A_TIME`]).
+    _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
 /// Which NATS nodes the fleet's processes and the test's client connect to.
@@ -345,6 +328,7 @@ impl ClusterFleet {
 
     /// A fleet whose turns are spread over `partitions` pairs of streams.
     async fn start_with(placement: Placement, partitions: u32) -> Result<Self> {
+        let serial = ONE_AT_A_TIME.lock().await;
         toolfleet_tests::init_test_tracing();
         three_replicas();
         let (nats, redis) = tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1))?;
@@ -385,6 +369,7 @@ impl ClusterFleet {
             names,
             client,
             nodes,
+            _serial: serial,
         })
     }
 
@@ -397,16 +382,7 @@ impl ClusterFleet {
 
 /// A turn of `calls` calls of the sleeping test tool.
 fn sleeping_turn(id: &str, calls: usize, sleep_ms: u64) -> toolfleet_common::TurnRequest {
-    let calls = (0..calls)
-        .map(|i| {
-            call(
-                &format!("c{i}"),
-                "test.behave",
-                json!({"sleep_ms": sleep_ms, "value": i}),
-            )
-        })
-        .collect();
-    let mut request = turn("acme", tool_calls(calls));
+    let mut request = turn("acme", tool_calls(sleeping_calls(0..calls, sleep_ms)));
     request.turn_id = Some(id.to_string());
     request.deadline_ms = Some(12_000);
     request
@@ -568,11 +544,23 @@ async fn serving(client: &FleetClient) -> Result<()> {
 /// for at most `within`. Every batch still ends with one `final` per turn (checked by
 /// `follow`); only the calls may fail while the healed node's JetStream catches up.
 async fn recovers(client: &FleetClient, tag: &str, within: Duration) -> Result<()> {
+    recovers_with(client, tag, 5, within).await
+}
+
+/// [`recovers`] with batches of `turns` turns (enough of them reach every partition of
+/// a partitioned fleet).
+async fn recovers_with(
+    client: &FleetClient,
+    tag: &str,
+    turns: usize,
+    within: Duration,
+) -> Result<()> {
     let give_up = tokio::time::Instant::now() + within;
     for attempt in 0.. {
-        let ends = ends(submit_all(client, &format!("{tag}-{attempt}"), 5, 3, 50).await).await?;
-        assert_eq!(ends.finals, 5, "{tag}: {ends:?}");
-        if ends.done == 15 {
+        let batch = submit_all(client, &format!("{tag}-{attempt}"), turns, 3, 50).await;
+        let ends = ends(batch).await?;
+        assert_eq!(ends.finals, turns, "{tag}: {ends:?}");
+        if ends.done == 3 * turns {
             return Ok(());
         }
         if tokio::time::Instant::now() >= give_up {
@@ -600,7 +588,6 @@ fn during_answered(ends: &Ends, turns: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_survive_the_stream_leader_node_killed_with_20_in_flight() -> Result<()> {
-    let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
     // Before the fault: turns run on the clusters.
     serving(&fleet.client).await?;
@@ -623,10 +610,33 @@ async fn turns_survive_the_stream_leader_node_killed_with_20_in_flight() -> Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_spread_over_stream_partitions_and_survive_a_node_killed() -> Result<()> {
-    let _serial = ONE_AT_A_TIME.lock().await;
     const PARTITIONS: u32 = 4;
     let mut fleet = ClusterFleet::start_with(Placement::Anywhere, PARTITIONS).await?;
     let names = fleet.names.clone();
+    let js = async_nats::jetstream::new(fleet.nats.connect().await?);
+    let streams: Vec<(u32, String)> = (0..PARTITIONS)
+        .flat_map(|k| {
+            [
+                (k, names.jobs_stream_in(k)),
+                (k, names.results_stream_in(k)),
+            ]
+        })
+        .collect();
+    // A fleet just started may still be settling the replicated streams and consumers
+    // of its partitions: batches that reach every partition until one has every call
+    // done, as the other tests' `serving`; what the streams held then is the baseline.
+    recovers_with(&fleet.client, "settle", 24, Duration::from_secs(30)).await?;
+    let mut held = Vec::new();
+    for (_, stream) in &streams {
+        held.push(
+            js.get_stream(stream)
+                .await?
+                .info()
+                .await?
+                .state
+                .last_sequence,
+        );
+    }
     let ends_before = ends(submit_all(&fleet.client, "spread", 24, 3, 20).await).await?;
     assert_eq!(
         (ends_before.finals, ends_before.done),
@@ -635,19 +645,16 @@ async fn turns_spread_over_stream_partitions_and_survive_a_node_killed() -> Resu
     );
     // Every partition's pair of streams carried its turns' jobs and results, and the
     // streams' leaders are not all on one node.
-    let js = async_nats::jetstream::new(fleet.nats.connect().await?);
     let mut leaders = std::collections::BTreeSet::new();
-    for k in 0..PARTITIONS {
+    for ((k, stream), held) in streams.iter().zip(held) {
         let expected = (0..24)
-            .filter(|i| names.partition_of(&format!("spread-{i}")) == k)
+            .filter(|i| names.partition_of(&format!("spread-{i}")) == *k)
             .count() as u64
             * 3;
-        for stream in [names.jobs_stream_in(k), names.results_stream_in(k)] {
-            let info = js.get_stream(&stream).await?.info().await?.clone();
-            assert_eq!(info.config.num_replicas, 3, "{stream}");
-            assert_eq!(info.state.last_sequence, expected, "{stream}");
-            leaders.extend(fleet.nats.stream_leader(&stream).await?);
-        }
+        let info = js.get_stream(stream).await?.info().await?.clone();
+        assert_eq!(info.config.num_replicas, 3, "{stream}");
+        assert_eq!(info.state.last_sequence - held, expected, "{stream}");
+        leaders.extend(fleet.nats.stream_leader(stream).await?);
     }
     assert!(
         leaders.len() > 1,
@@ -670,7 +677,6 @@ async fn turns_spread_over_stream_partitions_and_survive_a_node_killed() -> Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_survive_a_redis_master_killed_mid_turn() -> Result<()> {
-    let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
     let followers = submit_accepted(&fleet.client, "master", 20, 3, 800).await?;
     let victim = fleet
@@ -690,7 +696,6 @@ async fn turns_survive_a_redis_master_killed_mid_turn() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_survive_a_redis_master_partitioned() -> Result<()> {
-    let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
     serving(&fleet.client).await?;
     let followers = submit_accepted(&fleet.client, "cut", 20, 3, 800).await?;
@@ -732,7 +737,6 @@ async fn turns_survive_a_redis_master_partitioned() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
-    let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start().await?;
     let followers = submit_accepted(&fleet.client, "partition", 20, 3, 800).await?;
     let leader = fleet
@@ -772,7 +776,6 @@ async fn turns_survive_a_nats_node_partitioned_for_5_seconds() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_on_a_cut_off_nats_node_moves_to_another_and_its_turns_end() -> Result<()> {
-    let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start_placed(Placement::ClientAloneOnNode0).await?;
     serving(&fleet.client).await?;
     // The client's node is cut off from the other two, where every coordinator and the
@@ -803,7 +806,6 @@ async fn a_client_on_a_cut_off_nats_node_moves_to_another_and_its_turns_end() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_on_a_cut_off_nats_node_hears_its_final_through_its_standby() -> Result<()> {
     const DEADLINE_MS: u64 = 6000;
-    let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start_placed(Placement::ClientAloneOnNode0).await?;
     serving(&fleet.client).await?;
     let mut request = sleeping_turn("standby", 2, 500);
@@ -861,7 +863,6 @@ async fn a_client_on_a_cut_off_nats_node_hears_its_final_through_its_standby() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_on_a_cut_off_nats_node_moves_to_another_and_serves_again() -> Result<()> {
-    let _serial = ONE_AT_A_TIME.lock().await;
     let mut fleet = ClusterFleet::start_placed(Placement::WorkerAloneOnNode0).await?;
     serving(&fleet.client).await?;
     // The only worker's node is cut off from the other two, where the coordinators and
@@ -898,16 +899,29 @@ async fn toolfleet_chaos_on_clusters_loses_no_turn() -> Result<()> {
             "partition,redis-partition",
             "--each",
             "4s",
+            // A turn submitted as a Redis master is cut off is answered once the cluster
+            // has failed it over (cluster-node-timeout, then the election): on a two-CPU
+            // machine that has passed the default 5 s past the deadline.
+            "--patience",
+            "15s",
         ])
         .arg("--json")
         .arg(&json_path)
         .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
-        .status();
-    let status = tokio::time::timeout(Duration::from_secs(180), status)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(180), status)
         .await
         .context("toolfleet-dev chaos --cluster did not finish in time")??;
-    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json_path)?)?;
+    let status = output.status;
+    // The command's own account of a run that ended early (a fleet that did not start,
+    // a fault it could not inject) is what a failure here has to show.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let written = std::fs::read_to_string(&json_path).with_context(|| {
+        format!("toolfleet-dev chaos --cluster wrote no report ({status}):\n{stderr}")
+    })?;
+    let report: serde_json::Value = serde_json::from_str(&written)?;
     let faults = report["faults"].as_array().context("a faults array")?;
     let names: Vec<&str> = faults.iter().filter_map(|f| f["fault"].as_str()).collect();
     assert_eq!(names, ["none", "partition", "redis-partition"]);

@@ -9,32 +9,14 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use toolfleet_cli::conformance::{self, Report, Settings, Severity};
+use toolfleet_cli::conformance::{self, Report, Severity};
 use toolfleet_common::CallState;
 use toolfleet_packs::testing::CONFORMANCE_TOOL;
+use toolfleet_tests::conformance::{assert_clean, settings};
 use toolfleet_tests::fleet::{call, result_of, Fleet};
+use toolfleet_tests::python::sdk_fleet;
 
 const WAIT: Duration = Duration::from_secs(15);
-
-fn settings(fleet: &Fleet, tool: &str, pid: Option<u32>) -> Result<Settings> {
-    Ok(Settings {
-        nats_url: fleet.nats.url(),
-        redis_url: fleet.redis.url(),
-        prefix: fleet.names.prefix().to_string(),
-        tool: tool.to_string(),
-        timeout: Duration::from_secs(10),
-        pid: pid.map(i32::try_from).transpose()?,
-    })
-}
-
-/// Every case ran and found nothing.
-fn assert_clean(report: &Report) {
-    assert_eq!(report.cases.len(), 7, "{report}");
-    for case in &report.cases {
-        assert!(case.skipped.is_none(), "{report}");
-        assert!(case.findings.is_empty(), "{report}");
-    }
-}
 
 /// The codes of the findings of `case` with `severity`.
 fn codes(report: &Report, case: &str, severity: Severity) -> Vec<&'static str> {
@@ -74,11 +56,7 @@ async fn the_rust_worker_conforms() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_sdk_worker_conforms() -> Result<()> {
     const TOOL: &str = "conformance.py_probe";
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
-    let fleet = Fleet::start().await?;
-    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let (python, fleet, coordinator) = sdk_fleet(env!("CARGO_TARGET_TMPDIR")).await?;
     let args = ["-m", "toolfleet_worker.conformance"];
     let mut worker = toolfleet_tests::python::worker(
         &python,
@@ -99,11 +77,7 @@ async fn the_python_sdk_worker_conforms() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_faulty_workers_defects_are_named() -> Result<()> {
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
-    let fleet = Fleet::start().await?;
-    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let (python, fleet, coordinator) = sdk_fleet(env!("CARGO_TARGET_TMPDIR")).await?;
     let script = ["tests/python/faulty_worker.py"];
     let mut worker = toolfleet_tests::python::worker(&python, &fleet, &script, &[])?;
     fleet.wait_for_tools(&["conformance.faulty"]).await?;

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use toolfleet_common::CallState;
-use toolfleet_tests::fleet::{call, code_of, result_of, Fleet};
+use toolfleet_tests::fleet::{call, Fleet};
 use toolfleet_worker::{Tool, ToolContext, ToolError, ToolOutput};
 
 const TOOL: &str = "test.always_flaky";
@@ -42,16 +41,9 @@ async fn a_changed_retry_policy_is_in_force_on_the_next_start() -> anyhow::Resul
         fleet.worker_config(),
         vec![always_flaky(3, Arc::clone(&runs))],
     );
-    fleet.wait_for_tools(&[TOOL]).await?;
-    assert_eq!(fleet.consumer_max_deliver(TOOL).await?, 3);
-
-    let outcome = fleet
-        .run_calls("acme", vec![call("c1", TOOL, json!({}))], EVENT_WAIT)
+    fleet
+        .assert_gives_up_after(TOOL, 3, "flaky", EVENT_WAIT)
         .await?;
-    let result = result_of(&outcome.final_event, "c1")?;
-    assert_eq!(result.state, CallState::Error, "{result:?}");
-    assert_eq!(code_of(result), Some("flaky"), "{result:?}");
-    assert_eq!(result.attempts, 3, "{result:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 
     second.stop().await;

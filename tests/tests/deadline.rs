@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use toolfleet_common::call::codes;
 use toolfleet_common::{CallState, TurnEvent};
-use toolfleet_tests::fleet::{call, code_of, next_raw_event, result_of, timed_turn, Fleet};
+use toolfleet_tests::fleet::{call, code_of, named_turn, next_raw_event, result_of, Fleet};
 
 const EVENT_WAIT: Duration = Duration::from_secs(5);
 const DEADLINE_MS: u64 = 500;
@@ -19,8 +19,7 @@ async fn the_deadline_ends_the_turn_and_late_results_change_nothing() -> anyhow:
     let turn_id = uuid::Uuid::new_v4().simple().to_string();
     let fast = call("fast", "test.behave", json!({"value": "quick"}));
     let slow = call("slow", "test.behave", json!({"sleep_ms": SLOW_MS}));
-    let mut request = timed_turn("acme", DEADLINE_MS, vec![fast, slow]);
-    request.turn_id = Some(turn_id.clone());
+    let request = named_turn(&turn_id, "acme", DEADLINE_MS, vec![fast, slow]);
 
     let submitted = Instant::now();
     let mut events = fleet.submit_raw(serde_json::to_vec(&request)?).await?;
@@ -69,9 +68,7 @@ async fn the_deadline_ends_the_turn_and_late_results_change_nothing() -> anyhow:
     assert_eq!(counters.get("duplicates").map(String::as_str), Some("0"));
     assert_eq!(counters.get("state").map(String::as_str), Some("final"));
     assert_eq!(counters.get("ended").map(String::as_str), Some("deadline"));
-    let recorded = fleet.hash(fleet.names.turn_results_key(&turn_id)).await?;
-    assert_eq!(recorded.len(), 1, "{recorded:?}");
-    assert!(recorded.contains_key("fast"));
+    assert_eq!(fleet.recorded_calls(&turn_id).await?, ["fast"]);
 
     // Nothing more is published for the turn.
     match next_raw_event(&mut events, Duration::from_millis(500)).await {

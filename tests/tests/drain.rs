@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde_json::json;
+use toolfleet_common::client::TurnStream;
 use toolfleet_common::{CallState, FinalEvent, FleetClient, TurnRequest};
 use toolfleet_packs as packs;
 use toolfleet_tests::eventually_named;
 use toolfleet_tests::fleet::{
-    call, read_ack, read_final, result_of, timed_turn, until_state, Fleet,
+    call, read_ack, read_final, result_of, timed_turn, until_state, Fleet, Running,
 };
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
@@ -66,36 +67,36 @@ async fn worker_live(fleet: &Fleet, tool: &str, worker_id: &str) -> Result<()> {
     .await
 }
 
+/// A fleet with one coordinator and the worker `draining` (started with `env` besides
+/// its id) running the call `id` of `tool` (sleeping `sleep_ms`, in a turn of 30 s),
+/// then a second worker `successor` serving `tool` too: the fleet, its coordinator, the
+/// draining worker's pid and the turn's stream.
+async fn running_beside_a_successor(
+    tool: &str,
+    id: &str,
+    sleep_ms: u64,
+    env: &[(&str, &str)],
+) -> Result<(Fleet, Running, u32, TurnStream)> {
+    let mut fleet = Fleet::start().await?;
+    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let env = [&[("TOOLFLEET_WORKER_ID", "draining")][..], env].concat();
+    let draining = fleet.spawn_node("worker", &env)?;
+    fleet.wait_for_tools(&[tool]).await?;
+    let running = call(id, tool, json!({ "sleep_ms": sleep_ms }));
+    let mut stream = fleet.submit_calls("acme", 30_000, vec![running]).await?;
+    until_state(&mut stream, Some(id), CallState::Running, EVENT_WAIT).await?;
+    fleet.spawn_node("worker", &[("TOOLFLEET_WORKER_ID", "successor")])?;
+    worker_live(&fleet, tool, "successor").await?;
+    Ok((fleet, coordinator, draining, stream))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_worker_finishes_its_call_and_takes_no_new_jobs() -> Result<()> {
     const TOOL: &str = "test.behave_once";
     const SLEEP_MS: u64 = 4000;
-    let mut fleet = Fleet::start().await?;
-    let _coordinator = fleet.coordinator(fleet.coordinator_config());
-    let draining = fleet.spawn_node(
-        "worker",
-        &[
-            ("TOOLFLEET_WORKER_ID", "draining"),
-            ("TOOLFLEET_SHUTDOWN_GRACE_MS", "15000"),
-        ],
-    )?;
-    fleet.wait_for_tools(&[TOOL]).await?;
-
-    let in_flight = call("in-flight", TOOL, json!({"sleep_ms": SLEEP_MS}));
-    let mut in_flight = fleet
-        .client
-        .submit(timed_turn("acme", 30_000, vec![in_flight]))
-        .await?;
-    until_state(
-        &mut in_flight,
-        Some("in-flight"),
-        CallState::Running,
-        EVENT_WAIT,
-    )
-    .await?;
-
-    fleet.spawn_node("worker", &[("TOOLFLEET_WORKER_ID", "successor")])?;
-    worker_live(&fleet, TOOL, "successor").await?;
+    let env = [("TOOLFLEET_SHUTDOWN_GRACE_MS", "15000")];
+    let (mut fleet, _coordinator, draining, mut in_flight) =
+        running_beside_a_successor(TOOL, "in-flight", SLEEP_MS, &env).await?;
 
     let client = fleet.client.clone();
     let signalled = Instant::now();
@@ -136,27 +137,14 @@ async fn a_call_running_past_the_grace_is_handed_back_and_answered_by_another_wo
     const TOOL: &str = "test.behave";
     const SLEEP_MS: u64 = 3000;
     const GRACE_MS: u64 = 1000;
-    let mut fleet = Fleet::start().await?;
-    let _coordinator = fleet.coordinator(fleet.coordinator_config());
     // The first worker creates the consumers: an ack wait far longer than the test, so
     // only a hand-back (NAK) can bring the call to the successor in time.
-    let draining = fleet.spawn_node(
-        "worker",
-        &[
-            ("TOOLFLEET_WORKER_ID", "draining"),
-            ("TOOLFLEET_SHUTDOWN_GRACE_MS", "1000"),
-            ("TOOLFLEET_ACK_WAIT_MS", "60000"),
-        ],
-    )?;
-    fleet.wait_for_tools(&[TOOL]).await?;
-    let slow = call("slow", TOOL, json!({"sleep_ms": SLEEP_MS}));
-    let mut stream = fleet
-        .client
-        .submit(timed_turn("acme", 30_000, vec![slow]))
-        .await?;
-    until_state(&mut stream, Some("slow"), CallState::Running, EVENT_WAIT).await?;
-    fleet.spawn_node("worker", &[("TOOLFLEET_WORKER_ID", "successor")])?;
-    worker_live(&fleet, TOOL, "successor").await?;
+    let env = [
+        ("TOOLFLEET_SHUTDOWN_GRACE_MS", "1000"),
+        ("TOOLFLEET_ACK_WAIT_MS", "60000"),
+    ];
+    let (mut fleet, _coordinator, draining, mut stream) =
+        running_beside_a_successor(TOOL, "slow", SLEEP_MS, &env).await?;
 
     let signalled = Instant::now();
     fleet.terminate_node(draining, EXIT_WAIT).await?;

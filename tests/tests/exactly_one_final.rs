@@ -13,10 +13,14 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use serde_json::json;
 use toolfleet_common::call::codes;
+use toolfleet_common::client::TurnStream;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::turn::turn_codes;
-use toolfleet_common::{CallState, FinalEvent, TurnEvent, TurnRequest};
-use toolfleet_tests::fleet::{call, read_to_end, timed_turn, tool_calls, turn, Fleet};
+use toolfleet_common::{CallState, TurnEvent, TurnRequest};
+use toolfleet_tests::fleet::{
+    call, code_of, final_in, named_turn, read_ack, read_to_end, sleeping_calls, timed_turn,
+    tool_calls, turn, Fleet, Running,
+};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
 
@@ -32,14 +36,6 @@ fn sleeping_turn(id: &str, sleep_ms: u64) -> TurnRequest {
     );
     request.turn_id = Some(id.to_string());
     request
-}
-
-/// The `final` at the end of `events`.
-fn final_in(events: &[TurnEvent]) -> Result<FinalEvent> {
-    match events.last() {
-        Some(TurnEvent::Final(fin)) => Ok(fin.clone()),
-        other => bail!("expected a final last, got {other:?}"),
-    }
 }
 
 /// How many `started` notices each turn's calls had: a call that ran twice counts 2.
@@ -61,6 +57,39 @@ async fn count_starts(
         }
     }
     starts
+}
+
+/// Asserts that each call `c<i>` of turn `turn_id`, `i` in `calls`, started once in
+/// `starts` (from [`count_starts`]).
+fn assert_started_once(
+    starts: &HashMap<String, usize>,
+    turn_id: &str,
+    calls: std::ops::RangeInclusive<usize>,
+) {
+    for i in calls {
+        assert_eq!(
+            starts.get(&format!("{turn_id}/c{i}")),
+            Some(&1),
+            "{starts:?}"
+        );
+    }
+}
+
+/// Submits the `acme` turn `turn_id` (deadline 8 s) of `calls` calls `c1`, `c2`, ... of
+/// `sleep_ms` each, run one at a time (the others wait in the turn's queue), and reads
+/// its ack.
+async fn submit_one_at_a_time(
+    fleet: &Fleet,
+    turn_id: &str,
+    calls: usize,
+    sleep_ms: u64,
+) -> Result<TurnStream> {
+    let mut request = named_turn(turn_id, "acme", 8_000, sleeping_calls(1..=calls, sleep_ms));
+    request.options.concurrency = Some(1);
+    let mut stream = fleet.client.submit(request).await?;
+    let ack = stream.next_event(EVENT_WAIT).await?;
+    assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
+    Ok(stream)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,17 +163,22 @@ async fn attaching_replays_finished_and_running_turns_and_names_unknown_ones() -
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_final_stored_by_a_coordinator_that_died_is_sent_by_another() -> Result<()> {
+/// A fresh fleet with a worker of the `test` pack in this process and one coordinator
+/// process (started with `env`), serving: the fleet, the worker and the coordinator's pid.
+async fn coordinator_process_and_worker(env: &[(&str, &str)]) -> Result<(Fleet, Running, u32)> {
     let mut fleet = Fleet::start().await?;
     let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
-    let _worker = fleet.worker(fleet.worker_config(), tools);
-    // The only coordinator exits right after storing the turn's final.
-    fleet.spawn_node(
-        "coordinator",
-        &[("TOOLFLEET_FAULT", "exit_after_final_stored")],
-    )?;
+    let worker = fleet.worker(fleet.worker_config(), tools);
+    let coordinator = fleet.spawn_node("coordinator", env)?;
     fleet.wait_for_tools(&["test.behave"]).await?;
+    Ok((fleet, worker, coordinator))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_stored_by_a_coordinator_that_died_is_sent_by_another() -> Result<()> {
+    // The only coordinator exits right after storing the turn's final.
+    let fault = [("TOOLFLEET_FAULT", "exit_after_final_stored")];
+    let (fleet, _worker, _) = coordinator_process_and_worker(&fault).await?;
     let request = timed_turn(
         "acme",
         1_500,
@@ -170,29 +204,11 @@ async fn a_final_stored_by_a_coordinator_that_died_is_sent_by_another() -> Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paced_calls_of_a_coordinator_that_died_are_dispatched_by_another() -> Result<()> {
-    let mut fleet = Fleet::start().await?;
-    let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
-    let _worker = fleet.worker(fleet.worker_config(), tools);
-    let owner = fleet.spawn_node("coordinator", &[])?;
-    fleet.wait_for_tools(&["test.behave"]).await?;
+    let (mut fleet, _worker, owner) = coordinator_process_and_worker(&[]).await?;
     let mut progress = fleet.subscribe_progress().await?;
 
     // Five calls, one at a time: four of them wait in the turn's queue.
-    let calls = (1..=5)
-        .map(|i| {
-            call(
-                &format!("c{i}"),
-                "test.behave",
-                json!({"sleep_ms": 300, "value": i}),
-            )
-        })
-        .collect();
-    let mut request = timed_turn("acme", 8_000, calls);
-    request.turn_id = Some("paced-owner-dies".into());
-    request.options.concurrency = Some(1);
-    let mut stream = fleet.client.submit(request).await?;
-    let ack = stream.next_event(EVENT_WAIT).await?;
-    assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
+    let mut stream = submit_one_at_a_time(&fleet, "paced-owner-dies", 5, 300).await?;
 
     // The only coordinator dies while the first call runs; a new one takes over from
     // what Redis holds (the results consumer redelivers, its recording releases the
@@ -216,13 +232,7 @@ async fn paced_calls_of_a_coordinator_that_died_are_dispatched_by_another() -> R
 
     // Each call ran once (the first one's start was read above).
     let starts = count_starts(&mut progress, Duration::from_millis(500)).await;
-    for i in 2..=5 {
-        assert_eq!(
-            starts.get(&format!("paced-owner-dies/c{i}")),
-            Some(&1),
-            "{starts:?}"
-        );
-    }
+    assert_started_once(&starts, "paced-owner-dies", 2..=5);
     assert_eq!(starts.get("paced-owner-dies/c1"), None, "{starts:?}");
     Ok(())
 }
@@ -230,31 +240,11 @@ async fn paced_calls_of_a_coordinator_that_died_are_dispatched_by_another() -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_released_by_a_coordinator_that_died_before_publishing_it_still_runs() -> Result<()>
 {
-    let mut fleet = Fleet::start().await?;
-    let tools = toolfleet_packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
-    let _worker = fleet.worker(fleet.worker_config(), tools);
     // The only coordinator exits right after the first result released the next call.
-    fleet.spawn_node(
-        "coordinator",
-        &[("TOOLFLEET_FAULT", "exit_after_call_released")],
-    )?;
-    fleet.wait_for_tools(&["test.behave"]).await?;
+    let fault = [("TOOLFLEET_FAULT", "exit_after_call_released")];
+    let (fleet, _worker, _) = coordinator_process_and_worker(&fault).await?;
     let mut progress = fleet.subscribe_progress().await?;
-    let calls = (1..=3)
-        .map(|i| {
-            call(
-                &format!("c{i}"),
-                "test.behave",
-                json!({"sleep_ms": 100, "value": i}),
-            )
-        })
-        .collect();
-    let mut request = timed_turn("acme", 8_000, calls);
-    request.turn_id = Some("released-not-published".into());
-    request.options.concurrency = Some(1);
-    let mut stream = fleet.client.submit(request).await?;
-    let ack = stream.next_event(EVENT_WAIT).await?;
-    assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
+    let mut stream = submit_one_at_a_time(&fleet, "released-not-published", 3, 100).await?;
     // A replacement: the first result comes back to it (never acknowledged), is a
     // duplicate now, and hands back the released call no one published.
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -264,13 +254,7 @@ async fn a_call_released_by_a_coordinator_that_died_before_publishing_it_still_r
     let states: Vec<_> = fin.results.iter().map(|r| r.state).collect();
     assert_eq!(states, vec![CallState::Done; 3], "{fin:?}");
     let starts = count_starts(&mut progress, Duration::from_millis(500)).await;
-    for i in 1..=3 {
-        assert_eq!(
-            starts.get(&format!("released-not-published/c{i}")),
-            Some(&1),
-            "{starts:?}"
-        );
-    }
+    assert_started_once(&starts, "released-not-published", 1..=3);
     Ok(())
 }
 
@@ -337,11 +321,7 @@ async fn a_final_whose_results_fit_once_carries_them_all_and_leaves_the_history_
     let cut = fin
         .results
         .iter()
-        .filter(|r| {
-            r.error
-                .as_ref()
-                .is_some_and(|e| e.code == codes::RESULT_TOO_LARGE)
-        })
+        .filter(|r| code_of(r) == Some(codes::RESULT_TOO_LARGE))
         .count();
     assert_eq!(
         cut,
@@ -379,5 +359,98 @@ async fn a_turn_whose_redis_state_is_lost_ends_with_turn_state_lost() -> Result<
         Some(TurnEvent::Error { error, .. }) => assert_eq!(error.code, turn_codes::TURN_STATE_LOST),
         other => bail!("expected turn_state_lost, got {other:?}"),
     }
+    Ok(())
+}
+
+/// A Redis that dies with acknowledged writes not yet on disk (`appendfsync everysec`
+/// while an fsync is slow) comes back without the turn's last events: the turn's later
+/// events, its `final` included, are stored under seqs the client already holds. The
+/// client still takes the `final`, since a turn ends once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_stored_under_a_seq_the_client_holds_still_ends_the_turn() -> Result<()> {
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let fast = (1..=3).map(|i| call(&format!("fast{i}"), "test.behave", json!({"value": i})));
+    let slow = call("slow", "test.behave", json!({"sleep_ms": 2_000}));
+    let mut request = turn("acme", tool_calls(fast.chain([slow]).collect()));
+    request.turn_id = Some("rewound-1".into());
+    let mut stream = fleet.client.submit(request).await?;
+    // The ack, four `pending` states and the three fast calls' `done`: seq 8 at least.
+    let mut done = 0;
+    while done < 3 {
+        match stream.next_event(EVENT_WAIT).await? {
+            TurnEvent::ToolState {
+                state: CallState::Done,
+                ..
+            } => done += 1,
+            TurnEvent::Final(fin) => bail!("the turn ended before its slow call: {fin:?}"),
+            _ => {}
+        }
+    }
+    let held = stream.last_seq();
+    assert!(held >= 8, "{held}");
+    // Redis keeps the ack only, as if it had died before writing the rest to disk.
+    let mut redis = fleet
+        .redis
+        .client()?
+        .get_multiplexed_async_connection()
+        .await?;
+    let events_key = fleet.names.turn_events_key("rewound-1");
+    let _: () = redis::cmd("LTRIM")
+        .arg(&events_key)
+        .arg(0)
+        .arg(0)
+        .query_async(&mut redis)
+        .await?;
+    // The slow call's `done`, the narration and the `final` are stored under seqs 2 to 4.
+    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+    let stored: u64 = redis::cmd("LLEN")
+        .arg(&events_key)
+        .query_async(&mut redis)
+        .await?;
+    assert!(stored < held, "the final was stored at seq {stored}");
+    match events.last() {
+        Some(TurnEvent::Final(fin)) => {
+            assert_eq!(fin.results.len(), 4);
+            assert_eq!(fin.summary.ok, 4);
+        }
+        other => bail!("expected the final, got {other:?}"),
+    }
+    Ok(())
+}
+
+/// A frontend's wait for the next event ends at its timeout even while NATS is gone (the
+/// client's asks for the turn cannot be flushed then), so a caller is never held past
+/// the time it gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_the_next_event_ends_at_its_timeout_while_nats_is_down() -> Result<()> {
+    let (mut fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let mut stream = fleet
+        .client
+        .submit(sleeping_turn("nats-gone", 5_000))
+        .await?;
+    read_ack(&mut stream, EVENT_WAIT).await?;
+    fleet.nats.stop().await;
+    let wait = Duration::from_secs(3);
+    let started = tokio::time::Instant::now();
+    let waited = tokio::time::timeout(EVENT_WAIT * 3, async {
+        loop {
+            match stream.next_event(wait).await {
+                // The `pending` state may still come from the client's buffer.
+                Ok(TurnEvent::ToolState { .. }) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .context("the wait outlived its timeout by far")?;
+    let error = match waited {
+        Err(error) => error,
+        Ok(event) => bail!("an event while NATS is down: {event:?}"),
+    };
+    assert_eq!(
+        error.kind(),
+        toolfleet_common::client::ClientErrorKind::Timeout
+    );
+    assert!(started.elapsed() < wait * 2, "{:?}", started.elapsed());
     Ok(())
 }

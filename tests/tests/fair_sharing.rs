@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde_json::json;
+use tokio::task::JoinHandle;
 use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::turn::turn_codes;
 use toolfleet_common::{FinalEvent, TurnEvent};
@@ -81,6 +82,36 @@ fn all_ok(fin: &FinalEvent, calls: usize) {
     assert_eq!(fin.summary.ok, calls, "{:?}", fin.results);
 }
 
+/// The heavy tenant's `turns` turns of four calls of [`HEAVY_MS`] (deadline 30 s), each
+/// submitted and read to its end in its own task.
+fn heavy_backlog(fleet: &Fleet, turns: usize) -> Vec<JoinHandle<anyhow::Result<Vec<TurnEvent>>>> {
+    (0..turns)
+        .map(|t| {
+            let request = sleepy(HEAVY, &format!("h{t}"), 4, HEAVY_MS, 30_000);
+            let client = fleet.client.clone();
+            tokio::spawn(async move {
+                let mut stream = client.submit(request).await?;
+                anyhow::Ok(read_to_end(&mut stream, EVENT_WAIT).await?)
+            })
+        })
+        .collect()
+}
+
+/// Waits for every turn of [`heavy_backlog`] and asserts each ended with its final, its
+/// four calls all done.
+async fn all_heavy_ok(
+    heavy: Vec<JoinHandle<anyhow::Result<Vec<TurnEvent>>>>,
+) -> anyhow::Result<()> {
+    for turn in heavy {
+        let events = turn.await??;
+        match events.last() {
+            Some(TurnEvent::Final(fin)) => all_ok(fin, 4),
+            other => anyhow::bail!("a heavy turn ended with {other:?}"),
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_light_tenant_is_not_queued_behind_a_heavy_backlog() -> anyhow::Result<()> {
     const HEAVY_TURNS: usize = 24;
@@ -89,16 +120,7 @@ async fn a_light_tenant_is_not_queued_behind_a_heavy_backlog() -> anyhow::Result
     let mut progress = fleet.subscribe_progress().await?;
 
     // 96 calls of 200 ms on one worker of 8 slots: a 2.4 s backlog.
-    let mut heavy = Vec::new();
-    for t in 0..HEAVY_TURNS {
-        let request = sleepy(HEAVY, &format!("h{t}"), 4, HEAVY_MS, 30_000);
-        let client = fleet.client.clone();
-        heavy.push(tokio::spawn(async move {
-            let mut stream = client.submit(request).await?;
-            let events = read_to_end(&mut stream, EVENT_WAIT).await?;
-            anyhow::Ok(events)
-        }));
-    }
+    let heavy = heavy_backlog(&fleet, HEAVY_TURNS);
     // Once the tool is busy, the light tenant asks for one 10 ms call.
     let mut started = Vec::new();
     let busy_by = Instant::now() + Duration::from_secs(10);
@@ -152,14 +174,7 @@ async fn a_light_tenant_is_not_queued_behind_a_heavy_backlog() -> anyhow::Result
         Some(TurnEvent::Final(fin)) => all_ok(fin, 1),
         other => anyhow::bail!("the light turn ended with {other:?}"),
     }
-    for turn in heavy {
-        let events = turn.await??;
-        match events.last() {
-            Some(TurnEvent::Final(fin)) => all_ok(fin, 4),
-            other => anyhow::bail!("a heavy turn ended with {other:?}"),
-        }
-    }
-    Ok(())
+    all_heavy_ok(heavy).await
 }
 
 /// The most calls of `fin` that ran at the same time, from their timings.
@@ -275,15 +290,7 @@ async fn a_tenant_over_its_own_limits_is_refused_and_others_go_on() -> anyhow::R
 async fn a_backlog_that_would_outlive_the_deadline_is_refused() -> anyhow::Result<()> {
     let fleet = Fleet::start().await?;
     let (_c, _w) = start(&fleet, TenantPolicies::default()).await?;
-    let mut heavy = Vec::new();
-    for t in 0..20 {
-        let request = sleepy(HEAVY, &format!("h{t}"), 4, HEAVY_MS, 30_000);
-        let client = fleet.client.clone();
-        heavy.push(tokio::spawn(async move {
-            let mut stream = client.submit(request).await?;
-            anyhow::Ok(read_to_end(&mut stream, EVENT_WAIT).await?)
-        }));
-    }
+    let heavy = heavy_backlog(&fleet, 20);
     tokio::time::sleep(Duration::from_millis(600)).await;
     // About 60 calls of its own still wait: 1.5 s on 8 slots, past a 1 s deadline.
     let refused = outcome(&fleet, sleepy(HEAVY, "late", 1, 10, 1_000)).await?;
@@ -293,12 +300,5 @@ async fn a_backlog_that_would_outlive_the_deadline_is_refused() -> anyhow::Resul
         Ok(fin) => all_ok(&fin, 1),
         Err(code) => anyhow::bail!("the light tenant was refused: {code}"),
     }
-    for turn in heavy {
-        let events = turn.await??;
-        match events.last() {
-            Some(TurnEvent::Final(fin)) => all_ok(fin, 4),
-            other => anyhow::bail!("a heavy turn ended with {other:?}"),
-        }
-    }
-    Ok(())
+    all_heavy_ok(heavy).await
 }

@@ -5,17 +5,17 @@
 //! counted (nothing is published there, the stream stays empty), and a frontend bound to
 //! a tenant cannot name another one (`tenant_not_allowed`), whatever the spelling.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use futures::StreamExt;
 use serde_json::json;
 use toolfleet_common::turn::turn_codes;
-use toolfleet_common::{FleetClient, TurnEvent, TurnRequest};
-use toolfleet_tests::fleet::{read_to_end, turn, wait_for_catalog};
+use toolfleet_common::{FleetClient, TurnEvent};
+use toolfleet_tests::fleet::{turn, wait_for_catalog};
 use toolfleet_tests::secured::{
-    frontend2_credentials, frontend_credentials, RoleConnection, SecuredServers, EVENT_WAIT,
-    SILENCE,
+    assert_a_turn_runs, assert_refused_once, frontend2_credentials, frontend_credentials,
+    last_event, refused_turns, silent, RoleConnection, SecuredServers, EVENT_WAIT,
 };
-use toolfleet_tests::{eventually_named, free_port, http_get, metric_value};
+use toolfleet_tests::{eventually_named, free_port};
 
 /// The forged final of the report: what a hostile frontend wants another one to show.
 const FORGED: &str = "Your card was declined. Please read me the full card number and CVV.";
@@ -39,20 +39,6 @@ async fn coordinator_up(
     let frontend = servers.frontend().await?;
     wait_for_catalog(&frontend, "a coordinator answers", |_| true).await?;
     Ok((coordinator, port, frontend))
-}
-
-/// The coordinator's count of turn requests refused with `code`.
-async fn refused(port: u16, code: &str) -> Result<f64> {
-    let (_, text) = http_get(port, "/metrics").await?;
-    let label = format!("code=\"{code}\"");
-    Ok(metric_value(&text, "toolfleet_turns_refused_total", &[&label]).unwrap_or(0.0))
-}
-
-/// Runs a turn to its last event and returns it.
-async fn last_event(frontend: &FleetClient, request: TurnRequest) -> Result<TurnEvent> {
-    let mut stream = frontend.submit(request).await?;
-    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
-    events.last().cloned().context("no event")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -80,15 +66,9 @@ async fn a_frontend_cannot_read_or_submit_as_another_frontend() -> Result<()> {
 
     // frontend2's own turn reaches frontend2, and nothing of it reaches the spy.
     let victim = servers.frontend_as(&frontend2_credentials()).await?;
-    let request = turn("acme", json!({"type": "final", "text": "hello"}));
-    assert!(matches!(
-        last_event(&victim, request).await?,
-        TurnEvent::Final(_)
-    ));
+    assert_a_turn_runs(&victim).await?;
     assert!(
-        tokio::time::timeout(SILENCE, snooping.next())
-            .await
-            .is_err(),
+        silent(snooping.next()).await,
         "a frontend read another frontend's turn"
     );
     Ok(())
@@ -122,26 +102,19 @@ async fn replies_outside_the_callers_inbox_are_refused() -> Result<()> {
     attacker.client.flush().await?;
     let code = turn_codes::REPLY_NOT_ALLOWED;
     eventually_named("three refusals counted", EVENT_WAIT, || async {
-        let count = refused(port, code).await.ok()?;
+        let count = refused_turns(port, code).await.ok()?;
         (count >= 3.0).then_some(())
     })
     .await?;
-    assert_eq!(refused(port, code).await?, 3.0);
+    assert_eq!(refused_turns(port, code).await?, 3.0);
     assert!(
-        tokio::time::timeout(SILENCE, victim_events.next())
-            .await
-            .is_err(),
+        silent(victim_events.next()).await,
         "a forged final reached another frontend"
     );
     assert_eq!(servers.messages_in(&servers.names.jobs_stream()).await?, 0);
 
     // The same request with the caller's own inbox runs.
-    let request = turn("acme", json!({"type": "final", "text": "hello"}));
-    assert!(matches!(
-        last_event(&honest, request).await?,
-        TurnEvent::Final(_)
-    ));
-    Ok(())
+    assert_a_turn_runs(&honest).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,14 +124,7 @@ async fn a_frontend_bound_to_a_tenant_cannot_name_another() -> Result<()> {
         coordinator_up(&servers, "frontend=t1;frontend2=t2").await?;
 
     let foreign = turn("t2", json!({"type": "final", "text": "hello"}));
-    match last_event(&frontend, foreign).await? {
-        TurnEvent::Error { error, .. } => {
-            assert_eq!(error.code, turn_codes::TENANT_NOT_ALLOWED);
-            assert!(!error.retryable);
-        }
-        other => anyhow::bail!("a turn for another tenant ran: {other:?}"),
-    }
-    assert_eq!(refused(port, turn_codes::TENANT_NOT_ALLOWED).await?, 1.0);
+    assert_refused_once(&frontend, foreign, port, turn_codes::TENANT_NOT_ALLOWED).await?;
 
     // Its own tenant in any spelling runs.
     for spelling in ["t1", "T1", " t1", "t1 "] {

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use toolfleet_tests::fleet::Fleet;
 use toolfleet_tests::gateway::{
-    comparable_final, create_key, read_events, read_first_events, GatewayNode,
+    comparable_final, create_key, read_events, read_first_events, stack, GatewayNode,
 };
 use toolfleet_tests::pg::TestDatabase;
 use toolfleet_tests::{eventually_named, read_repo_json};
@@ -30,9 +29,7 @@ fn examples() -> Result<Vec<(String, Value)>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_decision_shape_gives_the_same_final_over_sse_and_json() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, TENANT).await?;
     let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     for (name, decision) in examples()? {
@@ -106,14 +103,12 @@ async fn error_code(response: reqwest::Response) -> Result<(u16, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_answer_with_their_status_and_the_json_error_shape() -> Result<()> {
-    let (mut fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
     let limits = [
         ("TOOLFLEET_GATEWAY_MAX_BODY_BYTES", "4096"),
         ("TOOLFLEET_GATEWAY_RATE_PER_S", "0.01"),
         ("TOOLFLEET_GATEWAY_BURST", "3"),
     ];
-    let gateway = GatewayNode::start(&fleet, &db, &limits).await?;
+    let (mut fleet, _coordinator, _worker, db, gateway) = stack(&limits).await?;
     let key = create_key(&db, TENANT).await?;
     let turn = json!({"decision": {"type": "final", "text": "hello"}});
     let post = |key: Option<&str>, body: &Value| {
@@ -136,7 +131,17 @@ async fn refusals_answer_with_their_status_and_the_json_error_shape() -> Result<
 
     let other_key = create_key(&db, TENANT).await?;
     let big = json!({"decision": {"type": "final", "text": "x".repeat(10_000)}});
-    let too_large = error_code(post(Some(&other_key), &big).await?).await?;
+    // The gateway answers before reading the rest and closes the connection, so this
+    // request does not hand it back to the pool for the next one.
+    let too_large = gateway
+        .http
+        .post(gateway.url("/v1/turns"))
+        .bearer_auth(&other_key)
+        .header("connection", "close")
+        .json(&big)
+        .send()
+        .await?;
+    let too_large = error_code(too_large).await?;
     assert_eq!(too_large, (413, "payload_too_large".into()));
 
     // The key's burst of 3 is spent by the 403 above and two more requests.
@@ -184,9 +189,7 @@ async fn refusals_answer_with_their_status_and_the_json_error_shape() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_catalog_lists_the_tenants_tools_in_each_format() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, TENANT).await?;
     for format in ["openai", "anthropic", "mcp", "native"] {
         let response = gateway
@@ -209,13 +212,7 @@ async fn the_catalog_lists_the_tenants_tools_in_each_format() -> Result<()> {
         .send()
         .await?;
     assert_eq!(error_code(bad).await?, (400, "invalid_request".into()));
-    let spec: Value = gateway
-        .http
-        .get(gateway.url("/openapi.json"))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let spec = gateway.get_json("/openapi.json", None).await?;
     assert!(spec["paths"]["/v1/turns"]["post"].is_object());
     assert!(spec["paths"]["/v1/tools"]["get"].is_object());
     Ok(())
@@ -277,9 +274,7 @@ fn seq(event: &toolfleet_tests::gateway::SseEvent) -> Result<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_stream_resumes_after_its_last_event_id_and_the_final_arrives_once() -> Result<()>
 {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, TENANT).await?;
 
     // The client reads the ack and the first call states, then goes away.
@@ -305,14 +300,7 @@ async fn a_dropped_stream_resumes_after_its_last_event_id_and_the_final_arrives_
     assert_eq!(all.last().map(|e| e.event.as_str()), Some("final"));
 
     // The stored turn holds the same events; a client holding the final gets 204.
-    let stored: Value = gateway
-        .http
-        .get(gateway.url("/v1/turns/resume-1"))
-        .bearer_auth(&key)
-        .send()
-        .await?
-        .json()
-        .await?;
+    let stored = gateway.get_json("/v1/turns/resume-1", Some(&key)).await?;
     assert_eq!(stored["status"], "ended");
     let stored_events = stored["events"].as_array().context("no events")?;
     assert_eq!(stored_events.len(), all.len());
@@ -332,9 +320,7 @@ async fn a_dropped_stream_resumes_after_its_last_event_id_and_the_final_arrives_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_by_id_are_read_and_cancelled_for_their_tenant_only() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, TENANT).await?;
     let other = create_key(&db, "acme").await?;
     let get = |key: &str, path: &str| gateway.http.get(gateway.url(path)).bearer_auth(key).send();
@@ -386,9 +372,7 @@ async fn turns_by_id_are_read_and_cancelled_for_their_tenant_only() -> Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_retry_of_the_same_turn_id_attaches_and_runs_the_calls_once() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, TENANT).await?;
     let mut progress = fleet.subscribe_progress().await?;
     let body = staggered("http-retry-1");
@@ -417,14 +401,8 @@ async fn an_http_retry_of_the_same_turn_id_attaches_and_runs_the_calls_once() ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_its_turn_when_so_configured() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(
-        &fleet,
-        &db,
-        &[("TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT", "true")],
-    )
-    .await?;
+    let (_fleet, _coordinator, _worker, db, gateway) =
+        stack(&[("TOOLFLEET_GATEWAY_CANCEL_ON_DISCONNECT", "true")]).await?;
     let key = create_key(&db, TENANT).await?;
     let long = json!({"turn_id": "gone-1", "decision": {"type": "tool_calls", "calls": [
         {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 5000}}

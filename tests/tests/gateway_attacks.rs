@@ -12,8 +12,7 @@ use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use toolfleet_tests::eventually_named;
-use toolfleet_tests::fleet::Fleet;
-use toolfleet_tests::gateway::{create_key, GatewayNode, HTTP_WAIT};
+use toolfleet_tests::gateway::{create_key, stack, GatewayNode, HTTP_WAIT};
 use toolfleet_tests::pg::TestDatabase;
 
 /// Guessed keys the flood sends.
@@ -113,18 +112,12 @@ async fn reconnected(client: &reqwest::Client, gateway: &GatewayNode, key: &str)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_guessed_keys_from_one_address_is_refused_before_postgres() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
     let burst = FAILURE_BURST.to_string();
     let per_min = FAILURES_PER_MIN.to_string();
-    let gateway = GatewayNode::start(
-        &fleet,
-        &db,
-        &[
-            ("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST", &burst),
-            ("TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN", &per_min),
-        ],
-    )
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[
+        ("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST", &burst),
+        ("TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN", &per_min),
+    ])
     .await?;
     let key = create_key(&db, "acme").await?;
     let honest = client_from(Ipv4Addr::new(127, 0, 0, 2))?;
@@ -216,19 +209,13 @@ async fn a_flood_of_guessed_keys_from_one_address_is_refused_before_postgres() -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valid_key_stays_cached_while_other_keys_and_guesses_fill_the_caches() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(
-        &fleet,
-        &db,
-        &[
-            ("TOOLFLEET_GATEWAY_KEY_CACHE_MS", "60000"),
-            ("TOOLFLEET_GATEWAY_KEY_CACHE_ENTRIES", "8"),
-            ("TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_ENTRIES", "8"),
-            ("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST", "200"),
-            ("TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN", "60"),
-        ],
-    )
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[
+        ("TOOLFLEET_GATEWAY_KEY_CACHE_MS", "60000"),
+        ("TOOLFLEET_GATEWAY_KEY_CACHE_ENTRIES", "8"),
+        ("TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_ENTRIES", "8"),
+        ("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST", "200"),
+        ("TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN", "60"),
+    ])
     .await?;
     let admin = db.admin().await?;
     let mut made = Vec::new();
@@ -327,9 +314,7 @@ async fn body_text(response: reqwest::Response) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_session_answers_only_the_key_that_opened_it() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let owner = create_key(&db, "acme").await?;
     let same_tenant = create_key(&db, "acme").await?;
     let other_tenant = create_key(&db, "globex").await?;

@@ -18,7 +18,7 @@ use toolfleet_tests::fleet::Fleet;
 use toolfleet_tests::gateway::{create_key, GatewayNode};
 use toolfleet_tests::pg::TestDatabase;
 use toolfleet_tests::python::venv;
-use toolfleet_tests::repo_path;
+use toolfleet_tests::{repo_path, strings_at};
 
 const REQUIREMENTS: &str = "tests/python/requirements-gateway.txt";
 /// Where Debian's chromium package puts the browser.
@@ -330,12 +330,7 @@ async fn a_browsers_event_source_follows_a_turn_with_a_stream_token_through_a_dr
     let finals = events.iter().filter(|e| e["type"] == "final").count();
     assert_eq!(finals, 1, "{report}");
     assert_eq!(events.last().map(|e| &e["type"]), Some(&"final".into()));
-    let states: Vec<&str> = report["final"]["results"]
-        .as_array()
-        .context("no results")?
-        .iter()
-        .filter_map(|r| r["state"].as_str())
-        .collect();
+    let states = strings_at(&report["final"]["results"], "/state", "the final's results")?;
     assert_eq!(states, ["done", "done", "done"], "{report}");
     // The browser reconnected by itself, naming the last event it had.
     assert!(report["opens"].as_u64() >= Some(2), "{report}");

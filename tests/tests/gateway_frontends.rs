@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use toolfleet_tests::fleet::Fleet;
-use toolfleet_tests::gateway::{create_key, read_events, read_first_events, GatewayNode, SseEvent};
-use toolfleet_tests::pg::TestDatabase;
+use toolfleet_tests::gateway::{create_key, read_events, read_first_events, stack, SseEvent};
 
 fn seq(event: &SseEvent) -> Result<u64> {
     Ok(event
@@ -33,14 +31,12 @@ async fn code(response: reqwest::Response) -> Result<(u16, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_stream_waits_for_the_turns_own_deadline_not_the_default() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
     // The gateway's default wait is 2 s; the turn asks for 60 s and its call takes 4 s.
     let short_default = [
         ("TOOLFLEET_DEFAULT_DEADLINE_MS", "1500"),
         ("TOOLFLEET_GATEWAY_FINAL_GRACE_MS", "500"),
     ];
-    let gateway = GatewayNode::start(&fleet, &db, &short_default).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&short_default).await?;
     let key = create_key(&db, "demo").await?;
     let body = json!({
         "turn_id": "long-resume-1",
@@ -81,10 +77,8 @@ async fn a_resumed_stream_waits_for_the_turns_own_deadline_not_the_default() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_token_reads_its_one_turn_and_nothing_else() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
     let ttl = [("TOOLFLEET_GATEWAY_STREAM_TOKEN_TTL_MS", "1000")];
-    let gateway = GatewayNode::start(&fleet, &db, &ttl).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&ttl).await?;
     let key = create_key(&db, "demo").await?;
     let other_tenant = create_key(&db, "acme").await?;
     let http = &gateway.http;
@@ -166,7 +160,9 @@ async fn a_stream_token_reads_its_one_turn_and_nothing_else() -> Result<()> {
         .send()
         .await?;
     assert_eq!(code(other_turn).await?, (401, "unauthorized".into()));
-    let changed = format!("{}0", &token[..token.len() - 1]);
+    // Its last hex digit changed (to another digit whatever it was).
+    let (kept, last) = token.split_at(token.len() - 1);
+    let changed = format!("{kept}{}", if last == "0" { "1" } else { "0" });
     let forged = http
         .get(gateway.url(&format!("/v1/turns/token-1/events?token={changed}")))
         .send()
@@ -174,24 +170,16 @@ async fn a_stream_token_reads_its_one_turn_and_nothing_else() -> Result<()> {
     assert_eq!(code(forged).await?, (401, "unauthorized".into()));
 
     // A stream token minted by another tenant's key reads nothing of this tenant's turn.
-    let minted: Value = http
-        .post(gateway.url("/v1/turns/token-1/stream-token"))
-        .bearer_auth(&other_tenant)
-        .send()
-        .await?
-        .json()
+    let minted = gateway
+        .post_for_json("/v1/turns/token-1/stream-token", &other_tenant)
         .await?;
     let foreign = minted["events_url"].as_str().context("no url")?;
     let refused = http.get(gateway.url(foreign)).send().await?;
     assert_eq!(code(refused).await?.0, 403);
 
     // A minted token expires after the configured TTL (1 s here).
-    let minted: Value = http
-        .post(gateway.url("/v1/turns/token-1/stream-token"))
-        .bearer_auth(&key)
-        .send()
-        .await?
-        .json()
+    let minted = gateway
+        .post_for_json("/v1/turns/token-1/stream-token", &key)
         .await?;
     let url = minted["events_url"].as_str().context("no url")?.to_string();
     assert_eq!(http.get(gateway.url(&url)).send().await?.status(), 200);
@@ -220,9 +208,7 @@ async fn a_stream_token_reads_its_one_turn_and_nothing_else() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadline_of_zero_is_refused_not_clamped() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, "demo").await?;
     let decision = json!({"type": "tool_calls", "calls": [
         {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 10}}
@@ -256,9 +242,7 @@ async fn a_deadline_of_zero_is_refused_not_clamped() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_is_in_the_json_error_shape() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, "demo").await?;
     let http = &gateway.http;
     // A method the route does not have: 405 with Allow, in the shape.

@@ -9,9 +9,7 @@ use anyhow::Result;
 use serde_json::json;
 use toolfleet_common::CallState;
 use toolfleet_packs as packs;
-use toolfleet_tests::fleet::{
-    call, read_final, result_of, timed_turn, until_state, Fleet, Running,
-};
+use toolfleet_tests::fleet::{call, read_final, result_of, until_state, Fleet, Running};
 use toolfleet_tests::{free_port, http_get, wait_http_status};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -72,10 +70,7 @@ async fn readiness_fails_while_draining_and_liveness_holds() -> Result<()> {
     }
 
     let slow = call("slow", "test.behave", json!({"sleep_ms": SLEEP_MS}));
-    let mut stream = fleet
-        .client
-        .submit(timed_turn("acme", 20_000, vec![slow]))
-        .await?;
+    let mut stream = fleet.submit_calls("acme", 20_000, vec![slow]).await?;
     until_state(&mut stream, Some("slow"), CallState::Running, WAIT).await?;
     coordinator.shutdown.cancel();
     worker.shutdown.cancel();

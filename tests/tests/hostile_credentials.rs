@@ -21,14 +21,15 @@ use futures::StreamExt;
 use serde_json::{json, Value};
 use toolfleet_common::tool::CatalogFormat;
 use toolfleet_common::turn::turn_codes;
-use toolfleet_common::{FleetClient, TurnEvent, TurnRequest};
+use toolfleet_common::{FleetClient, TurnEvent};
 use toolfleet_packs as packs;
-use toolfleet_tests::fleet::{read_to_end, turn, wait_for_catalog, worker_settings, Running};
+use toolfleet_tests::fleet::{turn, wait_for_catalog, worker_settings, Running};
 use toolfleet_tests::secured::{
-    coordinator_credentials, frontend2_credentials, frontend_credentials, loopback,
-    worker_credentials, RoleConnection, SecuredServers, EVENT_WAIT, SILENCE,
+    assert_a_turn_runs, assert_refused_once, coordinator_credentials, frontend2_credentials,
+    frontend_credentials, last_event, loopback, refused_turns, silent, worker_credentials,
+    RoleConnection, SecuredServers, EVENT_WAIT,
 };
-use toolfleet_tests::{eventually_named, free_port, http_get, metric_value};
+use toolfleet_tests::{eventually_named, free_port};
 use toolfleet_worker::WorkerConfig;
 
 /// The catalog requests of the flood.
@@ -70,26 +71,12 @@ fn demo_worker(servers: &SecuredServers, heartbeat: Duration) -> Result<Running>
     Ok(Running::worker(config, tools))
 }
 
-/// The coordinator's count of requests refused with `code`.
-async fn refused(port: u16, code: &str) -> Result<f64> {
-    let (_, text) = http_get(port, "/metrics").await?;
-    let label = format!("code=\"{code}\"");
-    Ok(metric_value(&text, "toolfleet_turns_refused_total", &[&label]).unwrap_or(0.0))
-}
-
 /// The names the catalog lists.
 fn listed(tools: &[Value]) -> Vec<String> {
     tools
         .iter()
         .filter_map(|t| t["name"].as_str().map(String::from))
         .collect()
-}
-
-/// Runs a turn to its last event.
-async fn last_event(frontend: &FleetClient, request: TurnRequest) -> Result<TurnEvent> {
-    let mut stream = frontend.submit(request).await?;
-    let events = read_to_end(&mut stream, EVENT_WAIT).await?;
-    events.last().cloned().context("no event")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +128,7 @@ async fn catalog_requests_are_answered_only_inside_the_callers_inbox() -> Result
     attacker.client.flush().await?;
     let code = turn_codes::REPLY_NOT_ALLOWED;
     eventually_named("five refusals counted", EVENT_WAIT, || async {
-        let count = refused(port, code).await.ok()?;
+        let count = refused_turns(port, code).await.ok()?;
         (count >= targets.len() as f64).then_some(())
     })
     .await?;
@@ -161,16 +148,14 @@ async fn catalog_requests_are_answered_only_inside_the_callers_inbox() -> Result
     attacker.client.flush().await?;
     let all = (targets.len() + FLOOD) as f64;
     eventually_named("the flood refused", Duration::from_secs(20), || async {
-        let count = refused(port, code).await.ok()?;
+        let count = refused_turns(port, code).await.ok()?;
         (count >= all).then_some(())
     })
     .await?;
-    assert_eq!(refused(port, code).await?, all);
+    assert_eq!(refused_turns(port, code).await?, all);
     assert_eq!(servers.messages_in(&names.jobs_stream()).await?, 0);
     assert!(
-        tokio::time::timeout(SILENCE, victim_events.next())
-            .await
-            .is_err(),
+        silent(victim_events.next()).await,
         "a catalog reached another frontend"
     );
     assert!(
@@ -195,12 +180,7 @@ async fn catalog_requests_are_answered_only_inside_the_callers_inbox() -> Result
         .catalog(CatalogFormat::Native, None, CATALOG_REQUEST)
         .await?;
     assert!(listed(&tools).contains(&"crm.getOpenInvoices".to_string()));
-    let request = turn("acme", json!({"type": "final", "text": "hello"}));
-    assert!(matches!(
-        last_event(&honest, request).await?,
-        TurnEvent::Final(_)
-    ));
-    Ok(())
+    assert_a_turn_runs(&honest).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,14 +390,8 @@ async fn a_turn_id_reused_with_another_decision_is_a_conflict() -> Result<()> {
     let TurnEvent::Final(first) = first else {
         anyhow::bail!("the first turn did not end: {first:?}");
     };
-    match last_event(&frontend, with_id("something else")).await? {
-        TurnEvent::Error { error, .. } => {
-            assert_eq!(error.code, turn_codes::TURN_ID_CONFLICT);
-            assert!(!error.retryable);
-        }
-        other => anyhow::bail!("a reused id with another decision answered {other:?}"),
-    }
-    assert_eq!(refused(port, turn_codes::TURN_ID_CONFLICT).await?, 1.0);
+    let conflicting = with_id("something else");
+    assert_refused_once(&frontend, conflicting, port, turn_codes::TURN_ID_CONFLICT).await?;
     // The same request again is a resubmission: the stored turn, replayed.
     match last_event(&frontend, with_id("your appointment is at 9")).await? {
         TurnEvent::Final(again) => assert_eq!(again.text, first.text),

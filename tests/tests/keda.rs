@@ -75,32 +75,22 @@ async fn jsz(port: u16, account: &str) -> Result<Value> {
 /// what it does not find. (Where the consumer is missing the scaler falls back to the
 /// stream's last sequence, a lag that never drains: counted as not found here.)
 fn keda_lag(jsz: &Value, trigger: &Trigger) -> Result<u64, String> {
-    let accounts = jsz["account_details"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let account = accounts
-        .iter()
-        .find(|a| a["name"] == trigger.account.as_str())
-        .ok_or_else(|| format!("account {} not found", trigger.account))?;
-    let streams = account["stream_detail"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let stream = streams
-        .iter()
-        .find(|s| s["name"] == trigger.stream.as_str())
-        .ok_or_else(|| format!("stream {} not found", trigger.stream))?;
-    let consumers = stream["consumer_detail"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let consumer = consumers
-        .iter()
-        .find(|c| c["name"] == trigger.consumer.as_str())
-        .ok_or_else(|| format!("consumer {} not found", trigger.consumer))?;
+    let account = named(&jsz["account_details"], "account", &trigger.account)?;
+    let stream = named(&account["stream_detail"], "stream", &trigger.stream)?;
+    let consumer = named(&stream["consumer_detail"], "consumer", &trigger.consumer)?;
     let count = |key: &str| consumer[key].as_u64().unwrap_or(0);
     Ok(count("num_pending") + count("num_ack_pending"))
+}
+
+/// The entry of the `/jsz` list `list` (an account's, a stream's or a consumer's)
+/// whose `name` is `name`; `what` names the kind in the error. A missing list reads as
+/// an empty one, as the scaler reads it.
+fn named<'a>(list: &'a Value, what: &str, name: &str) -> Result<&'a Value, String> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .find(|entry| entry["name"] == name)
+        .ok_or_else(|| format!("{what} {name} not found"))
 }
 
 /// Every trigger's lag from the server's `/jsz`, in trigger order.

@@ -10,6 +10,7 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::redis_client::{self, RedisConnection};
 use toolfleet_common::{CallResult, JobEnvelope, Names, ToolCall};
 use toolfleet_coordinator::join::{CallEntry, Created, Emitted, JoinStore, NewTurn, StoredFinal};
+use toolfleet_tests::fleet::new_turn;
 
 /// Above what one Lua `unpack` takes: 2 × 5,000 values of calls, as many of results.
 const CALLS: usize = 5_000;
@@ -83,22 +84,12 @@ async fn a_turn_of_ten_thousand_values_is_created_and_ended() -> Result<()> {
         .map(|seq| json!({"seq": seq}).to_string())
         .collect();
     let new = NewTurn {
-        turn_id,
-        reply: "reply.subject",
-        digest: "",
-        tenant: "acme",
-        deadline_unix_ms: unix_ms() + 60_000,
         paced: true,
         calls,
         results,
-        ttl_ms: 120_000,
-        created_unix_ms: unix_ms(),
-        traceparent: "",
-        trace: "",
-        caller: "frontend",
         events,
-        ended: false,
         queued,
+        ..new_turn(turn_id)
     };
     assert_eq!(store.create(new).await?, Created::New);
 

@@ -11,8 +11,10 @@ use serde_json::{json, Value};
 use toolfleet_common::call::codes;
 use toolfleet_common::turn::turn_codes;
 use toolfleet_common::TurnEvent;
+use toolfleet_coordinator::CoordinatorConfig;
 use toolfleet_tests::fleet::{
-    assert_one_error, call, code_at, read_to_end, result_of, timed_turn, turn, Fleet,
+    assert_one_error, call, code_at, read_to_end, result_of, sleeping_calls, timed_turn, turn,
+    Fleet, Running,
 };
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
@@ -58,15 +60,25 @@ async fn a_call_too_large_for_the_server_fails_alone() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A fresh fleet whose coordinator runs with the settings `tune` makes, beside a worker
+/// of the testing tools, once `serving` is listed.
+async fn tuned_fleet(
+    tune: impl FnOnce(&mut CoordinatorConfig),
+    serving: &str,
+) -> anyhow::Result<(Fleet, (Running, Running))> {
+    let fleet = Fleet::start().await?;
+    let mut config = fleet.coordinator_config();
+    tune(&mut config);
+    let tools = toolfleet_packs::testing::tools();
+    let nodes = fleet.start_with(config, tools, &[serving]).await?;
+    Ok((fleet, nodes))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_context_over_the_limit_refuses_its_turn() -> anyhow::Result<()> {
     let _beside_the_burst = BURST.read().await;
-    let fleet = Fleet::start().await?;
-    let mut config = fleet.coordinator_config();
-    config.max_context_bytes = 4096;
-    let _nodes = fleet
-        .start_with(config, toolfleet_packs::testing::tools(), &["test.behave"])
-        .await?;
+    let tune = |config: &mut CoordinatorConfig| config.max_context_bytes = 4096;
+    let (fleet, _nodes) = tuned_fleet(tune, "test.behave").await?;
     let calls = vec![call("a", "test.behave", json!({"value": 1}))];
 
     let mut request = timed_turn("acme", 5000, calls.clone());
@@ -101,42 +113,47 @@ enum Ending {
     Overloaded,
 }
 
+/// A burst of `turns` turns submitted at once, each in a task of its own: turn `i` of
+/// `calls(i)` with a deadline of `deadline_ms`, read to its end (for as long), and its
+/// last event judged by `ending`.
+fn burst<T: Send + 'static>(
+    fleet: &Fleet,
+    turns: usize,
+    deadline_ms: u64,
+    calls: impl Fn(usize) -> Vec<Value>,
+    ending: impl Fn(usize, Option<&TurnEvent>) -> anyhow::Result<T> + Copy + Send + 'static,
+) -> tokio::task::JoinSet<anyhow::Result<T>> {
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..turns {
+        let client = fleet.client.clone();
+        let request = timed_turn("acme", deadline_ms, calls(i));
+        burst.spawn(async move {
+            let mut stream = client.submit(request).await?;
+            let events = read_to_end(&mut stream, Duration::from_millis(deadline_ms)).await?;
+            ending(i, events.last())
+        });
+    }
+    burst
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_the_bound_is_refused_with_overloaded() -> anyhow::Result<()> {
     let _alone = BURST.write().await;
     const TURNS: usize = 10_000;
     const BOUND: usize = 200;
-    let fleet = Fleet::start().await?;
-    let mut config = fleet.coordinator_config();
-    config.max_turns_in_progress = BOUND;
-    let _nodes = fleet
-        .start_with(config, toolfleet_packs::testing::tools(), &["test.behave"])
-        .await?;
+    let tune = |config: &mut CoordinatorConfig| config.max_turns_in_progress = BOUND;
+    let (fleet, _nodes) = tuned_fleet(tune, "test.behave").await?;
 
-    let mut turns = tokio::task::JoinSet::new();
-    for i in 0..TURNS {
-        let client = fleet.client.clone();
-        turns.spawn(async move {
-            let calls = vec![call(
-                &format!("c{i}"),
-                "test.behave",
-                json!({"sleep_ms": 300, "value": i}),
-            )];
-            let mut stream = client.submit(timed_turn("acme", 60_000, calls)).await?;
-            let events = read_to_end(&mut stream, Duration::from_secs(60)).await?;
-            match events.last() {
-                Some(TurnEvent::Final(fin)) if fin.results.iter().all(|r| r.ok) => {
-                    Ok(Ending::Final)
-                }
-                Some(TurnEvent::Error { error, .. })
-                    if error.code == turn_codes::OVERLOADED && error.retryable =>
-                {
-                    Ok(Ending::Overloaded)
-                }
-                other => anyhow::bail!("turn {i} ended otherwise: {other:?}"),
-            }
-        });
-    }
+    let calls = |i| sleeping_calls([i], 300);
+    let mut turns = burst(&fleet, TURNS, 60_000, calls, |i, last| match last {
+        Some(TurnEvent::Final(fin)) if fin.results.iter().all(|r| r.ok) => Ok(Ending::Final),
+        Some(TurnEvent::Error { error, .. })
+            if error.code == turn_codes::OVERLOADED && error.retryable =>
+        {
+            Ok(Ending::Overloaded)
+        }
+        other => anyhow::bail!("turn {i} ended otherwise: {other:?}"),
+    });
     let (mut finals, mut overloaded) = (0, 0);
     let all = tokio::time::timeout(Duration::from_secs(240), async {
         while let Some(joined) = turns.join_next().await {
@@ -167,27 +184,15 @@ async fn a_burst_beyond_the_bound_is_refused_with_overloaded() -> anyhow::Result
 async fn a_burst_wider_than_the_intake_waits_and_every_turn_ends() -> anyhow::Result<()> {
     let _beside_the_burst = BURST.read().await;
     const TURNS: usize = 200;
-    let fleet = Fleet::start().await?;
-    let mut config = fleet.coordinator_config();
     // One request taken in at a time: the other 199 wait in the subscription.
-    config.intake_concurrency = 1;
-    let _nodes = fleet
-        .start_with(config, toolfleet_packs::testing::tools(), &["test.noop"])
-        .await?;
+    let tune = |config: &mut CoordinatorConfig| config.intake_concurrency = 1;
+    let (fleet, _nodes) = tuned_fleet(tune, "test.noop").await?;
 
-    let mut turns = tokio::task::JoinSet::new();
-    for i in 0..TURNS {
-        let client = fleet.client.clone();
-        turns.spawn(async move {
-            let calls = vec![call(&format!("c{i}"), "test.noop", json!({}))];
-            let mut stream = client.submit(timed_turn("acme", 30_000, calls)).await?;
-            let events = read_to_end(&mut stream, Duration::from_secs(30)).await?;
-            match events.last() {
-                Some(TurnEvent::Final(fin)) if fin.summary.ok == 1 => anyhow::Ok(()),
-                other => anyhow::bail!("turn {i} ended otherwise: {other:?}"),
-            }
-        });
-    }
+    let calls = |i| vec![call(&format!("c{i}"), "test.noop", json!({}))];
+    let mut turns = burst(&fleet, TURNS, 30_000, calls, |i, last| match last {
+        Some(TurnEvent::Final(fin)) if fin.summary.ok == 1 => anyhow::Ok(()),
+        other => anyhow::bail!("turn {i} ended otherwise: {other:?}"),
+    });
     let mut finals = 0;
     tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(joined) = turns.join_next().await {

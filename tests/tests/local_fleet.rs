@@ -11,8 +11,8 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 use toolfleet_common::CallState;
-use toolfleet_tests::fleet::{call, checkout_cli, result_of, Fleet};
-use toolfleet_tests::{free_port, python};
+use toolfleet_tests::fleet::{call, checkout_cli, crm_call, result_of, Fleet};
+use toolfleet_tests::{child_command, free_port, python};
 
 const EVENT_WAIT: Duration = Duration::from_secs(20);
 /// Longest a refusing command may take to exit.
@@ -20,23 +20,14 @@ const REFUSAL_WAIT: Duration = Duration::from_secs(10);
 
 /// `toolfleet up` with `args`, on `fleet`'s servers and prefix, with `env`; killed on drop.
 async fn up(fleet: &Fleet, args: &[&str], env: &[(&str, &str)]) -> Result<Child> {
-    let mut command = Command::new(checkout_cli().await?);
+    let mut command = child_command(checkout_cli().await?, Stdio::null());
     command
         .arg("up")
         .args(args)
-        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
-        .env("TOOLFLEET_REDIS_URL", fleet.redis.url())
-        .env("TOOLFLEET_PREFIX", fleet.names.prefix())
-        .env("RUST_LOG", "warn")
+        .envs(fleet.servers_env())
         .env_remove("TOOLFLEET_HTTP_ADDR")
         .env_remove("TOOLFLEET_MCP_SERVERS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    for (name, value) in env {
-        command.env(name, value);
-    }
+        .envs(env.iter().copied());
     Ok(command.spawn()?)
 }
 
@@ -92,11 +83,7 @@ async fn up_serves_the_mcp_pack_beside_demo_with_the_usual_ops_ports_taken() -> 
         .run_calls(
             "demo",
             vec![
-                call(
-                    "c1",
-                    "crm.listUpcomingAppointments",
-                    json!({"customerId": "cust_001"}),
-                ),
+                crm_call("c1", "crm.listUpcomingAppointments", "cust_001"),
                 call("c2", "local.forecast", json!({"city": "Oslo"})),
                 call("c3", "local.learn", json!({"name": "shout"})),
             ],
@@ -150,11 +137,7 @@ async fn up_gives_the_worker_its_own_ops_port_beside_toolfleet_http_addr() -> Re
     let outcome = fleet
         .run_calls(
             "demo",
-            vec![call(
-                "c1",
-                "crm.listUpcomingAppointments",
-                json!({"customerId": "cust_001"}),
-            )],
+            vec![crm_call("c1", "crm.listUpcomingAppointments", "cust_001")],
             EVENT_WAIT,
         )
         .await?;

@@ -5,14 +5,11 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde_json::Value;
-use tokio::process::Command;
-use toolfleet_tests::fleet::Fleet;
-use toolfleet_tests::gateway::{create_key, GatewayNode};
-use toolfleet_tests::pg::TestDatabase;
-use toolfleet_tests::python::venv;
-use toolfleet_tests::repo_path;
+use toolfleet_tests::gateway::{create_key, stack};
+use toolfleet_tests::python::{script_json, venv};
+use toolfleet_tests::strings_at;
 
 const REQUIREMENTS: &str = "tests/python/requirements-mcp.txt";
 
@@ -26,44 +23,19 @@ async fn client_with(
     key: &str,
     extra: &[&str],
 ) -> Result<Value> {
-    let out = tokio::time::timeout(
-        Duration::from_secs(120),
-        Command::new(python)
-            .arg(repo_path("tests/python/mcp_client.py"))
-            .arg(url)
-            .arg(key)
-            .args(extra)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .context("the MCP client hung")??;
-    if !out.status.success() {
-        bail!(
-            "mcp_client.py failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    serde_json::from_slice(&out.stdout)
-        .with_context(|| String::from_utf8_lossy(&out.stdout).to_string())
+    let args = [&[url, key][..], extra].concat();
+    script_json(python, "tests/python/mcp_client.py", &args).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_client_lists_and_calls_the_tenants_fleet_tools() -> Result<()> {
     let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, "acme").await?;
     let url = format!("{}/mcp", gateway.base);
 
     let seen = client(&python, &url, &key).await?;
-    let tools: Vec<&str> = seen["tools"]
-        .as_array()
-        .context("tools")?
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let tools = strings_at(&seen["tools"], "", "tools")?;
     assert!(tools.contains(&"crm.getOpenInvoices"), "{tools:?}");
     assert!(tools.contains(&"test.behave"), "{tools:?}");
 
@@ -72,12 +44,7 @@ async fn an_mcp_client_lists_and_calls_the_tenants_fleet_tools() -> Result<()> {
     assert_eq!(ok["structured"]["value"], "from mcp", "{ok}");
     assert_eq!(ok["structured"]["tenant_id"], "acme", "{ok}");
     // The client asked for progress: the call's states came as notifications.
-    let progress: Vec<&str> = seen["progress"]
-        .as_array()
-        .context("progress")?
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
+    let progress = strings_at(&seen["progress"], "", "progress")?;
     assert!(progress.contains(&"done"), "{progress:?}");
 
     assert_eq!(seen["failing"]["is_error"], true, "{}", seen["failing"]);
@@ -93,9 +60,7 @@ async fn an_mcp_client_lists_and_calls_the_tenants_fleet_tools() -> Result<()> {
 async fn a_call_the_mcp_client_abandons_cancels_its_turn() -> Result<()> {
     use futures::StreamExt;
     let python = venv(env!("CARGO_TARGET_TMPDIR"), REQUIREMENTS).await?;
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, "acme").await?;
     // Cancelled turns are announced to the workers on `<p>.cancelled.<turn>`.
     let mut cancelled = fleet

@@ -79,19 +79,58 @@ fn servers_file(dir: &Path, python: &Path, marker: &Path, url: Option<&str>) -> 
     Ok(path)
 }
 
-/// A coordinator and a worker serving the `mcp` pack of `file`, in-process.
-async fn mcp_fleet(fleet: &Fleet, file: PathBuf) -> Result<(Running, Running, StartedPacks)> {
+/// One test's MCP servers: the stdio server `local` napping into `marker` and, when
+/// asked for, the HTTP server `remote` (killed on drop), named in the servers `file`.
+struct Servers {
+    marker: PathBuf,
+    file: PathBuf,
+    _dir: tempfile::TempDir,
+    _http: Option<Child>,
+}
+
+impl Servers {
+    /// The servers of [`servers_file`] in a new temporary folder, `remote` when `http`.
+    async fn start(http: bool) -> Result<Self> {
+        let python = python().await?;
+        let dir = tempfile::tempdir()?;
+        let (child, url) = match http {
+            true => {
+                let (child, url) = http_server(&python).await?;
+                (Some(child), Some(url))
+            }
+            false => (None, None),
+        };
+        let marker = dir.path().join("naps");
+        let file = servers_file(dir.path(), &python, &marker, url.as_deref())?;
+        Ok(Self {
+            marker,
+            file,
+            _dir: dir,
+            _http: child,
+        })
+    }
+}
+
+/// One test's [`Servers`] (`remote` when `http`), a fresh fleet, and a coordinator and
+/// a worker serving the `mcp` pack of those servers in-process, once `tools` are served.
+async fn mcp_fleet(
+    http: bool,
+    tools: &[&str],
+) -> Result<(Servers, Fleet, Running, Running, StartedPacks)> {
+    let servers = Servers::start(http).await?;
+    let fleet = Fleet::start().await?;
     let settings = PackSettings {
-        mcp_servers_file: Some(file),
+        mcp_servers_file: Some(servers.file.clone()),
         ..PackSettings::default()
     };
     let packs = start_packs(&["mcp"], &settings).await?;
     let coordinator = fleet.coordinator(fleet.coordinator_config());
-    let (config, tools) = (fleet.worker_config(), packs.tools.clone());
+    let (config, pack_tools) = (fleet.worker_config(), packs.tools.clone());
     let worker = Running::spawn("worker", |token| {
-        toolfleet_worker::run_set(config, tools, token)
+        toolfleet_worker::run_set(config, pack_tools, token)
     });
-    Ok((coordinator, worker, packs))
+    fleet.wait_for_tools(tools).await?;
+    Ok((servers, fleet, coordinator, worker, packs))
 }
 
 /// Whether the two results' execution intervals overlap.
@@ -126,21 +165,16 @@ async fn definition(fleet: &Fleet, name: &str) -> Result<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdio_and_http_servers_answer_one_turn() -> Result<()> {
-    let python = python().await?;
-    let dir = tempfile::tempdir()?;
-    let (_http, url) = http_server(&python).await?;
-    let marker = dir.path().join("naps");
-    let file = servers_file(dir.path(), &python, &marker, Some(&url))?;
-    let fleet = Fleet::start().await?;
-    let (_c, _w, packs) = mcp_fleet(&fleet, file).await?;
-    fleet
-        .wait_for_tools(&[
+    let (_servers, fleet, _c, _w, packs) = mcp_fleet(
+        true,
+        &[
             "local.nap",
             "local.fail",
             "local.forecast",
             "remote.forecast",
-        ])
-        .await?;
+        ],
+    )
+    .await?;
 
     // What the servers said about their tools, as the fleet announces them.
     let forecast = definition(&fleet, "remote.forecast").await?;
@@ -213,13 +247,7 @@ fn nap_pids(marker: &Path) -> Vec<i32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_stdio_server_fails_its_call_and_comes_back() -> Result<()> {
-    let python = python().await?;
-    let dir = tempfile::tempdir()?;
-    let marker = dir.path().join("naps");
-    let file = servers_file(dir.path(), &python, &marker, None)?;
-    let fleet = Fleet::start().await?;
-    let (_c, _w, packs) = mcp_fleet(&fleet, file).await?;
-    fleet.wait_for_tools(&["local.nap", "local.fail"]).await?;
+    let (servers, fleet, _c, _w, packs) = mcp_fleet(false, &["local.nap", "local.fail"]).await?;
 
     let calls = vec![call("long", "local.nap", json!({"ms": 5000}))];
     let mut stream = fleet
@@ -230,7 +258,7 @@ async fn a_killed_stdio_server_fails_its_call_and_comes_back() -> Result<()> {
         ))
         .await?;
     let pid = eventually_named("the server to start the nap", EVENT_WAIT, || {
-        let pids = nap_pids(&marker);
+        let pids = nap_pids(&servers.marker);
         async move { pids.first().copied() }
     })
     .await?;
@@ -247,16 +275,11 @@ async fn a_killed_stdio_server_fails_its_call_and_comes_back() -> Result<()> {
     // Its tools left the catalog with it, and come back with the restarted server.
     fleet.wait_for_tool_gone("local.nap").await?;
     fleet.wait_for_tools(&["local.nap", "local.fail"]).await?;
-    let outcome = fleet
-        .run_calls(
-            "acme",
-            vec![call("short", "local.nap", json!({"ms": 10}))],
-            EVENT_WAIT,
-        )
+    let short = fleet
+        .run_one("acme", "short", "local.nap", json!({"ms": 10}), EVENT_WAIT)
         .await?;
-    let short = result_of(&outcome.final_event, "short")?;
     assert_eq!(short.state, CallState::Done, "{short:?}");
-    let pids = nap_pids(&marker);
+    let pids = nap_pids(&servers.marker);
     assert_eq!(pids.len(), 2, "{pids:?}");
     assert_ne!(pids[0], pids[1], "a new server process answered");
     packs.stop().await;
@@ -265,59 +288,30 @@ async fn a_killed_stdio_server_fails_its_call_and_comes_back() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_catalog_follows_a_changing_tool_list() -> Result<()> {
-    let python = python().await?;
-    let dir = tempfile::tempdir()?;
-    let (_http, url) = http_server(&python).await?;
-    let marker = dir.path().join("naps");
-    let file = servers_file(dir.path(), &python, &marker, Some(&url))?;
-    let fleet = Fleet::start().await?;
-    let (_c, _w, packs) = mcp_fleet(&fleet, file).await?;
-    fleet
-        .wait_for_tools(&["local.learn", "remote.learn"])
-        .await?;
+    let (_servers, fleet, _c, _w, packs) =
+        mcp_fleet(true, &["local.learn", "remote.learn"]).await?;
 
     for server in ["local", "remote"] {
         let learned = format!("{server}.echo_{server}");
-        let outcome = fleet
-            .run_calls(
-                "acme",
-                vec![call(
-                    "learn",
-                    &format!("{server}.learn"),
-                    json!({"name": format!("echo_{server}")}),
-                )],
-                EVENT_WAIT,
-            )
+        let name = json!({"name": format!("echo_{server}")});
+        let learn = format!("{server}.learn");
+        let learn = fleet
+            .run_one("acme", "learn", &learn, name.clone(), EVENT_WAIT)
             .await?;
-        let learn = result_of(&outcome.final_event, "learn")?;
         assert_eq!(learn.state, CallState::Done, "{learn:?}");
         fleet.wait_for_tools(&[&learned]).await?;
 
-        let outcome = fleet
-            .run_calls(
-                "acme",
-                vec![call("echo", &learned, json!({"text": "hello"}))],
-                EVENT_WAIT,
-            )
+        let text = json!({"text": "hello"});
+        let echo = fleet
+            .run_one("acme", "echo", &learned, text, EVENT_WAIT)
             .await?;
-        let echo = result_of(&outcome.final_event, "echo")?;
         assert_eq!(echo.result, Some(json!("hello")), "{echo:?}");
 
-        let outcome = fleet
-            .run_calls(
-                "acme",
-                vec![call(
-                    "forget",
-                    &format!("{server}.forget"),
-                    json!({"name": format!("echo_{server}")}),
-                )],
-                EVENT_WAIT,
-            )
+        let forget = format!("{server}.forget");
+        let forget = fleet
+            .run_one("acme", "forget", &forget, name, EVENT_WAIT)
             .await?;
-        assert_eq!(
-            result_of(&outcome.final_event, "forget")?.state,
-            CallState::Done
-        );
+        assert_eq!(forget.state, CallState::Done);
         fleet.wait_for_tool_gone(&learned).await?;
     }
     packs.stop().await;
@@ -326,13 +320,7 @@ async fn the_catalog_follows_a_changing_tool_list() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_the_deadline_is_cancelled_on_the_server() -> Result<()> {
-    let python = python().await?;
-    let dir = tempfile::tempdir()?;
-    let marker = dir.path().join("naps");
-    let file = servers_file(dir.path(), &python, &marker, None)?;
-    let fleet = Fleet::start().await?;
-    let (_c, _w, packs) = mcp_fleet(&fleet, file).await?;
-    fleet.wait_for_tools(&["local.nap"]).await?;
+    let (servers, fleet, _c, _w, packs) = mcp_fleet(false, &["local.nap"]).await?;
 
     let request = toolfleet_tests::fleet::timed_turn(
         "acme",
@@ -345,7 +333,7 @@ async fn a_call_past_the_deadline_is_cancelled_on_the_server() -> Result<()> {
     // The runner dropped the call at the deadline; the server heard
     // `notifications/cancelled` and stopped the nap.
     let cancelled = eventually_named("the server to cancel the nap", EVENT_WAIT, || {
-        let text = std::fs::read_to_string(&marker).unwrap_or_default();
+        let text = std::fs::read_to_string(&servers.marker).unwrap_or_default();
         async move {
             text.lines()
                 .any(|l| l.starts_with("cancelled "))
@@ -360,14 +348,10 @@ async fn a_call_past_the_deadline_is_cancelled_on_the_server() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_call_continues_the_turn_trace() -> Result<()> {
-    let python = python().await?;
-    let dir = tempfile::tempdir()?;
-    let (_http, url) = http_server(&python).await?;
-    let marker = dir.path().join("naps");
-    let file = servers_file(dir.path(), &python, &marker, Some(&url))?;
+    let servers = Servers::start(true).await?;
     let receiver = toolfleet_tests::otlp::OtlpReceiver::start().await?;
     let mut fleet = Fleet::start().await?;
-    let file = file.display().to_string();
+    let file = servers.file.display().to_string();
     let env = [
         ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint()),
         ("OTEL_BSP_SCHEDULE_DELAY", "100".to_string()),

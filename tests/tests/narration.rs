@@ -15,7 +15,7 @@ use serde_json::json;
 use toolfleet_common::CallState;
 use toolfleet_coordinator::narrate::FALLBACK;
 use toolfleet_packs::crm::{CUSTOMER_NOT_FOUND, CUSTOMER_NOT_FOUND_SENTENCE};
-use toolfleet_tests::fleet::{call, call_ids, code_of, result_of, Fleet};
+use toolfleet_tests::fleet::{call, call_ids, code_of, crm_call, result_of, Fleet};
 use toolfleet_worker::{Tool, ToolContext, ToolError, ToolOutput};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
@@ -26,13 +26,7 @@ async fn twelve_calls_for_an_unknown_customer_speak_one_sentence() -> anyhow::Re
     let ids: Vec<String> = (1..=12).map(|i| format!("bill_{i:02}")).collect();
     let calls = ids
         .iter()
-        .map(|id| {
-            call(
-                id,
-                "crm.getOpenInvoices",
-                json!({"customerId": "cust_nobody"}),
-            )
-        })
+        .map(|id| crm_call(id, "crm.getOpenInvoices", "cust_nobody"))
         .collect();
     let outcome = fleet.run_calls("acme", calls, EVENT_WAIT).await?;
     let fin = &outcome.final_event;
@@ -109,11 +103,7 @@ async fn a_mixed_turn_is_heard_in_words_with_every_failure_in_one_sentence() -> 
         .start_with(fleet.coordinator_config(), tools, &names)
         .await?;
     let calls = vec![
-        call(
-            "appointments",
-            "crm.listUpcomingAppointments",
-            json!({"customerId": "cust_002"}),
-        ),
+        crm_call("appointments", "crm.listUpcomingAppointments", "cust_002"),
         call("orders", "aa.orders.status", json!({})),
         call("stats", "aa.text.stats", json!({})),
         call("invented", "aa.nope", json!({})),

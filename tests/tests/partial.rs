@@ -9,8 +9,8 @@ use toolfleet_common::{CallState, TurnEvent, TurnOptions};
 use toolfleet_coordinator::narrate::FALLBACK;
 use toolfleet_packs as packs;
 use toolfleet_tests::fleet::{
-    assert_one_error, call, call_ids, code_at, code_of, result_of, tool_calls, turn, value_at,
-    Fleet,
+    assert_one_error, call, call_ids, code_at, code_of, crm_call, result_of, tool_calls, turn,
+    value_at, Fleet,
 };
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
@@ -168,11 +168,7 @@ async fn tenant_policy_refuses_calls() -> anyhow::Result<()> {
         .await?;
 
     let calls = vec![
-        call(
-            "crm",
-            "crm.getOpenInvoices",
-            json!({"customerId": "cust_001"}),
-        ),
+        crm_call("crm", "crm.getOpenInvoices", "cust_001"),
         call("test", "test.behave", json!({})),
         call(
             "other_tenant",

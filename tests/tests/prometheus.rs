@@ -303,6 +303,18 @@ impl Prometheus {
         })
     }
 
+    /// [`Self::until_firing`] within the usual [`FIRES_WITHIN`].
+    async fn until_fires(
+        &self,
+        alert: &str,
+        labels: &[(&str, &str)],
+        since: Instant,
+        failure: &str,
+    ) -> Result<Duration> {
+        self.until_firing(alert, labels, since, failure, FIRES_WITHIN)
+            .await
+    }
+
     /// Waits (at most `within`) until `alert` with `labels` fires; the time since
     /// `since`, printed as the alert's time to firing after `failure`.
     async fn until_firing(
@@ -422,6 +434,13 @@ impl Scene {
         })
     }
 
+    /// A default fleet ([`Self::start`] with no extra settings) watched with `rules`.
+    async fn start_watched(rules: Rules) -> Result<(Self, Prometheus)> {
+        let scene = Self::start(&[], &[]).await?;
+        let prometheus = scene.watched(rules).await?;
+        Ok((scene, prometheus))
+    }
+
     /// A Prometheus with `rules` scraping the coordinator and the worker, both up.
     async fn watched(&self, rules: Rules) -> Result<Prometheus> {
         let prometheus = Prometheus::start(
@@ -438,23 +457,26 @@ impl Scene {
 }
 
 /// Turns until aborted, one after another, each of `calls` (made fresh for each turn by
-/// its number) with `deadline_ms`; how many were submitted is counted in `submitted`.
+/// its number) with `deadline_ms`; with the count of turns submitted so far.
 fn turns_in_a_loop(
-    client: toolfleet_common::FleetClient,
+    client: &toolfleet_common::FleetClient,
     deadline_ms: u64,
     pause: Duration,
-    submitted: Arc<AtomicU64>,
     calls: impl Fn(u64) -> Vec<Value> + Send + 'static,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+) -> (tokio::task::JoinHandle<()>, Arc<AtomicU64>) {
+    let client = client.clone();
+    let submitted = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&submitted);
+    let turns = tokio::spawn(async move {
         for n in 0u64.. {
             let turn = timed_turn("acme", deadline_ms, calls(n));
-            submitted.fetch_add(1, Ordering::SeqCst);
+            counted.fetch_add(1, Ordering::SeqCst);
             let wait = Duration::from_millis(deadline_ms) + Duration::from_secs(3);
             let _ = client.run_turn(turn, wait).await;
             tokio::time::sleep(pause).await;
         }
-    })
+    });
+    (turns, submitted)
 }
 
 /// Turns until aborted: each with a failing `test.behave` call, a slow one that succeeds
@@ -510,7 +532,10 @@ async fn dashboard_has_data(p_port: u16) -> Result<()> {
 
 /// The values of the series `query` selects, by their labels' text.
 async fn series(port: u16, query: &str) -> Option<Vec<(Value, String)>> {
-    let path = format!("/api/v1/query?query={}", encode(query));
+    let path = format!(
+        "/api/v1/query?query={}",
+        toolfleet_tests::dashboard::encode(query)
+    );
     let (status, body) = http_get(port, &path).await.ok()?;
     let body: Value = serde_json::from_str(&body).ok().filter(|_| status == 200)?;
     let results = body["data"]["result"].as_array()?;
@@ -527,26 +552,13 @@ async fn series(port: u16, query: &str) -> Option<Vec<(Value, String)>> {
     )
 }
 
-/// `text` percent-encoded for a query string.
-fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 /// How long a scaled alert may take to fire.
 const FIRES_WITHIN: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Result<()> {
     const ALERT: &str = "ToolfleetToolErrorRatioHigh";
-    let scene = Scene::start(&[], &[]).await?;
-    let prometheus = scene.watched(Rules::Scaled).await?;
+    let (scene, prometheus) = Scene::start_watched(Rules::Scaled).await?;
     let started = Instant::now();
     let storm = tokio::spawn(storm(scene.fleet.client.clone()));
     let tool = [("gen_ai_tool_name", "test.behave")];
@@ -559,7 +571,7 @@ async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Resul
     .await?;
     let failure = "a tool failing a third of its calls";
     prometheus
-        .until_firing(ALERT, &tool, started, failure, FIRES_WITHIN)
+        .until_fires(ALERT, &tool, started, failure)
         .await?;
     let healthy = [("gen_ai_tool_name", "test.noop")];
     assert_eq!(prometheus.state(ALERT, &healthy).await, None);
@@ -578,8 +590,7 @@ async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Resul
 async fn failure_counters_start_at_zero_and_the_first_recreated_stream_fires_its_alert(
 ) -> Result<()> {
     const ALERT: &str = "ToolfleetTopologyRecreated";
-    let scene = Scene::start(&[], &[]).await?;
-    let prometheus = scene.watched(Rules::Shipped).await?;
+    let (scene, prometheus) = Scene::start_watched(Rules::Shipped).await?;
 
     // Each series exists, at 0, before anything failed.
     let mut at_zero = vec![
@@ -640,7 +651,7 @@ async fn failure_counters_start_at_zero_and_the_first_recreated_stream_fires_its
     )
     .await?;
     prometheus
-        .until_firing(ALERT, &[], lost, "the jobs stream deleted", FIRES_WITHIN)
+        .until_fires(ALERT, &[], lost, "the jobs stream deleted")
         .await?;
     prometheus.stop().await
 }
@@ -650,8 +661,7 @@ async fn failure_counters_start_at_zero_and_the_first_recreated_stream_fires_its
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ten_second_nats_outage_fires_the_shipped_nats_errors_alert() -> Result<()> {
     const ALERT: &str = "ToolfleetNatsErrors";
-    let mut scene = Scene::start(&[], &[]).await?;
-    let prometheus = scene.watched(Rules::Shipped).await?;
+    let (mut scene, prometheus) = Scene::start_watched(Rules::Shipped).await?;
     assert_eq!(prometheus.state(ALERT, &[]).await, None);
 
     let down = Instant::now();
@@ -709,33 +719,17 @@ async fn a_redis_outage_fires_redis_errors_and_refused_turns_and_clears_after_re
 
     let down = Instant::now();
     scene.fleet.redis.stop().await;
-    let submitted = Arc::new(AtomicU64::new(0));
-    let turns = turns_in_a_loop(
-        scene.fleet.client.clone(),
-        2000,
-        Duration::from_millis(200),
-        Arc::clone(&submitted),
-        |n| vec![call(&format!("n{n}"), "test.noop", json!({}))],
-    );
+    let (turns, submitted) =
+        turns_in_a_loop(&scene.fleet.client, 2000, Duration::from_millis(200), |n| {
+            vec![call(&format!("n{n}"), "test.noop", json!({}))]
+        });
     let failure = "Redis stopped";
 
     scaled
-        .until_firing(
-            "ToolfleetRedisErrors",
-            &at_coordinator,
-            down,
-            failure,
-            FIRES_WITHIN,
-        )
+        .until_fires("ToolfleetRedisErrors", &at_coordinator, down, failure)
         .await?;
     scaled
-        .until_firing(
-            "ToolfleetTurnsRefusedUnavailable",
-            &[],
-            down,
-            failure,
-            FIRES_WITHIN,
-        )
+        .until_fires("ToolfleetTurnsRefusedUnavailable", &[], down, failure)
         .await?;
     // The heartbeat keeps its period (500 ms here) while Redis is away.
     let beats = ["operation=\"heartbeat\""];
@@ -805,40 +799,23 @@ async fn a_redis_outage_fires_redis_errors_and_refused_turns_and_clears_after_re
 /// ToolfleetTargetDown fires for the job through `absent()`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_gone_fires_no_live_worker_and_target_down_then_absent() -> Result<()> {
-    let mut scene = Scene::start(&[], &[]).await?;
-    let prometheus = scene.watched(Rules::Scaled).await?;
+    let (mut scene, prometheus) = Scene::start_watched(Rules::Scaled).await?;
     let worker = scene.worker;
 
     let killed = Instant::now();
     scene.fleet.kill_node(worker.pid).await?;
-    let turns = turns_in_a_loop(
-        scene.fleet.client.clone(),
-        2000,
-        Duration::from_millis(100),
-        Arc::new(AtomicU64::new(0)),
-        |n| vec![call(&format!("n{n}"), "test.noop", json!({}))],
-    );
+    let (turns, _) = turns_in_a_loop(&scene.fleet.client, 2000, Duration::from_millis(100), |n| {
+        vec![call(&format!("n{n}"), "test.noop", json!({}))]
+    });
     let failure = "the only worker killed";
     let tool = [("gen_ai_tool_name", "test.noop")];
     prometheus
-        .until_firing(
-            "ToolfleetNoLiveWorker",
-            &tool,
-            killed,
-            failure,
-            FIRES_WITHIN,
-        )
+        .until_fires("ToolfleetNoLiveWorker", &tool, killed, failure)
         .await?;
     let instance = worker.instance();
     let target = [("job", "worker-metrics"), ("instance", instance.as_str())];
     prometheus
-        .until_firing(
-            "ToolfleetTargetDown",
-            &target,
-            killed,
-            failure,
-            FIRES_WITHIN,
-        )
+        .until_fires("ToolfleetTargetDown", &target, killed, failure)
         .await?;
     turns.abort();
 
@@ -847,7 +824,7 @@ async fn a_worker_gone_fires_no_live_worker_and_target_down_then_absent() -> Res
     let job = [("job", "worker-metrics"), ("instance", "")];
     let failure = "every worker target gone from discovery";
     prometheus
-        .until_firing("ToolfleetTargetDown", &job, gone, failure, FIRES_WITHIN)
+        .until_fires("ToolfleetTargetDown", &job, gone, failure)
         .await?;
     prometheus.stop().await
 }
@@ -855,31 +832,18 @@ async fn a_worker_gone_fires_no_live_worker_and_target_down_then_absent() -> Res
 /// A tool slower than its turns' deadline: every turn ends at its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_ending_at_their_deadline_fire_deadline_misses() -> Result<()> {
-    let scene = Scene::start(&[], &[]).await?;
-    let prometheus = scene.watched(Rules::Scaled).await?;
+    let (scene, prometheus) = Scene::start_watched(Rules::Scaled).await?;
     let slow = Instant::now();
-    let turns = turns_in_a_loop(
-        scene.fleet.client.clone(),
-        300,
-        Duration::from_millis(50),
-        Arc::new(AtomicU64::new(0)),
-        |n| {
-            vec![call(
-                &format!("n{n}"),
-                "test.behave",
-                json!({"sleep_ms": 1500}),
-            )]
-        },
-    );
+    let (turns, _) = turns_in_a_loop(&scene.fleet.client, 300, Duration::from_millis(50), |n| {
+        vec![call(
+            &format!("n{n}"),
+            "test.behave",
+            json!({"sleep_ms": 1500}),
+        )]
+    });
     let failure = "a tool slower than the turns' deadline";
     prometheus
-        .until_firing(
-            "ToolfleetTurnDeadlineMisses",
-            &[],
-            slow,
-            failure,
-            FIRES_WITHIN,
-        )
+        .until_fires("ToolfleetTurnDeadlineMisses", &[], slow, failure)
         .await?;
     turns.abort();
     prometheus.stop().await
@@ -911,13 +875,7 @@ async fn a_full_worker_fires_workers_saturated_and_queue_lag() -> Result<()> {
     let failure = "four 25 s calls on a worker of two slots";
     let tool = [("gen_ai_tool_name", "test.behave")];
     prometheus
-        .until_firing(
-            "ToolfleetWorkersSaturated",
-            &tool,
-            busy,
-            failure,
-            FIRES_WITHIN,
-        )
+        .until_fires("ToolfleetWorkersSaturated", &tool, busy, failure)
         .await?;
     prometheus
         .until_firing(
@@ -936,59 +894,29 @@ async fn a_full_worker_fires_workers_saturated_and_queue_lag() -> Result<()> {
 /// delivered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retryable_failures_fire_the_redelivery_storm() -> Result<()> {
-    let scene = Scene::start(&[], &[]).await?;
-    let prometheus = scene.watched(Rules::Scaled).await?;
+    let (scene, prometheus) = Scene::start_watched(Rules::Scaled).await?;
     let flaky = Instant::now();
-    let turns = turns_in_a_loop(
-        scene.fleet.client.clone(),
-        3000,
-        Duration::from_millis(50),
-        Arc::new(AtomicU64::new(0)),
-        |n| {
-            (0..3)
-                .map(|k| {
-                    let args = json!({"fail": "flaky_backend", "retryable": true});
-                    call(&format!("f{n}-{k}"), "test.behave", args)
-                })
-                .collect()
-        },
-    );
+    let (turns, _) = turns_in_a_loop(&scene.fleet.client, 3000, Duration::from_millis(50), |n| {
+        (0..3)
+            .map(|k| {
+                let args = json!({"fail": "flaky_backend", "retryable": true});
+                call(&format!("f{n}-{k}"), "test.behave", args)
+            })
+            .collect()
+    });
     let failure = "a tool failing retryably";
     let tool = [("gen_ai_tool_name", "test.behave")];
     prometheus
-        .until_firing(
-            "ToolfleetRedeliveryStorm",
-            &tool,
-            flaky,
-            failure,
-            FIRES_WITHIN,
-        )
+        .until_fires("ToolfleetRedeliveryStorm", &tool, flaky, failure)
         .await?;
     turns.abort();
     prometheus.stop().await
 }
 
-/// `used_memory` of the fleet's Redis.
-async fn redis_used(admin: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
-    let info: String = redis::cmd("INFO").arg("memory").query_async(admin).await?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .context("used_memory")
-}
-
 /// Redis `maxmemory` set so what it holds is `percent` % of it.
 async fn hold_at(admin: &mut redis::aio::MultiplexedConnection, percent: u64) -> Result<()> {
-    let max = redis_used(admin).await? * 100 / percent;
-    let () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(max)
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query_async(admin)
-        .await?;
-    Ok(())
+    let (used, _) = toolfleet_tests::redis_memory(admin).await?;
+    toolfleet_tests::cap_redis_memory(admin, used * 100 / percent).await
 }
 
 /// Redis given a `maxmemory` just above what it holds: ToolfleetRedisNearlyFull; then
@@ -1022,13 +950,13 @@ async fn redis_short_of_memory_fires_nearly_full_and_retention_cut() -> Result<(
     hold_at(&mut admin, 88).await?;
     let failure = "Redis at 88 % of its maxmemory";
     prometheus
-        .until_firing("ToolfleetRedisNearlyFull", &[], full, failure, FIRES_WITHIN)
+        .until_fires("ToolfleetRedisNearlyFull", &[], full, failure)
         .await?;
     let short = Instant::now();
     hold_at(&mut admin, 99).await?;
     let failure = "Redis at 99 % of its maxmemory";
     prometheus
-        .until_firing("ToolfleetRetentionCut", &[], short, failure, FIRES_WITHIN)
+        .until_fires("ToolfleetRetentionCut", &[], short, failure)
         .await?;
     let () = redis::cmd("CONFIG")
         .arg("SET")
@@ -1065,7 +993,7 @@ async fn a_supervised_task_that_dies_fires_task_died() -> Result<()> {
     let task = [("task", "results_consumer")];
     let failure = "the results consumer panicked";
     prometheus
-        .until_firing(ALERT, &task, killed, failure, FIRES_WITHIN)
+        .until_fires(ALERT, &task, killed, failure)
         .await?;
     assert_eq!(http_get(scene.coordinator.port, "/healthz").await?.0, 503);
     prometheus.stop().await
@@ -1122,7 +1050,7 @@ async fn gateway_5xx_answers_fire_gateway_errors() -> Result<()> {
     let gone = Instant::now();
     scene.fleet.kill_node(scene.coordinator.pid).await?;
     prometheus
-        .until_firing(ALERT, &[], gone, "every coordinator gone", FIRES_WITHIN)
+        .until_fires(ALERT, &[], gone, "every coordinator gone")
         .await?;
     assert!(answered.load(Ordering::SeqCst) > 0);
     requests.abort();

@@ -19,12 +19,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use tokio::process::Command;
 use toolfleet_common::TurnEvent;
 use toolfleet_coordinator::{TenantPolicies, TenantPolicy};
-use toolfleet_tests::fleet::{call, timed_turn, Fleet};
-use toolfleet_tests::repo_path;
+use toolfleet_tests::fleet::{assert_numbered_ack_to_final, one_sleeping_call, Fleet};
 use toolfleet_tests::secured::{SecuredServers, FRONTEND_PASSWORD};
+use toolfleet_tests::{child_command, repo_path};
 
 /// Bound of one scenario script.
 const SCRIPT_WAIT: Duration = Duration::from_secs(120);
@@ -37,7 +36,7 @@ const CHAOS_TURN_BOUND_S: f64 = 16.0;
 
 /// The Python of a virtual environment with the SDK's requirements (nats-py).
 async fn python() -> Result<std::path::PathBuf> {
-    toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt").await
+    toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await
 }
 
 /// `python <script> <args>` with the client importable, bounded by [`SCRIPT_WAIT`]: the
@@ -48,19 +47,13 @@ async fn run_script(
     args: &[String],
     env: &[(&str, &str)],
 ) -> Result<Value> {
-    let mut command = Command::new(python);
+    let mut command = child_command(python, Stdio::piped());
     command
         .arg(script)
         .args(args)
         .current_dir(repo_path(""))
         .env("PYTHONPATH", repo_path("sdk/python"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    for (key, value) in env {
-        command.env(key, value);
-    }
+        .envs(env.iter().copied());
     let out = tokio::time::timeout(SCRIPT_WAIT, command.output())
         .await
         .with_context(|| format!("{} did not finish in time", script.display()))??;
@@ -85,6 +78,30 @@ fn scenario(fleet: &Fleet, name: &str) -> Vec<String> {
 
 fn seqs(n: u64) -> Value {
     json!((1..=n).collect::<Vec<_>>())
+}
+
+/// A Redis that dies with acknowledged writes not yet on disk comes back without a
+/// turn's last events, and stores its `final` under a seq the client already holds: the
+/// Python client still ends the turn with that `final`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_takes_a_final_stored_under_a_seq_it_holds() -> Result<()> {
+    let python = python().await?;
+    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
+    let script = repo_path("tests/python/frontend_client.py");
+    let redis_url = fleet.redis.url();
+    let env = [
+        ("TOOLFLEET_TEST_REDIS_URL", redis_url.as_str()),
+        ("TOOLFLEET_PREFIX", fleet.names.prefix()),
+    ];
+    let report = run_script(&python, &script, &scenario(&fleet, "rewound"), &env).await?;
+    assert_eq!(report["trimmed"], "+OK", "{report}");
+    let held = report["held"].as_u64().context("held")?;
+    let stored = report["stored"].as_u64().context("stored")?;
+    assert!(held >= 8 && stored < held, "{report}");
+    assert_eq!(report["last"], "final", "{report}");
+    assert_eq!(report["last_seq"], stored, "{report}");
+    assert_eq!(report["summary"]["ok"], 4, "{report}");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,12 +311,7 @@ async fn the_python_client_works_as_the_frontend_user_of_the_shipped_nats_config
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_client_reads_an_attached_turns_deadline_from_its_ack() -> Result<()> {
     let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let mut request = timed_turn(
-        "acme",
-        60_000,
-        vec![call("c1", "test.behave", json!({"sleep_ms": 300}))],
-    );
-    request.turn_id = Some("rust-attach-deadline".into());
+    let request = one_sleeping_call("rust-attach-deadline", 60_000, 300);
     let mut submitted = fleet.client.submit(request).await?;
     let ack = submitted.next_event(Duration::from_secs(10)).await?;
     assert!(matches!(ack, TurnEvent::Ack { .. }), "{ack:?}");
@@ -334,30 +346,14 @@ async fn the_readme_example_of_the_python_client_runs_as_written() -> Result<()>
     let dir = tempfile::tempdir()?;
     let example = dir.path().join("example.py");
     std::fs::write(&example, code)?;
-    let mut command = Command::new(&python);
+    let mut command = child_command(&python, Stdio::piped());
     command
         .arg(&example)
         .env("PYTHONPATH", repo_path("sdk/python"))
-        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
+        .env("TOOLFLEET_NATS_URL", fleet.nats.url());
     let out = tokio::time::timeout(SCRIPT_WAIT, command.output()).await??;
     assert!(out.status.success(), "{}", out.status);
     let text = String::from_utf8(out.stdout)?;
     // One line per event, `seq type text`: the ack first, the final last.
-    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
-    assert_eq!(
-        lines.first().map(|l| &l[..2]),
-        Some(&["1", "ack"][..]),
-        "{text}"
-    );
-    let last = lines.last().context("no output")?;
-    assert_eq!(
-        last[..2],
-        [lines.len().to_string().as_str(), "final"],
-        "{text}"
-    );
-    Ok(())
+    assert_numbered_ack_to_final(&text)
 }

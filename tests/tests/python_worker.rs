@@ -22,15 +22,14 @@ use anyhow::{Context, Result};
 use futures::StreamExt;
 use serde_json::json;
 use toolfleet_common::CallState;
-use toolfleet_tests::fleet::{call, code_of, result_of, tool_calls, Fleet};
+use toolfleet_tests::fleet::{call, code_of, crm_call, named_turn, result_of, tool_calls, Fleet};
+use toolfleet_tests::python::sdk_fleet;
 
 const EVENT_WAIT: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
+    let python = toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await?;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let script = "examples/python-worker/worker.py";
     // A notice for every call, the instant `text.stats` included (no running delay).
@@ -43,11 +42,7 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
     let mut progress = fleet.subscribe_progress().await?;
 
     let calls = vec![
-        call(
-            "rust",
-            "crm.getOpenInvoices",
-            json!({"customerId": "cust_001"}),
-        ),
+        crm_call("rust", "crm.getOpenInvoices", "cust_001"),
         call(
             "python",
             "text.stats",
@@ -96,9 +91,7 @@ async fn rust_and_python_workers_serve_one_turn() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rust_and_python_workers_serve_turns_spread_over_stream_partitions() -> Result<()> {
     const PARTITIONS: u32 = 3;
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
+    let python = toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await?;
     let mut fleet = Fleet::start().await?;
     fleet.names = fleet.names.clone().with_partitions(PARTITIONS);
     let (_c, _w) = fleet.start_default().await?;
@@ -123,11 +116,7 @@ async fn rust_and_python_workers_serve_turns_spread_over_stream_partitions() -> 
     }
     for id in &ids {
         let calls = vec![
-            call(
-                "rust",
-                "crm.getOpenInvoices",
-                json!({"customerId": "cust_001"}),
-            ),
+            crm_call("rust", "crm.getOpenInvoices", "cust_001"),
             call("python", "text.stats", json!({"text": "One. Two."})),
         ];
         let mut request = toolfleet_tests::fleet::turn("acme", tool_calls(calls));
@@ -158,11 +147,7 @@ async fn rust_and_python_workers_serve_turns_spread_over_stream_partitions() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_retry_policy_of_a_python_tool_is_in_force_on_the_next_start() -> Result<()> {
     const TOOL: &str = "test.py_flaky";
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
-    let fleet = Fleet::start().await?;
-    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let (python, fleet, coordinator) = sdk_fleet(env!("CARGO_TARGET_TMPDIR")).await?;
     let script = ["tests/python/flaky_worker.py"];
     let start = |attempts: &str| {
         toolfleet_tests::python::worker(&python, &fleet, &script, &[("FLAKY_ATTEMPTS", attempts)])
@@ -175,15 +160,9 @@ async fn a_changed_retry_policy_of_a_python_tool_is_in_force_on_the_next_start()
     fleet.wait_for_tool_gone(TOOL).await?;
 
     let mut second = start("3")?;
-    fleet.wait_for_tools(&[TOOL]).await?;
-    assert_eq!(fleet.consumer_max_deliver(TOOL).await?, 3);
-    let outcome = fleet
-        .run_calls("acme", vec![call("c1", TOOL, json!({}))], EVENT_WAIT)
+    fleet
+        .assert_gives_up_after(TOOL, 3, "flaky", EVENT_WAIT)
         .await?;
-    let result = result_of(&outcome.final_event, "c1")?;
-    assert_eq!(result.state, CallState::Error, "{result:?}");
-    assert_eq!(code_of(result), Some("flaky"), "{result:?}");
-    assert_eq!(result.attempts, 3, "{result:?}");
 
     toolfleet_tests::python::terminate(&mut second).await?;
     coordinator.stop().await;
@@ -193,11 +172,7 @@ async fn a_changed_retry_policy_of_a_python_tool_is_in_force_on_the_next_start()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_tool_sees_its_turn_cancelled() -> Result<()> {
     const TOOL: &str = "test.py_wait";
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
-    let fleet = Fleet::start().await?;
-    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let (python, fleet, coordinator) = sdk_fleet(env!("CARGO_TARGET_TMPDIR")).await?;
     let markers = tempfile::tempdir()?;
     let dir = markers.path().to_string_lossy().to_string();
     let mut worker = toolfleet_tests::python::worker(
@@ -208,12 +183,12 @@ async fn a_python_tool_sees_its_turn_cancelled() -> Result<()> {
     )?;
     fleet.wait_for_tools(&[TOOL]).await?;
 
-    let mut request = toolfleet_tests::fleet::timed_turn(
+    let request = named_turn(
+        "py-cancel",
         "acme",
         20_000,
         vec![call("c1", TOOL, json!({"wait_ms": 10_000}))],
     );
-    request.turn_id = Some("py-cancel".into());
     let mut progress = fleet.subscribe_progress().await?;
     let mut stream = fleet.client.submit(request).await?;
     // Cancel once the call runs on the Python worker.
@@ -252,9 +227,7 @@ async fn a_python_worker_creates_the_streams_as_every_process_does() -> Result<(
     use async_nats::jetstream::stream::{DiscardPolicy, RetentionPolicy, StorageType};
     use toolfleet_common::streams;
 
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
+    let python = toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await?;
     let fleet = Fleet::start().await?;
     let cluster = toolfleet_dev::cluster::NatsCluster::start(3).await?;
     cluster.wait_jetstream(Duration::from_secs(20)).await?;
@@ -326,9 +299,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_tools_written_the_python_way_serve_a_turn() -> Result<()> {
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
+    let python = toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await?;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
     let port = free_port()?;
     let addr = format!("127.0.0.1:{port}");
@@ -439,29 +410,14 @@ async fn python_tools_written_the_python_way_serve_a_turn() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_tools_written_the_python_way_pass_conformance() -> Result<()> {
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
-    let fleet = Fleet::start().await?;
-    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let (python, fleet, coordinator) = sdk_fleet(env!("CARGO_TARGET_TMPDIR")).await?;
     let script = "examples/python-worker/typed_tools.py";
     let mut child = toolfleet_tests::python::worker(&python, &fleet, &[script], &[])?;
     let tool = "conformance.probe";
     fleet.wait_for_tools(&[tool]).await?;
-    let settings = toolfleet_cli::conformance::Settings {
-        nats_url: fleet.nats.url(),
-        redis_url: fleet.redis.url(),
-        prefix: fleet.names.prefix().to_string(),
-        tool: tool.to_string(),
-        timeout: Duration::from_secs(10),
-        pid: child.id().map(i32::try_from).transpose()?,
-    };
+    let settings = toolfleet_tests::conformance::settings(&fleet, tool, child.id())?;
     let report = toolfleet_cli::conformance::run(&settings).await?;
-    assert_eq!(report.cases.len(), 7, "{report}");
-    for case in &report.cases {
-        assert!(case.skipped.is_none(), "{report}");
-        assert!(case.findings.is_empty(), "{report}");
-    }
+    toolfleet_tests::conformance::assert_clean(&report);
     let _ = tokio::time::timeout(EVENT_WAIT, child.wait()).await;
     coordinator.stop().await;
     Ok(())
@@ -469,9 +425,7 @@ async fn python_tools_written_the_python_way_pass_conformance() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_settings_out_of_the_rust_workers_ranges_stop_the_worker() -> Result<()> {
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
+    let python = toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await?;
     let fleet = Fleet::start().await?;
     let script = "examples/python-worker/typed_tools.py";
     for (name, value) in [
@@ -495,9 +449,7 @@ async fn python_settings_out_of_the_rust_workers_ranges_stop_the_worker() -> Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pip_install_leaves_the_sdk_tree_clean() -> Result<()> {
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
+    let python = toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await?;
     // A copy of the SDK's tree, installed into a target folder of its own.
     let work = tempfile::tempdir()?;
     let tree = work.path().join("python");
@@ -524,14 +476,8 @@ async fn pip_install_leaves_the_sdk_tree_clean() -> Result<()> {
     };
     let before = listing(&tree)?;
     let install = tokio::process::Command::new(&python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--no-deps",
-        ])
+        .args(toolfleet_tests::python::PIP_INSTALL)
+        .arg("--no-deps")
         .arg("--target")
         .arg(work.path().join("site"))
         .arg(&tree)

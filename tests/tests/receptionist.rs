@@ -14,7 +14,7 @@ use toolfleet_coordinator::TenantPolicies;
 use toolfleet_packs::db::{Db, DbConfig, DbError, DATABASE_UNAVAILABLE};
 use toolfleet_packs::{crm_db, receptionist};
 use toolfleet_tests::fleet::{
-    call, code_at, code_of, result_of, tool_calls, turn, value_at, Fleet, Running,
+    call, code_at, code_of, crm_call, result_of, tool_calls, turn, value_at, Fleet, Running,
 };
 use toolfleet_tests::otlp::{OtlpReceiver, ReceivedSpan};
 use toolfleet_tests::pg::{
@@ -509,11 +509,7 @@ async fn the_crm_pack_on_postgres_keeps_its_tools_and_scoping() -> Result<()> {
     );
 
     // Business B's customer is invisible to business A.
-    let b = call(
-        "b",
-        "crm.getOpenInvoices",
-        json!({"customerId": "cust_101"}),
-    );
+    let b = crm_call("b", "crm.getOpenInvoices", "cust_101");
     let outcome = fleet
         .run_calls(BUSINESS_A, vec![b], EVENT_WAIT)
         .await

@@ -19,7 +19,7 @@ use toolfleet_common::client::ClientErrorKind;
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::tls::TlsFiles;
 use toolfleet_common::{CallState, FleetClient, TurnEvent};
-use toolfleet_tests::fleet::{call, result_of, tool_calls, turn, wait_for_tools_on};
+use toolfleet_tests::fleet::{call, crm_call, result_of, tool_calls, turn, wait_for_tools_on};
 use toolfleet_tests::tls::TlsServers;
 
 /// Longest wait for one turn event.
@@ -45,16 +45,8 @@ async fn a_turn_runs_with_every_connection_over_tls() -> Result<()> {
     wait_for_tools_on(&client, &tools).await?;
 
     let calls = vec![
-        call(
-            "invoices",
-            "crm.getOpenInvoices",
-            json!({"customerId": "cust_001"}),
-        ),
-        call(
-            "appointment",
-            "crm.getNextAppointment",
-            json!({"customerId": "cust_001"}),
-        ),
+        crm_call("invoices", "crm.getOpenInvoices", "cust_001"),
+        crm_call("appointment", "crm.getNextAppointment", "cust_001"),
         call("echo", "test.behave", json!({"value": "over tls"})),
     ];
     let outcome = client
@@ -74,11 +66,15 @@ async fn a_turn_runs_with_every_connection_over_tls() -> Result<()> {
 
     // The join lives in the TLS-only Redis: read back over `rediss://` with the CA.
     let mut redis = servers.redis_with(servers.client_tls()).await?;
-    let recorded: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(servers.names.turn_results_key(&outcome.turn_id))
+    let calls: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(servers.names.turn_calls_key(&outcome.turn_id))
         .query_async(&mut redis)
         .await?;
-    assert_eq!(recorded.len(), 3, "{recorded:?}");
+    assert_eq!(
+        toolfleet_tests::fleet::recorded_calls(&calls).len(),
+        3,
+        "{calls:?}"
+    );
     Ok(())
 }
 
@@ -177,9 +173,7 @@ async fn servers_that_verify_clients_take_the_client_certificate() -> Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_python_worker_serves_over_tls() -> Result<()> {
-    let python =
-        toolfleet_tests::python::venv(env!("CARGO_TARGET_TMPDIR"), "sdk/python/requirements.txt")
-            .await?;
+    let python = toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await?;
     let servers = TlsServers::start(false).await?;
     let _coordinator = servers.node("coordinator", &[])?;
     let _worker = servers.python_worker(&python, "examples/python-worker/worker.py")?;

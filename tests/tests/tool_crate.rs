@@ -23,7 +23,7 @@ use tokio::process::{Child, Command};
 use toolfleet_cli::conformance;
 use toolfleet_common::call::codes;
 use toolfleet_common::{CallResult, CallState, JobEnvelope, ToolCall};
-use toolfleet_tests::fleet::{call, code_of, fleet_node_path, result_of, value_at, Fleet};
+use toolfleet_tests::fleet::{call, code_of, fleet_node_path, result_of, value_at, Fleet, Running};
 use toolfleet_tests::poison::{RawPublisher, POISON};
 
 const EVENT_WAIT: Duration = Duration::from_secs(10);
@@ -176,9 +176,7 @@ async fn outside_binary() -> Result<PathBuf> {
 /// the environment, default log filter, logs as JSON lines on stderr (piped).
 fn spawn_outside(binary: &Path, fleet: &Fleet) -> Result<Child> {
     Command::new(binary)
-        .env("TOOLFLEET_NATS_URL", fleet.nats.url())
-        .env("TOOLFLEET_REDIS_URL", fleet.redis.url())
-        .env("TOOLFLEET_PREFIX", fleet.names.prefix())
+        .envs(fleet.servers_env())
         .env("TOOLFLEET_HEARTBEAT_MS", "500")
         .env("TOOLFLEET_ACK_WAIT_MS", "1000")
         .env("TOOLFLEET_HTTP_ADDR", "127.0.0.1:0")
@@ -193,6 +191,20 @@ fn spawn_outside(binary: &Path, fleet: &Fleet) -> Result<Child> {
         .kill_on_drop(true)
         .spawn()
         .context("starting the outside tool crate's worker")
+}
+
+/// A fresh fleet with one coordinator, and the outside binary started against it.
+async fn outside_fleet() -> Result<(Fleet, Running, Child)> {
+    let binary = outside_binary().await?;
+    let fleet = Fleet::start().await?;
+    let coordinator = fleet.coordinator(fleet.coordinator_config());
+    let child = spawn_outside(&binary, &fleet)?;
+    Ok((fleet, coordinator, child))
+}
+
+/// The lines of `lines` logged at level ERROR.
+fn error_lines(lines: &[Value]) -> Vec<&Value> {
+    lines.iter().filter(|l| l["level"] == "ERROR").collect()
 }
 
 /// SIGTERM, then the exit status and every log line the process wrote, parsed.
@@ -265,10 +277,7 @@ mod toml_package {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_outside_crate_serves_a_turn_without_an_error_line() -> Result<()> {
-    let binary = outside_binary().await?;
-    let fleet = Fleet::start().await?;
-    let coordinator = fleet.coordinator(fleet.coordinator_config());
-    let child = spawn_outside(&binary, &fleet)?;
+    let (fleet, coordinator, child) = outside_fleet().await?;
     fleet
         .wait_for_tools(&["math.add", "whoami.tenant", "timer.pause"])
         .await?;
@@ -304,7 +313,7 @@ async fn the_outside_crate_serves_a_turn_without_an_error_line() -> Result<()> {
     let (status, lines) = stop_outside(child).await?;
     assert!(status.success(), "{status}");
     assert!(!lines.is_empty(), "the worker logged nothing");
-    let errors: Vec<&Value> = lines.iter().filter(|l| l["level"] == "ERROR").collect();
+    let errors = error_lines(&lines);
     assert!(errors.is_empty(), "{errors:#?}");
     coordinator.stop().await;
     Ok(())
@@ -312,10 +321,7 @@ async fn the_outside_crate_serves_a_turn_without_an_error_line() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_header_blocks_never_cost_the_outside_worker_its_connection() -> Result<()> {
-    let binary = outside_binary().await?;
-    let fleet = Fleet::start().await?;
-    let coordinator = fleet.coordinator(fleet.coordinator_config());
-    let child = spawn_outside(&binary, &fleet)?;
+    let (fleet, coordinator, child) = outside_fleet().await?;
     fleet.wait_for_tools(&["math.add"]).await?;
     let nats = fleet.client.nats();
     let mut results = nats
@@ -400,7 +406,7 @@ async fn malformed_header_blocks_never_cost_the_outside_worker_its_connection() 
 
     let (status, lines) = stop_outside(child).await?;
     assert!(status.success(), "{status}");
-    let errors: Vec<&Value> = lines.iter().filter(|l| l["level"] == "ERROR").collect();
+    let errors = error_lines(&lines);
     assert!(errors.is_empty(), "{errors:#?}");
     coordinator.stop().await;
     Ok(())
@@ -408,20 +414,10 @@ async fn malformed_header_blocks_never_cost_the_outside_worker_its_connection() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_outside_crate_passes_conformance_with_the_sdks_probe() -> Result<()> {
-    let binary = outside_binary().await?;
-    let fleet = Fleet::start().await?;
-    let coordinator = fleet.coordinator(fleet.coordinator_config());
-    let mut child = spawn_outside(&binary, &fleet)?;
+    let (fleet, coordinator, mut child) = outside_fleet().await?;
     let tool = toolfleet_worker::conformance::CONFORMANCE_TOOL;
     fleet.wait_for_tools(&[tool]).await?;
-    let settings = conformance::Settings {
-        nats_url: fleet.nats.url(),
-        redis_url: fleet.redis.url(),
-        prefix: fleet.names.prefix().to_string(),
-        tool: tool.to_string(),
-        timeout: Duration::from_secs(10),
-        pid: child.id().map(i32::try_from).transpose()?,
-    };
+    let settings = toolfleet_tests::conformance::settings(&fleet, tool, child.id())?;
     // The stderr pipe is drained while the probe runs, so the worker never blocks on it.
     let mut stderr = child.stderr.take().context("stderr is not piped")?;
     let drain = tokio::spawn(async move {
@@ -429,11 +425,7 @@ async fn the_outside_crate_passes_conformance_with_the_sdks_probe() -> Result<()
         let _ = stderr.read_to_end(&mut sink).await;
     });
     let report = conformance::run(&settings).await?;
-    assert_eq!(report.cases.len(), 7, "{report}");
-    for case in &report.cases {
-        assert!(case.skipped.is_none(), "{report}");
-        assert!(case.findings.is_empty(), "{report}");
-    }
+    toolfleet_tests::conformance::assert_clean(&report);
     let _ = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
     drain.abort();
     coordinator.stop().await;

@@ -191,10 +191,7 @@ async fn spans_of_a_turn_logged_at(log_level: &str) -> anyhow::Result<Vec<String
         call("a", "test.behave", json!({"sleep_ms": 5})),
         call("b", "test.behave", json!({"sleep_ms": 5})),
     ];
-    let mut stream = fleet
-        .client
-        .submit(timed_turn("acme", 5_000, calls))
-        .await?;
+    let mut stream = fleet.submit_calls("acme", 5_000, calls).await?;
     let fin = read_final(&mut stream, Duration::from_secs(10)).await?;
     assert!(
         fin.results.iter().all(|r| r.state == CallState::Done),

@@ -754,7 +754,7 @@ async fn whole_traces(
 }
 
 /// kill -9 of a coordinator on the default batch delay (5 s), three times: turns it
-/// ended just before (a second before, and a few milliseconds before) and a turn in
+/// ended just before (a second before, and a tenth of a second before) and a turn in
 /// flight. Each turn's trace holds one `turn` span and every span's parent: the killed
 /// replica sent the `turn` span of the turns it ended when it ended them, and the turn
 /// in flight is ended, and its span exported, by the next replica, which names the
@@ -787,11 +787,14 @@ async fn turn_spans_survive_kill_9_on_the_default_batch_delay() -> anyhow::Resul
             coordinator = t.spawn_with("coordinator", &next, &[])?;
             continue;
         }
-        // Killed with a turn in flight, milliseconds after two turns ended.
+        // Killed with a turn in flight, a tenth of a second after two turns ended.
         let id = format!("flight_{round}");
         let (mut stream, trace, frontend) = t.submit_sleep(&id, 800, 10_000).await?;
         read_ack(&mut stream, EVENT_WAIT).await?;
         until_state(&mut stream, None, CallState::Running, EVENT_WAIT).await?;
+        // A tenth of a second for the export thread, which a loaded machine may not run
+        // within milliseconds: still fifty times shorter than the batch delay.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         t.fleet.kill_node(coordinator).await?;
         coordinator = t.spawn_with("coordinator", &next, &[])?;
         let fin = read_final(&mut stream, EVENT_WAIT).await?;

@@ -16,28 +16,22 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-use toolfleet_tests::fleet::Fleet;
-use toolfleet_tests::gateway::{create_key, gateway_node_path, GatewayNode};
+use tokio::process::Child;
+use toolfleet_tests::fleet::{assert_numbered_ack_to_final, Fleet};
+use toolfleet_tests::gateway::{create_key, gateway_node_path, stack, GatewayNode};
 use toolfleet_tests::pg::TestDatabase;
-use toolfleet_tests::repo_path;
+use toolfleet_tests::{child_command, repo_path};
 
 /// Bound of one `node` run.
 const NODE_WAIT: Duration = Duration::from_secs(120);
 
 /// `node <args>` in `dir` with `env`, bounded by [`NODE_WAIT`]: its stdout.
 async fn node(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<String> {
-    let mut command = Command::new("node");
+    let mut command = child_command("node", Stdio::piped());
     command
         .args(args)
         .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    for (key, value) in env {
-        command.env(key, value);
-    }
+        .envs(env.iter().copied());
     let out = tokio::time::timeout(NODE_WAIT, command.output())
         .await
         .with_context(|| format!("node {args:?} did not finish in time"))?
@@ -56,9 +50,7 @@ fn len(value: &Value) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_javascript_client_streams_resumes_cancels_and_waits_out_overloaded() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let busy = GatewayNode::start(&fleet, &db, &[("TOOLFLEET_GATEWAY_MAX_TURNS", "1")]).await?;
     let key = create_key(&db, "demo").await?;
     let dir = repo_path("clients/typescript");
@@ -146,16 +138,12 @@ async fn the_javascript_client_streams_resumes_cancels_and_waits_out_overloaded(
 
 /// A `gateway-node` on `port` for `fleet` with keys in `db`, ready; killed when dropped.
 async fn gateway_on(fleet: &Fleet, db: &TestDatabase, port: u16) -> Result<Child> {
-    let child = Command::new(gateway_node_path()?)
+    let child = child_command(gateway_node_path()?, Stdio::null())
         .env("TOOLFLEET_NATS_URL", fleet.nats.url())
         .env("TOOLFLEET_PREFIX", fleet.names.prefix())
         .env("TOOLFLEET_DATABASE_URL", db.url())
         .env("TOOLFLEET_GATEWAY_ADDR", format!("127.0.0.1:{port}"))
-        .env("RUST_LOG", "warn")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .context("spawning gateway-node")?;
     let http = reqwest::Client::builder()
@@ -178,13 +166,9 @@ async fn a_stream_resumes_on_a_gateway_started_again_after_a_kill() -> Result<()
     let mut gateway = gateway_on(&fleet, &db, port).await?;
     let key = create_key(&db, "demo").await?;
     let base = format!("http://127.0.0.1:{port}");
-    let mut client = Command::new("node")
+    let mut client = child_command("node", Stdio::piped())
         .args(["test/restart.mjs", &base, &key])
         .current_dir(repo_path("clients/typescript"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
         .spawn()
         .context("starting node")?;
     let mut lines = BufReader::new(client.stdout.take().context("no stdout")?).lines();
@@ -223,9 +207,7 @@ async fn the_event_stream_parser_takes_frames_split_anywhere() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_example_of_the_javascript_client_runs_as_written() -> Result<()> {
-    let (fleet, _coordinator, _worker) = Fleet::start_with_default_nodes().await?;
-    let db = TestDatabase::create().await?;
-    let gateway = GatewayNode::start(&fleet, &db, &[]).await?;
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
     let key = create_key(&db, "demo").await?;
     let readme = toolfleet_tests::read_repo_file("clients/typescript/README.md")?;
     let code = readme
@@ -248,19 +230,7 @@ async fn the_readme_example_of_the_javascript_client_runs_as_written() -> Result
     ];
     let out = node(dir.path(), &["example.mjs"], &env).await?;
     // One line per event, `seq type text`: the ack first, the final last.
-    let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split(' ').collect()).collect();
-    assert_eq!(
-        lines.first().map(|l| &l[..2]),
-        Some(&["1", "ack"][..]),
-        "{out}"
-    );
-    let last = lines.last().context("no output")?;
-    assert_eq!(
-        last[..2],
-        [lines.len().to_string().as_str(), "final"],
-        "{out}"
-    );
-    Ok(())
+    assert_numbered_ack_to_final(&out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,24 +254,12 @@ async fn the_live_page_loads_this_client() -> Result<()> {
         served,
         toolfleet_tests::read_repo_file("clients/typescript/toolfleet.js")?
     );
-    let page = gateway
-        .http
-        .get(gateway.url("/"))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let page = gateway.get_text("/").await?;
     assert!(
         page.contains(r#"<script type="module" src="/page/app.js">"#),
         "{page}"
     );
-    let app = gateway
-        .http
-        .get(gateway.url("/page/app.js"))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let app = gateway.get_text("/page/app.js").await?;
     assert!(app.contains(r#"from "/page/toolfleet.js""#), "{app}");
     Ok(())
 }

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use toolfleet_common::config::{env_in, env_ms_in, env_string, ConfigError, Endpoints};
+use toolfleet_common::config::{self, env_in, env_ms_in, env_string, ConfigError, Endpoints};
 use toolfleet_common::credentials::NatsCredentials;
 use toolfleet_common::tls::TlsFiles;
 use toolfleet_common::Names;
@@ -144,16 +144,8 @@ impl WorkerConfig {
                 d.running_after,
                 ranges::RUNNING_AFTER_MS,
             )?,
-            shutdown_grace: env_ms_in(
-                "TOOLFLEET_SHUTDOWN_GRACE_MS",
-                d.shutdown_grace,
-                ranges::SHUTDOWN_GRACE_MS,
-            )?,
-            topology_check: env_ms_in(
-                "TOOLFLEET_TOPOLOGY_CHECK_MS",
-                d.topology_check,
-                ranges::TOPOLOGY_CHECK_MS,
-            )?,
+            shutdown_grace: config::shutdown_grace_from_env(d.shutdown_grace)?,
+            topology_check: config::topology_check_from_env(d.topology_check)?,
             http_addr: toolfleet_common::http::addr_from_env("0.0.0.0:9091")?,
             consumers: ConsumerMode::from_env()?,
             ..d
@@ -171,16 +163,11 @@ pub mod ranges {
     pub const CONCURRENCY: RangeInclusive<usize> = 1..=65_536;
     /// Heartbeat period, in ms.
     pub const HEARTBEAT_MS: RangeInclusive<u64> = 100..=60_000;
-    /// Ack wait of the tool consumers, in ms.
-    pub const ACK_WAIT_MS: RangeInclusive<u64> = 500..=600_000;
+    pub use toolfleet_common::config::{ACK_WAIT_MS, SHUTDOWN_GRACE_MS, TOPOLOGY_CHECK_MS};
     /// Largest result, in bytes.
     pub const RESULT_BYTES: RangeInclusive<usize> = 1024..=8 * 1024 * 1024;
     /// Delay of the `started` notice, in ms (0: at the call's start).
     pub const RUNNING_AFTER_MS: RangeInclusive<u64> = 0..=60_000;
-    /// Shutdown grace, in ms (0: hand in-flight calls back at once).
-    pub const SHUTDOWN_GRACE_MS: RangeInclusive<u64> = 0..=600_000;
-    /// Topology checks, in ms.
-    pub const TOPOLOGY_CHECK_MS: RangeInclusive<u64> = 100..=60_000;
 }
 
 /// `<host name>-<pid>-<6 hex>` (PROTOCOL §7.1).

@@ -24,8 +24,9 @@
 //!
 //! This crate is the SDK only: it owns serving tools (consumers, registry, the runner,
 //! the result cache) and never contains tools of its own; the tool packs and the
-//! `toolfleet-worker` binary that hosts them live in the `toolfleet-packs` crate
-//! (`packs/`). Nothing here may depend on a database, an HTTP client or any one pack.
+//! `toolfleet-worker` binary that hosts them live in the `toolfleet-packs` crate: the
+//! binary is `packs/src/bin/toolfleet-worker.rs`, the packs are `packs/src/`. Nothing
+//! here may depend on a database, an HTTP client or any one pack.
 //!
 //! | module | what lives there |
 //! |---|---|

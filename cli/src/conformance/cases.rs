@@ -212,6 +212,20 @@ fn check_counts(case: &mut Case, result: &Value) {
     }
 }
 
+/// Fails `case` with `code` unless `result` is `done` on delivery `attempts` (`which`
+/// says why that delivery is the one that answers).
+fn done_on(case: &mut Case, result: &CallResult, attempts: u32, code: &'static str, which: &str) {
+    if result.state != CallState::Done || result.attempts != attempts {
+        case.fail(
+            code,
+            format!(
+                "state {:?} after {} attempts; {which}",
+                result.state, result.attempts
+            ),
+        );
+    }
+}
+
 /// Whether a NAK came before the job was done with.
 fn naked(watch: &Watch) -> bool {
     watch
@@ -287,13 +301,13 @@ async fn retry(probe: &Probe, timeout: Duration) -> Case {
                 "retry_published",
                 "the retryable error of delivery 1 was published instead of NAKed (PROTOCOL §7.7)",
             );
-        } else if result.state != CallState::Done || result.attempts != 2 {
-            case.fail(
+        } else {
+            done_on(
+                &mut case,
+                &result,
+                2,
                 "retry_outcome",
-                format!(
-                    "state {:?} after {} attempts; the redelivery (attempt 2) answers",
-                    result.state, result.attempts
-                ),
+                "the redelivery (attempt 2) answers",
             );
         }
     }
@@ -400,15 +414,13 @@ async fn keepalive(probe: &Probe, timeout: Duration) -> Case {
         );
     }
     if let Some(result) = result(&mut case, &watch, &job, probe) {
-        if result.state != CallState::Done || result.attempts != 1 {
-            case.fail(
-                "keepalive_outcome",
-                format!(
-                    "state {:?} after {} attempts; the call answers on its first delivery",
-                    result.state, result.attempts
-                ),
-            );
-        }
+        done_on(
+            &mut case,
+            &result,
+            1,
+            "keepalive_outcome",
+            "the call answers on its first delivery",
+        );
     }
     case
 }

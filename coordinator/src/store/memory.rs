@@ -1,7 +1,7 @@
 //! An in-memory [`TurnStore`] for unit tests: the join's decisions without Redis.
 //!
 //! Owns [`MemoryStore`], which keeps every turn's meta, calls, results, events and
-//! queued calls under one lock and decides as the join's scripts do (`join.rs`): a turn
+//! queued calls under one lock and decides as the join's scripts do (`store/redis.rs`): a turn
 //! id is created once and replayed only to the same caller and request, a result counts
 //! once and only while its turn is open and before its deadline, the last result or the
 //! deadline or a cancel ends the turn once, a `final` is stored once and marked sent
@@ -13,13 +13,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use futures::future::BoxFuture;
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{CallResult, JobEnvelope};
 
-use super::TurnStore;
-use crate::join::{
+use super::Immediate;
+use crate::store::redis::{
     Attached, CallEntry, Cancelled, Closing, ClosingAhead, Created, Emitted, Finalized, JoinError,
     NewTurn, Recorded, Released, StoredFinal, StoredTurn,
 };
@@ -96,7 +95,7 @@ impl StoredState {
     }
 
     /// Empties the stored result bodies once the `final` holds them, keeping each
-    /// call's key (as `bodies_kept_in_final` does in the join's scripts).
+    /// call's key (as `kept_in_final` keeps them in the join's calls hash).
     fn keep_bodies_in_final(&mut self) {
         for body in self.results.values_mut() {
             body.clear();
@@ -172,50 +171,6 @@ impl MemoryStore {
         Ok(self.lock())
     }
 
-    fn do_create(&self, turn: NewTurn<'_>) -> Result<Created, JoinError> {
-        let mut state = self.reach()?;
-        state
-            .deadlines
-            .entry(turn.turn_id.to_string())
-            .or_insert(turn.deadline_unix_ms);
-        if let Some(existing) = state.turns.get(turn.turn_id) {
-            return Ok(Created::Exists {
-                same_caller: existing.caller == turn.caller && existing.tenant == turn.tenant,
-                same_request: existing.digest == turn.digest,
-            });
-        }
-        let mut stored = StoredState {
-            state: if turn.ended { "final" } else { "open" }.to_string(),
-            total: turn.calls.len(),
-            reply: turn.reply.to_string(),
-            tenant: turn.tenant.to_string(),
-            deadline: turn.deadline_unix_ms,
-            paced: turn.paced,
-            created: turn.created_unix_ms,
-            traceparent: turn.traceparent.to_string(),
-            trace: turn.trace.to_string(),
-            caller: turn.caller.to_string(),
-            digest: turn.digest.to_string(),
-            calls: turn.calls.into_iter().collect(),
-            events: turn.events,
-            ..StoredState::default()
-        };
-        for (key, result) in &turn.results {
-            let body = serde_json::to_vec(result).map_err(|e| JoinError::Decode(e.to_string()))?;
-            stored.results.insert(key.clone(), body);
-        }
-        if turn.ended {
-            stored.ended = Some("no_tools".to_string());
-            stored.final_seq = Some(stored.events.len() as u64);
-        }
-        for (key, job) in turn.queued {
-            stored.queue.push_back(key.clone());
-            stored.jobs.insert(key, job);
-        }
-        state.turns.insert(turn.turn_id.to_string(), stored);
-        Ok(Created::New)
-    }
-
     fn do_record(&self, record: Record<'_>) -> Result<Recorded, JoinError> {
         let mut state = self.reach()?;
         let Some(turn) = state.turns.get_mut(record.turn_id) else {
@@ -287,151 +242,6 @@ impl MemoryStore {
             released: released_call,
         })
     }
-
-    fn do_finalize(&self, turn_id: &str, reason: &str) -> Result<Finalized, JoinError> {
-        let mut state = self.reach()?;
-        let Some(turn) = state.turns.get_mut(turn_id) else {
-            return Ok(Finalized::UnknownTurn);
-        };
-        if !turn.is_open() {
-            if turn.final_seq.is_some() {
-                return Ok(Finalized::AlreadyEnded {
-                    published: turn.published > 0,
-                });
-            }
-            return Ok(Finalized::Unstored {
-                closing: turn.closing()?,
-                ended: turn.ended.clone().unwrap_or_default(),
-            });
-        }
-        turn.state = "final".to_string();
-        turn.ended = Some(reason.to_string());
-        Ok(Finalized::Ended(turn.closing()?))
-    }
-
-    fn do_cancel(
-        &self,
-        turn_id: &str,
-        caller: &str,
-        tenant: Option<&str>,
-    ) -> Result<Cancelled, JoinError> {
-        let mut state = self.reach()?;
-        let Some(turn) = state.turns.get_mut(turn_id) else {
-            return Ok(Cancelled::UnknownTurn);
-        };
-        if turn.caller != caller || tenant.is_some_and(|t| !t.is_empty() && t != turn.tenant) {
-            return Ok(Cancelled::UnknownTurn);
-        }
-        if !turn.is_open() {
-            return Ok(Cancelled::AlreadyEnded(
-                turn.ended.clone().unwrap_or_default(),
-            ));
-        }
-        turn.state = "final".to_string();
-        turn.ended = Some("cancelled".to_string());
-        Ok(Cancelled::Ended(turn.closing()?))
-    }
-
-    fn do_store_final(&self, turn_id: &str, events: &[String]) -> Result<StoredFinal, JoinError> {
-        let mut state = self.reach()?;
-        let Some(turn) = state.turns.get_mut(turn_id) else {
-            return Ok(StoredFinal::UnknownTurn);
-        };
-        if turn.final_seq.is_some() {
-            return Ok(StoredFinal::StoredBefore);
-        }
-        let last = turn.push(events);
-        turn.final_seq = Some(last);
-        turn.published = 0;
-        turn.keep_bodies_in_final();
-        Ok(StoredFinal::Stored {
-            reply: turn.reply.clone(),
-            first_seq: last - events.len() as u64 + 1,
-        })
-    }
-
-    fn do_emit(
-        &self,
-        turn_id: &str,
-        unless_result_of: Option<&str>,
-        events: &[String],
-    ) -> Result<Emitted, JoinError> {
-        let mut state = self.reach()?;
-        let Some(turn) = state.turns.get_mut(turn_id) else {
-            return Ok(Emitted::Nothing);
-        };
-        let answered =
-            unless_result_of.is_some_and(|k| !k.is_empty() && turn.results.contains_key(k));
-        if turn.final_seq.is_some() || answered {
-            return Ok(Emitted::Nothing);
-        }
-        let last = turn.push(events);
-        Ok(Emitted::Stored {
-            reply: turn.reply.clone(),
-            first_seq: last - events.len() as u64 + 1,
-        })
-    }
-
-    fn do_attach(
-        &self,
-        turn_id: &str,
-        caller: &str,
-        tenant: Option<&str>,
-        reply: &str,
-        after_seq: u64,
-    ) -> Result<Attached, JoinError> {
-        let mut state = self.reach()?;
-        let Some(turn) = state.turns.get_mut(turn_id).filter(|t| t.caller == caller) else {
-            return Ok(Attached::UnknownTurn);
-        };
-        if tenant.is_some_and(|t| !t.is_empty() && t != turn.tenant) {
-            return Ok(Attached::OtherTenant);
-        }
-        turn.reply = reply.to_string();
-        let from = usize::try_from(after_seq).unwrap_or(usize::MAX);
-        Ok(Attached::Events(
-            turn.events.iter().skip(from).cloned().collect(),
-        ))
-    }
-
-    fn do_mark_published(&self, turn_id: &str) -> Result<bool, JoinError> {
-        let mut state = self.reach()?;
-        state.deadlines.remove(turn_id);
-        let marks = match state.turns.get_mut(turn_id) {
-            Some(turn) => {
-                turn.published += 1;
-                turn.published
-            }
-            None => {
-                let marks = state
-                    .marks_of_unknown
-                    .entry(turn_id.to_string())
-                    .or_default();
-                *marks += 1;
-                *marks
-            }
-        };
-        Ok(marks == 1)
-    }
-
-    fn do_due(&self, key: &str, unix_ms: u64, limit: usize) -> Result<Vec<String>, JoinError> {
-        let state = self.reach()?;
-        if key != DEADLINES {
-            return Ok(Vec::new());
-        }
-        let mut due: Vec<(u64, &String)> = state
-            .deadlines
-            .iter()
-            .filter(|(_, deadline)| **deadline <= unix_ms)
-            .map(|(turn_id, deadline)| (*deadline, turn_id))
-            .collect();
-        due.sort();
-        Ok(due
-            .into_iter()
-            .take(limit)
-            .map(|(_, id)| id.clone())
-            .collect())
-    }
 }
 
 /// A `RECORD`'s arguments.
@@ -463,21 +273,206 @@ fn released(key: &str, job: &JobEnvelope, trace: &str) -> Released {
     }
 }
 
-impl TurnStore for MemoryStore {
-    fn create<'a>(&'a self, turn: NewTurn<'a>) -> BoxFuture<'a, Result<Created, JoinError>> {
-        Box::pin(async move { self.do_create(turn) })
+impl Immediate for MemoryStore {
+    fn create(&self, turn: NewTurn<'_>) -> Result<Created, JoinError> {
+        let mut state = self.reach()?;
+        state
+            .deadlines
+            .entry(turn.turn_id.to_string())
+            .or_insert(turn.deadline_unix_ms);
+        if let Some(existing) = state.turns.get(turn.turn_id) {
+            return Ok(Created::Exists {
+                same_caller: existing.caller == turn.caller && existing.tenant == turn.tenant,
+                same_request: existing.digest == turn.digest,
+            });
+        }
+        let mut stored = StoredState {
+            state: if turn.ended { "final" } else { "open" }.to_string(),
+            total: turn.calls.len(),
+            reply: turn.reply.to_string(),
+            tenant: turn.tenant.to_string(),
+            deadline: turn.deadline_unix_ms,
+            paced: turn.paced,
+            created: turn.created_unix_ms,
+            traceparent: turn.traceparent.to_string(),
+            trace: turn.trace.to_string(),
+            caller: turn.caller.to_string(),
+            digest: turn.digest.to_string(),
+            calls: turn.calls.into_iter().collect(),
+            events: turn.events,
+            ..StoredState::default()
+        };
+        for (key, result) in &turn.results {
+            let body = serde_json::to_vec(result).map_err(|e| JoinError::Decode(e.to_string()))?;
+            stored.results.insert(key.clone(), body);
+        }
+        if turn.ended {
+            stored.ended = Some("no_tools".to_string());
+            stored.final_seq = Some(stored.events.len() as u64);
+        }
+        for (key, job) in turn.queued {
+            stored.queue.push_back(key.clone());
+            stored.jobs.insert(key, job);
+        }
+        state.turns.insert(turn.turn_id.to_string(), stored);
+        Ok(Created::New)
     }
 
-    fn record_encoded<'a>(
-        &'a self,
-        turn_id: &'a str,
-        call_key: &'a str,
-        result: &'a CallResult,
-        body: &'a [u8],
-        state_event: &'a str,
-        ahead: Option<ClosingAhead<'a>>,
-    ) -> BoxFuture<'a, Result<Recorded, JoinError>> {
-        let record = Record {
+    fn finalize(&self, turn_id: &str, reason: &str) -> Result<Finalized, JoinError> {
+        let mut state = self.reach()?;
+        let Some(turn) = state.turns.get_mut(turn_id) else {
+            return Ok(Finalized::UnknownTurn);
+        };
+        if !turn.is_open() {
+            if turn.final_seq.is_some() {
+                return Ok(Finalized::AlreadyEnded {
+                    published: turn.published > 0,
+                });
+            }
+            return Ok(Finalized::Unstored {
+                closing: turn.closing()?,
+                ended: turn.ended.clone().unwrap_or_default(),
+            });
+        }
+        turn.state = "final".to_string();
+        turn.ended = Some(reason.to_string());
+        Ok(Finalized::Ended(turn.closing()?))
+    }
+
+    fn cancel(
+        &self,
+        turn_id: &str,
+        caller: &str,
+        tenant: Option<&str>,
+    ) -> Result<Cancelled, JoinError> {
+        let mut state = self.reach()?;
+        let Some(turn) = state.turns.get_mut(turn_id) else {
+            return Ok(Cancelled::UnknownTurn);
+        };
+        if turn.caller != caller || tenant.is_some_and(|t| !t.is_empty() && t != turn.tenant) {
+            return Ok(Cancelled::UnknownTurn);
+        }
+        if !turn.is_open() {
+            return Ok(Cancelled::AlreadyEnded(
+                turn.ended.clone().unwrap_or_default(),
+            ));
+        }
+        turn.state = "final".to_string();
+        turn.ended = Some("cancelled".to_string());
+        Ok(Cancelled::Ended(turn.closing()?))
+    }
+
+    fn store_final(&self, turn_id: &str, events: &[String]) -> Result<StoredFinal, JoinError> {
+        let mut state = self.reach()?;
+        let Some(turn) = state.turns.get_mut(turn_id) else {
+            return Ok(StoredFinal::UnknownTurn);
+        };
+        if turn.final_seq.is_some() {
+            return Ok(StoredFinal::StoredBefore);
+        }
+        let last = turn.push(events);
+        turn.final_seq = Some(last);
+        turn.published = 0;
+        turn.keep_bodies_in_final();
+        Ok(StoredFinal::Stored {
+            reply: turn.reply.clone(),
+            first_seq: last - events.len() as u64 + 1,
+        })
+    }
+
+    fn emit(
+        &self,
+        turn_id: &str,
+        unless_result_of: Option<&str>,
+        events: &[String],
+    ) -> Result<Emitted, JoinError> {
+        let mut state = self.reach()?;
+        let Some(turn) = state.turns.get_mut(turn_id) else {
+            return Ok(Emitted::Nothing);
+        };
+        let answered =
+            unless_result_of.is_some_and(|k| !k.is_empty() && turn.results.contains_key(k));
+        if turn.final_seq.is_some() || answered {
+            return Ok(Emitted::Nothing);
+        }
+        let last = turn.push(events);
+        Ok(Emitted::Stored {
+            reply: turn.reply.clone(),
+            first_seq: last - events.len() as u64 + 1,
+        })
+    }
+
+    fn attach(
+        &self,
+        turn_id: &str,
+        caller: &str,
+        tenant: Option<&str>,
+        reply: &str,
+        after_seq: u64,
+    ) -> Result<Attached, JoinError> {
+        let mut state = self.reach()?;
+        let Some(turn) = state.turns.get_mut(turn_id).filter(|t| t.caller == caller) else {
+            return Ok(Attached::UnknownTurn);
+        };
+        if tenant.is_some_and(|t| !t.is_empty() && t != turn.tenant) {
+            return Ok(Attached::OtherTenant);
+        }
+        turn.reply = reply.to_string();
+        let from = usize::try_from(after_seq).unwrap_or(usize::MAX);
+        Ok(Attached::Events(
+            turn.events.iter().skip(from).cloned().collect(),
+        ))
+    }
+
+    fn mark_published(&self, turn_id: &str) -> Result<bool, JoinError> {
+        let mut state = self.reach()?;
+        state.deadlines.remove(turn_id);
+        let marks = match state.turns.get_mut(turn_id) {
+            Some(turn) => {
+                turn.published += 1;
+                turn.published
+            }
+            None => {
+                let marks = state
+                    .marks_of_unknown
+                    .entry(turn_id.to_string())
+                    .or_default();
+                *marks += 1;
+                *marks
+            }
+        };
+        Ok(marks == 1)
+    }
+
+    fn due(&self, key: &str, unix_ms: u64, limit: usize) -> Result<Vec<String>, JoinError> {
+        let state = self.reach()?;
+        if key != DEADLINES {
+            return Ok(Vec::new());
+        }
+        let mut due: Vec<(u64, &String)> = state
+            .deadlines
+            .iter()
+            .filter(|(_, deadline)| **deadline <= unix_ms)
+            .map(|(turn_id, deadline)| (*deadline, turn_id))
+            .collect();
+        due.sort();
+        Ok(due
+            .into_iter()
+            .take(limit)
+            .map(|(_, id)| id.clone())
+            .collect())
+    }
+
+    fn record_encoded(
+        &self,
+        turn_id: &str,
+        call_key: &str,
+        result: &CallResult,
+        body: &[u8],
+        state_event: &str,
+        ahead: Option<ClosingAhead<'_>>,
+    ) -> Result<Recorded, JoinError> {
+        self.do_record(Record {
             turn_id,
             key: call_key,
             tool: &result.name,
@@ -485,123 +480,45 @@ impl TurnStore for MemoryStore {
             state_event,
             now_ms: unix_ms(),
             ahead,
-        };
-        Box::pin(async move { self.do_record(record) })
-    }
-
-    fn finalize<'a>(
-        &'a self,
-        turn_id: &'a str,
-        reason: &'a str,
-    ) -> BoxFuture<'a, Result<Finalized, JoinError>> {
-        Box::pin(async move { self.do_finalize(turn_id, reason) })
-    }
-
-    fn cancel<'a>(
-        &'a self,
-        turn_id: &'a str,
-        caller: &'a str,
-        tenant: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Cancelled, JoinError>> {
-        Box::pin(async move { self.do_cancel(turn_id, caller, tenant) })
-    }
-
-    fn store_final<'a>(
-        &'a self,
-        turn_id: &'a str,
-        events: &'a [String],
-    ) -> BoxFuture<'a, Result<StoredFinal, JoinError>> {
-        Box::pin(async move { self.do_store_final(turn_id, events) })
-    }
-
-    fn emit<'a>(
-        &'a self,
-        turn_id: &'a str,
-        unless_result_of: Option<&'a str>,
-        events: &'a [String],
-    ) -> BoxFuture<'a, Result<Emitted, JoinError>> {
-        Box::pin(async move { self.do_emit(turn_id, unless_result_of, events) })
-    }
-
-    fn attach<'a>(
-        &'a self,
-        turn_id: &'a str,
-        caller: &'a str,
-        tenant: Option<&'a str>,
-        reply: &'a str,
-        after_seq: u64,
-    ) -> BoxFuture<'a, Result<Attached, JoinError>> {
-        Box::pin(async move { self.do_attach(turn_id, caller, tenant, reply, after_seq) })
-    }
-
-    fn stored_events<'a>(
-        &'a self,
-        turn_id: &'a str,
-    ) -> BoxFuture<'a, Result<StoredTurn, JoinError>> {
-        Box::pin(async move {
-            let state = self.reach()?;
-            Ok(state
-                .turns
-                .get(turn_id)
-                .map(|turn| StoredTurn {
-                    reply: turn.reply.clone(),
-                    events: turn.events.clone(),
-                    trace: Some(turn.trace.clone()).filter(|t| !t.is_empty()),
-                    ended: turn.ended.clone().unwrap_or_default(),
-                })
-                .unwrap_or_default())
         })
     }
 
-    fn mark_published<'a>(&'a self, turn_id: &'a str) -> BoxFuture<'a, Result<bool, JoinError>> {
-        Box::pin(async move { self.do_mark_published(turn_id) })
+    fn stored_events(&self, turn_id: &str) -> Result<StoredTurn, JoinError> {
+        let state = self.reach()?;
+        Ok(state
+            .turns
+            .get(turn_id)
+            .map(|turn| StoredTurn {
+                reply: turn.reply.clone(),
+                events: turn.events.clone(),
+                trace: Some(turn.trace.clone()).filter(|t| !t.is_empty()),
+                ended: turn.ended.clone().unwrap_or_default(),
+            })
+            .unwrap_or_default())
     }
 
-    fn confirm_dispatched<'a>(
-        &'a self,
-        turn_id: &'a str,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<(), JoinError>> {
-        Box::pin(async move {
-            let mut state = self.reach()?;
-            if let Some(turn) = state.turns.get_mut(turn_id) {
-                turn.dispatching.remove(key);
-                turn.jobs.remove(key);
-            }
-            Ok(())
-        })
+    fn confirm_dispatched(&self, turn_id: &str, key: &str) -> Result<(), JoinError> {
+        let mut state = self.reach()?;
+        if let Some(turn) = state.turns.get_mut(turn_id) {
+            turn.dispatching.remove(key);
+            turn.jobs.remove(key);
+        }
+        Ok(())
     }
 
-    fn forget_deadline<'a>(&'a self, turn_id: &'a str) -> BoxFuture<'a, Result<(), JoinError>> {
-        Box::pin(async move {
-            self.reach()?.deadlines.remove(turn_id);
-            Ok(())
-        })
+    fn forget_deadline(&self, turn_id: &str) -> Result<(), JoinError> {
+        self.reach()?.deadlines.remove(turn_id);
+        Ok(())
     }
 
     fn deadline_keys(&self, _first: u32) -> Vec<String> {
         vec![DEADLINES.to_string()]
     }
 
-    fn due<'a>(
-        &'a self,
-        key: &'a str,
-        unix_ms: u64,
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<String>, JoinError>> {
-        Box::pin(async move { self.do_due(key, unix_ms, limit) })
-    }
-
-    fn reject_result<'a>(
-        &'a self,
-        tool: &'a str,
-        rejection: &'a Rejection,
-    ) -> BoxFuture<'a, Result<(), JoinError>> {
-        Box::pin(async move {
-            self.reach()?
-                .rejected
-                .insert(tool.to_string(), rejection.clone());
-            Ok(())
-        })
+    fn reject_result(&self, tool: &str, rejection: &Rejection) -> Result<(), JoinError> {
+        self.reach()?
+            .rejected
+            .insert(tool.to_string(), rejection.clone());
+        Ok(())
     }
 }

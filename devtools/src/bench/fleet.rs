@@ -35,6 +35,18 @@ pub(crate) const OTEL_VARIABLES: [&str; 5] = [
     "OTEL_SERVICE_NAME",
 ];
 
+/// A child of the bench (`program` is this executable, or a wrapper around it) as a
+/// [`toolfleet_testkit::child_command`], killed with its handle, with none of
+/// [`OTEL_VARIABLES`]: a node's telemetry goes only where the bench points it.
+fn node_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::from(toolfleet_testkit::child_command(program, Stdio::null()));
+    cmd.kill_on_drop(true);
+    for name in OTEL_VARIABLES {
+        cmd.env_remove(name);
+    }
+    cmd
+}
+
 /// Where the fleets run: the servers, this executable, and every prefix used so far.
 pub struct Env {
     /// This executable, started as coordinator and workers.
@@ -146,11 +158,11 @@ impl Env {
     fn spawn(&self, prefix: &str, role: &'static str, index: usize, spec: &Spec) -> Result<Node> {
         let mut cmd = match spec.wrap.split_first() {
             Some((program, args)) => {
-                let mut cmd = Command::new(program);
+                let mut cmd = node_command(program);
                 cmd.args(args).arg(&self.exe);
                 cmd
             }
-            None => Command::new(&self.exe),
+            None => node_command(&self.exe),
         };
         cmd.arg("--nats")
             .arg(&self.nats_url)
@@ -162,7 +174,6 @@ impl Env {
         if role == "worker" {
             cmd.args(["--packs", "test"]);
         }
-        let log_filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
         cmd.envs([
             ("TOOLFLEET_HTTP_ADDR", "off".to_string()),
             (
@@ -176,15 +187,7 @@ impl Env {
             ),
             ("TOOLFLEET_WORKER_ID", format!("{prefix}-{role}-{index}")),
             ("TOOLFLEET_RETENTION_MS", "60000".to_string()),
-            ("RUST_LOG", log_filter),
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-        for name in OTEL_VARIABLES {
-            cmd.env_remove(name);
-        }
+        ]);
         match spec.threads {
             Some(n) => cmd.env("TOKIO_WORKER_THREADS", n.to_string()),
             None => cmd.env_remove("TOKIO_WORKER_THREADS"),
@@ -396,7 +399,7 @@ impl Env {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let mut cmd = Command::new(&self.exe);
+        let mut cmd = node_command(&self.exe);
         cmd.arg("--nats")
             .arg(&self.nats_url)
             .arg("--prefix")
@@ -408,18 +411,7 @@ impl Env {
                 ("TOOLFLEET_GATEWAY_RATE_PER_S", "1000000".into()),
                 ("TOOLFLEET_GATEWAY_BURST", "1000000".into()),
                 ("TOOLFLEET_GATEWAY_MAX_TURNS", GATEWAY_MAX_TURNS.into()),
-                (
-                    "RUST_LOG",
-                    std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-                ),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true);
-        for name in OTEL_VARIABLES {
-            cmd.env_remove(name);
-        }
+            ]);
         for (name, value) in extra {
             cmd.env(name, value);
         }
@@ -501,21 +493,11 @@ impl Fleet {
 impl Node {
     /// SIGTERM, then SIGKILL after a bound (noted on `progress`).
     pub async fn stop(mut self, progress: &Progress) {
-        if let Ok(pid) = i32::try_from(self.pid) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        if tokio::time::timeout(STOP_TIMEOUT, self.child.wait())
-            .await
-            .is_err()
-        {
+        if !toolfleet_cli::local::terminate(&mut self.child, STOP_TIMEOUT).await {
             progress.note(format_args!(
-                "{} pid {} did not stop within {STOP_TIMEOUT:?}; killing it",
+                "{} pid {} did not stop within {STOP_TIMEOUT:?}; killed it",
                 self.role, self.pid
             ));
-            let _ = self.child.kill().await;
         }
     }
 }

@@ -18,9 +18,9 @@ use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use toolfleet_common::{FleetClient, TurnEvent, TurnRequest};
 
-use super::phases::decision;
+use super::phases::{decision, interleaved};
 use super::progress::Progress;
-use super::stats::{self, Latencies, Summary};
+use super::stats::{self, Summary};
 
 /// Requests of the burst.
 const BURST_REQUESTS: usize = 2_000;
@@ -182,36 +182,12 @@ pub async fn run(
     progress: &Progress,
 ) -> Result<Http> {
     let noop = decision("test.noop", &json!({}), 3);
-    let mut failed = 0;
-    let mut lat = [
-        Latencies::default(),
-        Latencies::default(),
-        Latencies::default(),
-    ];
     let ways = [Via::Nats, Via::Json, Via::Sse];
-    let started = Instant::now();
-    for i in 0..turns + turns / 10 {
-        if started.elapsed() > cap {
-            break;
-        }
-        for (k, via) in ways.iter().enumerate() {
-            let t = Instant::now();
-            match target.turn(*via, &noop).await {
-                Ok(()) if i >= turns / 10 => lat[k].push(t.elapsed()),
-                Ok(()) => {}
-                Err(error) => {
-                    failed += 1;
-                    if failed == 1 {
-                        progress.note(format_args!("  an http-phase turn failed: {error:#}"));
-                    }
-                }
-            }
-        }
-    }
-    if lat.iter().any(|l| l.len() == 0) {
-        bail!("no turn completed one of the ways");
-    }
-    let [nats, json_lat, sse] = lat.map(|l| l.summary());
+    let ([nats, json_lat, sse], mut failed) =
+        interleaved(turns, cap, ("http", "turn"), progress, |k| {
+            target.turn(ways[k], &noop)
+        })
+        .await?;
     let mut rates = [0.0; 3];
     for (k, via) in ways.iter().enumerate() {
         let (rate, lost) = rate(target, *via, &noop, concurrency, window).await;

@@ -6,16 +6,16 @@
 //! Owns the requests the phase sends and the figures computed from them. It must never
 //! start or stop the gateway, the fleet or the model server (`mod.rs` does).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 use toolfleet_dev::upstream::{calls_answer, text_answer, Scripted};
 
-use super::phases::decision;
+use super::phases::{decision, interleaved};
 use super::progress::Progress;
-use super::stats::{self, Latencies, Summary};
+use super::stats::{self, Summary};
 
 /// Longest wait for one request.
 const WAIT: Duration = Duration::from_secs(20);
@@ -66,24 +66,14 @@ pub async fn run(
         (format!("{gateway}/v1/chat/completions"), chat, true),
         (format!("{gateway}/v1/turns"), turn, true),
     ];
-    let mut lat = [
-        Latencies::default(),
-        Latencies::default(),
-        Latencies::default(),
-    ];
-    let mut failed = 0;
-    let started = Instant::now();
-    for i in 0..turns + turns / 10 {
-        if started.elapsed() > cap {
-            break;
-        }
-        for (k, (url, body, keyed)) in requests.iter().enumerate() {
+    let ([upstream, chat, gateway_turn], failed) =
+        interleaved(turns, cap, ("openai", "request"), progress, |k| {
+            let (url, body, keyed) = &requests[k];
             let mut request = http.post(url).json(body);
             if *keyed {
                 request = request.bearer_auth(key);
             }
-            let t = Instant::now();
-            let outcome = async {
+            async move {
                 let response = request.send().await?;
                 if !response.status().is_success() {
                     bail!("status {}", response.status());
@@ -91,23 +81,8 @@ pub async fn run(
                 let _: Value = response.json().await?;
                 anyhow::Ok(())
             }
-            .await;
-            match outcome {
-                Ok(()) if i >= turns / 10 => lat[k].push(t.elapsed()),
-                Ok(()) => {}
-                Err(error) => {
-                    failed += 1;
-                    if failed == 1 {
-                        progress.note(format_args!("  an openai-phase request failed: {error:#}"));
-                    }
-                }
-            }
-        }
-    }
-    if lat.iter().any(|l| l.len() == 0) {
-        bail!("no request completed one of the ways");
-    }
-    let [upstream, chat, gateway_turn] = lat.map(|l| l.summary());
+        })
+        .await?;
     Ok(Openai {
         added_per_round_p50_ms: stats::round3(chat.p50_ms - 2.0 * upstream.p50_ms),
         upstream,

@@ -29,6 +29,50 @@ const TENANT: &str = "bench";
 /// Longest wait for any one event of a turn.
 const EVENT_WAIT: Duration = Duration::from_secs(20);
 
+/// `turns` rounds at concurrency 1, a tenth more first as warm-up (not measured), for
+/// at most `cap`: each round tries the `N` ways in turn, way `k` with `attempt(k)`.
+/// Returns each way's latencies and how many attempts failed. The first failure is
+/// noted (`an <phase>-phase <unit> failed`); a way that never succeeded fails the phase.
+pub async fn interleaved<const N: usize, F, Fut>(
+    turns: usize,
+    cap: Duration,
+    (phase, unit): (&str, &str),
+    progress: &Progress,
+    mut attempt: F,
+) -> Result<([Summary; N], usize)>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut lat: [Latencies; N] = std::array::from_fn(|_| Latencies::default());
+    let mut failed = 0;
+    let started = Instant::now();
+    for i in 0..turns + turns / 10 {
+        if started.elapsed() > cap {
+            break;
+        }
+        for (k, way) in lat.iter_mut().enumerate() {
+            // Whatever `attempt` prepares before its future runs stays off the clock.
+            let pending = attempt(k);
+            let t = Instant::now();
+            match pending.await {
+                Ok(()) if i >= turns / 10 => way.push(t.elapsed()),
+                Ok(()) => {}
+                Err(error) => {
+                    failed += 1;
+                    if failed == 1 {
+                        progress.note(format_args!("  an {phase}-phase {unit} failed: {error:#}"));
+                    }
+                }
+            }
+        }
+    }
+    if lat.iter().any(|l| l.len() == 0) {
+        bail!("no {unit} completed one of the ways");
+    }
+    Ok((lat.map(|l| l.summary()), failed))
+}
+
 /// A decision of `calls` calls of `tool` with `arguments`, in the simple form.
 pub fn decision(tool: &str, arguments: &Value, calls: usize) -> Value {
     let calls: Vec<Value> = (0..calls)

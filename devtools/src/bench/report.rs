@@ -272,6 +272,12 @@ fn p50_p99(s: &Summary) -> String {
     format!("{} / {}", ms(s.p50_ms), ms(s.p99_ms))
 }
 
+/// `p50 / p99` of each of `summaries`, side by side (`a · b · c`).
+fn each_p50_p99(summaries: &[&Summary]) -> String {
+    let cells: Vec<String> = summaries.iter().map(|s| p50_p99(s)).collect();
+    cells.join(" · ")
+}
+
 fn load(m: &Measured<impl Serialize>) -> String {
     format!("{:.2} → {:.2}", m.load_before[0], m.load_after[0])
 }
@@ -484,12 +490,7 @@ fn openai_rows(t: &mut Table, reports: &[ModeReport]) {
                 "p50 / p99 ms model server · chat (2 model requests + 1 round) · gateway turn",
                 |m| {
                     let f = &m.figures;
-                    format!(
-                        "{} · {} · {}",
-                        p50_p99(&f.upstream),
-                        p50_p99(&f.chat),
-                        p50_p99(&f.gateway_turn)
-                    )
+                    each_p50_p99(&[&f.upstream, &f.chat, &f.gateway_turn])
                 },
             ),
             (
@@ -515,12 +516,7 @@ fn http_rows(t: &mut Table, reports: &[ModeReport]) {
                 "p50 / p99 ms NATS client · JSON · SSE (concurrency 1)",
                 |m| {
                     let f = &m.figures;
-                    format!(
-                        "{} · {} · {}",
-                        p50_p99(&f.nats),
-                        p50_p99(&f.json),
-                        p50_p99(&f.sse)
-                    )
+                    each_p50_p99(&[&f.nats, &f.json, &f.sse])
                 },
             ),
             ("p50 over the NATS client, ms JSON / SSE", |m| {

@@ -340,20 +340,16 @@ impl ChaosFleet {
                 Ok(Some(index))
             }
             (Fault::RedisMaster, Servers::Cluster { redis, .. }) => {
-                let masters = redis.masters().await;
-                if masters.is_empty() {
+                let Some(index) = master_picked(redis, pick).await else {
                     return Ok(None);
-                }
-                let index = masters[pick % masters.len()];
+                };
                 redis.kill(index).await;
                 Ok(Some(index))
             }
             (Fault::RedisPartition, Servers::Cluster { redis, .. }) => {
-                let masters = redis.masters().await;
-                if masters.is_empty() {
+                let Some(index) = master_picked(redis, pick).await else {
                     return Ok(None);
-                }
-                let index = masters[pick % masters.len()];
+                };
                 redis.partition(index)?;
                 // Held until its replica took over (the cut master still says it is
                 // one, so four nodes answer `master`); the fault's pause follows.
@@ -427,6 +423,13 @@ impl ChaosFleet {
     }
 }
 
+/// The `pick`-th of `redis`'s masters now (modulo their number), `None` when no node
+/// answers as one: which node a Redis fault hits.
+async fn master_picked(redis: &RedisCluster, pick: usize) -> Option<usize> {
+    let masters = redis.masters().await;
+    (!masters.is_empty()).then(|| masters[pick % masters.len()])
+}
+
 async fn start_server(server: &'static Server, label: &str, run_dir: &Path) -> Result<Proc> {
     let dir = run_dir.join(label);
     std::fs::create_dir_all(&dir)?;
@@ -461,9 +464,6 @@ fn node_env(nats_url: &str, redis_url: &str, prefix: &str) -> Vec<(&'static str,
         ("TOOLFLEET_PREFIX", prefix.to_string()),
         ("TOOLFLEET_HTTP_ADDR", "off".to_string()),
         ("TOOLFLEET_PACKS", "test".to_string()),
-        (
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-        ),
+        ("RUST_LOG", toolfleet_testkit::child_log_filter()),
     ]
 }

@@ -34,8 +34,6 @@ use fleet::{ChaosFleet, FleetSpec, NodeBinaries};
 use load::LoadSpec;
 use report::FaultReport;
 
-/// How long after its deadline a turn with neither `final` nor `error` counts as lost.
-const PATIENCE: Duration = Duration::from_secs(5);
 /// Extra time the turns in flight get to end after the load stops, beyond their own
 /// deadline + patience and submission timeout, before they are abandoned.
 const DRAIN_MARGIN: Duration = Duration::from_secs(15);
@@ -213,6 +211,10 @@ pub struct ChaosArgs {
     /// A `final` later than deadline + this counts as late.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     late_after: Duration,
+    /// A turn with neither `final` nor `error` by deadline + this counts as lost (the
+    /// client stops waiting for it; whether it ended later is reported apart).
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    patience: Duration,
     /// Write the report as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -259,7 +261,7 @@ impl ChaosArgs {
             concurrency: self.concurrency.map(usize::from),
             call_ms: self.call_ms,
             deadline: Duration::from_millis(self.deadline_ms),
-            patience: PATIENCE,
+            patience: self.patience,
             seed,
         }
     }
@@ -338,9 +340,20 @@ async fn run_fault(
     interrupt: &CancellationToken,
 ) -> Result<FaultReport> {
     eprintln!("chaos: {}: starting a fleet", fault.name());
-    let mut fleet = ChaosFleet::start(&args.fleet_spec(), binaries)
-        .await
-        .with_context(|| format!("starting the fleet for fault {}", fault.name()))?;
+    // A fleet that does not come up (a cluster that misses its start-up timeout on a
+    // loaded machine) is no turn lost: it is started afresh once before the run fails.
+    let mut fleet = match ChaosFleet::start(&args.fleet_spec(), binaries).await {
+        Ok(fleet) => fleet,
+        Err(error) => {
+            eprintln!(
+                "chaos: {}: the fleet did not start ({error:#}); starting it again",
+                fault.name()
+            );
+            ChaosFleet::start(&args.fleet_spec(), binaries)
+                .await
+                .with_context(|| format!("starting the fleet for fault {}", fault.name()))?
+        }
+    };
     eprintln!(
         "chaos: {}: fleet up at {}; {:?} of load",
         fault.name(),
@@ -381,13 +394,15 @@ async fn run_fault(
         }
     };
     let memory = memory.await.unwrap_or_default();
-    fleet.stop().await;
     if interrupt.is_cancelled() {
+        fleet.stop().await;
         bail!("interrupted; every process stopped and its data removed");
     }
+    // The fleet stays up while the tally watches lost turns for whether they ended later.
     let deadline = Duration::from_millis(args.deadline_ms);
     let mut report =
         FaultReport::tally(fault, kills?, seconds, args.late_after, deadline, records).await;
+    fleet.stop().await;
     report.redis_memory = memory;
     Ok(report)
 }
@@ -472,7 +487,15 @@ async fn inject(
             args.down.pick(rng)
         };
         pause(down, interrupt).await;
-        fleet.restart(fault, index).await?;
+        if let Err(error) = fleet.restart(fault, index).await {
+            // One fault at a time: with this one not yet undone (a cluster still
+            // healing), no other begins; the load runs on and its turns are counted.
+            eprintln!(
+                "chaos: {}: target {index} is not back ({error:#}); no further faults this run",
+                fault.name()
+            );
+            break;
+        }
         tracing::info!(fault = fault.name(), target = index, "fault ends");
     }
     pause(until.saturating_duration_since(Instant::now()), interrupt).await;
@@ -506,7 +529,7 @@ fn write_json(
             "call_ms": [args.call_ms.low, args.call_ms.high],
             "deadline_ms": args.deadline_ms,
             "late_after_ms": args.late_after.as_millis() as u64,
-            "lost_after_ms": (Duration::from_millis(args.deadline_ms) + PATIENCE).as_millis() as u64,
+            "lost_after_ms": (Duration::from_millis(args.deadline_ms) + args.patience).as_millis() as u64,
             "cluster": args.cluster,
             "coordinators": args.coordinators,
             "workers": args.workers,

@@ -26,23 +26,27 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::auth::{Caller, SECURITY_SCHEME};
-use crate::error::{error_response, string_header};
+use crate::error::{described, error_response, string_header};
 use crate::extract::ApiJson;
-use crate::turns::EVENT_STREAM;
+use crate::sse::{sse_event, EVENT_STREAM};
+use crate::turns::example_decision;
 use crate::Gateway;
 
-/// A decision the demo pack runs: the simple form with two calls, as a model that was
-/// asked "Show me my appointments and my billing" might decide.
-pub fn example_decision() -> Value {
-    json!({
-        "type": "tool_calls",
-        "calls": [
-            {"id": "call_appts_01", "toolName": "crm.listUpcomingAppointments",
-             "arguments": {"customerId": "cust_002"}},
-            {"id": "call_bill_02", "toolName": "crm.getOpenInvoices",
-             "arguments": {"customerId": "cust_002"}}
-        ]
-    })
+/// `JsonSchema` for a type no derive can describe (a body kept as sent JSON, or a marker
+/// for what the model server or the MCP SDK writes), its schema written here by hand:
+/// the type's own name in the document, and `schema`.
+macro_rules! hand_written_schema {
+    ($type:ident, $schema:tt) => {
+        impl JsonSchema for $type {
+            fn schema_name() -> Cow<'static, str> {
+                stringify!($type).into()
+            }
+
+            fn json_schema(_: &mut SchemaGenerator) -> Schema {
+                schemars::json_schema!($schema)
+            }
+        }
+    };
 }
 
 /// A whole `POST /v1/turns` body that runs as written against the demo pack.
@@ -88,117 +92,93 @@ fn example_initialize() -> Value {
 #[serde(transparent)]
 pub struct ChatCompletionRequest(pub Value);
 
-impl JsonSchema for ChatCompletionRequest {
-    fn schema_name() -> Cow<'static, str> {
-        "ChatCompletionRequest".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        schemars::json_schema!({
-            "description": "An OpenAI Chat Completions request. Every field but `toolfleet` \
-                goes to the model server as sent (`model` replaced when the gateway names \
-                one); the tenant's fleet tools are offered beside the caller's own `tools`.",
-            "type": "object",
-            "required": ["messages"],
-            "properties": {
-                "model": {"type": "string", "description": "The model."},
-                "messages": {
-                    "type": "array",
-                    "description": "The conversation so far.",
-                    "items": {
-                        "type": "object",
-                        "required": ["role"],
-                        "properties": {
-                            "role": {"type": "string",
-                                     "enum": ["system", "developer", "user", "assistant", "tool"]},
-                            "content": {"type": ["string", "null"]},
-                            "tool_call_id": {"type": "string"}
-                        }
-                    }
-                },
-                "stream": {"type": "boolean",
-                           "description": "Answer as Server-Sent Events chunks."},
-                "stream_options": {
-                    "type": "object",
-                    "properties": {"include_usage": {"type": "boolean"}}
-                },
-                "tools": {
-                    "type": "array",
-                    "description": "The caller's own tools (OpenAI function tools); a call of \
-                        one ends the loop with `finish_reason: \"tool_calls\"`.",
-                    "items": {"type": "object"}
-                },
-                "toolfleet": {
-                    "type": "object",
-                    "description": "Limits of the tool loop (the tightest of these, the API \
-                        key's and the gateway's apply); removed before the request goes \
-                        upstream.",
-                    "additionalProperties": false,
-                    "properties": {
-                        "max_rounds": {"type": "integer", "minimum": 0, "maximum": 1000},
-                        "max_calls_per_round": {"type": "integer", "minimum": 0, "maximum": 1000},
-                        "stop_after": {"type": "string", "enum": ["first", "burst"]},
-                        "deadline_ms": {"type": "integer", "minimum": 1, "maximum": 3600000}
-                    }
+hand_written_schema!(ChatCompletionRequest, {
+    "description": "An OpenAI Chat Completions request. Every field but `toolfleet` \
+        goes to the model server as sent (`model` replaced when the gateway names \
+        one); the tenant's fleet tools are offered beside the caller's own `tools`.",
+    "type": "object",
+    "required": ["messages"],
+    "properties": {
+        "model": {"type": "string", "description": "The model."},
+        "messages": {
+            "type": "array",
+            "description": "The conversation so far.",
+            "items": {
+                "type": "object",
+                "required": ["role"],
+                "properties": {
+                    "role": {"type": "string",
+                             "enum": ["system", "developer", "user", "assistant", "tool"]},
+                    "content": {"type": ["string", "null"]},
+                    "tool_call_id": {"type": "string"}
                 }
-            },
-            "examples": [example_chat()]
-        })
-    }
-}
+            }
+        },
+        "stream": {"type": "boolean",
+                   "description": "Answer as Server-Sent Events chunks."},
+        "stream_options": {
+            "type": "object",
+            "properties": {"include_usage": {"type": "boolean"}}
+        },
+        "tools": {
+            "type": "array",
+            "description": "The caller's own tools (OpenAI function tools); a call of \
+                one ends the loop with `finish_reason: \"tool_calls\"`.",
+            "items": {"type": "object"}
+        },
+        "toolfleet": {
+            "type": "object",
+            "description": "Limits of the tool loop (the tightest of these, the API \
+                key's and the gateway's apply); removed before the request goes \
+                upstream.",
+            "additionalProperties": false,
+            "properties": {
+                "max_rounds": {"type": "integer", "minimum": 0, "maximum": 1000},
+                "max_calls_per_round": {"type": "integer", "minimum": 0, "maximum": 1000},
+                "stop_after": {"type": "string", "enum": ["first", "burst"]},
+                "deadline_ms": {"type": "integer", "minimum": 1, "maximum": 3600000}
+            }
+        }
+    },
+    "examples": [example_chat()]
+});
 
 /// An OpenAI chat completion as the gateway answers it.
 struct ChatCompletion;
 
-impl JsonSchema for ChatCompletion {
-    fn schema_name() -> Cow<'static, str> {
-        "ChatCompletion".into()
+hand_written_schema!(ChatCompletion, {
+    "description": "The model's answer (`object` `chat.completion`), its `usage` summed \
+        over every round; `toolfleet` says what the loop did.",
+    "type": "object",
+    "required": ["choices"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string"},
+        "created": {"type": "integer"},
+        "model": {"type": "string"},
+        "choices": {"type": "array", "items": {"type": "object"}},
+        "usage": {"type": ["object", "null"]},
+        "toolfleet": {"type": "object"}
     }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        schemars::json_schema!({
-            "description": "The model's answer (`object` `chat.completion`), its `usage` summed \
-                over every round; `toolfleet` says what the loop did.",
-            "type": "object",
-            "required": ["choices"],
-            "properties": {
-                "id": {"type": "string"},
-                "object": {"type": "string"},
-                "created": {"type": "integer"},
-                "model": {"type": "string"},
-                "choices": {"type": "array", "items": {"type": "object"}},
-                "usage": {"type": ["object", "null"]},
-                "toolfleet": {"type": "object"}
-            }
-        })
-    }
-}
+});
 
 /// A JSON-RPC 2.0 message of the MCP transport.
 struct JsonRpcMessage;
 
-impl JsonSchema for JsonRpcMessage {
-    fn schema_name() -> Cow<'static, str> {
-        "JsonRpcMessage".into()
+hand_written_schema!(JsonRpcMessage, {
+    "description": "A JSON-RPC 2.0 message (MCP): a request (`id`, `method`), a \
+        notification (`method`, no `id`) or a response (`id`, `result` or `error`).",
+    "type": "object",
+    "required": ["jsonrpc"],
+    "properties": {
+        "jsonrpc": {"const": "2.0"},
+        "id": {"type": ["string", "integer"]},
+        "method": {"type": "string"},
+        "params": {"type": "object"},
+        "result": {},
+        "error": {"type": "object"}
     }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        schemars::json_schema!({
-            "description": "A JSON-RPC 2.0 message (MCP): a request (`id`, `method`), a \
-                notification (`method`, no `id`) or a response (`id`, `result` or `error`).",
-            "type": "object",
-            "required": ["jsonrpc"],
-            "properties": {
-                "jsonrpc": {"const": "2.0"},
-                "id": {"type": ["string", "integer"]},
-                "method": {"type": "string"},
-                "params": {"type": "object"},
-                "result": {},
-                "error": {"type": "object"}
-            }
-        })
-    }
-}
+});
 
 /// The answer of `POST /v1/chat/completions`, documented.
 pub struct ChatAnswer(axum::response::Response);
@@ -221,29 +201,9 @@ pub async fn chat_completions(
 
 fn media(json_schema: Schema, example: Option<Value>) -> MediaType {
     MediaType {
-        schema: Some(SchemaObject {
-            json_schema,
-            example: None,
-            external_docs: None,
-        }),
         example,
-        ..Default::default()
+        ..crate::error::media(json_schema)
     }
-}
-
-/// One Server-Sent Event, the unit an event stream's schema describes: its `event`
-/// type, `data` (a JSON document, or `[DONE]` at the end of a chat completion stream),
-/// `id` and `retry`.
-pub fn sse_event() -> Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "properties": {
-            "event": {"type": "string"},
-            "data": {"type": "string"},
-            "id": {"type": "string"},
-            "retry": {"type": "integer", "minimum": 0}
-        }
-    })
 }
 
 fn event_stream_media() -> MediaType {
@@ -460,10 +420,7 @@ fn jsonrpc_response(ctx: &mut GenContext, description: &str, sse: bool) -> Respo
     let message = ctx.schema.subschema_for::<JsonRpcMessage>();
     let error = ctx.schema.subschema_for::<crate::error::ErrorBody>();
     let either = schemars::json_schema!({"anyOf": [message, error]});
-    let mut response = Response {
-        description: description.into(),
-        ..Default::default()
-    };
+    let mut response = described(description);
     response
         .content
         .insert("application/json".into(), media(either, None));
@@ -475,70 +432,74 @@ fn jsonrpc_response(ctx: &mut GenContext, description: &str, sse: bool) -> Respo
     response
 }
 
-/// The documented `/mcp` operations: `POST` (a JSON-RPC message), `GET` (a session's
-/// stream of server messages) and `DELETE` (end a session).
-fn mcp_docs(ctx: &mut GenContext) -> [ApiMethodDocs; 3] {
-    let session = || {
-        ReferenceOr::Item(header_parameter(
-            "Mcp-Session-Id",
-            "The session, from the `Mcp-Session-Id` header of the `initialize` answer.",
-            false,
-            schemars::json_schema!({"type": "string", "minLength": 1}),
-        ))
-    };
-    let accept = |value: &str| {
-        ReferenceOr::Item(header_parameter(
-            "Accept",
-            "What the client reads; the MCP transport requires it.",
-            true,
-            schemars::json_schema!({"type": "string", "enum": [value]}),
-        ))
-    };
-    let refusals = |ctx: &mut GenContext| {
-        vec![
-            (
-                400,
-                jsonrpc_response(
-                    ctx,
-                    "Not a JSON-RPC message the session can take (a JSON-RPC error, or \
-                     `invalid_request`): a request other than `initialize` without a \
-                     session, a bad protocol version header.",
-                    false,
-                ),
-            ),
-            (
-                403,
-                error_response(
-                    ctx,
-                    403,
-                    "The `Host` header is not one of `TOOLFLEET_GATEWAY_MCP_ALLOWED_HOSTS` \
-                     (`forbidden`, against DNS rebinding).",
-                ),
-            ),
-            (
-                404,
-                jsonrpc_response(
-                    ctx,
-                    "No such session (ended, or opened by another key) or no such method.",
-                    false,
-                ),
-            ),
-            (
-                405,
-                error_response(ctx, 405, "The transport does not serve this method here."),
-            ),
-            (
-                406,
-                error_response(
-                    ctx,
-                    406,
-                    "The `Accept` header lacks what the transport requires \
-                     (`not_acceptable`).",
-                ),
-            ),
-        ]
-    };
+/// The `Mcp-Session-Id` request header.
+fn mcp_session() -> ReferenceOr<Parameter> {
+    ReferenceOr::Item(header_parameter(
+        "Mcp-Session-Id",
+        "The session, from the `Mcp-Session-Id` header of the `initialize` answer.",
+        false,
+        schemars::json_schema!({"type": "string", "minLength": 1}),
+    ))
+}
 
+/// The `Accept` request header the MCP transport requires, `value`.
+fn mcp_accept(value: &str) -> ReferenceOr<Parameter> {
+    ReferenceOr::Item(header_parameter(
+        "Accept",
+        "What the client reads; the MCP transport requires it.",
+        true,
+        schemars::json_schema!({"type": "string", "enum": [value]}),
+    ))
+}
+
+/// The refusals every MCP operation may answer.
+fn mcp_refusals(ctx: &mut GenContext) -> Vec<(u16, Response)> {
+    vec![
+        (
+            400,
+            jsonrpc_response(
+                ctx,
+                "Not a JSON-RPC message the session can take (a JSON-RPC error, or \
+                 `invalid_request`): a request other than `initialize` without a \
+                 session, a bad protocol version header.",
+                false,
+            ),
+        ),
+        (
+            403,
+            error_response(
+                ctx,
+                403,
+                "The `Host` header is not one of `TOOLFLEET_GATEWAY_MCP_ALLOWED_HOSTS` \
+                 (`forbidden`, against DNS rebinding).",
+            ),
+        ),
+        (
+            404,
+            jsonrpc_response(
+                ctx,
+                "No such session (ended, or opened by another key) or no such method.",
+                false,
+            ),
+        ),
+        (
+            405,
+            error_response(ctx, 405, "The transport does not serve this method here."),
+        ),
+        (
+            406,
+            error_response(
+                ctx,
+                406,
+                "The `Accept` header lacks what the transport requires \
+                 (`not_acceptable`).",
+            ),
+        ),
+    ]
+}
+
+/// `POST /mcp`: one JSON-RPC message.
+fn mcp_post(ctx: &mut GenContext) -> Operation {
     let post = Doc {
         id: "mcpMessage",
         tag: "mcp",
@@ -558,13 +519,7 @@ fn mcp_docs(ctx: &mut GenContext) -> [ApiMethodDocs; 3] {
                 true,
             ),
         ),
-        (
-            202,
-            Response {
-                description: "A notification or response was accepted.".into(),
-                ..Default::default()
-            },
-        ),
+        (202, described("A notification or response was accepted.")),
         (
             413,
             error_response(
@@ -582,7 +537,7 @@ fn mcp_docs(ctx: &mut GenContext) -> [ApiMethodDocs; 3] {
             ),
         ),
     ];
-    responses.extend(refusals(ctx));
+    responses.extend(mcp_refusals(ctx));
     let mut post_op = post.operation(ctx, responses);
     if let Some(ReferenceOr::Item(ok)) = post_op
         .responses
@@ -597,7 +552,10 @@ fn mcp_docs(ctx: &mut GenContext) -> [ApiMethodDocs; 3] {
             )),
         );
     }
-    post_op.parameters = vec![accept("application/json, text/event-stream"), session()];
+    post_op.parameters = vec![
+        mcp_accept("application/json, text/event-stream"),
+        mcp_session(),
+    ];
     post_op.request_body = Some(ReferenceOr::Item(RequestBody {
         description: Some("One JSON-RPC message.".into()),
         content: [(
@@ -612,7 +570,11 @@ fn mcp_docs(ctx: &mut GenContext) -> [ApiMethodDocs; 3] {
         required: true,
         extensions: Default::default(),
     }));
+    post_op
+}
 
+/// `GET /mcp`: a session's stream of server messages.
+fn mcp_get(ctx: &mut GenContext) -> Operation {
     let get = Doc {
         id: "mcpStream",
         tag: "mcp",
@@ -631,10 +593,14 @@ fn mcp_docs(ctx: &mut GenContext) -> [ApiMethodDocs; 3] {
             ..Default::default()
         },
     )];
-    responses.extend(refusals(ctx));
+    responses.extend(mcp_refusals(ctx));
     let mut get_op = get.operation(ctx, responses);
-    get_op.parameters = vec![accept(EVENT_STREAM), session()];
+    get_op.parameters = vec![mcp_accept(EVENT_STREAM), mcp_session()];
+    get_op
+}
 
+/// `DELETE /mcp`: ends a session.
+fn mcp_delete(ctx: &mut GenContext) -> Operation {
     let delete = Doc {
         id: "mcpEndSession",
         tag: "mcp",
@@ -643,40 +609,168 @@ fn mcp_docs(ctx: &mut GenContext) -> [ApiMethodDocs; 3] {
         keyed: true,
     };
     let mut responses = vec![
-        (
-            200,
-            Response {
-                description: "The session ended.".into(),
-                ..Default::default()
-            },
-        ),
-        (
-            202,
-            Response {
-                description: "The session ends.".into(),
-                ..Default::default()
-            },
-        ),
+        (200, described("The session ended.")),
+        (202, described("The session ends.")),
     ];
-    responses.extend(refusals(ctx));
+    responses.extend(mcp_refusals(ctx));
     let mut delete_op = delete.operation(ctx, responses);
-    delete_op.parameters = vec![session()];
+    delete_op.parameters = vec![mcp_session()];
+    delete_op
+}
 
+/// The documented `/mcp` operations: `POST` (a JSON-RPC message), `GET` (a session's
+/// stream of server messages) and `DELETE` (end a session).
+fn mcp_docs(ctx: &mut GenContext) -> [ApiMethodDocs; 3] {
     [
-        ApiMethodDocs::new("post", post_op),
-        ApiMethodDocs::new("get", get_op),
-        ApiMethodDocs::new("delete", delete_op),
+        ApiMethodDocs::new("post", mcp_post(ctx)),
+        ApiMethodDocs::new("get", mcp_get(ctx)),
+        ApiMethodDocs::new("delete", mcp_delete(ctx)),
     ]
 }
 
-/// A public `GET` route answering `content_type`.
-fn public_get(
-    ctx: &mut GenContext,
+/// A route documented as a `GET` anyone may send: health, the document, the live page.
+struct PublicGet {
+    /// The route.
+    path: &'static str,
+    /// Its operation.
     doc: Doc,
-    ok: &str,
-    content_type: &str,
-    unavailable: Option<&str>,
-) -> ApiMethodDocs {
+    /// What a 200 answer is.
+    ok: &'static str,
+    /// The 200 answer's content type.
+    content_type: &'static str,
+    /// What a 503 answer means, when it may answer one.
+    unavailable: Option<&'static str>,
+}
+
+/// The routes documented as [`PublicGet`]s.
+const PUBLIC_GETS: [PublicGet; 9] = [
+    PublicGet {
+        path: "/healthz",
+        doc: Doc {
+            id: "healthz",
+            tag: "meta",
+            summary: "Liveness: the process answers",
+            description: "`ok` while the process serves HTTP.",
+            keyed: false,
+        },
+        ok: "`ok`.",
+        content_type: "text/plain",
+        unavailable: None,
+    },
+    PublicGet {
+        path: "/readyz",
+        doc: Doc {
+            id: "readyz",
+            tag: "meta",
+            summary: "Readiness: NATS connected and the key database answering",
+            description: "`ready` when the gateway can take turns.",
+            keyed: false,
+        },
+        ok: "`ready`.",
+        content_type: "text/plain",
+        unavailable: Some("NATS or the key database is not reachable (`unavailable`)."),
+    },
+    PublicGet {
+        path: "/openapi.json",
+        doc: Doc {
+            id: "openapi",
+            tag: "meta",
+            summary: "This document",
+            description: "The OpenAPI document of the gateway.",
+            keyed: false,
+        },
+        ok: "The OpenAPI document.",
+        content_type: "application/json",
+        unavailable: None,
+    },
+    PublicGet {
+        path: "/docs",
+        doc: Doc {
+            id: "docs",
+            tag: "meta",
+            summary: "This document, rendered",
+            description: "The OpenAPI document as a page (Redoc).",
+            keyed: false,
+        },
+        ok: "An HTML page.",
+        content_type: "text/html",
+        unavailable: None,
+    },
+    PublicGet {
+        path: "/",
+        doc: Doc {
+            id: "livePage",
+            tag: "meta",
+            summary: "The live turn page",
+            description: "Paste a decision and watch every call of its turn; the \
+                page asks for an API key and sends it only to this gateway.",
+            keyed: false,
+        },
+        ok: "An HTML page.",
+        content_type: "text/html",
+        unavailable: None,
+    },
+    PublicGet {
+        path: "/page/config.json",
+        doc: Doc {
+            id: "livePageConfig",
+            tag: "meta",
+            summary: "The live page's example decisions and Jaeger address",
+            description: "The example decisions the live page offers and the \
+                Jaeger base URL it links traces to.",
+            keyed: false,
+        },
+        ok: "JSON.",
+        content_type: "application/json",
+        unavailable: None,
+    },
+    PublicGet {
+        path: "/page/app.js",
+        doc: Doc {
+            id: "livePageScript",
+            tag: "meta",
+            summary: "The live page's script",
+            description: "The live page's script (no build step).",
+            keyed: false,
+        },
+        ok: "JavaScript.",
+        content_type: "text/javascript",
+        unavailable: None,
+    },
+    PublicGet {
+        path: "/page/toolfleet.js",
+        doc: Doc {
+            id: "gatewayClient",
+            tag: "meta",
+            summary: "The gateway's JavaScript client",
+            description: "The gateway client of `clients/typescript` \
+                (`toolfleet.js`, an ES module without dependencies) that the \
+                live page submits and follows its turns with; usable by any \
+                page served from the gateway.",
+            keyed: false,
+        },
+        ok: "JavaScript.",
+        content_type: "text/javascript",
+        unavailable: None,
+    },
+    PublicGet {
+        path: "/page/style.css",
+        doc: Doc {
+            id: "livePageStyle",
+            tag: "meta",
+            summary: "The live page's style sheet",
+            description: "The live page's style sheet.",
+            keyed: false,
+        },
+        ok: "CSS.",
+        content_type: "text/css",
+        unavailable: None,
+    },
+];
+
+/// A public `GET` route answering `content_type`.
+fn public_get(ctx: &mut GenContext, get: &PublicGet) -> ApiMethodDocs {
+    let (ok, content_type) = (get.ok, get.content_type);
     let mut responses = vec![(200, text_response(ok, content_type))];
     if content_type == "application/json" {
         responses[0].1.content.insert(
@@ -684,10 +778,10 @@ fn public_get(
             media(schemars::json_schema!({"type": "object"}), None),
         );
     }
-    if let Some(what) = unavailable {
+    if let Some(what) = get.unavailable {
         responses.push((503, error_response(ctx, 503, what)));
     }
-    ApiMethodDocs::new("get", doc.operation(ctx, responses))
+    ApiMethodDocs::new("get", get.doc.operation(ctx, responses))
 }
 
 /// `router` with the documentation of the routes served outside the documented API
@@ -698,157 +792,10 @@ where
 {
     let (mcp, public) = in_context(|ctx| {
         let mcp = mcp_docs(ctx);
-        let public: Vec<(&'static str, ApiMethodDocs)> = vec![
-            (
-                "/healthz",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "healthz",
-                        tag: "meta",
-                        summary: "Liveness: the process answers",
-                        description: "`ok` while the process serves HTTP.",
-                        keyed: false,
-                    },
-                    "`ok`.",
-                    "text/plain",
-                    None,
-                ),
-            ),
-            (
-                "/readyz",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "readyz",
-                        tag: "meta",
-                        summary: "Readiness: NATS connected and the key database answering",
-                        description: "`ready` when the gateway can take turns.",
-                        keyed: false,
-                    },
-                    "`ready`.",
-                    "text/plain",
-                    Some("NATS or the key database is not reachable (`unavailable`)."),
-                ),
-            ),
-            (
-                "/openapi.json",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "openapi",
-                        tag: "meta",
-                        summary: "This document",
-                        description: "The OpenAPI document of the gateway.",
-                        keyed: false,
-                    },
-                    "The OpenAPI document.",
-                    "application/json",
-                    None,
-                ),
-            ),
-            (
-                "/docs",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "docs",
-                        tag: "meta",
-                        summary: "This document, rendered",
-                        description: "The OpenAPI document as a page (Redoc).",
-                        keyed: false,
-                    },
-                    "An HTML page.",
-                    "text/html",
-                    None,
-                ),
-            ),
-            (
-                "/",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "livePage",
-                        tag: "meta",
-                        summary: "The live turn page",
-                        description: "Paste a decision and watch every call of its turn; the \
-                            page asks for an API key and sends it only to this gateway.",
-                        keyed: false,
-                    },
-                    "An HTML page.",
-                    "text/html",
-                    None,
-                ),
-            ),
-            (
-                "/page/config.json",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "livePageConfig",
-                        tag: "meta",
-                        summary: "The live page's example decisions and Jaeger address",
-                        description: "The example decisions the live page offers and the \
-                            Jaeger base URL it links traces to.",
-                        keyed: false,
-                    },
-                    "JSON.",
-                    "application/json",
-                    None,
-                ),
-            ),
-            (
-                "/page/app.js",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "livePageScript",
-                        tag: "meta",
-                        summary: "The live page's script",
-                        description: "The live page's script (no build step).",
-                        keyed: false,
-                    },
-                    "JavaScript.",
-                    "text/javascript",
-                    None,
-                ),
-            ),
-            (
-                "/page/toolfleet.js",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "gatewayClient",
-                        tag: "meta",
-                        summary: "The gateway's JavaScript client",
-                        description: "The gateway client of `clients/typescript` \
-                            (`toolfleet.js`, an ES module without dependencies) that the \
-                            live page submits and follows its turns with; usable by any \
-                            page served from the gateway.",
-                        keyed: false,
-                    },
-                    "JavaScript.",
-                    "text/javascript",
-                    None,
-                ),
-            ),
-            (
-                "/page/style.css",
-                public_get(
-                    ctx,
-                    Doc {
-                        id: "livePageStyle",
-                        tag: "meta",
-                        summary: "The live page's style sheet",
-                        description: "The live page's style sheet.",
-                        keyed: false,
-                    },
-                    "CSS.",
-                    "text/css",
-                    None,
-                ),
-            ),
-        ];
+        let public: Vec<(&'static str, ApiMethodDocs)> = PUBLIC_GETS
+            .iter()
+            .map(|get| (get.path, public_get(ctx, get)))
+            .collect();
         (mcp, public)
     });
     let mut router = router;

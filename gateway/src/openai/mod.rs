@@ -68,20 +68,16 @@ const CATALOG_WAIT: Duration = Duration::from_secs(5);
 
 /// The request's `toolfleet` object (removed before the request goes upstream).
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct LoopOptions {
     /// Rounds of fleet calls before the loop stops (capped by the configuration).
-    #[serde(default)]
     pub max_rounds: Option<u32>,
     /// Calls of one round that run (capped by the configuration).
-    #[serde(default)]
     pub max_calls_per_round: Option<usize>,
     /// Stop offering tools after the first round (`first`) or after the first round
     /// with more than one call (`burst`).
-    #[serde(default)]
     pub stop_after: Option<StopAfter>,
     /// Budget of each round's fleet turn, in ms.
-    #[serde(default)]
     pub deadline_ms: Option<u64>,
 }
 
@@ -206,14 +202,7 @@ async fn start(
     if !tools.is_empty() {
         body.insert("tools".into(), Value::Array(tools));
     }
-    let slot = gateway.slots.try_take().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            codes::OVERLOADED,
-            "the gateway follows as many turns as it may",
-        )
-        .retry_after(1)
-    })?;
+    let slot = gateway.slots.try_take().ok_or_else(ApiError::overloaded)?;
     let limits = Limits::of(config, &caller.chat, &options);
     let mut conversation = Conversation {
         max_rounds: limits.max_rounds,

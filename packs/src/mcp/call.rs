@@ -17,7 +17,9 @@ use toolfleet_common::mcp::outcome_of;
 use toolfleet_common::telemetry;
 use toolfleet_worker::tool::{ToolContext, ToolError, ToolOutput};
 
-use super::MCP_SERVER_UNAVAILABLE;
+/// A call could not reach its MCP server (down, restarting, or the connection broke
+/// mid-call); retryable.
+pub const MCP_SERVER_UNAVAILABLE: &str = "mcp_server_unavailable";
 
 /// `_meta` keys carrying the fleet's ids of the call, for servers that want them.
 const META_TENANT: &str = "io.toolfleet/tenantId";

@@ -20,6 +20,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toolfleet_common::tool::DEFAULT_TOOL_TIMEOUT_MS;
 
+use crate::json_file::{read_json, JsonFileError};
+
 /// The servers file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,33 +31,28 @@ pub struct McpServersFile {
     pub servers: BTreeMap<String, McpServerSpec>,
 }
 
-/// One server as declared.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One server as declared; every setting may be left out (the checks of [`read_servers`]
+/// then ask for what the transport needs).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct McpServerSpec {
     /// The program to run (stdio transport).
-    #[serde(default)]
     pub command: Option<String>,
     /// Its arguments.
-    #[serde(default)]
     pub args: Vec<String>,
     /// Variables added to the worker's environment for it.
-    #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Its working directory (default: the worker's).
-    #[serde(default)]
     pub cwd: Option<PathBuf>,
     /// The server's endpoint (Streamable HTTP transport), `http://host:port/path`.
-    #[serde(default)]
     pub url: Option<String>,
     /// Headers sent with every HTTP request (e.g. `authorization`).
-    #[serde(default)]
     pub headers: BTreeMap<String, String>,
-    /// Per-call timeout of the server's tools, in milliseconds (default 10000).
+    /// Per-call timeout of the server's tools, in milliseconds (default 10000; this
+    /// field's own default wins over the derived `Default`'s 0 when a file leaves it out).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
     /// What the assistant says it is doing while one of the server's tools runs.
-    #[serde(default)]
     pub waiting_hint: Option<String>,
 }
 
@@ -102,24 +99,9 @@ pub struct McpServer {
 /// Why the servers file is unusable.
 #[derive(Debug, thiserror::Error)]
 pub enum McpConfigError {
-    /// The file could not be read.
-    #[error("reading {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The file is not valid JSON of the expected shape.
-    #[error("parsing {path}: {source}")]
-    Parse {
-        /// The file.
-        path: String,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
-    },
+    /// The file could not be read or is not valid JSON of the expected shape.
+    #[error(transparent)]
+    File(#[from] JsonFileError),
     /// A server's declaration is unusable.
     #[error("mcp server {server:?}: {reason}")]
     Invalid {
@@ -132,17 +114,7 @@ pub enum McpConfigError {
 
 /// Reads and checks the servers file at `path`.
 pub fn read_servers(path: &Path) -> Result<Vec<McpServer>, McpConfigError> {
-    let display = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| McpConfigError::Read {
-        path: display.clone(),
-        source,
-    })?;
-    let file: McpServersFile =
-        serde_json::from_str(&text).map_err(|source| McpConfigError::Parse {
-            path: display,
-            source,
-        })?;
-    servers(file)
+    servers(read_json(path)?)
 }
 
 /// Checks every server of `file`.
@@ -228,7 +200,7 @@ mod tests {
 
     fn parse(json: &str) -> Result<Vec<McpServer>, McpConfigError> {
         servers(
-            serde_json::from_str(json).map_err(|source| McpConfigError::Parse {
+            serde_json::from_str(json).map_err(|source| JsonFileError::Parse {
                 path: "-".into(),
                 source,
             })?,
@@ -278,7 +250,7 @@ mod tests {
         }
         assert!(matches!(
             parse(r#"{"servers": {"a": {"command": "x", "colour": 1}}}"#),
-            Err(McpConfigError::Parse { .. })
+            Err(McpConfigError::File(JsonFileError::Parse { .. }))
         ));
     }
 }

@@ -25,10 +25,10 @@
 //!
 //! | file | what lives there |
 //! |---|---|
-//! | this file | [`McpPack`]: start and stop every server; [`MCP_SERVER_UNAVAILABLE`] |
+//! | this file | [`McpPack`]: start and stop every server |
 //! | [`config`] | the servers file |
 //! | `server` | one server's connection, tool list and restarts |
-//! | `call` | one `tools/call` and its result |
+//! | `call` | one `tools/call` and its result; [`MCP_SERVER_UNAVAILABLE`] |
 //! | `http` | the HTTP client that adds `traceparent` |
 
 mod call;
@@ -44,12 +44,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_worker::ToolSet;
 
+pub use call::MCP_SERVER_UNAVAILABLE;
 pub use config::{read_servers, McpConfigError, McpServer, McpServersFile, Transport};
 use server::Server;
-
-/// A call could not reach its MCP server (down, restarting, or the connection broke
-/// mid-call); retryable.
-pub const MCP_SERVER_UNAVAILABLE: &str = "mcp_server_unavailable";
 
 /// Longest a server's stop may take.
 const STOP_WAIT: Duration = Duration::from_secs(5);

@@ -429,6 +429,11 @@ class TurnStream:
         if isinstance(seq, bool) or not isinstance(seq, int):
             return await self._unstored(event)
         if seq < self._next_seq:
+            # A turn ends once: its `final` or `error` is new to a stream that has not
+            # ended, whatever its seq (a Redis that lost acknowledged writes when it
+            # died numbers later events again from below the seq held here).
+            if event["type"] in ("final", "error"):
+                return await self._hand_out(event)
             return None
         # Accepted: from now on the stream attaches instead of submitting again.
         self._submission = None

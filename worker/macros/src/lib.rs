@@ -51,14 +51,19 @@ struct Settings {
     modifiers: Vec<Tokens>,
 }
 
+/// The name of the setting `meta` reads (`name` in `name = "..."`); empty when the
+/// setting is not a plain name, which no setting matches.
+fn setting_key(meta: &syn::meta::ParseNestedMeta) -> String {
+    meta.path
+        .get_ident()
+        .map(ToString::to_string)
+        .unwrap_or_default()
+}
+
 impl Settings {
     /// Reads one `key = value` or flag of the attribute.
     fn read(&mut self, meta: syn::meta::ParseNestedMeta) -> syn::Result<()> {
-        let key = meta
-            .path
-            .get_ident()
-            .map(ToString::to_string)
-            .unwrap_or_default();
+        let key = setting_key(&meta);
         match key.as_str() {
             "name" => self.name = Some(meta.value()?.parse()?),
             "description" => self.description = Some(meta.value()?.parse()?),
@@ -297,11 +302,7 @@ impl VariantError {
         let mut out = Self::default();
         for attr in attrs.iter().filter(|a| a.path().is_ident("tool_error")) {
             attr.parse_nested_meta(|meta| {
-                let key = meta
-                    .path
-                    .get_ident()
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
+                let key = setting_key(&meta);
                 match key.as_str() {
                     "code" => out.code = Some(meta.value()?.parse()?),
                     "message" => out.message = Some(meta.value()?.parse()?),

@@ -1,6 +1,7 @@
-//! Where results are joined: a turn's calls and results in Redis, recorded and finalized
+//! The turn store in Redis: a turn's calls, results and events, recorded and finalized
 //! by Lua scripts so that a result counts once and a turn ends once, whichever replica
-//! runs them.
+//! runs them. `results.rs` joins the results through it; the integration tests reach it
+//! as `toolfleet_coordinator::join`.
 //!
 //! Keys of one turn share the `{turn_id}` hash tag (see `Names`), so each script touches a
 //! single slot and runs unchanged on Redis Cluster. The deadline index is split into
@@ -20,6 +21,8 @@ use toolfleet_common::call::unix_ms;
 use toolfleet_common::redis_client::RedisConnection;
 use toolfleet_common::tool::Rejection;
 use toolfleet_common::{CallResult, JobEnvelope, Names};
+
+use crate::event_log;
 
 /// Buckets of the deadline index unless configured (`TOOLFLEET_DEADLINE_BUCKETS`).
 pub const DEFAULT_DEADLINE_BUCKETS: u32 = 16;
@@ -57,28 +60,35 @@ end
     };
 }
 
-/// The Lua helper the scripts that store a `final` end with: `bodies_kept_in_final(key)`
-/// empties every value of the turn's results hash (`put` first), keeping its fields and
-/// its TTL. The hash is written anew (the fields deleted, which deletes the key, then
-/// set again) so that it shrinks to Redis's compact encoding, with only the commands
-/// the fleet's Redis user may run (deploy/redis/users.acl). The `final` carries each result from then on; the fields still tell a
-/// redelivered result (a duplicate) from a late one.
+/// The Lua helper the scripts that store a `final` end with:
+/// `kept_in_final(calls, results)` drops the turn's results hash, since the `final`
+/// carries each result from then on, and keeps in each call's entry only its tool and,
+/// for a call that had its result, `"recorded":true`: enough to refuse a result of
+/// another tool and to tell a redelivered result (a duplicate) from a late one. The
+/// calls hash is written anew (the fields deleted, which deletes the key, then set
+/// again, its TTL restored) so that it shrinks to Redis's compact encoding, with only
+/// the commands the fleet's Redis user may run (deploy/redis/users.acl).
 macro_rules! forget_lua {
     () => {
         r#"
-local function bodies_kept_in_final(key)
-  local stored = redis.call('HGETALL', key)
-  if #stored == 0 then return end
-  local ttl = redis.call('PTTL', key)
-  local fields, empty = {}, {}
-  for i = 1, #stored, 2 do
-    fields[#fields + 1] = stored[i]
-    empty[#empty + 1] = stored[i]
-    empty[#empty + 1] = ''
+local function kept_in_final(calls, results)
+  local entries = redis.call('HGETALL', calls)
+  if #entries == 0 then return end
+  local recorded, stored = {}, redis.call('HGETALL', results)
+  for i = 1, #stored, 2 do recorded[stored[i]] = true end
+  local ttl = redis.call('PTTL', calls)
+  local fields, kept = {}, {}
+  for i = 1, #entries, 2 do
+    local ok, call = pcall(cjson.decode, entries[i + 1])
+    local name = (ok and type(call) == 'table' and call.name) or ''
+    fields[#fields + 1] = entries[i]
+    kept[#kept + 1] = entries[i]
+    kept[#kept + 1] = cjson.encode({name = name, recorded = recorded[entries[i]]})
   end
-  put('HDEL', key, fields, 1, #fields)
-  put('HSET', key, empty, 1, #empty)
-  if ttl > 0 then redis.call('PEXPIRE', key, ttl) end
+  put('HDEL', calls, fields, 1, #fields)
+  put('HSET', calls, kept, 1, #kept)
+  if ttl > 0 then redis.call('PEXPIRE', calls, ttl) end
+  redis.call('DEL', results)
 end
 "#
     };
@@ -142,9 +152,9 @@ return {1}
 /// built ahead (narration, `final` last) from the results whose stored bodies are given
 /// for every other call. When this result completes the turn and every other stored
 /// result is byte for byte the one given, the events are stored
-/// after the call's state (seq + 1, …), the `final` marked stored and the stored result
-/// bodies emptied (the `final` carries them), in this one step (`complete_stored`);
-/// otherwise the turn is handed back to be closed after the join
+/// after the call's state (seq + 1, …), the `final` marked stored and the stored
+/// results dropped (the `final` carries them; `kept_in_final`), in this one step
+/// (`complete_stored`); otherwise the turn is handed back to be closed after the join
 /// (`complete`), as without them.
 const RECORD: &str = concat!(
     put_lua!(),
@@ -158,7 +168,7 @@ local entry = redis.call('HGET', KEYS[2], ARGV[1])
 if not entry then return {'unknown_call'} end
 local ok, call = pcall(cjson.decode, entry)
 if not ok or type(call) ~= 'table' or call.name ~= ARGV[4] then return {'wrong_tool'} end
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
+if call.recorded or redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], 'duplicates', 1)
   local again = {}
   if state == 'open' then
@@ -198,7 +208,7 @@ if redis.call('HLEN', KEYS[3]) >= tonumber(meta[5]) then
       local last = put('RPUSH', KEYS[4], ARGV, first, #ARGV)
       redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete', 'final_seq', last,
         'published', 0)
-      bodies_kept_in_final(KEYS[3])
+      kept_in_final(KEYS[2], KEYS[3])
       return {'complete_stored', meta[3], meta[4], seq}
     end
   end
@@ -257,9 +267,10 @@ return {'cancelled', m[1], m[2], redis.call('HGETALL', KEYS[2]), redis.call('HGE
 "#;
 
 /// Stores a turn's closing events (the last call states, the narration, `final` last)
-/// unless a `final` is stored already, then empties the stored result bodies (the
-/// `final` carries them). KEYS: meta, events, results. ARGV: event*. A meta hash
-/// without a `state` (written to after the turn's keys expired) is an unknown turn.
+/// unless a `final` is stored already, then drops the stored results (the `final`
+/// carries them; `kept_in_final`). KEYS: meta, events, results, calls. ARGV: event*.
+/// A meta hash without a `state` (written to after the turn's keys expired) is an
+/// unknown turn.
 const STORE_FINAL: &str = concat!(
     put_lua!(),
     forget_lua!(),
@@ -269,7 +280,7 @@ if not meta[1] then return {'unknown'} end
 if meta[2] then return {'stored_before'} end
 local last = put('RPUSH', KEYS[2], ARGV, 1, #ARGV)
 redis.call('HSET', KEYS[1], 'final_seq', last, 'published', 0)
-bodies_kept_in_final(KEYS[3])
+kept_in_final(KEYS[4], KEYS[3])
 return {'stored', meta[3], last - #ARGV + 1}
 "#
 );
@@ -699,6 +710,27 @@ impl JoinStore {
         ]
     }
 
+    /// `script` invoked with the turn's meta and events keys first, as every script that
+    /// appends to a turn's event log expects them.
+    fn log_invocation<'s>(&self, script: &'s Script, turn_id: &str) -> redis::ScriptInvocation<'s> {
+        let mut invocation = script.prepare_invoke();
+        for key in self.log_keys(turn_id) {
+            invocation.key(key);
+        }
+        invocation
+    }
+
+    /// Adds `events` to `invocation` as the turn's log stores them, one argument each.
+    fn event_args<'e>(
+        invocation: &mut redis::ScriptInvocation<'_>,
+        events: impl IntoIterator<Item = &'e String>,
+        turn_id: &str,
+    ) {
+        for event in events {
+            invocation.arg(event_log::stored(event, turn_id).as_ref());
+        }
+    }
+
     /// Indexes the turn's deadline, then creates the turn with its first events.
     /// The index comes first so that a turn is never stored without a deadline entry
     /// (an entry without a turn is dropped by the sweeper). Both go out in one pipeline,
@@ -734,7 +766,7 @@ impl JoinStore {
         }
         invocation.arg(turn.events.len());
         for event in &turn.events {
-            invocation.arg(event);
+            invocation.arg(event_log::stored(event, turn.turn_id).as_ref());
         }
         invocation.arg(turn.queued.len());
         for (key, job) in &turn.queued {
@@ -817,18 +849,15 @@ impl JoinStore {
             .arg(body)
             .arg(unix_ms())
             .arg(&result.name)
-            .arg(state_event);
+            .arg(event_log::stored(state_event, turn_id).as_ref());
         if let Some(ahead) = ahead.filter(|a| !a.events.is_empty()) {
             invocation.arg(ahead.checks.len());
             for (key, stored) in ahead.checks {
                 invocation.arg(key).arg(stored);
             }
-            for event in ahead.events {
-                invocation.arg(event);
-            }
+            Self::event_args(&mut invocation, ahead.events, turn_id);
         }
-        let mut redis = self.redis.clone();
-        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        let reply = self.run(&invocation).await?;
         let tag = string_at(&reply, 0)?;
         Ok(match tag.as_str() {
             "unknown" => Recorded::UnknownTurn,
@@ -866,8 +895,7 @@ impl JoinStore {
             invocation.key(key);
         }
         invocation.arg(reason);
-        let mut redis = self.redis.clone();
-        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        let reply = self.run(&invocation).await?;
         Ok(match string_at(&reply, 0)?.as_str() {
             "unknown" => Finalized::UnknownTurn,
             "already" => Finalized::AlreadyEnded {
@@ -898,8 +926,7 @@ impl JoinStore {
             .key(results)
             .arg(caller)
             .arg(tenant.unwrap_or_default());
-        let mut redis = self.redis.clone();
-        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        let reply = self.run(&invocation).await?;
         Ok(match string_at(&reply, 0)?.as_str() {
             "unknown" => Cancelled::UnknownTurn,
             "ended" => Cancelled::AlreadyEnded(string_at(&reply, 1)?),
@@ -914,16 +941,12 @@ impl JoinStore {
         turn_id: &str,
         events: &[String],
     ) -> Result<StoredFinal, JoinError> {
-        let mut invocation = self.store_final.prepare_invoke();
-        for key in self.log_keys(turn_id) {
-            invocation.key(key);
-        }
-        invocation.key(self.names.turn_results_key(turn_id));
-        for event in events {
-            invocation.arg(event);
-        }
-        let mut redis = self.redis.clone();
-        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        let mut invocation = self.log_invocation(&self.store_final, turn_id);
+        invocation
+            .key(self.names.turn_results_key(turn_id))
+            .key(self.names.turn_calls_key(turn_id));
+        Self::event_args(&mut invocation, events, turn_id);
+        let reply = self.run(&invocation).await?;
         Ok(match string_at(&reply, 0)?.as_str() {
             "unknown" => StoredFinal::UnknownTurn,
             "stored_before" => StoredFinal::StoredBefore,
@@ -943,18 +966,12 @@ impl JoinStore {
         unless_result_of: Option<&str>,
         events: &[String],
     ) -> Result<Emitted, JoinError> {
-        let mut invocation = self.emit.prepare_invoke();
-        for key in self.log_keys(turn_id) {
-            invocation.key(key);
-        }
+        let mut invocation = self.log_invocation(&self.emit, turn_id);
         invocation
             .key(self.names.turn_results_key(turn_id))
             .arg(unless_result_of.unwrap_or_default());
-        for event in events {
-            invocation.arg(event);
-        }
-        let mut redis = self.redis.clone();
-        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        Self::event_args(&mut invocation, events, turn_id);
+        let reply = self.run(&invocation).await?;
         Ok(match string_at(&reply, 0)?.as_str() {
             "emitted" => Emitted::Stored {
                 reply: string_at(&reply, 1)?,
@@ -974,17 +991,13 @@ impl JoinStore {
         reply: &str,
         after_seq: u64,
     ) -> Result<Attached, JoinError> {
-        let mut invocation = self.attach.prepare_invoke();
-        for key in self.log_keys(turn_id) {
-            invocation.key(key);
-        }
+        let mut invocation = self.log_invocation(&self.attach, turn_id);
         invocation
             .arg(caller)
             .arg(reply)
             .arg(after_seq)
             .arg(tenant.unwrap_or_default());
-        let mut redis = self.redis.clone();
-        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        let reply = self.run(&invocation).await?;
         match string_at(&reply, 0)?.as_str() {
             "attached" => {}
             "other_tenant" => return Ok(Attached::OtherTenant),
@@ -995,7 +1008,7 @@ impl JoinStore {
                 .map_err(|e| JoinError::Decode(e.to_string()))?,
             None => Vec::new(),
         };
-        Ok(Attached::Events(events))
+        Ok(Attached::Events(read_back(events, turn_id)))
     }
 
     /// Every stored event of a turn, where they go, and what exporting its span needs,
@@ -1018,7 +1031,7 @@ impl JoinStore {
             .await?;
         Ok(StoredTurn {
             reply: reply.unwrap_or_default(),
-            events,
+            events: read_back(events, turn_id),
             trace: trace.filter(|t| !t.is_empty()),
             ended: ended.unwrap_or_default(),
         })
@@ -1089,6 +1102,15 @@ impl JoinStore {
             .query_async(&mut redis)
             .await?;
         Ok(())
+    }
+
+    /// Runs a prepared script on this store's connection; its reply, element by element.
+    async fn run(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Vec<RedisValue>, JoinError> {
+        let mut redis = self.redis.clone();
+        Ok(invocation.invoke_async(&mut redis).await?)
     }
 
     /// The keys the sweeper reads: every bucket of the deadline index, starting at
@@ -1165,22 +1187,33 @@ impl JoinStore {
     }
 }
 
+/// Stored events of `turn_id` as they were encoded (`event_log.rs`).
+fn read_back(events: Vec<String>, turn_id: &str) -> Vec<String> {
+    events
+        .into_iter()
+        .map(|event| event_log::sent(event, turn_id))
+        .collect()
+}
+
 fn encode<T: Serialize>(value: &T) -> Result<String, JoinError> {
     serde_json::to_string(value).map_err(|e| JoinError::Decode(e.to_string()))
 }
 
-fn string_at(reply: &[RedisValue], i: usize) -> Result<String, JoinError> {
+/// Element `i` of a script's reply as a `T`; why not, when it is missing or of another
+/// type. Shared with the lanes' scripts (`lanes.rs`).
+pub(crate) fn reply_at<T: FromRedisValue>(reply: &[RedisValue], i: usize) -> Result<T, String> {
     let value = reply
         .get(i)
-        .ok_or_else(|| JoinError::Decode(format!("script reply has no element {i}")))?;
-    String::from_redis_value(value.clone()).map_err(|e| JoinError::Decode(e.to_string()))
+        .ok_or_else(|| format!("script reply has no element {i}"))?;
+    T::from_redis_value(value.clone()).map_err(|e| e.to_string())
+}
+
+fn string_at(reply: &[RedisValue], i: usize) -> Result<String, JoinError> {
+    reply_at(reply, i).map_err(JoinError::Decode)
 }
 
 fn number_at(reply: &[RedisValue], i: usize) -> Result<u64, JoinError> {
-    let value = reply
-        .get(i)
-        .ok_or_else(|| JoinError::Decode(format!("script reply has no element {i}")))?;
-    u64::from_redis_value(value.clone()).map_err(|e| JoinError::Decode(e.to_string()))
+    reply_at(reply, i).map_err(JoinError::Decode)
 }
 
 fn pairs<T: serde::de::DeserializeOwned>(

@@ -1,7 +1,10 @@
-//! `toolfleet-worker`: serves the tool packs named in `TOOLFLEET_PACKS` (default `demo`)
-//! until SIGTERM or Ctrl-C, then drains, then stops what the packs run (MCP servers). It
-//! only wires settings, telemetry and the packs' tools into the SDK's `run_set`; it must
-//! never hold tool logic of its own.
+//! The `toolfleet-worker` binary: the worker process that serves the built-in tool packs
+//! of this crate (`toolfleet-packs`), named in `TOOLFLEET_PACKS` (default `demo`), until
+//! SIGTERM or Ctrl-C, then drains, then stops what the packs run (MCP servers).
+//!
+//! The worker SDK it runs on is the `toolfleet-worker` library (`worker/`); this file
+//! only wires settings, telemetry and the packs' tools into the SDK's `run_set`, and
+//! must never hold tool logic of its own.
 
 use anyhow::Context;
 use toolfleet_common::telemetry::{self, TelemetryConfig};
