@@ -1,6 +1,6 @@
 //! What the tests and the developer tools (`toolfleet-dev`) need to start their own
 //! servers on this machine: the server's executable ([`find_binary`]) and loopback ports
-//! nothing listens on ([`free_port`], [`free_ports`]). The first two are
+//! nothing listens on ([`free_port`], [`free_ports`]). [`find_binary`] is
 //! `toolfleet_common::host`'s, re-exported, which the `toolfleet` command's local fleet uses
 //! too, so a server is found the same way, and named the same way when it is missing,
 //! wherever it is started.
@@ -10,7 +10,7 @@
 //! | item | what it does |
 //! |---|---|
 //! | [`find_binary`] | `$NAME_BIN`, else `PATH`, else the system folders; [`BinaryNotFound`] says what to install |
-//! | [`free_port`] | one loopback port free a moment ago |
+//! | [`free_port`] | one loopback port free a moment ago, none handed out before in this process |
 //! | [`free_ports`] | several distinct ones, none handed out before in this process |
 //! | [`child_command`] | a server or node started as a child: no stdin, stderr shared, `RUST_LOG` passed on |
 //!
@@ -22,7 +22,7 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
-pub use toolfleet_common::host::{binary_env_var, find_binary, free_port, BinaryNotFound};
+pub use toolfleet_common::host::{binary_env_var, find_binary, BinaryNotFound};
 
 /// Ports [`free_ports`] handed out in this process: two clusters started together draw
 /// at the same time, and a port one of them released could otherwise come back to the
@@ -53,6 +53,16 @@ pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
     }
     handed_out.extend_from_slice(&ports);
     Ok(ports)
+}
+
+/// One free loopback port, never handed out before in this process (see
+/// [`free_ports`]): a test's own listener and another test's server drawn at the same
+/// time cannot be given the same port.
+pub fn free_port() -> std::io::Result<u16> {
+    let ports = free_ports(1)?;
+    ports.first().copied().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no free loopback port")
+    })
 }
 
 /// The log filter a child process gets: the parent's `RUST_LOG`, else `warn`, so a

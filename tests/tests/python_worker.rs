@@ -273,13 +273,6 @@ async fn a_python_worker_creates_the_streams_as_every_process_does() -> Result<(
     Ok(())
 }
 
-/// A free loopback port (bound then released).
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// `GET path` on `port`: status and body.
 async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
     let response = tokio::time::timeout(
@@ -301,7 +294,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 async fn python_tools_written_the_python_way_serve_a_turn() -> Result<()> {
     let python = toolfleet_tests::python::sdk_venv(env!("CARGO_TARGET_TMPDIR")).await?;
     let (fleet, _c, _w) = Fleet::start_with_default_nodes().await?;
-    let port = free_port()?;
+    let port = toolfleet_tests::free_port()?;
     let addr = format!("127.0.0.1:{port}");
     let mut command = toolfleet_tests::python::worker_command(
         &python,
