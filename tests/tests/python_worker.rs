@@ -300,7 +300,11 @@ async fn python_tools_written_the_python_way_serve_a_turn() -> Result<()> {
         &python,
         &fleet,
         &["examples/python-worker/typed_tools.py"],
-        &[("TOOLFLEET_HTTP_ADDR", &addr)],
+        // An ack wait of 3 s (keep-alives every second): a worker held up for a moment
+        // on a busy machine still keeps its job, where at 1 s a stall of 0.7 s had the
+        // job delivered again and the non-idempotent tool's second delivery answer
+        // `call_interrupted`.
+        &[("TOOLFLEET_HTTP_ADDR", &addr), ("TOOLFLEET_ACK_WAIT_MS", "3000")],
     );
     command.stderr(std::process::Stdio::piped());
     let mut child = command.spawn()?;
@@ -321,9 +325,9 @@ async fn python_tools_written_the_python_way_serve_a_turn() -> Result<()> {
         .await?;
     let calls = vec![
         call("hi", "greet", json!({"name": "Ada"})),
-        // Blocks its thread for longer than the ack wait (1 s): runs on a thread, so the
+        // Blocks its thread for longer than the ack wait (3 s): runs on a thread, so the
         // worker's keep-alives go on (one attempt) and its sibling is not held up.
-        call("block", "wait_blocking", json!({"ms": 1500})),
+        call("block", "wait_blocking", json!({"ms": 3500})),
         call("async", "wait_async", json!({"ms": 300})),
         call("f", "units.convert", json!({"celsius": 100, "units": "F"})),
         call(
@@ -352,7 +356,7 @@ async fn python_tools_written_the_python_way_serve_a_turn() -> Result<()> {
     assert_eq!(block.attempts, 1, "{block:?}");
     assert_eq!(
         block.summary.as_deref(),
-        Some("I waited 1500 milliseconds.")
+        Some("I waited 3500 milliseconds.")
     );
     assert_eq!(quick.state, CallState::Done, "{quick:?}");
     assert!(
