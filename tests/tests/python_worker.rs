@@ -321,6 +321,7 @@ async fn python_tools_written_the_python_way_serve_a_turn() -> Result<()> {
             "wait_blocking",
             "units.convert",
             "clock",
+            "broken",
         ])
         .await?;
     let calls = vec![
