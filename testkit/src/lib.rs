@@ -61,7 +61,10 @@ pub fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
 pub fn free_port() -> std::io::Result<u16> {
     let ports = free_ports(1)?;
     ports.first().copied().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no free loopback port")
+        std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            "no free loopback port",
+        )
     })
 }
 

@@ -363,15 +363,14 @@ impl Fleet {
     }
 
     /// Starts an in-process coordinator and a worker with the demo and test packs, and
-    /// waits until the catalog lists the tools.
+    /// waits until the catalog lists every one of their tools (a worker announces its
+    /// tools one by one, and a coordinator may take them in over two refreshes).
     pub async fn start_default(&self) -> Result<(Running, Running)> {
         let tools = toolfleet_packs::tools_for(&["demo", "test"]).map_err(anyhow::Error::msg)?;
-        self.start_with(
-            self.coordinator_config(),
-            tools,
-            &["crm.getOpenInvoices", "test.behave", "test.behave_once"],
-        )
-        .await
+        let names: Vec<String> = tools.iter().map(|t| t.definition().name.clone()).collect();
+        let listed: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.start_with(self.coordinator_config(), tools, &listed)
+            .await
     }
 
     /// Where this fleet's servers are and its prefix, as the variables every toolfleet

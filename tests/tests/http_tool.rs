@@ -174,7 +174,7 @@ async fn http_tools_map_answers_to_results_and_retryable_errors() -> Result<()> 
         ..PackSettings::default()
     };
     let tools = packs::tools_with(&["http"], &settings)?;
-    let listed = ["http.echo", "http.gone", "http.slow"];
+    let listed = ["http.echo", "http.gone", "http.slow", "http.unavailable"];
     let (_c, _w) = fleet
         .start_with(fleet.coordinator_config(), tools, &listed)
         .await?;

@@ -172,6 +172,7 @@ async fn stdio_and_http_servers_answer_one_turn() -> Result<()> {
             "local.fail",
             "local.forecast",
             "remote.forecast",
+            "remote.nap",
         ],
     )
     .await?;

@@ -304,7 +304,10 @@ async fn python_tools_written_the_python_way_serve_a_turn() -> Result<()> {
         // on a busy machine still keeps its job, where at 1 s a stall of 0.7 s had the
         // job delivered again and the non-idempotent tool's second delivery answer
         // `call_interrupted`.
-        &[("TOOLFLEET_HTTP_ADDR", &addr), ("TOOLFLEET_ACK_WAIT_MS", "3000")],
+        &[
+            ("TOOLFLEET_HTTP_ADDR", &addr),
+            ("TOOLFLEET_ACK_WAIT_MS", "3000"),
+        ],
     );
     command.stderr(std::process::Stdio::piped());
     let mut child = command.spawn()?;
