@@ -98,7 +98,12 @@ async fn another_coordinator_ends_the_turn_at_its_deadline() -> anyhow::Result<(
 async fn a_turn_submitted_before_any_coordinator_is_taken_by_the_first() -> anyhow::Result<()> {
     let fleet = Fleet::start().await?;
     let tools = packs::tools_for(&["test"]).map_err(anyhow::Error::msg)?;
-    let _worker = fleet.worker(fleet.worker_config(), tools);
+    // A coordinator that starts into a fleet no coordinator has served yet finds no
+    // names in Redis and learns the worker's tools from its next beat; beats 100 ms
+    // apart leave that well inside the stream's next ask (about 1.4 s after the start).
+    let mut worker_config = fleet.worker_config();
+    worker_config.heartbeat = Duration::from_millis(100);
+    let _worker = fleet.worker(worker_config, tools);
     let request = timed_turn(
         "acme",
         10_000,
