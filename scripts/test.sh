@@ -75,7 +75,13 @@ TOOLFLEET_NATS_COORDINATOR_PASSWORD=ci TOOLFLEET_NATS_WORKER_PASSWORD=ci \
 # docker.io and debootstrap when missing, starts dockerd and builds the images it needs
 # (deploy/ci-images/setup.sh, kept between runs): 3 to 5 minutes warm, about 2.5 more
 # the first time on a machine.
+#
+# First of all, the budget (docs/budget.json): instructions per turn of coordinator +
+# worker + client and Redis's commands per turn, counted by callgrind on a release build
+# with tracing on; more than 2 % over fails the run (docs/BENCHMARKS.md, "The budget").
 if [ "$#" -eq 0 ]; then
+  cargo build --release --quiet -p toolfleet-dev
+  "$CARGO_TARGET_DIR/release/toolfleet-dev" budget --out "$CARGO_TARGET_DIR/bench/budget-report.json"
   cargo test --workspace --doc
   set -- --workspace --lib --bins --tests
 fi

@@ -14,10 +14,12 @@
 //! |---|---|
 //! | `bench` | the benchmark: overhead against the floor, throughput, scaling, memory |
 //! | `chaos` | turns in flight while processes are killed and restarted; what was lost |
+//! | `budget` | instructions and Redis commands per turn against `docs/budget.json` (CI) |
 //! | `toolfleet_dev::cluster` (the library) | local NATS and Redis clusters and their faults |
 //! | `toolfleet_dev::upstream` (the library) | the scripted model server of the `openai` phase |
 
 mod bench;
+mod budget;
 mod chaos;
 
 use anyhow::Result;
@@ -46,6 +48,9 @@ enum Command {
     /// Keep turns in flight on a fleet of its own while workers, coordinators, Redis or
     /// NATS are killed and restarted; count turns lost, late, refused and counted twice.
     Chaos(chaos::ChaosArgs),
+    /// Check the instructions and Redis commands per turn against the budget CI holds
+    /// every change to (docs/budget.json), or record new figures with `--write`.
+    Budget(budget::BudgetArgs),
     /// Run the HTTP gateway configured by the environment until SIGTERM.
     #[command(hide = true)]
     Gateway,
@@ -72,6 +77,7 @@ async fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Bench(args) => bench::run(&fleet.nats, &fleet.redis, &fleet.prefix, args).await,
         Command::Chaos(args) => chaos::run(args).await,
+        Command::Budget(args) => budget::run(args).await,
         Command::Gateway => gateway(&fleet.nats, &fleet.prefix).await,
         Command::Node(node) => node.run(fleet).await,
     }

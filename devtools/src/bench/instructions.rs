@@ -35,6 +35,55 @@ pub struct Instructions {
     /// Instructions of each process outside the turns (start-up of the client, its
     /// catalog wait and report; the fleet's idle work during a run).
     pub fixed: BTreeMap<&'static str, i64>,
+    /// Redis's work per turn, from `INFO commandstats` over the same two runs:
+    /// `commands` (every command, those scripts run included) and `scripts` (script
+    /// calls: `EVALSHA`, `EVAL`, `FCALL`).
+    pub redis_per_turn: BTreeMap<&'static str, f64>,
+}
+
+/// The commands Redis has run (`commands`) and, of them, script calls (`scripts`),
+/// summed over `INFO commandstats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct RedisWork {
+    commands: u64,
+    scripts: u64,
+}
+
+/// Script calls among `INFO commandstats`' commands.
+const SCRIPT_COMMANDS: [&str; 6] = ["evalsha", "eval", "fcall", "evalsha_ro", "eval_ro", "fcall_ro"];
+
+/// Sums `INFO commandstats`: `cmdstat_<name>:calls=<n>,usec=…` lines.
+fn parse_commandstats(info: &str) -> RedisWork {
+    let mut work = RedisWork::default();
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let calls = rest
+            .split(',')
+            .find_map(|field| field.strip_prefix("calls="))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        work.commands += calls;
+        if SCRIPT_COMMANDS.contains(&name) {
+            work.scripts += calls;
+        }
+    }
+    work
+}
+
+/// Redis's commands so far, from `INFO commandstats`.
+async fn redis_work(env: &Env) -> Result<RedisWork> {
+    let mut redis = env.redis.clone();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut redis)
+        .await
+        .context("reading Redis's INFO commandstats")?;
+    Ok(parse_commandstats(&info))
 }
 
 /// Why the phase cannot run here, if it cannot: a program it needs is missing.
@@ -94,6 +143,8 @@ pub async fn count(env: &Env, prefix: &str, spec: &Spec, dir: &Path) -> Result<I
 struct Run {
     turns: u64,
     counts: [(&'static str, u64); 3],
+    /// Redis's commands over the run.
+    redis: RedisWork,
 }
 
 /// Runs the client under callgrind against the fleet under `prefix`, with the fleet's
@@ -108,6 +159,7 @@ async fn client_run(
     for (_, pid) in fleet {
         callgrind_control(&["-z", &pid.to_string()]).await?;
     }
+    let redis_before = redis_work(env).await?;
     let report = dir.join(format!("{name}.json"));
     let log = dir.join(format!("{name}.log"));
     let tag = format!("client-{name}");
@@ -147,6 +199,11 @@ async fn client_run(
             .unwrap_or_default();
         bail!("the {name} client run failed ({status}): {error}{first}");
     }
+    let redis_after = redis_work(env).await?;
+    let redis = RedisWork {
+        commands: redis_after.commands.saturating_sub(redis_before.commands),
+        scripts: redis_after.scripts.saturating_sub(redis_before.scripts),
+    };
     let turns = turns_in(&report)?;
     let client = summary(&single_file(dir, &tag)?)?;
     let mut counts = [("coordinator", 0), ("worker", 0), ("client", client)];
@@ -155,7 +212,11 @@ async fn client_run(
         let dump = latest_dump(dir, *pid)?;
         counts[i] = (role, summary(&dump)?);
     }
-    Ok(Run { turns, counts })
+    Ok(Run {
+        turns,
+        counts,
+        redis,
+    })
 }
 
 /// Turns a child bench's JSON report says it ran: warm-up, measured and failed.
@@ -268,10 +329,27 @@ fn fit(short: &Run, long: &Run) -> Result<Instructions> {
     }
     let all = per_turn.values().sum();
     per_turn.insert("all", all);
+    // Hundredths: a turn's commands are a whole number, the fleet's idle work (heartbeats,
+    // memory samples) a fraction.
+    let redis_slope = |a: u64, b: u64| {
+        let slope = (b as f64 - a as f64) / extra_turns;
+        (slope.max(0.0) * 100.0).round() / 100.0
+    };
+    let redis_per_turn = BTreeMap::from([
+        (
+            "commands",
+            redis_slope(short.redis.commands, long.redis.commands),
+        ),
+        (
+            "scripts",
+            redis_slope(short.redis.scripts, long.redis.scripts),
+        ),
+    ]);
     Ok(Instructions {
         turns: [short.turns, long.turns],
         per_turn,
         fixed,
+        redis_per_turn,
     })
 }
 
@@ -288,14 +366,32 @@ mod tests {
     }
 
     #[test]
+    fn commandstats_are_summed_with_script_calls_apart() {
+        let info = "# Commandstats\r\n\
+            cmdstat_evalsha:calls=12,usec=300,usec_per_call=25.00,rejected_calls=0,failed_calls=0\r\n\
+            cmdstat_hset:calls=30,usec=40,usec_per_call=1.33,rejected_calls=0,failed_calls=0\r\n\
+            cmdstat_fcall:calls=2,usec=40,usec_per_call=20.00,rejected_calls=0,failed_calls=0\r\n";
+        assert_eq!(
+            parse_commandstats(info),
+            RedisWork {
+                commands: 44,
+                scripts: 14
+            }
+        );
+        assert_eq!(parse_commandstats(""), RedisWork::default());
+    }
+
+    #[test]
     fn counts_are_fitted_per_turn_over_two_runs() {
-        let run = |turns, c, w, cl| Run {
+        let run = |turns, c, w, cl, commands, scripts| Run {
             turns,
             counts: [("coordinator", c), ("worker", w), ("client", cl)],
+            redis: RedisWork { commands, scripts },
         };
-        // 1,000 fixed + 500 per turn, 200 fixed + 100 per turn, 5,000 fixed + 50 per turn.
-        let short = run(10, 6_000, 1_200, 5_500);
-        let long = run(110, 56_000, 11_200, 10_500);
+        // 1,000 fixed + 500 per turn, 200 fixed + 100 per turn, 5,000 fixed + 50 per turn;
+        // Redis: 3 fixed + 7.5 commands per turn, of them 2 scripts.
+        let short = run(10, 6_000, 1_200, 5_500, 78, 20);
+        let long = run(110, 56_000, 11_200, 10_500, 828, 220);
         let fitted = fit(&short, &long).expect("a fit");
         assert_eq!(fitted.turns, [10, 110]);
         assert_eq!(fitted.per_turn["coordinator"], 500);
@@ -304,6 +400,8 @@ mod tests {
         assert_eq!(fitted.per_turn["all"], 650);
         assert_eq!(fitted.fixed["coordinator"], 1_000);
         assert_eq!(fitted.fixed["client"], 5_000);
+        assert_eq!(fitted.redis_per_turn["commands"], 7.5);
+        assert_eq!(fitted.redis_per_turn["scripts"], 2.0);
         assert!(fit(&long, &short).is_err(), "no fit without more turns");
     }
 }

@@ -298,6 +298,11 @@ impl Mode {
     }
 }
 
+/// Why the instructions phase cannot run here, if it cannot.
+pub(crate) fn instructions_unavailable() -> Option<String> {
+    instructions::unavailable()
+}
+
 /// Runs the bench.
 pub async fn run(nats_url: &str, redis_url: &str, prefix: &str, args: BenchArgs) -> Result<()> {
     let started = Instant::now();

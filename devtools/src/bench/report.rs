@@ -787,6 +787,11 @@ fn instructions_rows(t: &mut Table, reports: &[ModeReport]) {
                         .join(" / ")
                 },
             ),
+            ("Redis per turn: commands / script calls", |m| {
+                let r = &m.figures.redis_per_turn;
+                let get = |k: &str| r.get(k).map_or_else(|| "—".to_string(), |v| format!("{v:.2}"));
+                format!("{} / {}", get("commands"), get("scripts"))
+            }),
             ("turns of the short / long client run", |m| {
                 format!("{} / {}", m.figures.turns[0], m.figures.turns[1])
             }),
