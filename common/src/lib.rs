@@ -6,6 +6,7 @@
 //!
 //! | module | what lives there |
 //! |---|---|
+//! | [`args`] | the command line of the server binaries: `--help`, `--version`, anything else refused |
 //! | [`config`] | where a process finds the fleet: default URLs, prefix, `Endpoints` |
 //! | [`env`] | typed settings from environment variables (`env_*`, `ConfigError`) |
 //! | [`deferred`] | spans whose ids and start are fixed early and exported by whoever ends the work |
@@ -35,6 +36,7 @@
 //! | [`telemetry`] | logs, OTLP traces and metrics, Prometheus text, trace context in NATS headers |
 //! | [`client`] | `FleetClient`: submit a turn, stream its events, list the catalog |
 
+pub mod args;
 pub mod call;
 pub mod client;
 pub mod config;
