@@ -18,7 +18,8 @@
 //!
 //! Never publishes: `intake.rs` drops a request whose reply is refused (publishing
 //! anything there is exactly what the check prevents) and refuses a tenant mismatch on
-//! the caller's own inbox through `finalize.rs`.
+//! the caller's own inbox through `finalize.rs`. Counts every refused reply, and logs
+//! them sampled (`log_sample.rs`): a frontend flooding them cannot flood the log.
 
 use toolfleet_common::credentials::DEFAULT_INBOX_PREFIX;
 use toolfleet_common::metrics::FleetMetrics;
@@ -27,6 +28,7 @@ use toolfleet_common::{CallError, Names};
 use tracing::warn;
 
 use crate::config::FrontendBindings;
+use crate::log_sample::LogSample;
 
 /// A subject a frontend may receive on. Only [`Caller::reply_to`] (for a subject taken
 /// from a message) and [`Reply::kept`] (for one the turn store kept) make one.
@@ -106,9 +108,10 @@ impl Caller {
     }
 
     /// The caller of `message` and the [`Reply`] its answer goes to; `None` when the
-    /// message has no reply subject, or, counted and logged, when its reply is outside
-    /// the caller's own inbox: such a `request` (what the log calls it) is dropped,
-    /// never answered.
+    /// message has no reply subject, or, counted, when its reply is outside the
+    /// caller's own inbox: such a `request` (what the log calls it) is dropped, never
+    /// answered, and logged as a [`LogSample`] lets (the first, then one line a period
+    /// with the count of those not logged).
     pub(crate) fn of_request(
         names: &Names,
         own_inbox: &str,
@@ -119,8 +122,13 @@ impl Caller {
         let subject = message.reply.as_deref()?;
         let caller = Self::of(names, &message.subject);
         let Some(reply) = caller.reply_to(subject, own_inbox) else {
+            // Every refusal counted; a line only now and then (a flood of them cost
+            // every tenant its latency in log writes).
             metrics.turn_refused(turn_codes::REPLY_NOT_ALLOWED);
-            warn!(subject = %message.subject, reply = %subject, "{request} dropped: reply outside the caller's inbox");
+            static LOGGED: LogSample = LogSample::refusals();
+            if let Some(suppressed) = LOGGED.admit() {
+                warn!(subject = %message.subject, reply = %subject, suppressed, "{request} dropped: reply outside the caller's inbox");
+            }
             return None;
         };
         Some((caller, reply))

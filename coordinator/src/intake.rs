@@ -5,7 +5,9 @@
 //! handed to `attach.rs` and `cancel.rs`; after shutdown, the turns already delivered),
 //! decoding a turn request (JSON, turn id, tenant id in its normalized form), the
 //! caller checks of `callers.rs` (a request whose reply is not the caller's own inbox is
-//! dropped and counted, never answered), reading its decision, and
+//! dropped and counted, never answered), the header limits (a request with more or
+//! larger headers than [`MAX_REQUEST_HEADERS`] and [`MAX_REQUEST_HEADER_BYTES`] is
+//! refused `invalid_request` before its trace is read), reading its decision, and
 //! [`take_turn`]: a short sequence that hands each step to its room — limits
 //! (`limits.rs`), per-call verdicts (`validate.rs`), the call layout and jobs
 //! (`dispatch.rs`), creating the turn in the join with its `ack` and `pending` states
@@ -42,6 +44,7 @@ use crate::dispatch::{build_jobs, Layout};
 use crate::events;
 use crate::finalize::{end_open_turn, finish, TurnEnd};
 use crate::limits::{millis, TurnLimits};
+use crate::log_sample::LogSample;
 use crate::registry::Snapshot;
 use crate::replica::{next_message, Replica};
 use crate::store::redis::{CallEntry, NewTurn};
@@ -170,12 +173,24 @@ where
 /// Handles one message on the turn subject.
 pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_nats::Message) {
     if message.reply.is_none() {
-        warn!(subject = %message.subject, "turn request without a reply subject dropped");
+        static LOGGED: LogSample = LogSample::refusals();
+        if let Some(suppressed) = LOGGED.admit() {
+            warn!(subject = %message.subject, suppressed, "turn request without a reply subject dropped");
+        }
         return;
     }
     let Some((caller, reply)) = replica.caller_of(&message, "turn request") else {
         return;
     };
+    // Before the trace is read from the headers, the body decoded or Redis asked.
+    if let Some(why) = headers_over_limits(message.headers.as_ref()) {
+        static LOGGED: LogSample = LogSample::refusals();
+        if let Some(suppressed) = LOGGED.admit() {
+            warn!(subject = %message.subject, suppressed, "turn request refused: {why}");
+        }
+        let error = CallError::fatal(turn_codes::INVALID_REQUEST, why);
+        return reject(&replica, None, reply, error, None).await;
+    }
     // The turn span's ids and start are fixed here; whoever ends the turn exports it.
     let mut trace = TurnTrace::begin(message.headers.as_ref());
     let max = replica.config.max_turns_in_progress;
@@ -245,6 +260,40 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
     )
     .instrument(span)
     .await;
+}
+
+/// The most headers a turn request may carry, each value of a repeated name counted.
+/// A turn needs none; a frontend sends its turn id, `traceparent`, `tracestate`,
+/// `baggage`, perhaps `Nats-Msg-Id`, and a few of its own.
+pub(crate) const MAX_REQUEST_HEADERS: usize = 64;
+
+/// The most bytes a turn request's header names and values may add up to: room for a
+/// full W3C `baggage` (8,192 bytes) and `tracestate` (32 members) beside the rest.
+pub(crate) const MAX_REQUEST_HEADER_BYTES: usize = 16 * 1024;
+
+/// Why `headers` are more or larger than a turn request may carry
+/// ([`MAX_REQUEST_HEADERS`], [`MAX_REQUEST_HEADER_BYTES`]), or `None`. Reads at most
+/// one value past either limit, so 20,000 headers cost what 65 do.
+fn headers_over_limits(headers: Option<&async_nats::HeaderMap>) -> Option<String> {
+    let (mut count, mut bytes) = (0usize, 0usize);
+    for (name, values) in headers?.iter() {
+        let name: &str = name.as_ref();
+        for value in values {
+            count += 1;
+            bytes = bytes.saturating_add(name.len() + value.as_str().len());
+            if count > MAX_REQUEST_HEADERS {
+                return Some(format!(
+                    "a turn request carries at most {MAX_REQUEST_HEADERS} headers"
+                ));
+            }
+            if bytes > MAX_REQUEST_HEADER_BYTES {
+                return Some(format!(
+                    "a turn request's headers hold at most {MAX_REQUEST_HEADER_BYTES} bytes of names and values"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// The turn id the request's header names, for refusing a request unread.
@@ -356,7 +405,13 @@ async fn take_turn(
         layout,
         acknowledgement,
     } = plan_turn(config, &registry, &request, decision);
-    trace_planned(trace.as_mut(), &turn_id, &request.tenant_id, &planned);
+    trace_planned(
+        trace.as_mut(),
+        &turn_id,
+        &request.tenant_id,
+        &planned,
+        &registry,
+    );
     let (traceparent, stored_trace) = TurnTrace::stored(trace.as_ref());
     let first = first_events(&turn_id, &planned, acknowledgement, limits.budget_ms);
     let planned_calls = planned.len();
@@ -546,6 +601,7 @@ fn trace_planned(
     turn_id: &str,
     tenant: &str,
     planned: &[PlannedCall],
+    registry: &Snapshot,
 ) {
     tracing::Span::current().record("toolfleet.turn.calls", planned.len() as i64);
     let trace = trace.map(|t| {
@@ -554,7 +610,8 @@ fn trace_planned(
     });
     for p in planned {
         if let Verdict::Refuse(error) = &p.verdict {
-            trace::refused_call(trace, turn_id, tenant, &p.call.id, &p.call.name, error);
+            let (id, tool) = (&p.call.id, &p.call.name);
+            trace::refused_call(trace, turn_id, tenant, id, tool, error, registry);
         }
     }
 }
@@ -613,6 +670,43 @@ mod tests {
             "turn_id": turn_id, "tenant_id": "acme",
             "decision": {"type": "final", "text": text}
         })
+    }
+
+    #[test]
+    fn headers_are_limited_in_number_and_bytes_every_value_counted() {
+        use async_nats::HeaderMap;
+        let many = |n: usize, name: &dyn Fn(usize) -> String| {
+            let mut headers = HeaderMap::new();
+            for i in 0..n {
+                headers.append(name(i).as_str(), "v");
+            }
+            headers
+        };
+        assert_eq!(headers_over_limits(None), None);
+        let distinct = |i: usize| format!("X-H{i}");
+        let at_limit = many(MAX_REQUEST_HEADERS, &distinct);
+        assert_eq!(headers_over_limits(Some(&at_limit)), None);
+        let over = many(MAX_REQUEST_HEADERS + 1, &distinct);
+        assert!(headers_over_limits(Some(&over)).is_some());
+        // One name repeated is as many headers as its values.
+        let repeated = many(20_000, &|_| "X-Same".to_string());
+        assert!(headers_over_limits(Some(&repeated)).is_some());
+
+        let mut traced = HeaderMap::new();
+        traced.insert(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        );
+        traced.insert("baggage", "k=v,".repeat(2048).as_str());
+        traced.insert(HEADER_TURN_ID, "t1");
+        assert_eq!(headers_over_limits(Some(&traced)), None, "a full baggage");
+        let name = "X-Big";
+        let fits = "x".repeat(MAX_REQUEST_HEADER_BYTES - name.len());
+        let mut big = HeaderMap::new();
+        big.insert(name, fits.as_str());
+        assert_eq!(headers_over_limits(Some(&big)), None);
+        big.insert(name, format!("{fits}x").as_str());
+        assert!(headers_over_limits(Some(&big)).is_some());
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@
 //! | 1 | `intake` | the loop taking requests in; decode the request, check ids, parse the decision; the turn as named steps |
 //! | - | `admission` | storing a new turn or replaying the stored one; its first events |
 //! | - | `callers` | the submitting frontend: its own inbox as the only reply, its tenants |
+//! | - | `log_sample` | `LogSample`: refusals a frontend triggers at will logged first and then once a period, with the count left out |
 //! | 2 | `limits` | the turn's call cap, concurrency and deadline from config, tenant and request |
 //! | 3 | [`validate`] | per-call verdicts: dispatch or refuse, with the refusal's code |
 //! | 4 | `dispatch` | build the jobs, publish them (again with the same id when unconfirmed); hand back those that cannot be published |
@@ -55,6 +56,7 @@ mod finals;
 mod intake;
 mod lanes;
 mod limits;
+mod log_sample;
 mod memory;
 pub mod narrate;
 mod progress;
