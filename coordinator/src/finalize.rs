@@ -290,6 +290,9 @@ async fn close_turn(
         (None, None) => {}
     }
     let created_unix_ms = closing.created_unix_ms;
+    if reason != EndReason::Complete {
+        release_lanes(replica, turn_id, &closing).await;
+    }
     let (summary, error, sent) = async {
         let started = replica.turns.started(turn_id);
         let (ordered, missing) = complete_results(closing, reason, &started);
@@ -326,6 +329,27 @@ async fn close_turn(
         marked_first,
     };
     turn_ended(replica, trace.as_ref(), ended).await;
+}
+
+/// Releases what a turn ending without all its results holds on the tools' lanes and
+/// among its tenant's turns in flight (`sharing::turn_closed`); a completed turn's last
+/// result released them as it was recorded.
+async fn release_lanes(replica: &Arc<Replica>, turn_id: &str, closing: &Closing) {
+    let missing: Vec<(&str, &str)> = closing
+        .calls
+        .iter()
+        .filter(|(key, _)| !closing.results.contains_key(*key))
+        .map(|(key, entry)| (entry.name.as_str(), key.as_str()))
+        .collect();
+    crate::sharing::turn_closed(
+        replica.sharing(),
+        &closing.tenant,
+        turn_id,
+        closing.deadline_unix_ms,
+        &missing,
+        closing.laned,
+    )
+    .await;
 }
 
 /// A turn whose `final` this replica stored and sent.
@@ -546,6 +570,7 @@ async fn answer_without_tools(
         events: stored.clone(),
         ended: true,
         queued: Vec::new(),
+        laned: false,
     };
     match admission::admit(replica.outbox(), turn, &taken.reply).await {
         Admission::New => {}

@@ -203,10 +203,10 @@ pub(crate) async fn handle_turn_message(replica: Arc<Replica>, message: async_na
             .retry_after(std::time::Duration::from_millis(OVERLOADED_RETRY_MS));
         return reject(&replica, turn_id, reply, error, trace).await;
     };
-    if let Some(full) = replica.memory.full() {
+    if let Some(full) = replica.memory.admit(message.payload.len()) {
         let turn_id = header_turn_id(&message);
         let message = format!(
-            "the turn store holds {} of its {} bytes, past the {} % at which new turns wait (TOOLFLEET_REDIS_SHED_PERCENT) so the turns in flight can end; nothing was stored, retry after {OVERLOADED_RETRY_MS} ms",
+            "the turn store holds {} of its {} bytes with the turns just let in, and this turn would take it past the {} % at which new turns wait (TOOLFLEET_REDIS_SHED_PERCENT) so the turns in flight can end; nothing was stored, retry after {OVERLOADED_RETRY_MS} ms",
             full.used, full.max, full.shed_percent
         );
         let error = CallError::retryable(turn_codes::OVERLOADED, message)
@@ -423,6 +423,7 @@ async fn take_turn(
     {
         return reject(&replica, Some(turn_id), reply, error, trace).await;
     }
+    let laned = sharing::laned(lanes, &turn_id, &jobs);
     let new_turn = NewTurn {
         turn_id: &turn_id,
         reply: reply.as_str(),
@@ -440,6 +441,7 @@ async fn take_turn(
         events: first.clone(),
         ended: false,
         queued: jobs.queued,
+        laned,
     };
     let script = trace::join_script("CREATE", &turn_id, &request.tenant_id);
     let refused = new_turn.results.clone();
@@ -468,7 +470,7 @@ async fn take_turn(
         now,
     );
     replica.turns.own(turn_id.clone(), owned);
-    let dispatched = sharing::dispatch(lanes, &turn_id, jobs.now, trace.as_ref()).await;
+    let dispatched = sharing::dispatch(lanes, &turn_id, jobs.now, trace.as_ref(), laned).await;
     results::record_unpublished(&replica, dispatched.failed).await;
 }
 

@@ -167,7 +167,9 @@ local function fill(out, own)
       local e = fields(entry, 4)
       if tonumber(e[1]) > num(state, 'v') then redis.call('HSET', state, 'v', e[1]) end
       local deadline = tonumber(e[2])
-      if deadline > now then
+      -- A call whose turn ended while it waited (cancel, deadline) is dropped.
+      local gone = redis.call('HDEL', state, 'x:' .. e[3]) == 1
+      if deadline > now and not gone then
         take(e[3], picked, deadline)
         if not own[e[3]] then
           redis.call('HSET', sending, e[3], ARGV[1] .. '\t' .. picked .. '\t' .. e[4] .. '\t' .. e[5])
@@ -254,6 +256,30 @@ return {tenant or '', num(state, 'waiting'), in_flight(), out}
 "#
 );
 
+/// Forgets calls whose turn ended without their results (cancelled, or past its
+/// deadline): a call holding a slot frees it at once; any other is marked gone, so the
+/// lane drops it instead of handing it out, until ARGV 5 (the turn's deadline plus the
+/// grace; past it the lane drops it anyway and the tick clears the mark). Then hands out
+/// what fits. ARGV 6 on: members. Returns {slots freed, waiting, in flight, handed out}.
+const FORGET: &str = concat!(
+    lane_lua!(),
+    r#"
+local until_ms = ARGV[5]
+local freed = 0
+for i = 6, #ARGV do
+  if free(ARGV[i], false) then
+    freed = freed + 1
+  else
+    redis.call('HSET', state, 'x:' .. ARGV[i], until_ms)
+  end
+end
+reclaim()
+local out = {}
+fill(out, {})
+return {freed, num(state, 'waiting'), in_flight(), out}
+"#
+);
+
 /// The lane's upkeep: lapsed slots freed, calls handed out but unconfirmed for ARGV 5 ms
 /// handed out again, what fits handed out. Returns {handed out, (tenant, waiting, in
 /// flight)*}.
@@ -276,7 +302,9 @@ local counts, order = {}, {}
 local st = redis.call('HGETALL', state)
 for i = 1, #st, 2 do
   local kind, tenant = string.sub(st[i], 1, 2), string.sub(st[i], 3)
-  if kind == 'n:' or kind == 't:' then
+  if kind == 'x:' then
+    if (tonumber(st[i + 1]) or 0) <= now then redis.call('HDEL', state, st[i]) end
+  elseif kind == 'n:' or kind == 't:' then
     if not counts[tenant] then counts[tenant] = {0, 0}; order[#order + 1] = tenant end
     if kind == 'n:' then
       counts[tenant][2] = tonumber(st[i + 1]) or 0
@@ -371,6 +399,8 @@ pub(crate) struct HandedOut {
 pub(crate) struct Admitted {
     /// Calls waiting on the lane afterwards, every tenant's.
     pub waiting: u64,
+    /// Calls holding the lane's slots afterwards.
+    pub in_flight: u64,
     /// Members of calls that held a slot already: publish them again.
     pub again: Vec<String>,
     /// Calls handed out, this tenant's (first queued, so published by the caller) and
@@ -383,6 +413,8 @@ pub(crate) struct Admitted {
 pub(crate) struct Freed {
     /// Calls waiting on the lane afterwards.
     pub waiting: u64,
+    /// Calls holding the lane's slots afterwards.
+    pub in_flight: u64,
     /// Calls handed out to fill the freed slot.
     pub handed_out: Vec<HandedOut>,
 }
@@ -437,6 +469,7 @@ pub(crate) struct LaneStore {
     names: Names,
     admit: Script,
     release: Script,
+    forget: Script,
     tick: Script,
     peek: Script,
     take_turn: Script,
@@ -450,6 +483,7 @@ impl LaneStore {
             names,
             admit: Script::new(ADMIT),
             release: Script::new(RELEASE),
+            forget: Script::new(FORGET),
             tick: Script::new(TICK),
             peek: Script::new(PEEK),
             take_turn: Script::new(TAKE_TURN),
@@ -542,6 +576,7 @@ impl LaneStore {
         }
         Ok(Some(Admitted {
             waiting: number_at(&reply, 0)?,
+            in_flight: number_at(&reply, 1)?,
             again: strings_at(&reply, 2)?,
             handed_out: handed_out(&strings_at(&reply, 3)?)?,
         }))
@@ -562,6 +597,31 @@ impl LaneStore {
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         Ok(Freed {
             waiting: number_at(&reply, 1)?,
+            in_flight: number_at(&reply, 2)?,
+            handed_out: handed_out(&strings_at(&reply, 3)?)?,
+        })
+    }
+
+    /// Forgets `members` of `tool`, calls of a turn that ended without their results:
+    /// their slots are freed, and those still waiting are dropped when their turn comes
+    /// (marked until `until_ms`); hands out what fits.
+    pub(crate) async fn forget(
+        &self,
+        tool: &str,
+        clock: LaneClock,
+        until_ms: u64,
+        members: &[String],
+    ) -> Result<Freed, LaneError> {
+        let mut invocation = self.invocation(&self.forget, tool, clock);
+        invocation.arg(until_ms);
+        for member in members {
+            invocation.arg(member);
+        }
+        let mut redis = self.redis.clone();
+        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
+        Ok(Freed {
+            waiting: number_at(&reply, 1)?,
+            in_flight: number_at(&reply, 2)?,
             handed_out: handed_out(&strings_at(&reply, 3)?)?,
         })
     }
@@ -712,12 +772,17 @@ pub(crate) fn sum_counts<'a>(
 /// backlog is looked at; other turns skip the look.
 const CONTENDED_FOR_MS: u64 = 2000;
 
-/// This replica's lanes: the store, the lanes it lately saw contended, and the slots
+/// How long a tool's new calls keep going through its lane after it was last seen
+/// near its slots or holding calls.
+const LANED_FOR_MS: u64 = 2000;
+
+/// This replica's lanes: the store, how near each tool is to its slots, and the slots
 /// waiting to be freed while a release of their tool is in flight.
 pub(crate) struct Lanes {
     pub(crate) store: LaneStore,
-    /// Tool → when this replica last saw calls waiting on its lane (Unix ms).
-    contended: Mutex<HashMap<String, u64>>,
+    /// How near each tool is to its slots, seen from here: whether a turn's calls go
+    /// through the lane at all.
+    pub(crate) pressure: Pressure,
     /// Tool → the releases asked for while one of that tool's ran.
     releasing: Mutex<HashMap<String, Releasing>>,
 }
@@ -743,7 +808,7 @@ impl Lanes {
     pub(crate) fn new(store: LaneStore) -> Self {
         Self {
             store,
-            contended: Mutex::default(),
+            pressure: Pressure::default(),
             releasing: Mutex::default(),
         }
     }
@@ -849,14 +914,96 @@ impl Lanes {
             }
         }
     }
+}
 
-    /// Notes how many calls wait on `tool`'s lane.
-    pub(crate) fn note(&self, tool: &str, waiting: u64) {
+/// One turn's calls of one tool, for [`Pressure::laned`]: the tool, its slots, and each
+/// call's member with its turn's deadline (Unix ms).
+pub(crate) type ToolCalls<'a> = (&'a str, usize, Vec<(String, u64)>);
+
+/// How near each tool is to its slots, seen from this replica (`sharing::laned`).
+#[derive(Default)]
+pub(crate) struct Pressure {
+    /// Tool → when this replica last saw calls waiting on its lane (Unix ms).
+    contended: Mutex<HashMap<String, u64>>,
+    /// Tool → until when (Unix ms) new turns' calls go through its lane: while the lane
+    /// holds calls, and a while after this replica saw the tool near its slots.
+    laned_until: Mutex<HashMap<String, u64>>,
+    /// Tool → the calls this replica published past the lane (member → its turn's
+    /// deadline, Unix ms) whose results it has not recorded: how near the tool is to
+    /// its slots, seen from here. A result recorded by another replica leaves its
+    /// member here until the deadline, which only errs towards using the lane.
+    unlaned: Mutex<HashMap<String, HashMap<String, u64>>>,
+}
+
+impl Pressure {
+    /// Notes how many calls wait on `tool`'s lane and how many hold its slots.
+    pub(crate) fn note(&self, tool: &str, waiting: u64, in_flight: u64) {
+        self.note_at(tool, waiting, in_flight, unix_ms());
+    }
+
+    /// [`Pressure::note`] at `now_ms`.
+    fn note_at(&self, tool: &str, waiting: u64, in_flight: u64, now_ms: u64) {
         if let Ok(mut seen) = self.contended.lock() {
             if waiting > 0 {
-                seen.insert(tool.to_string(), unix_ms());
+                seen.insert(tool.to_string(), now_ms);
             } else {
                 seen.remove(tool);
+            }
+        }
+        if let Ok(mut until) = self.laned_until.lock() {
+            if waiting > 0 || in_flight > 0 {
+                let at = until.entry(tool.to_string()).or_default();
+                *at = (*at).max(now_ms + LANED_FOR_MS);
+            } else {
+                // Drained: new calls go past it until the tool nears its slots again.
+                until.remove(tool);
+            }
+        }
+    }
+
+    /// Whether a turn's calls go through their tools' lanes. `tools` are the turn's
+    /// tools, each with its slots and the turn's calls of it as (member, deadline): the
+    /// turn is laned when any of its tools' lanes holds or queues calls, or when this
+    /// replica's calls in flight past a tool's lane and the turn's would take more than
+    /// half its slots (then the tool stays laned a while: [`LANED_FOR_MS`]). Otherwise
+    /// the turn's calls are counted in flight past the lanes at once (before the turn is
+    /// stored, so turns decided meanwhile count them) and go straight onto the stream.
+    pub(crate) fn laned(&self, tools: &[ToolCalls<'_>], now_ms: u64) -> bool {
+        let (Ok(mut until), Ok(mut unlaned)) = (self.laned_until.lock(), self.unlaned.lock())
+        else {
+            return true;
+        };
+        let mut laned = false;
+        for (tool, slots, calls) in tools {
+            if self.contended(tool, now_ms) || until.get(*tool).is_some_and(|at| now_ms < *at) {
+                laned = true;
+                continue;
+            }
+            let past = unlaned.get_mut(*tool).map_or(0, |past| {
+                past.retain(|_, deadline| *deadline > now_ms);
+                past.len()
+            });
+            if (past + calls.len()) * 2 > (*slots).max(1) {
+                until.insert((*tool).to_string(), now_ms + LANED_FOR_MS);
+                laned = true;
+            }
+        }
+        if !laned {
+            for (tool, _, calls) in tools {
+                unlaned
+                    .entry((*tool).to_string())
+                    .or_default()
+                    .extend(calls.iter().cloned());
+            }
+        }
+        laned
+    }
+
+    /// Notes that the call `member` of `tool`, published past the lane, has ended.
+    pub(crate) fn ended_past(&self, tool: &str, member: &str) {
+        if let Ok(mut unlaned) = self.unlaned.lock() {
+            if let Some(calls) = unlaned.get_mut(tool) {
+                calls.remove(member);
             }
         }
     }
@@ -874,6 +1021,75 @@ impl Lanes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The turn's calls of tool `t` (of 8 slots), named `<turn>:<i>`.
+    fn turn(turn: &str, calls: usize, deadline: u64) -> Vec<ToolCalls<'static>> {
+        let members = (0..calls)
+            .map(|i| (format!("{turn}:{i}"), deadline))
+            .collect();
+        vec![("t", 8, members)]
+    }
+
+    #[test]
+    fn an_uncontended_tool_is_used_past_its_lane_until_half_its_slots() {
+        let p = Pressure::default();
+        // 8 slots: a turn of 3 calls goes past the lane, then one of 1 (4 of 8), not
+        // one of 2 more.
+        assert!(!p.laned(&turn("a", 3, 60_000), 1_000));
+        assert!(!p.laned(&turn("b", 1, 60_000), 1_000));
+        assert!(p.laned(&turn("c", 1, 60_000), 1_000), "5 of 8 slots");
+        // Laned for a while after, even once the calls ended.
+        for i in 0..3 {
+            p.ended_past("t", &format!("a:{i}"));
+        }
+        p.ended_past("t", "b:0");
+        assert!(p.laned(&turn("d", 1, 60_000), 1_000 + LANED_FOR_MS - 1));
+        assert!(!p.laned(&turn("e", 1, 60_000), 1_000 + LANED_FOR_MS));
+        // Another tool is not affected; a turn with one laned tool is laned whole, and
+        // its calls of the other tool are not counted past the lane.
+        let mixed = vec![
+            ("u", 8, vec![("f:0".to_string(), 60_000)]),
+            turn("f", 1, 60_000).remove(0),
+        ];
+        p.note_at("t", 0, 1, 1_000 + LANED_FOR_MS);
+        assert!(p.laned(&mixed, 1_000 + LANED_FOR_MS));
+        assert!(!p.laned(
+            &[("u", 8, vec![("g:0".to_string(), 60_000)])],
+            1_000 + LANED_FOR_MS
+        ));
+        assert!(
+            !p.laned(
+                &[("u", 4, vec![("h:0".to_string(), 60_000)])],
+                1_000 + LANED_FOR_MS
+            ),
+            "u holds g:0 only: 2 of 4 slots"
+        );
+    }
+
+    #[test]
+    fn a_lane_holding_or_queueing_calls_keeps_new_turns_in_it_until_it_drains() {
+        let p = Pressure::default();
+        p.note_at("t", 0, 3, 1_000);
+        assert!(p.laned(&turn("a", 1, 60_000), 1_500));
+        p.note_at("t", 2, 8, 1_500);
+        assert!(p.laned(&turn("b", 1, 60_000), 3_000), "calls waiting");
+        p.note_at("t", 0, 0, 3_000);
+        // Drained, and no longer seen contended.
+        assert!(!p.laned(&turn("c", 1, 60_000), 3_500 + CONTENDED_FOR_MS));
+    }
+
+    #[test]
+    fn calls_past_their_deadline_stop_counting() {
+        let p = Pressure::default();
+        assert!(!p.laned(&turn("a", 4, 2_000), 1_000));
+        assert!(p.laned(&turn("b", 1, 60_000), 1_000));
+        let q = Pressure::default();
+        assert!(!q.laned(&turn("a", 4, 2_000), 1_000));
+        assert!(
+            !q.laned(&turn("b", 1, 60_000), 2_000),
+            "their deadline passed"
+        );
+    }
 
     #[test]
     fn members_name_their_turn_and_call() {

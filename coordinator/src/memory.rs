@@ -12,7 +12,11 @@
 //!    [`TRIM_PER_BUCKET`] per index bucket): their retention, kept for attaching and
 //!    for late results, is cut short, oldest first, and counted;
 //! 2. from `TOOLFLEET_REDIS_SHED_PERCENT`, intake refuses new turns with the retryable
-//!    `overloaded` (`intake.rs`), so the turns in flight keep the room left to end.
+//!    `overloaded` (`intake.rs`), so the turns in flight keep the room left to end. A
+//!    new turn counts with what it will store ([`StoreMemory::admit`]: its request's
+//!    bytes, [`STORED_PER_REQUEST_BYTE`] times over), and so do the turns this replica
+//!    let in since the last sample, so a burst of large turns between two samples
+//!    cannot carry Redis past the line either.
 //!
 //! Open turns are never deleted. Writes to Redis only through the join's trim.
 //!
@@ -40,11 +44,19 @@ pub(crate) const TRIM_PER_BUCKET: usize = 250;
 /// turn of small results (docs/OPERATIONS.md, *Sizing Redis*).
 const TURN_BYTES: u64 = 8 * 1024;
 
+/// How many bytes of Redis a turn takes for each byte of its request, at most: its
+/// calls' arguments stored with the turn, again in a job waiting in a lane (or held
+/// back by the turn's concurrency bound), and its events.
+pub(crate) const STORED_PER_REQUEST_BYTE: u64 = 3;
+
 /// Redis's memory at the last sample.
 #[derive(Debug)]
 pub(crate) struct StoreMemory {
     /// `used_memory`, in bytes (the fullest node of a cluster).
     used: AtomicU64,
+    /// Bytes the turns let in since the last sample will store, by this replica's
+    /// reckoning ([`StoreMemory::admit`]).
+    pending: AtomicU64,
     /// `maxmemory` of that node, in bytes; 0 for none.
     max: AtomicU64,
     /// `TOOLFLEET_REDIS_SHED_PERCENT`.
@@ -69,6 +81,7 @@ impl StoreMemory {
     pub fn new(shed_percent: u8, trim_percent: u8) -> Self {
         Self {
             used: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
             max: AtomicU64::new(0),
             shed_percent,
             trim_percent,
@@ -106,13 +119,42 @@ impl StoreMemory {
         max > 0 && percent < 100 && u128::from(used) >= limit
     }
 
-    /// Keeps a sample.
+    /// Keeps a sample (which counts what the turns let in before it stored).
     pub fn record(&self, used: u64, max: u64) {
         self.used.store(used, Ordering::Relaxed);
         self.max.store(max, Ordering::Relaxed);
+        self.pending.store(0, Ordering::Relaxed);
     }
 
-    /// `Some` while new turns are to be refused.
+    /// Lets in a turn whose request holds `request_bytes`, unless what it will store,
+    /// with the last sample and what the turns let in since then will store, reaches
+    /// the shed share: then `Some`, and nothing is counted.
+    pub fn admit(&self, request_bytes: usize) -> Option<Full> {
+        let max = self.max.load(Ordering::Relaxed);
+        if max == 0 || self.shed_percent >= 100 {
+            return None;
+        }
+        let bytes = (request_bytes as u64)
+            .saturating_mul(STORED_PER_REQUEST_BYTE)
+            .saturating_add(TURN_BYTES);
+        let used = self
+            .used
+            .load(Ordering::Relaxed)
+            .saturating_add(self.pending.load(Ordering::Relaxed));
+        let limit = u128::from(max) * u128::from(self.shed_percent) / 100;
+        if u128::from(used.saturating_add(bytes)) >= limit {
+            return Some(Full {
+                used,
+                max,
+                shed_percent: self.shed_percent,
+            });
+        }
+        self.pending.fetch_add(bytes, Ordering::Relaxed);
+        None
+    }
+
+    /// `Some` while the last sample alone is past the shed share.
+    #[cfg(test)]
     pub fn full(&self) -> Option<Full> {
         self.past(self.shed_percent).then(|| Full {
             used: self.used.load(Ordering::Relaxed),
@@ -257,6 +299,28 @@ mod tests {
         assert_eq!(trim.trim_per_bucket(16), 9);
         trim.record(1 << 40, (1 << 40) + 1);
         assert_eq!(trim.trim_per_bucket(16), TRIM_PER_BUCKET);
+    }
+
+    #[test]
+    fn a_new_turn_counts_with_what_it_and_the_turns_since_the_sample_will_store() {
+        let memory = StoreMemory::new(85, 70);
+        // No sample yet, or no maxmemory: every turn goes in.
+        assert_eq!(memory.admit(1 << 30), None);
+        let max = 10 << 20;
+        memory.record(5 << 20, max);
+        // 5 MiB held; the line at 8.5 MiB. A 1 MiB request stores about 3 MiB.
+        assert_eq!(memory.admit(1 << 20), None);
+        // The next one would pass the line with the first one's bytes counted.
+        let full = memory.admit(1 << 20).map(|f| f.used);
+        assert_eq!(full, Some((5 << 20) + 3 * (1 << 20) + TURN_BYTES));
+        // A small one still fits; a refused one counted nothing.
+        assert_eq!(memory.admit(1024), None);
+        // A sample counts what was stored: the pending bytes start again.
+        memory.record(5 << 20, max);
+        assert_eq!(memory.admit(1 << 20), None);
+        // At the line, even an empty request waits.
+        memory.record(max / 100 * 85, max);
+        assert!(memory.admit(0).is_some());
     }
 
     #[test]

@@ -325,7 +325,7 @@ async fn try_record(
     traced: Traced<'_>,
 ) -> Result<Vec<Unpublished>, JoinError> {
     let tool = result.name.clone();
-    let (outcome, mut unpublished) = replica
+    let (outcome, laned, mut unpublished) = replica
         .turns
         .gated(turn_id, |gate| {
             record_and_report(replica, gate, turn_id, key, result, body, traced)
@@ -334,7 +334,7 @@ async fn try_record(
     if matches!(outcome, "wrong_tool" | "unknown_call") {
         return Ok(unpublished);
     }
-    let handed_out = sharing::release(replica.sharing(), &tool, turn_id, key)
+    let handed_out = sharing::release(replica.sharing(), &tool, turn_id, key, laned)
         .await
         .map_err(|error| match error {
             LaneError::Redis(e) => JoinError::Redis(e),
@@ -350,8 +350,8 @@ async fn try_record(
 /// Records one result and publishes what follows. Results of one turn are recorded
 /// concurrently; the gate keeps each call's state before the turn's `final`. `body` is
 /// the result's JSON as received, stored instead of encoding `result` again. Returns
-/// the outcome's kind (`Recorded::kind`) and the released jobs that could not be
-/// published.
+/// the outcome's kind (`Recorded::kind`), whether the turn's calls hold lane slots
+/// (`Recorded::laned`) and the released jobs that could not be published.
 async fn record_and_report(
     replica: &Arc<Replica>,
     gate: Arc<TurnGate>,
@@ -360,7 +360,7 @@ async fn record_and_report(
     result: CallResult,
     body: Option<&[u8]>,
     traced: Traced<'_>,
-) -> Result<(&'static str, Vec<Unpublished>), JoinError> {
+) -> Result<(&'static str, bool, Vec<Unpublished>), JoinError> {
     let recording = gate.recording.read().await;
     let mut unpublished = Vec::new();
     let span = traced.span;
@@ -368,6 +368,7 @@ async fn record_and_report(
     let (outcome, ahead) =
         record_closing_ahead(replica, turn_id, key, &result, body, &state, traced).await?;
     let kind = outcome.kind();
+    let laned = outcome.laned();
     span.record("toolfleet.result.outcome", kind);
     match outcome {
         Recorded::UnknownTurn | Recorded::UnknownCall => {
@@ -377,15 +378,16 @@ async fn record_and_report(
             replica.metrics.forged_result();
             warn!(%turn_id, call = %key, tool = %result.name, "result naming another tool than its call refused");
         }
-        Recorded::Duplicate { again } => {
+        Recorded::Duplicate { again, .. } => {
             replica.metrics.duplicate_result();
             debug!(%turn_id, call = %key, "duplicate result ignored");
             drop(recording);
             if !again.is_empty() {
-                unpublished = sharing::dispatch_released(replica.sharing(), turn_id, again).await;
+                unpublished =
+                    sharing::dispatch_released(replica.sharing(), turn_id, again, laned).await;
             }
         }
-        Recorded::Late => {
+        Recorded::Late { .. } => {
             replica.metrics.late_result();
             debug!(%turn_id, call = %key, "late result counted");
         }
@@ -406,10 +408,11 @@ async fn record_and_report(
             drop(recording);
             if let Some(released) = released {
                 unpublished =
-                    sharing::dispatch_released(replica.sharing(), turn_id, vec![released]).await;
+                    sharing::dispatch_released(replica.sharing(), turn_id, vec![released], laned)
+                        .await;
             }
         }
-        Recorded::CompleteStored { reply, seq } => {
+        Recorded::CompleteStored { reply, seq, .. } => {
             count_result(&replica.registry, &replica.metrics, &result);
             drop(recording);
             let _ending = gate.recording.write().await;
@@ -447,7 +450,7 @@ async fn record_and_report(
             finish(replica, end).await;
         }
     }
-    Ok((kind, unpublished))
+    Ok((kind, laned, unpublished))
 }
 
 /// Runs `RECORD` for `result` (stored as `body`, or encoded when there is none), with

@@ -9,9 +9,17 @@
 //! new turn's deadline), the lanes' upkeep and the per-tenant metrics.
 //!
 //! Owns [`dispatch`], the one way a turn's jobs leave (through the lanes, or straight to
-//! `dispatch.rs`'s publish with `TOOLFLEET_FAIR_SHARING=off`), and the dispatch of the
-//! queued calls a result released. Jobs that could not be published are handed back to
-//! the caller, which records their results (`results.rs`).
+//! `dispatch.rs`'s publish), and the dispatch of the queued calls a result released.
+//! Jobs that could not be published are handed back to the caller, which records their
+//! results (`results.rs`).
+//!
+//! Sharing is priced by contention: [`laned`] decides, once per turn before it is
+//! stored, whether its calls go through the lanes. They do while a tool's lane holds
+//! or queues calls, or when this replica's calls in flight past the lane and the new
+//! ones would take half the tool's slots; otherwise they go straight onto the stream,
+//! and their results free no slot, so an uncontended tool runs no lane script. The
+//! decision is stored with the turn (`laned`), so whichever replica records a result or
+//! ends the turn knows whether it holds slots.
 //!
 //! A lane that Redis cannot reach never stops a call: its jobs are published at once,
 //! unshared. Never publishes a frontend event; a refusal is returned to `intake.rs`.
@@ -67,21 +75,43 @@ fn cap(policy: &TenantPolicy, tool: &str) -> usize {
     policy.calls_in_flight_on(tool).unwrap_or(0)
 }
 
+/// Whether a turn of `jobs` goes through its tools' lanes: with fair sharing on, when
+/// any of its tools nears its slots or its lane holds calls (`Lanes::near`). A turn
+/// that does not is published straight onto the stream and its results free no slot:
+/// an uncontended tool pays nothing for sharing. Decided once, before the turn is
+/// stored (its results and its queued calls follow the stored decision).
+pub(crate) fn laned(sharing: Sharing<'_>, turn_id: &str, jobs: &Jobs) -> bool {
+    if !sharing.config.fair_sharing {
+        return false;
+    }
+    let mut calls: BTreeMap<&str, Vec<(String, u64)>> = BTreeMap::new();
+    for (key, job) in jobs.now.iter().chain(&jobs.queued) {
+        calls
+            .entry(job.call.name.as_str())
+            .or_default()
+            .push((lanes::member(turn_id, key), job.deadline_unix_ms));
+    }
+    let tools: Vec<lanes::ToolCalls<'_>> = calls
+        .into_iter()
+        .map(|(tool, calls)| (tool, clock(sharing, tool).slots, calls))
+        .collect();
+    sharing.lanes.pressure.laned(&tools, unix_ms())
+}
+
 /// Dispatches `jobs` of one turn: through their tools' lanes, shared fairly between
-/// tenants, or straight onto the stream with `TOOLFLEET_FAIR_SHARING=off`. Returns the
-/// keys of the jobs published or stored in a lane, and the jobs that could not be
-/// published, for the caller to record.
+/// tenants, when the turn is `laned` ([`laned`]); else straight onto the stream. Returns the keys of the jobs published or
+/// stored in a lane, and the jobs that could not be published, for the caller to record.
 pub(crate) async fn dispatch(
     sharing: Sharing<'_>,
     turn_id: &str,
     jobs: Vec<(String, JobEnvelope)>,
     trace: Option<&TurnTrace>,
+    laned: bool,
 ) -> Dispatched {
-    if sharing.config.fair_sharing {
-        dispatch_fairly(sharing, turn_id, jobs, trace).await
-    } else {
-        publish(sharing.jobs, turn_id, jobs, trace).await
+    if laned {
+        return dispatch_fairly(sharing, turn_id, jobs, trace).await;
     }
+    publish(sharing.jobs, turn_id, jobs, trace).await
 }
 
 /// Dispatches the jobs of queued calls that freed slots released (by any replica's
@@ -92,6 +122,7 @@ pub(crate) async fn dispatch_released(
     sharing: Sharing<'_>,
     turn_id: &str,
     released: Vec<Released>,
+    laned: bool,
 ) -> Vec<Unpublished> {
     let Some(stored) = released.first().map(|r| r.trace.clone()) else {
         return Vec::new();
@@ -102,7 +133,7 @@ pub(crate) async fn dispatch_released(
         .trace(turn_id)
         .or_else(|| TurnTrace::decode(&stored));
     let jobs = released.into_iter().map(|r| (r.key, r.job)).collect();
-    let dispatched = dispatch(sharing, turn_id, jobs, trace.as_ref()).await;
+    let dispatched = dispatch(sharing, turn_id, jobs, trace.as_ref(), laned).await;
     for key in dispatched.published {
         if let Err(error) = sharing.store.confirm_dispatched(turn_id, &key).await {
             // Harmless: a duplicate result may publish it again, which the stream
@@ -165,7 +196,10 @@ async fn dispatch_fairly(
                 continue;
             }
         };
-        sharing.lanes.note(&tool, admitted.waiting);
+        sharing
+            .lanes
+            .pressure
+            .note(&tool, admitted.waiting, admitted.in_flight);
         let mut run: HashMap<&str, ()> = admitted.again.iter().map(|m| (m.as_str(), ())).collect();
         for out in &admitted.handed_out {
             if members.contains(&out.member) {
@@ -206,7 +240,7 @@ async fn admit(
 ) -> Result<lanes::Admitted, LaneError> {
     let store = &sharing.lanes.store;
     let entries = group.iter().zip(members);
-    if !sharing.lanes.contended(tool, clock.now_ms) {
+    if !sharing.lanes.pressure.contended(tool, clock.now_ms) {
         let bare: Vec<(&str, u64)> = entries
             .clone()
             .map(|((_, job), member)| (member.as_str(), job.deadline_unix_ms))
@@ -313,11 +347,16 @@ pub(crate) async fn release(
     tool: &str,
     turn_id: &str,
     key: &str,
+    laned: bool,
 ) -> Result<Vec<Unpublished>, LaneError> {
     if !sharing.config.fair_sharing {
         return Ok(Vec::new());
     }
     let member = lanes::member(turn_id, key);
+    if !laned {
+        sharing.lanes.pressure.ended_past(tool, &member);
+        return Ok(Vec::new());
+    }
     let freed = match sharing
         .lanes
         .release(tool, clock(sharing, tool), member)
@@ -328,7 +367,10 @@ pub(crate) async fn release(
         // The call that ran the script publishes what it handed out.
         SlotFreed::Joined => return Ok(Vec::new()),
     };
-    sharing.lanes.note(tool, freed.waiting);
+    sharing
+        .lanes
+        .pressure
+        .note(tool, freed.waiting, freed.in_flight);
     let calls = freed
         .handed_out
         .into_iter()
@@ -337,7 +379,65 @@ pub(crate) async fn release(
     Ok(publish_handed_out(sharing, calls).await)
 }
 
-/// Stops counting `turn_id` among `tenant`'s turns in flight (it completed), when the
+/// Releases what a turn that ended without all its results (cancelled, or past its
+/// deadline) holds on the lanes, at once instead of at its deadline: the slots of its
+/// calls in flight, its calls still waiting (dropped when their turn would come), and
+/// its place among its tenant's turns in flight. `missing` are the (tool, call key)
+/// pairs without a result. Calls the lanes hand out into the freed slots are published
+/// here; one that cannot be is left to the lane's tick, which hands it out again.
+pub(crate) async fn turn_closed(
+    sharing: Sharing<'_>,
+    tenant: &str,
+    turn_id: &str,
+    deadline_ms: u64,
+    missing: &[(&str, &str)],
+    laned: bool,
+) {
+    if !sharing.config.fair_sharing {
+        return;
+    }
+    let mut by_tool: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (tool, key) in missing {
+        let member = lanes::member(turn_id, key);
+        if laned {
+            by_tool.entry(tool).or_default().push(member);
+        } else {
+            sharing.lanes.pressure.ended_past(tool, &member);
+        }
+    }
+    let until_ms = deadline_ms.max(unix_ms()).saturating_add(SLOT_GRACE_MS);
+    for (tool, members) in by_tool {
+        let freed = match sharing
+            .lanes
+            .store
+            .forget(tool, clock(sharing, tool), until_ms, &members)
+            .await
+        {
+            Ok(freed) => freed,
+            Err(error) => {
+                // The slots lapse at the deadline instead.
+                debug!(%turn_id, %tool, %error, "an ended turn's lane slots not released");
+                sharing.metrics.redis_error("lane_forget");
+                continue;
+            }
+        };
+        sharing
+            .lanes
+            .pressure
+            .note(tool, freed.waiting, freed.in_flight);
+        let calls = freed
+            .handed_out
+            .into_iter()
+            .map(|out| (tool.to_string(), out))
+            .collect();
+        for unpublished in publish_handed_out(sharing, calls).await {
+            debug!(turn_id = %unpublished.turn_id, call = %unpublished.key, "a handed-out call not published; the lane's tick hands it out again");
+        }
+    }
+    turn_ended(sharing, tenant, turn_id).await;
+}
+
+/// Stops counting `turn_id` among `tenant`'s turns in flight (it ended), when the
 /// tenant's turns are limited. Best effort: a turn not removed stops counting at its
 /// deadline.
 pub(crate) async fn turn_ended(sharing: Sharing<'_>, tenant: &str, turn_id: &str) {
@@ -378,7 +478,7 @@ pub(crate) async fn admit_turn(
         *calls.entry(job.call.name.as_str()).or_default() += 1;
     }
     for (tool, n) in calls {
-        if !sharing.lanes.contended(tool, now_ms) {
+        if !sharing.lanes.pressure.contended(tool, now_ms) {
             continue;
         }
         let standing = match sharing.lanes.store.peek(tool, tenant).await {
@@ -494,7 +594,8 @@ pub(crate) async fn tick(sharing: Sharing<'_>, tools: &[String]) -> Vec<Unpublis
             }
         };
         let waiting: u64 = ticked.tenants.iter().map(|(_, w, _)| w).sum();
-        sharing.lanes.note(tool, waiting);
+        let in_flight: u64 = ticked.tenants.iter().map(|(_, _, n)| n).sum();
+        sharing.lanes.pressure.note(tool, waiting, in_flight);
         let calls = ticked
             .handed_out
             .into_iter()

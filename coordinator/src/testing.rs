@@ -157,6 +157,7 @@ pub(crate) fn open_turn<'a>(turn_id: &'a str, calls: usize, deadline_unix_ms: u6
         events: vec![r#"{"type":"ack"}"#.to_string()],
         ended: false,
         queued: Vec::new(),
+        laned: false,
     }
 }
 

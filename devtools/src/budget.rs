@@ -152,7 +152,9 @@ impl Budget {
 
 /// The figures of a bench report's `instructions` phase, tracing on.
 pub fn measured_in(report: &Value) -> Result<Measured> {
-    let modes = report["modes"].as_array().context("the report has no modes")?;
+    let modes = report["modes"]
+        .as_array()
+        .context("the report has no modes")?;
     let phase = modes
         .iter()
         .find(|m| m["tracing"] == "on")
@@ -261,7 +263,14 @@ async fn bench(out: &Path) -> Result<()> {
     }
     let exe = std::env::current_exe().context("finding this executable")?;
     let status = Command::new(exe)
-        .args(["bench", "--phases", "instructions", "--tracing", "on", "--out"])
+        .args([
+            "bench",
+            "--phases",
+            "instructions",
+            "--tracing",
+            "on",
+            "--out",
+        ])
         .arg(out)
         .stdin(Stdio::null())
         .kill_on_drop(true)

@@ -656,8 +656,8 @@ pub async fn wait_for_tools_on(client: &FleetClient, names: &[&str]) -> Result<(
 
 /// A turn for the join store as the coordinator creates one: `acme`'s, submitted by the
 /// frontend `frontend` with its events to `reply.subject`, 60 s to its deadline and keys
-/// that live 120 s, not paced, with no calls, results, events or queued jobs yet (a test
-/// sets those with struct update syntax).
+/// that live 120 s, not paced, past the lanes, with no calls, results, events or queued
+/// jobs yet (a test sets those with struct update syntax).
 pub fn new_turn(turn_id: &str) -> NewTurn<'_> {
     NewTurn {
         turn_id,
@@ -676,6 +676,7 @@ pub fn new_turn(turn_id: &str) -> NewTurn<'_> {
         events: Vec::new(),
         ended: false,
         queued: Vec::new(),
+        laned: false,
     }
 }
 

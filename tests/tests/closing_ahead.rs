@@ -134,7 +134,7 @@ async fn the_completing_result_stores_the_closing_events_built_ahead() -> Result
         .record(&result("c1", 1), Some(&[check(&first)?]))
         .await?
     {
-        Recorded::CompleteStored { reply, seq } => {
+        Recorded::CompleteStored { reply, seq, .. } => {
             assert_eq!((reply.as_str(), seq), ("reply.subject", 3));
         }
         other => bail!("completing RECORD: {other:?}"),

@@ -142,7 +142,7 @@ async fn every_script_once(store: &JoinStore, turn_id: &str) -> Result<()> {
         .record(turn_id, "k0", &result("c0"), "{\"s\":0}")
         .await?
     {
-        Recorded::Duplicate { again } => assert_eq!(again.len(), 1, "RECORD duplicate"),
+        Recorded::Duplicate { again, .. } => assert_eq!(again.len(), 1, "RECORD duplicate"),
         other => bail!("RECORD duplicate: {other:?}"),
     }
     store.confirm_dispatched(turn_id, "k1").await?;

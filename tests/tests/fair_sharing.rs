@@ -3,6 +3,8 @@
 //! its own limits is refused with `overloaded` while other tenants go on. Every turn
 //! accepted ends with all its calls answered.
 //!
+//! Turns that end by cancel release their slots and waiting calls at once.
+//!
 //! Assertions are on counts and order (how many of the heavy tenant's calls started
 //! before the light one's), with generous bounds, never on latency.
 
@@ -13,8 +15,8 @@ use futures::StreamExt;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use toolfleet_common::job::ProgressNotice;
-use toolfleet_common::turn::turn_codes;
-use toolfleet_common::{FinalEvent, TurnEvent};
+use toolfleet_common::turn::{turn_codes, CancelOutcome};
+use toolfleet_common::{CallState, FinalEvent, TurnEvent};
 use toolfleet_coordinator::config::{TenantPolicies, TenantPolicy};
 use toolfleet_tests::fleet::{call, read_ack, read_to_end, timed_turn, Fleet, Running};
 
@@ -301,4 +303,61 @@ async fn a_backlog_that_would_outlive_the_deadline_is_refused() -> anyhow::Resul
         Err(code) => anyhow::bail!("the light tenant was refused: {code}"),
     }
     all_heavy_ok(heavy).await
+}
+
+/// A tenant that fills a tool and then cancels its turns frees the tool at once: the
+/// cancelled turns' slots and their calls still waiting in the lane are released when
+/// the turns end, not at their deadlines, so another tenant's turn runs right after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_turns_release_their_lane_slots_at_once() -> anyhow::Result<()> {
+    const TURNS: usize = 10;
+    let fleet = Fleet::start().await?;
+    let (_c, _w) = start(&fleet, TenantPolicies::default()).await?;
+
+    // 10 turns × 8 calls of 5 s (deadline 60 s) on one worker of 8 slots: the slots and
+    // the stream's headroom are taken, some 70 calls wait in the lane.
+    let mut streams = Vec::with_capacity(TURNS);
+    for t in 0..TURNS {
+        let mut stream = fleet
+            .client
+            .submit(sleepy(HEAVY, &format!("x{t}"), 8, 5_000, 60_000))
+            .await?;
+        read_ack(&mut stream, EVENT_WAIT).await?;
+        streams.push(stream);
+    }
+    for stream in &streams {
+        let reply = fleet
+            .client
+            .cancel(stream.turn_id(), None, EVENT_WAIT)
+            .await?;
+        assert_eq!(reply.outcome, CancelOutcome::Cancelled, "{reply:?}");
+    }
+    for mut stream in streams {
+        let events = read_to_end(&mut stream, EVENT_WAIT).await?;
+        match events.last() {
+            Some(TurnEvent::Final(fin)) => {
+                assert_eq!(fin.summary.total, 8);
+                assert!(
+                    fin.results.iter().all(|r| r.state == CallState::Cancelled),
+                    "{fin:?}"
+                );
+            }
+            other => anyhow::bail!("a cancelled turn ended with {other:?}"),
+        }
+    }
+
+    // Another tenant's one 10 ms call, with 8 s to run: the cancelled turns' slots would
+    // otherwise be held until their 60 s deadlines.
+    let light = outcome(&fleet, sleepy(LIGHT, "light", 1, 10, 8_000)).await?;
+    match light {
+        Ok(fin) => all_ok(&fin, 1),
+        Err(code) => anyhow::bail!("the other tenant's turn was refused: {code}"),
+    }
+    // And the cancelling tenant's own next turn too.
+    let again = outcome(&fleet, sleepy(HEAVY, "again", 2, 10, 8_000)).await?;
+    match again {
+        Ok(fin) => all_ok(&fin, 2),
+        Err(code) => anyhow::bail!("the tenant's next turn was refused: {code}"),
+    }
+    Ok(())
 }

@@ -4,7 +4,8 @@
 //! and new turns still run; past `TOOLFLEET_REDIS_SHED_PERCENT`, a new turn is refused
 //! with the retryable `overloaded` while a turn already in flight still records its
 //! result and ends with its `final`, and the Rust client waits the refusals out; once
-//! memory is freed, turns run again.
+//! memory is freed, turns run again. A burst of large turns faster than memory is
+//! sampled is refused before it fills Redis.
 
 use std::time::Duration;
 
@@ -313,5 +314,91 @@ async fn an_ended_turn_holds_each_result_once() -> Result<()> {
         large <= results_once * 3 / 2,
         "a turn of {results_once} bytes of results holds {large} bytes"
     );
+    Ok(())
+}
+
+/// Redis's count of commands refused for want of memory (`errorstat_OOM`).
+async fn oom_errors(admin: &mut MultiplexedConnection) -> Result<u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(admin)
+        .await?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("errorstat_OOM:count="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0))
+}
+
+/// One tenant's burst of large turns, sent at once (faster than memory is sampled),
+/// cannot carry Redis past the shed line: each turn is let in or refused up front with
+/// `overloaded`, every turn let in ends with its `final` and all its results (Redis never
+/// refuses a write for want of memory), and a turn sent afterwards runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_large_turns_is_refused_before_it_fills_redis() -> Result<()> {
+    const TURNS: usize = 48;
+    let (fleet, _nodes, mut admin) = fleet_with_admin().await?;
+    limit_memory(&mut admin).await?;
+    // A first sample of the new limit by the coordinator.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let oom_before = oom_errors(&mut admin).await?;
+
+    // 48 turns of three 200 ms calls with 200 KB arguments each: about 29 MB of
+    // arguments, echoed in the results, against 8 MiB of room.
+    let big = "y".repeat(200 * 1024);
+    let mut turns = Vec::with_capacity(TURNS);
+    for t in 0..TURNS {
+        let calls = (0..3)
+            .map(|i| {
+                call(
+                    &format!("b{t}-{i}"),
+                    "test.behave",
+                    json!({"sleep_ms": 200, "value": big}),
+                )
+            })
+            .collect();
+        let request = timed_turn("acme", 30_000, calls);
+        let client = fleet.client.clone();
+        turns.push(tokio::spawn(async move {
+            let mut stream = client.submit(request).await?;
+            anyhow::Ok(read_to_end(&mut stream, Duration::from_secs(40)).await?)
+        }));
+    }
+    let (mut ended, mut refused) = (0, 0);
+    for turn in turns {
+        let events = turn.await??;
+        match events.last() {
+            Some(TurnEvent::Final(fin)) => {
+                assert_eq!(fin.summary.ok, 3, "a turn let in lost a result: {fin:?}");
+                ended += 1;
+            }
+            Some(TurnEvent::Error { error, .. }) if error.code == turn_codes::OVERLOADED => {
+                assert!(error.retryable, "{error:?}");
+                refused += 1;
+            }
+            other => anyhow::bail!("a turn ended with {other:?}"),
+        }
+    }
+    assert!(ended > 0, "no turn was let in");
+    assert!(refused > 0, "every turn was let in");
+    assert_eq!(
+        oom_errors(&mut admin).await?,
+        oom_before,
+        "Redis refused writes for want of memory ({ended} turns let in, {refused} refused)"
+    );
+
+    // Another turn runs once the burst has ended.
+    eventually_named(
+        "a turn runs after the burst",
+        Duration::from_secs(20),
+        || {
+            let events = quick_turn(&fleet);
+            async move {
+                matches!(events.await?.last()?, TurnEvent::Final(f) if f.summary.ok == 1)
+                    .then_some(())
+            }
+        },
+    )
+    .await?;
     Ok(())
 }

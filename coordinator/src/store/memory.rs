@@ -41,6 +41,8 @@ pub(crate) struct StoredState {
     pub deadline: u64,
     /// Whether its dispatch is paced.
     pub paced: bool,
+    /// Whether its calls go through the tools' lanes.
+    pub laned: bool,
     /// When it was created, Unix ms.
     pub created: u64,
     /// The turn span's `traceparent` ('' when not traced).
@@ -91,6 +93,9 @@ impl StoredState {
             created_unix_ms: self.created,
             traceparent: Some(self.traceparent.clone()).filter(|t| !t.is_empty()),
             trace: Some(self.trace.clone()).filter(|t| !t.is_empty()),
+            tenant: self.tenant.clone(),
+            deadline_unix_ms: self.deadline,
+            laned: self.laned,
         })
     }
 
@@ -195,11 +200,14 @@ impl MemoryStore {
                     }
                 }
             }
-            return Ok(Recorded::Duplicate { again });
+            return Ok(Recorded::Duplicate {
+                again,
+                laned: turn.laned,
+            });
         }
         if !turn.is_open() || record.now_ms >= turn.deadline {
             turn.late += 1;
-            return Ok(Recorded::Late);
+            return Ok(Recorded::Late { laned: turn.laned });
         }
         turn.results
             .insert(record.key.to_string(), record.body.to_vec());
@@ -214,6 +222,7 @@ impl MemoryStore {
                 return Ok(Recorded::CompleteStored {
                     reply: turn.reply.clone(),
                     seq,
+                    laned: turn.laned,
                 });
             }
             return Ok(Recorded::Complete {
@@ -240,6 +249,7 @@ impl MemoryStore {
             paced: turn.paced,
             seq,
             released: released_call,
+            laned: turn.laned,
         })
     }
 }
@@ -298,6 +308,7 @@ impl Immediate for MemoryStore {
             trace: turn.trace.to_string(),
             caller: turn.caller.to_string(),
             digest: turn.digest.to_string(),
+            laned: turn.laned,
             calls: turn.calls.into_iter().collect(),
             events: turn.events,
             ..StoredState::default()

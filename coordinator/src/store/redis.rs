@@ -29,7 +29,7 @@ pub const DEFAULT_DEADLINE_BUCKETS: u32 = 16;
 
 /// Creates a turn unless it exists. KEYS: meta, calls, results, events, queue, jobs.
 /// ARGV: ttl_ms, total, reply, tenant, deadline, paced, created, traceparent, trace,
-/// caller, state, request digest, n_calls, (key, call)*, n_results, (key, result)*, n_events, event*,
+/// caller, state, request digest, laned (its calls go through the tools' lanes: 1/0), n_calls, (key, call)*, n_results, (key, result)*, n_events, event*,
 /// n_queued, (key, job)*. The queued calls (held back by the concurrency bound) are
 /// kept with the turn, in the model's order, so whichever replica records a result
 /// releases the next one.
@@ -106,9 +106,9 @@ end
 redis.call('HSET', KEYS[1], 'state', ARGV[11], 'total', ARGV[2], 'reply', ARGV[3],
   'tenant', ARGV[4], 'deadline', ARGV[5], 'paced', ARGV[6], 'created', ARGV[7],
   'traceparent', ARGV[8], 'trace', ARGV[9], 'caller', ARGV[10], 'late', 0, 'duplicates', 0,
-  'digest', ARGV[12])
+  'digest', ARGV[12], 'laned', ARGV[13])
 local written = {KEYS[1]}
-local i = 13
+local i = 14
 local n = tonumber(ARGV[i]); i = i + 1
 if n > 0 then put('HSET', KEYS[2], ARGV, i, i + 2 * n - 1); written[#written + 1] = KEYS[2] end
 i = i + 2 * n
@@ -161,9 +161,11 @@ const RECORD: &str = concat!(
     forget_lua!(),
     r#"
 local meta = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'reply', 'paced', 'total',
-  'created', 'traceparent', 'trace')
+  'created', 'traceparent', 'trace', 'laned', 'tenant')
 local state = meta[1]
 if not state then return {'unknown'} end
+-- A turn stored without the field went through the lanes.
+local laned = meta[9] or '1'
 local entry = redis.call('HGET', KEYS[2], ARGV[1])
 if not entry then return {'unknown_call'} end
 local ok, call = pcall(cjson.decode, entry)
@@ -180,12 +182,12 @@ if call.recorded or redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
     end
   end
   local trace = #again > 0 and meta[8] or ''
-  return {'duplicate', trace or '', again}
+  return {'duplicate', trace or '', again, laned}
 end
 local deadline = tonumber(meta[2])
 if state ~= 'open' or (deadline and tonumber(ARGV[3]) >= deadline) then
   redis.call('HINCRBY', KEYS[1], 'late', 1)
-  return {'late'}
+  return {'late', laned}
 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 if redis.call('PTTL', KEYS[3]) < 0 then
@@ -209,12 +211,12 @@ if redis.call('HLEN', KEYS[3]) >= tonumber(meta[5]) then
       redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete', 'final_seq', last,
         'published', 0)
       kept_in_final(KEYS[2], KEYS[3])
-      return {'complete_stored', meta[3], meta[4], seq}
+      return {'complete_stored', meta[3], meta[4], seq, laned}
     end
   end
   redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'complete')
   return {'complete', meta[3], meta[4], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
-    meta[6] or '0', meta[7] or '', meta[8] or '', seq}
+    meta[6] or '0', meta[7] or '', meta[8] or '', seq, meta[10] or '', meta[2] or '0', laned}
 end
 local released = {}
 if meta[4] == '1' then
@@ -229,7 +231,7 @@ if meta[4] == '1' then
     released = {k, redis.call('HGET', KEYS[6], k) or ''}
   end
 end
-return {'recorded', meta[3], meta[4], seq, #released > 0 and (meta[8] or '') or '', released}
+return {'recorded', meta[3], meta[4], seq, #released > 0 and (meta[8] or '') or '', released, laned}
 "#
 );
 
@@ -245,9 +247,11 @@ if state ~= 'open' then
   if stored[1] then return {'already', stored[2] or '0'} end
 end
 if state == 'open' then redis.call('HSET', KEYS[1], 'state', 'final', 'ended', ARGV[1]) end
-local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace', 'ended')
+local meta = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace', 'ended',
+  'tenant', 'deadline', 'laned')
 return {state == 'open' and 'finalized' or 'unstored', meta[1], meta[2], redis.call('HGETALL', KEYS[2]),
-  redis.call('HGETALL', KEYS[3]), meta[3] or '0', meta[4] or '', meta[5] or '', meta[6] or ''}
+  redis.call('HGETALL', KEYS[3]), meta[3] or '0', meta[4] or '', meta[5] or '', meta[6] or '',
+  meta[7] or '', meta[8] or '0', meta[9] or '1'}
 "#;
 
 /// Ends an open turn because its caller cancelled it. KEYS: meta, calls, results.
@@ -261,9 +265,10 @@ if not meta[3] or (meta[1] or '') ~= ARGV[1] or (ARGV[2] ~= '' and meta[2] ~= AR
 end
 if meta[3] ~= 'open' then return {'ended', meta[4] or ''} end
 redis.call('HSET', KEYS[1], 'state', 'final', 'ended', 'cancelled')
-local m = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace')
+local m = redis.call('HMGET', KEYS[1], 'reply', 'paced', 'created', 'traceparent', 'trace', 'deadline',
+  'laned')
 return {'cancelled', m[1], m[2], redis.call('HGETALL', KEYS[2]), redis.call('HGETALL', KEYS[3]),
-  m[3] or '0', m[4] or '', m[5] or ''}
+  m[3] or '0', m[4] or '', m[5] or '', 'cancelled', meta[2] or '', m[6] or '0', m[7] or '1'}
 "#;
 
 /// Stores a turn's closing events (the last call states, the narration, `final` last)
@@ -345,6 +350,12 @@ pub struct Closing {
     pub traceparent: Option<String>,
     /// The turn span's stored identity (`trace.rs`), when it was traced.
     pub trace: Option<String>,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its deadline, Unix ms.
+    pub deadline_unix_ms: u64,
+    /// Whether its calls went through the tools' lanes.
+    pub laned: bool,
 }
 
 /// What recording a result did.
@@ -362,9 +373,14 @@ pub enum Recorded {
     Duplicate {
         /// Released calls still unconfirmed.
         again: Vec<Released>,
+        /// Whether the turn's calls go through the tools' lanes.
+        laned: bool,
     },
     /// The turn had already ended, or its deadline had passed; counted as late.
-    Late,
+    Late {
+        /// Whether the turn's calls went through the tools' lanes.
+        laned: bool,
+    },
     /// Recorded; the turn is still waiting for others.
     Recorded {
         /// Where the turn's events go.
@@ -375,6 +391,8 @@ pub enum Recorded {
         seq: u64,
         /// The queued call this result's slot released, to publish now.
         released: Option<Released>,
+        /// Whether the turn's calls go through the tools' lanes.
+        laned: bool,
     },
     /// Recorded, it was the last one, and the closing events built ahead are stored
     /// after its state, `final` last: this caller sends them and ends the turn.
@@ -383,6 +401,8 @@ pub enum Recorded {
         reply: String,
         /// The seq of the call's stored state event; the closing events follow it.
         seq: u64,
+        /// Whether the turn's calls went through the tools' lanes.
+        laned: bool,
     },
     /// Recorded, and it was the last one: this caller finalizes the turn.
     Complete {
@@ -403,9 +423,23 @@ impl Recorded {
             Self::UnknownCall => "unknown_call",
             Self::WrongTool => "wrong_tool",
             Self::Duplicate { .. } => "duplicate",
-            Self::Late => "late",
+            Self::Late { .. } => "late",
             Self::Recorded { .. } => "recorded",
             Self::Complete { .. } | Self::CompleteStored { .. } => "complete",
+        }
+    }
+
+    /// Whether the result's call holds a lane slot to free: its turn's calls go through
+    /// the tools' lanes, or the turn is not known (then freeing is harmless).
+    pub fn laned(&self) -> bool {
+        match self {
+            Self::UnknownTurn => true,
+            Self::UnknownCall | Self::WrongTool => false,
+            Self::Duplicate { laned, .. }
+            | Self::Late { laned }
+            | Self::Recorded { laned, .. }
+            | Self::CompleteStored { laned, .. } => *laned,
+            Self::Complete { closing, .. } => closing.laned,
         }
     }
 }
@@ -568,6 +602,9 @@ pub struct NewTurn<'a> {
     pub ended: bool,
     /// The jobs held back by the concurrency bound, by call key, in the model's order.
     pub queued: Vec<(String, JobEnvelope)>,
+    /// Whether its calls go through the tools' lanes (`sharing.rs`): then each result
+    /// frees its call's slot.
+    pub laned: bool,
 }
 
 /// Failure to talk to Redis or to decode what it returned.
@@ -756,6 +793,7 @@ impl JoinStore {
             .arg(turn.caller)
             .arg(if turn.ended { "final" } else { "open" })
             .arg(turn.digest)
+            .arg(u8::from(turn.laned))
             .arg(turn.calls.len());
         for (key, entry) in &turn.calls {
             invocation.arg(key).arg(encode(entry)?);
@@ -865,8 +903,11 @@ impl JoinStore {
             "wrong_tool" => Recorded::WrongTool,
             "duplicate" => Recorded::Duplicate {
                 again: released_from(&string_at(&reply, 1)?, reply.get(2))?,
+                laned: laned_at(&reply, 3),
             },
-            "late" => Recorded::Late,
+            "late" => Recorded::Late {
+                laned: laned_at(&reply, 1),
+            },
             "recorded" => Recorded::Recorded {
                 reply: string_at(&reply, 1)?,
                 paced: string_at(&reply, 2)? == "1",
@@ -874,10 +915,12 @@ impl JoinStore {
                 released: released_from(&string_at(&reply, 4)?, reply.get(5))?
                     .into_iter()
                     .next(),
+                laned: laned_at(&reply, 6),
             },
             "complete_stored" => Recorded::CompleteStored {
                 reply: string_at(&reply, 1)?,
                 seq: number_at(&reply, 3)?,
+                laned: laned_at(&reply, 4),
             },
             "complete" => Recorded::Complete {
                 paced: string_at(&reply, 2)? == "1",
@@ -1261,5 +1304,17 @@ fn closing_from(reply: &[RedisValue]) -> Result<Closing, JoinError> {
         created_unix_ms: string_at(reply, 5)?.parse().unwrap_or(0),
         traceparent: Some(string_at(reply, 6)?).filter(|t| !t.is_empty()),
         trace: string_at(reply, 7).ok().filter(|t| !t.is_empty()),
+        tenant: string_at(reply, 9).unwrap_or_default(),
+        deadline_unix_ms: string_at(reply, 10)
+            .ok()
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0),
+        laned: laned_at(reply, 11),
     })
+}
+
+/// Whether the flag at `i` says the turn's calls went through the lanes (so, too, when
+/// it is missing).
+fn laned_at(reply: &[RedisValue], i: usize) -> bool {
+    string_at(reply, i).map_or(true, |flag| flag != "0")
 }

@@ -50,7 +50,14 @@ struct RedisWork {
 }
 
 /// Script calls among `INFO commandstats`' commands.
-const SCRIPT_COMMANDS: [&str; 6] = ["evalsha", "eval", "fcall", "evalsha_ro", "eval_ro", "fcall_ro"];
+const SCRIPT_COMMANDS: [&str; 6] = [
+    "evalsha",
+    "eval",
+    "fcall",
+    "evalsha_ro",
+    "eval_ro",
+    "fcall_ro",
+];
 
 /// Sums `INFO commandstats`: `cmdstat_<name>:calls=<n>,usec=…` lines.
 fn parse_commandstats(info: &str) -> RedisWork {

@@ -789,7 +789,10 @@ fn instructions_rows(t: &mut Table, reports: &[ModeReport]) {
             ),
             ("Redis per turn: commands / script calls", |m| {
                 let r = &m.figures.redis_per_turn;
-                let get = |k: &str| r.get(k).map_or_else(|| "—".to_string(), |v| format!("{v:.2}"));
+                let get = |k: &str| {
+                    r.get(k)
+                        .map_or_else(|| "—".to_string(), |v| format!("{v:.2}"))
+                };
                 format!("{} / {}", get("commands"), get("scripts"))
             }),
             ("turns of the short / long client run", |m| {
