@@ -148,7 +148,7 @@ const TURN_REFUSAL_CODES: [&str; 10] = {
 /// The Redis operations whose failures a coordinator counts (`toolfleet.redis.errors`);
 /// a new `redis_error` call site of the coordinator adds its operation here, so its
 /// series exists at 0 before its first failure.
-pub const COORDINATOR_REDIS_OPERATIONS: [&str; 16] = [
+pub const COORDINATOR_REDIS_OPERATIONS: [&str; 17] = [
     "create_turn",
     "trim_ended",
     "store_final",
@@ -157,6 +157,7 @@ pub const COORDINATOR_REDIS_OPERATIONS: [&str; 16] = [
     "registry_refresh",
     "attach",
     "lane_admit",
+    "lane_forget",
     "lane_release",
     "tenant_turns",
     "record_result",
@@ -165,6 +166,28 @@ pub const COORDINATOR_REDIS_OPERATIONS: [&str; 16] = [
     "end_turn",
     "mark_sent",
     "read_stored",
+];
+
+/// The `error.type` labels of `toolfleet.errors` an alert rule reads per tool
+/// (deploy/prometheus/alerts.yml: ToolfleetNoLiveWorker): each tool's series start at 0
+/// when a coordinator learns the tool ([`FleetMetrics::tool_known`]), so a lone refusal
+/// of a quiet tool is an increase `rate()` sees.
+pub const TOOL_ALERT_ERROR_TYPES: [&str; 1] = [crate::call::codes::NO_LIVE_WORKER];
+
+/// The `outcome` labels of `toolfleet.calls` that ToolfleetToolErrorRatioHigh reads,
+/// beside `done`: each tool's series start at 0 when a coordinator learns the tool.
+pub const TOOL_CALL_OUTCOMES: [&str; 3] = ["done", "error", "timeout"];
+
+/// The per-tool job counters of a worker, each tool's series at 0 from the moment the
+/// worker serves it ([`FleetMetrics::tool_served`]): hand-backs at shutdown and
+/// redeliveries are rare, and a counter born at its first value shows no increase.
+pub const WORKER_TOOL_COUNTERS: [&str; 6] = [
+    names::JOB_RETRIES,
+    names::JOB_REDELIVERIES,
+    names::JOB_INTERRUPTIONS,
+    names::JOB_DEADLINE_DROPS,
+    names::JOBS_CANCELLED,
+    names::JOB_HANDED_BACK,
 ];
 
 /// The Redis operations whose failures a worker counts.
@@ -564,6 +587,33 @@ impl FleetMetrics {
     /// kind's `toolfleet.topology.recreated` series exists, at 0, from now on.
     pub fn topology_watched(&self, kind: &'static str) {
         self.start_at_zero(names::TOPOLOGY_RECREATED, "kind", kind);
+    }
+
+    /// The coordinator learned `tool` (a registry refresh found it; call once per tool,
+    /// not per turn): its [`TOOL_ALERT_ERROR_TYPES`] failures and
+    /// [`TOOL_CALL_OUTCOMES`] calls exist, at 0, from now on.
+    pub fn tool_known(&self, tool: &str) {
+        for error_type in TOOL_ALERT_ERROR_TYPES {
+            let labels = [
+                KeyValue::new("error.type", error_type),
+                KeyValue::new(TOOL, tool.to_string()),
+            ];
+            self.errors.add(0, &labels);
+        }
+        for outcome in TOOL_CALL_OUTCOMES {
+            let labels = [
+                KeyValue::new(TOOL, tool.to_string()),
+                KeyValue::new("outcome", outcome),
+            ];
+            self.calls.add(0, &labels);
+        }
+    }
+
+    /// This worker serves `tool`: its [`WORKER_TOOL_COUNTERS`] exist, at 0, from now on.
+    pub fn tool_served(&self, tool: &str) {
+        for counter in WORKER_TOOL_COUNTERS {
+            self.start_at_zero(counter, TOOL, tool);
+        }
     }
 
     /// Every tool's consumer as last sampled: jobs not yet delivered, delivered and not

@@ -595,7 +595,8 @@ pub mod spans {
     pub const EXECUTE_TOOL: &str = "execute_tool";
     /// Accepting a turn: decoding, validating, storing, dispatching.
     pub const INTAKE: &str = "intake";
-    /// A call refused before dispatch (`refuse_tool <tool>`).
+    /// A call refused before dispatch (`refuse_tool <tool>` for a tool in the registry,
+    /// `refuse_tool _unknown` otherwise: span names stay a bounded set).
     pub const REFUSE_TOOL: &str = "refuse_tool";
     /// A worker publishing a call's result (PRODUCER span; `publish <subject>`).
     pub const PUBLISH_RESULT: &str = "publish";

@@ -11,7 +11,11 @@
 //! bounded message in the status description.
 //!
 //! Without `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`)
-//! nothing is exported and no OpenTelemetry layer is installed.
+//! no span is exported and no OpenTelemetry layer is installed; without it (or
+//! `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`) no metric is pushed. `OTEL_TRACES_EXPORTER=none`
+//! and `OTEL_METRICS_EXPORTER=none` turn either off with the endpoint set (a Jaeger
+//! takes traces and answers metrics with 404); metrics are served on `/metrics` either
+//! way.
 
 use std::cell::Cell;
 use std::fmt;
@@ -62,8 +66,12 @@ pub enum OtlpProtocol {
 pub struct TelemetryConfig {
     /// `service.name` when `OTEL_SERVICE_NAME` is unset.
     pub default_service_name: String,
-    /// Whether an OTLP endpoint is configured.
+    /// Whether spans are exported over OTLP: an endpoint is configured and
+    /// `OTEL_TRACES_EXPORTER` is not `none`.
     pub export: bool,
+    /// Whether metrics are pushed over OTLP: an endpoint is configured and
+    /// `OTEL_METRICS_EXPORTER` is not `none`.
+    pub export_metrics: bool,
     /// OTLP transport (`OTEL_EXPORTER_OTLP_PROTOCOL`).
     pub protocol: OtlpProtocol,
     /// Log format (`TOOLFLEET_LOG_FORMAT`: `text` or `json`).
@@ -102,13 +110,12 @@ impl TelemetryConfig {
         use OtlpProtocol::{Grpc, HttpProtobuf};
         let protocol_choices = [("http/protobuf", HttpProtobuf), ("grpc", Grpc)];
         let protocol = env_choice("OTEL_EXPORTER_OTLP_PROTOCOL", &protocol_choices)?;
-        let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
-        let export =
-            set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
+        let export = otlp_signals(|name| std::env::var(name).ok())?;
         let log_format = env_choice("TOOLFLEET_LOG_FORMAT", &[("text", Text), ("json", Json)])?;
         Ok(Self {
             default_service_name: service.to_string(),
-            export,
+            export: export.traces,
+            export_metrics: export.metrics,
             protocol,
             log_format,
             log_filter: std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
@@ -120,6 +127,53 @@ impl TelemetryConfig {
             closing_span: None,
         })
     }
+}
+
+/// What `OTEL_TRACES_EXPORTER` or `OTEL_METRICS_EXPORTER` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Exporter {
+    /// OTLP, when an endpoint is configured (the default).
+    #[default]
+    Otlp,
+    /// Nothing exported.
+    None,
+}
+
+/// The signals exported over OTLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct OtlpSignals {
+    traces: bool,
+    metrics: bool,
+}
+
+/// Which signals go over OTLP, from the variables `var` looks up: a signal is exported
+/// when an endpoint is set for it (`OTEL_EXPORTER_OTLP_ENDPOINT`, or the signal's own
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`) and its
+/// `OTEL_TRACES_EXPORTER` / `OTEL_METRICS_EXPORTER` is `otlp` (the default) rather than
+/// `none`. Any other exporter is an error naming the variable and what it accepts.
+fn otlp_signals(var: impl Fn(&str) -> Option<String>) -> Result<OtlpSignals, TelemetryError> {
+    let set = |name: &str| var(name).is_some_and(|v| !v.trim().is_empty());
+    let exporter = |name: &str, also: &str| {
+        let value = var(name).unwrap_or_default();
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "otlp" => Ok(Exporter::Otlp),
+            "none" => Ok(Exporter::None),
+            _ => Err(TelemetryError::Config(format!(
+                "{name}={value:?}: use otlp (the default) or none{also}"
+            ))),
+        }
+    };
+    let traces = exporter("OTEL_TRACES_EXPORTER", "")?;
+    let metrics = exporter(
+        "OTEL_METRICS_EXPORTER",
+        " (every process serves its metrics for Prometheus on /metrics either way)",
+    )?;
+    let endpoint = set("OTEL_EXPORTER_OTLP_ENDPOINT");
+    Ok(OtlpSignals {
+        traces: traces == Exporter::Otlp && (endpoint || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")),
+        metrics: metrics == Exporter::Otlp
+            && (endpoint || set("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")),
+    })
 }
 
 /// `TOOLFLEET_TRACES_KEEP_ERRORS`.
@@ -508,7 +562,7 @@ fn meter_provider(config: &TelemetryConfig) -> Result<Option<SdkMeterProvider>, 
         builder.with_reader(reader)
     };
     #[cfg(feature = "otlp")]
-    let builder = if config.export && config.protocol == OtlpProtocol::HttpProtobuf {
+    let builder = if config.export_metrics && config.protocol == OtlpProtocol::HttpProtobuf {
         let exporter = opentelemetry_otlp::MetricExporter::builder()
             .with_http()
             .build()
@@ -1002,6 +1056,107 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::sync::{Arc, Mutex};
+
+    /// The signals `vars` (name, value) export over OTLP.
+    fn signals(vars: &[(&str, &str)]) -> Result<OtlpSignals, TelemetryError> {
+        otlp_signals(|name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn each_signal_is_exported_unless_its_exporter_is_none() {
+        let both = OtlpSignals {
+            traces: true,
+            metrics: true,
+        };
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://jaeger:4318");
+        let none = OtlpSignals {
+            traces: false,
+            metrics: false,
+        };
+        // No endpoint: nothing, whatever the exporters say.
+        assert_eq!(signals(&[]).ok(), Some(none));
+        assert_eq!(
+            signals(&[("OTEL_METRICS_EXPORTER", "otlp")]).ok(),
+            Some(none)
+        );
+        // An endpoint: both, unset, empty or `otlp` alike.
+        assert_eq!(signals(&[endpoint]).ok(), Some(both));
+        for value in ["", " ", "otlp", "OTLP"] {
+            let vars = [
+                endpoint,
+                ("OTEL_TRACES_EXPORTER", value),
+                ("OTEL_METRICS_EXPORTER", value),
+            ];
+            assert_eq!(signals(&vars).ok(), Some(both), "{value:?}");
+        }
+        // `none` turns off one signal and leaves the other.
+        for value in ["none", " None "] {
+            let vars = [endpoint, ("OTEL_METRICS_EXPORTER", value)];
+            let traces_only = OtlpSignals {
+                traces: true,
+                metrics: false,
+            };
+            assert_eq!(signals(&vars).ok(), Some(traces_only), "{value:?}");
+            let vars = [endpoint, ("OTEL_TRACES_EXPORTER", value)];
+            let metrics_only = OtlpSignals {
+                traces: false,
+                metrics: true,
+            };
+            assert_eq!(signals(&vars).ok(), Some(metrics_only), "{value:?}");
+        }
+        // A signal's own endpoint exports that signal only.
+        let traces = [(
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://j:4318/v1/traces",
+        )];
+        assert_eq!(
+            signals(&traces).ok(),
+            Some(OtlpSignals {
+                traces: true,
+                metrics: false
+            })
+        );
+        let metrics = [(
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "http://c:4318/v1/metrics",
+        )];
+        assert_eq!(
+            signals(&metrics).ok(),
+            Some(OtlpSignals {
+                traces: false,
+                metrics: true
+            })
+        );
+    }
+
+    #[test]
+    fn an_exporter_other_than_otlp_or_none_is_an_error_naming_the_variable() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://jaeger:4318");
+        for (name, value) in [
+            ("OTEL_METRICS_EXPORTER", "prometheus"),
+            ("OTEL_METRICS_EXPORTER", "otlp,console"),
+            ("OTEL_TRACES_EXPORTER", "jaeger"),
+        ] {
+            let message = match signals(&[endpoint, (name, value)]) {
+                Err(TelemetryError::Config(message)) => message,
+                other => panic!("{name}={value}: {other:?}"),
+            };
+            assert!(
+                message.starts_with(&format!("{name}={value:?}")),
+                "{message}"
+            );
+            assert!(
+                message.contains("otlp") && message.contains("none"),
+                "{message}"
+            );
+        }
+        // Without an endpoint too: the setting is wrong whether or not it matters now.
+        assert!(signals(&[("OTEL_METRICS_EXPORTER", "nope")]).is_err());
+    }
 
     #[test]
     fn host_name_is_the_environment_or_the_kernel_name() {

@@ -126,15 +126,24 @@ impl Registry {
     }
 
     /// Re-reads definitions and liveness from Redis: [`read_stored`], then the pure
-    /// [`reconcile`] against the current snapshot, then its verdicts written back.
+    /// [`reconcile`] against the current snapshot, then its verdicts written back. The
+    /// tools the new snapshot holds and the one before did not, sorted.
     pub async fn refresh(
         &self,
         redis: &mut RedisConnection,
         names: &Names,
-    ) -> redis::RedisResult<()> {
+    ) -> redis::RedisResult<Vec<String>> {
         let now = unix_ms();
         let stored = read_stored(redis, names, now).await?;
-        let Reconciled { snapshot, verdicts } = reconcile(&self.snapshot(), stored, now);
+        let previous = self.snapshot();
+        let Reconciled { snapshot, verdicts } = reconcile(&previous, stored, now);
+        let mut learned: Vec<String> = snapshot
+            .tools
+            .keys()
+            .filter(|name| previous.get(name).is_none())
+            .cloned()
+            .collect();
+        learned.sort();
         if !verdicts.is_empty() {
             let mut pipe = redis::pipe();
             for verdict in &verdicts {
@@ -157,7 +166,7 @@ impl Registry {
             Ok(mut guard) => *guard = snapshot,
             Err(poisoned) => *poisoned.into_inner() = snapshot,
         }
-        Ok(())
+        Ok(learned)
     }
 }
 

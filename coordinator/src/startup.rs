@@ -88,7 +88,9 @@ pub async fn run_with_narrator(
         return Ok(());
     };
     let registry = Registry::default();
-    registry.refresh(&mut redis, &names).await?;
+    for tool in registry.refresh(&mut redis, &names).await? {
+        metrics.tool_known(&tool);
+    }
 
     let join =
         JoinStore::new(redis.clone(), names.clone()).with_deadline_buckets(config.deadline_buckets);
@@ -316,9 +318,15 @@ async fn refresh_registry(
                 warn!(%error, "announced tools not added");
             }
         }
-        if let Err(error) = replica.registry.refresh(&mut redis, &replica.names).await {
-            replica.metrics.redis_error("registry_refresh");
-            warn!(%error, "registry refresh failed");
+        match replica.registry.refresh(&mut redis, &replica.names).await {
+            // Each tool's failure series start at 0 once, when it is first seen.
+            Ok(learned) => learned
+                .iter()
+                .for_each(|tool| replica.metrics.tool_known(tool)),
+            Err(error) => {
+                replica.metrics.redis_error("registry_refresh");
+                warn!(%error, "registry refresh failed");
+            }
         }
         crate::consumers::ensure_changed(&replica).await;
     }

@@ -26,6 +26,8 @@ use toolfleet_common::tool::{canonical_tool_name, provider_tool_name};
 use toolfleet_common::{CallError, CallResult, CallState, Summary};
 use tracing::info_span;
 
+use crate::registry::Snapshot;
+
 /// The turn span's identity and what it says, stored with the turn.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct TurnTrace {
@@ -265,8 +267,24 @@ impl TurnTrace {
     }
 }
 
+/// What a refused call's span name says of a tool the registry does not hold: the
+/// model's name for it is only in `gen_ai.tool.name` (a made-up name in the span name
+/// would be a new operation in Jaeger for every name a model makes up). The same as the
+/// metric label of such calls.
+const UNKNOWN_TOOL: &str = "_unknown";
+
+/// The name of the span of a call to `tool` (canonical spelling, as the model wrote it
+/// otherwise) refused before dispatch: `refuse_tool <tool>` for a tool in `registry`
+/// (its name bounded by the registry), else `refuse_tool _unknown`.
+fn refused_span_name(tool: &str, as_written: &str, registry: &Snapshot) -> String {
+    let known = registry.get(tool).is_some() || registry.get(as_written).is_some();
+    let tool = if known { tool } else { UNKNOWN_TOOL };
+    concat(&[spans::REFUSE_TOOL, " ", tool])
+}
+
 /// The span of a call refused before dispatch: ERROR, with the call id, both tool
-/// names and the refusal's code and message. Ends at once.
+/// names and the refusal's code and message. Ends at once. Named after the tool only
+/// when `registry` holds it ([`refused_span_name`]).
 pub(crate) fn refused_call(
     trace: Option<&TurnTrace>,
     turn_id: &str,
@@ -274,11 +292,13 @@ pub(crate) fn refused_call(
     call_id: &str,
     tool: &str,
     error: &CallError,
+    registry: &Snapshot,
 ) {
+    let as_written = tool;
     let tool = canonical_tool_name(tool);
     let span = info_span!(
         "refuse_tool",
-        otel.name = format!("{} {tool}", spans::REFUSE_TOOL).as_str(),
+        otel.name = refused_span_name(&tool, as_written, registry).as_str(),
         otel.kind = "internal",
         gen_ai.tool.name = tool.as_str(),
         gen_ai.tool.call.id = call_id,
@@ -366,4 +386,82 @@ pub(crate) fn join_script(script: &'static str, turn_id: &str, tenant: &str) -> 
         toolfleet.tenant.id = tenant,
         error.type = tracing::field::Empty,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+
+    use super::*;
+    use crate::registry::Registry;
+
+    /// The `otel.name` of every span opened under it, in order.
+    #[derive(Clone, Default)]
+    struct SpanNames(Arc<Mutex<Vec<String>>>);
+
+    struct OtelName(Option<String>);
+
+    impl Visit for OtelName {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == "otel.name" {
+                self.0 = Some(value.to_string());
+            }
+        }
+        fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+    }
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SpanNames {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: Context<'_, S>,
+        ) {
+            let mut name = OtelName(None);
+            attrs.record(&mut name);
+            if let (Some(name), Ok(mut names)) = (name.0, self.0.lock()) {
+                names.push(name);
+            }
+        }
+    }
+
+    /// A model that makes up a tool name per call would make as many operations in
+    /// Jaeger: a refused call's span is named after its tool only when the registry
+    /// holds the tool, whatever spelling the model used and whatever the refusal.
+    #[test]
+    fn refused_calls_are_named_after_registry_tools_only() {
+        let definition =
+            serde_json::json!({"name": "test.behave", "description": "d", "input_schema": {}});
+        let registry = Registry::holding(&[("test.behave", definition.to_string())]).snapshot();
+        let names = SpanNames::default();
+        let subscriber = tracing_subscriber::registry().with(names.clone());
+        let unknown = CallError::fatal(codes::UNKNOWN_TOOL, "no tool named it");
+        let invalid = CallError::fatal(codes::INVALID_ARGUMENTS, "not an object");
+        tracing::subscriber::with_default(subscriber, || {
+            for (tool, error) in [
+                ("hallucinated.tool_a8f3e2c91b", &unknown),
+                ("hallucinated__tool_77c1", &unknown),
+                ("test.behave", &invalid),
+                ("test__behave", &invalid),
+                // Refused before its tool was looked up (a repeated id, say).
+                ("made_up.other_9d2e", &invalid),
+            ] {
+                refused_call(None, "t1", "acme", "c1", tool, error, &registry);
+            }
+        });
+        let names = names.0.lock().map(|n| n.clone()).unwrap_or_default();
+        assert_eq!(
+            names,
+            [
+                "refuse_tool _unknown",
+                "refuse_tool _unknown",
+                "refuse_tool test.behave",
+                "refuse_tool test.behave",
+                "refuse_tool _unknown",
+            ]
+        );
+    }
 }

@@ -1,11 +1,13 @@
 //! An OTLP/HTTP trace receiver running inside a test: accepts
-//! `POST /v1/traces` (protobuf), keeps every span, answers `/v1/metrics` with success.
+//! `POST /v1/traces` (protobuf), keeps every span, answers `/v1/metrics` with success
+//! (counting those posts).
 //!
 //! Owns decoding exported spans into [`ReceivedSpan`] (attributes with their OTLP type,
 //! resource, status message, events, links) and [`render_tree`], the indented span tree
 //! of one trace that tests print and docs/OBSERVABILITY.md quotes. Never asserts.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,6 +66,7 @@ impl ReceivedSpan {
 pub struct OtlpReceiver {
     port: u16,
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    metrics_posts: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -145,16 +148,24 @@ impl OtlpReceiver {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let spans = Arc::new(Mutex::new(Vec::new()));
+        let metrics_posts = Arc::new(AtomicU64::new(0));
         let store = Arc::clone(&spans);
+        let posts = Arc::clone(&metrics_posts);
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 let store = Arc::clone(&store);
+                let posts = Arc::clone(&posts);
                 tokio::spawn(async move {
-                    let _ = serve_connection(stream, store).await;
+                    let _ = serve_connection(stream, store, posts).await;
                 });
             }
         });
-        Ok(Self { port, spans, task })
+        Ok(Self {
+            port,
+            spans,
+            metrics_posts,
+            task,
+        })
     }
 
     /// The endpoint for `OTEL_EXPORTER_OTLP_ENDPOINT`.
@@ -169,11 +180,17 @@ impl OtlpReceiver {
             Err(p) => p.into_inner().clone(),
         }
     }
+
+    /// Metric exports (`POST /v1/metrics`) received so far.
+    pub fn metrics_posts(&self) -> u64 {
+        self.metrics_posts.load(Ordering::Relaxed)
+    }
 }
 
 async fn serve_connection(
     mut stream: TcpStream,
     store: Arc<Mutex<Vec<ReceivedSpan>>>,
+    metrics_posts: Arc<AtomicU64>,
 ) -> Result<()> {
     loop {
         let mut head = Vec::new();
@@ -200,6 +217,9 @@ async fn serve_connection(
             .unwrap_or(0);
         let mut body = vec![0u8; length];
         stream.read_exact(&mut body).await?;
+        if path.starts_with("/v1/metrics") {
+            metrics_posts.fetch_add(1, Ordering::Relaxed);
+        }
         if path.starts_with("/v1/traces") {
             if let Ok(request) = ExportTraceServiceRequest::decode(body.as_slice()) {
                 let mut spans = Vec::new();

@@ -5,11 +5,56 @@ use std::time::Duration;
 
 use serde_json::json;
 use toolfleet_tests::fleet::{call, Fleet};
-use toolfleet_tests::{free_port, http_get, metric_value, wait_http_status};
+use toolfleet_tests::{eventually_named, free_port, http_get, metric_value, wait_http_status};
 
 /// Waits (at most 15 s) until `GET path` on `port` answers `want`.
 async fn wait_status(port: u16, path: &str, want: u16) -> anyhow::Result<()> {
     wait_http_status(port, path, want, Duration::from_secs(15)).await?;
+    Ok(())
+}
+
+/// The series an alert reads per tool exist at 0 before any event: on a coordinator
+/// once it learned the tool (calls refused `no_live_worker`, calls ended by outcome),
+/// on a worker once it serves the tool (jobs handed back at shutdown, redelivered, ...).
+/// A counter born at its first value has no earlier sample: `increase()` over it stays
+/// 0, and one `no_live_worker` refusal of a quiet tool would never fire
+/// ToolfleetNoLiveWorker.
+async fn tool_series_start_at_zero(coordinator: u16, worker: u16) -> anyhow::Result<()> {
+    let tool = "gen_ai_tool_name=\"test.behave\"";
+    let mut expected: Vec<(u16, String, String)> = Vec::new();
+    for error_type in toolfleet_common::metrics::TOOL_ALERT_ERROR_TYPES {
+        let label = format!("error_type=\"{error_type}\"");
+        expected.push((coordinator, "toolfleet_errors_total".into(), label));
+    }
+    for outcome in toolfleet_common::metrics::TOOL_CALL_OUTCOMES {
+        let label = format!("outcome=\"{outcome}\"");
+        expected.push((coordinator, "toolfleet_calls_total".into(), label));
+    }
+    for counter in toolfleet_common::metrics::WORKER_TOOL_COUNTERS {
+        let name = format!("{}_total", counter.replace('.', "_"));
+        expected.push((worker, name, tool.to_string()));
+    }
+    for (port, name, label) in &expected {
+        let what = format!("{name}{{{label},{tool}}} on port {port}");
+        let value = eventually_named(&what, Duration::from_secs(15), || async {
+            let (_, text) = http_get(*port, "/metrics").await.ok()?;
+            metric_value(&text, name, &[label.as_str(), tool])
+        })
+        .await?;
+        assert_eq!(value, 0.0, "{what}");
+    }
+    // The worker's hand-backs and redeliveries by name, as the dashboard reads them.
+    let (_, text) = http_get(worker, "/metrics").await?;
+    for name in [
+        "toolfleet_jobs_handed_back_total",
+        "toolfleet_jobs_redeliveries_total",
+    ] {
+        assert_eq!(
+            metric_value(&text, name, &[tool]),
+            Some(0.0),
+            "{name}: {text}"
+        );
+    }
     Ok(())
 }
 
@@ -53,6 +98,7 @@ async fn health_readiness_and_metrics() -> anyhow::Result<()> {
         wait_status(port, "/readyz", 200).await?;
         assert_eq!(http_get(port, "/nope").await?.0, 404);
     }
+    tool_series_start_at_zero(coordinator_port, worker_port).await?;
 
     let calls = vec![
         call("a", "test.behave", json!({})),

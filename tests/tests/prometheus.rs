@@ -583,7 +583,8 @@ async fn prometheus_scrapes_the_fleet_and_the_error_ratio_alert_fires() -> Resul
 
 /// A counter born at its first event has no earlier sample, and `increase()` over it
 /// stays 0: the processes export the counters of the increase-based alerts at 0 from
-/// their start. A Prometheus scraping a live coordinator and worker sees them at 0
+/// their start, and a tool's from the moment the coordinator learns it or the worker
+/// serves it. A Prometheus scraping a live coordinator and worker sees them at 0
 /// before any failure, and the first stream NATS loses takes
 /// ToolfleetTopologyRecreated to firing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -604,6 +605,10 @@ async fn failure_counters_start_at_zero_and_the_first_recreated_stream_fires_its
         r#"toolfleet_tasks_died_total{job="worker-metrics",task="pull_loop"}"#.into(),
         r#"toolfleet_nats_events_total{job="coordinator",event="disconnected"}"#.into(),
         r#"toolfleet_nats_events_total{job="worker-metrics",event="slow_consumer"}"#.into(),
+        r#"toolfleet_errors_total{job="coordinator",error_type="no_live_worker",gen_ai_tool_name="test.noop"}"#.into(),
+        r#"toolfleet_calls_total{job="coordinator",outcome="error",gen_ai_tool_name="test.noop"}"#.into(),
+        r#"toolfleet_jobs_handed_back_total{job="worker-metrics",gen_ai_tool_name="test.noop"}"#.into(),
+        r#"toolfleet_jobs_redeliveries_total{job="worker-metrics",gen_ai_tool_name="test.noop"}"#.into(),
     ];
     for operation in toolfleet_common::metrics::COORDINATOR_REDIS_OPERATIONS {
         at_zero.push(format!(
@@ -826,6 +831,50 @@ async fn a_worker_gone_fires_no_live_worker_and_target_down_then_absent() -> Res
     prometheus
         .until_fires("ToolfleetTargetDown", &job, gone, failure)
         .await?;
+    prometheus.stop().await
+}
+
+/// One call refused `no_live_worker` on a quiet tool (no call before it, none after)
+/// fires ToolfleetNoLiveWorker: the tool's series is at 0 from the moment the
+/// coordinator learned the tool, so the lone refusal is an increase `rate()` sees (a
+/// series born at 1 has no earlier sample, and the alert would never fire). The rules
+/// are loaded scaled: as shipped (`[5m]`, `for: 1m`) the alert fires a minute later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_no_live_worker_refusal_of_a_quiet_tool_fires_no_live_worker() -> Result<()> {
+    let (mut scene, prometheus) = Scene::start_watched(Rules::Scaled).await?;
+    let refusals = r#"toolfleet_errors_total{job="coordinator",error_type="no_live_worker",gen_ai_tool_name="test.noop"}"#;
+    eventually_named(refusals, Duration::from_secs(30), || async {
+        prometheus.value(refusals).await.filter(|v| *v == 0.0)
+    })
+    .await?;
+
+    scene.fleet.kill_node(scene.worker.pid).await?;
+    // One turn at a time until the coordinator refuses one: a call sent before it saw
+    // the worker gone waits in the queue and ends at its deadline instead.
+    let client = scene.fleet.client.clone();
+    let refused = eventually_named(
+        "a call refused no_live_worker",
+        Duration::from_secs(60),
+        || async {
+            let calls = vec![call("lone", "test.noop", json!({}))];
+            let turn = timed_turn("acme", 300, calls);
+            let outcome = client.run_turn(turn, Duration::from_secs(5)).await.ok()?;
+            let result = outcome.final_event.results.first()?;
+            let code = result.error.as_ref()?.code.as_str();
+            (code == "no_live_worker").then(Instant::now)
+        },
+    )
+    .await?;
+    let tool = [("gen_ai_tool_name", "test.noop")];
+    prometheus
+        .until_fires(
+            "ToolfleetNoLiveWorker",
+            &tool,
+            refused,
+            "one no_live_worker refusal",
+        )
+        .await?;
+    assert_eq!(prometheus.value(refusals).await, Some(1.0));
     prometheus.stop().await
 }
 

@@ -231,3 +231,45 @@ async fn the_log_level_changes_no_exported_span() -> anyhow::Result<()> {
     assert_eq!((quiet_kinds, quiet_executed), kinds(&verbose));
     Ok(())
 }
+
+/// `OTEL_METRICS_EXPORTER=none` with an OTLP endpoint that takes traces only (Jaeger
+/// answers `/v1/metrics` with 404, an ERROR line a minute in every process): the
+/// processes post no metrics and still export their spans, while a process without the
+/// setting posts its metrics on the same interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_export_turned_off_posts_no_metrics_and_keeps_the_spans() -> anyhow::Result<()> {
+    let receiver = OtlpReceiver::start().await?;
+    let control = OtlpReceiver::start().await?;
+    let mut fleet = Fleet::start().await?;
+    let endpoint = receiver.endpoint();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+        ("OTEL_METRICS_EXPORTER", "none"),
+    ];
+    let coordinator = fleet.spawn_node("coordinator", &env)?;
+    let worker = fleet.spawn_node("worker", &env)?;
+    let control_endpoint = control.endpoint();
+    let control_env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", control_endpoint.as_str()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "200"),
+    ];
+    let exporting = fleet.spawn_node("worker", &control_env)?;
+    fleet.wait_for_tools(&["test.behave"]).await?;
+    let calls = vec![call("a", "test.behave", json!({"sleep_ms": 5}))];
+    let mut stream = fleet.submit_calls("acme", 5_000, calls).await?;
+    read_final(&mut stream, Duration::from_secs(10)).await?;
+    eventually_named("the control's metrics", Duration::from_secs(15), || {
+        let posts = control.metrics_posts();
+        async move { (posts >= 3).then_some(()) }
+    })
+    .await?;
+    fleet
+        .terminate_nodes(&[worker, coordinator, exporting])
+        .await?;
+    let names: Vec<String> = receiver.spans().into_iter().map(|s| s.name).collect();
+    assert!(names.iter().any(|n| n == "turn"), "{names:?}");
+    assert_eq!(receiver.metrics_posts(), 0);
+    Ok(())
+}

@@ -373,6 +373,28 @@ async fn every_call_of_a_failing_turn_is_in_the_trace() -> anyhow::Result<()> {
         Some("test__behave")
     );
     assert!(descends_from(&spans, refused, &turn.span_id));
+    assert_eq!(refused.name, "refuse_tool test.behave");
+    // A tool the registry does not hold names no operation: its refusal is the one
+    // `refuse_tool _unknown`, the model's name for it only an attribute.
+    let unknown = spans
+        .iter()
+        .find(|s| s.attr("gen_ai.tool.call.id") == Some("c_unknown"))
+        .ok_or_else(|| anyhow::anyhow!("no span for c_unknown"))?;
+    assert_eq!(unknown.name, "refuse_tool _unknown");
+    assert_eq!(unknown.attr("gen_ai.tool.name"), Some("crm.noSuchTool"));
+    assert_eq!(
+        unknown.attr("toolfleet.tool.provider_name"),
+        Some("crm__noSuchTool")
+    );
+    let named: Vec<&str> = spans
+        .iter()
+        .map(|s| s.name.as_str())
+        .filter(|name| name.contains("noSuchTool"))
+        .collect();
+    assert!(
+        named.is_empty(),
+        "span names with a made-up tool: {named:?}"
+    );
 
     // The panic is an exception event.
     let panic = spans

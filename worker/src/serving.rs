@@ -162,8 +162,10 @@ impl Serving {
         let (current, tool) = watch::channel(served);
         let concurrency = self.config.concurrency;
         self.shared.metrics.worker_capacity(&name, concurrency);
-        // The tool's running-call count exists from now on, at 0 until a call runs.
+        // The tool's running-call count exists from now on, at 0 until a call runs, and
+        // so do its job counters (hand-backs, redeliveries, ...) until their first event.
         self.shared.metrics.in_flight(&name, 0);
+        self.shared.metrics.tool_served(&name);
         let each = concurrency.div_ceil(consumers.len().max(1)).max(1);
         for consumer in consumers {
             let serve = serve_tool(
