@@ -452,7 +452,8 @@ async fn take_turn(
         Admission::New => {}
         Admission::Replayed => return,
         Admission::Refused(error) => {
-            return reject(&replica, Some(turn_id), reply, error, trace).await
+            sharing::turn_refused(lanes, tenant, &turn_id, &jobs.now, laned).await;
+            return reject(&replica, Some(turn_id), reply, error, trace).await;
         }
     }
     count_refused(&replica.metrics, planned_calls, &refused, &registry);

@@ -341,9 +341,6 @@ async fn try_record(
             LaneError::Decode(e) => JoinError::Decode(e),
         })?;
     unpublished.extend(handed_out);
-    if outcome == "complete" {
-        sharing::turn_ended(replica.sharing(), traced.tenant, turn_id).await;
-    }
     Ok(unpublished)
 }
 
@@ -415,6 +412,8 @@ async fn record_and_report(
         Recorded::CompleteStored { reply, seq, .. } => {
             count_result(&replica.registry, &replica.metrics, &result);
             drop(recording);
+            // Before the `final` goes out: a frontend that reads it may submit at once.
+            sharing::turn_ended(replica.sharing(), traced.tenant, turn_id).await;
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;
             match ahead {
@@ -432,6 +431,7 @@ async fn record_and_report(
         Recorded::Complete { closing, seq, .. } => {
             count_result(&replica.registry, &replica.metrics, &result);
             drop(recording);
+            sharing::turn_ended(replica.sharing(), traced.tenant, turn_id).await;
             // Every other recording of this turn in flight here publishes its state first.
             let _ending = gate.recording.write().await;
             let _publishing = gate.publishing.lock().await;

@@ -437,6 +437,28 @@ pub(crate) async fn turn_closed(
     turn_ended(sharing, tenant, turn_id).await;
 }
 
+/// Releases what a turn refused when it was to be stored (its id taken by another
+/// request) took when it was admitted: its place among its tenant's turns in flight and
+/// its calls counted past the lanes (`jobs`, those it would have published at once).
+pub(crate) async fn turn_refused(
+    sharing: Sharing<'_>,
+    tenant: &str,
+    turn_id: &str,
+    jobs: &[(String, JobEnvelope)],
+    laned: bool,
+) {
+    if !sharing.config.fair_sharing {
+        return;
+    }
+    if !laned {
+        for (key, job) in jobs {
+            let member = lanes::member(turn_id, key);
+            sharing.lanes.pressure.ended_past(&job.call.name, &member);
+        }
+    }
+    turn_ended(sharing, tenant, turn_id).await;
+}
+
 /// Stops counting `turn_id` among `tenant`'s turns in flight (it ended), when the
 /// tenant's turns are limited. Best effort: a turn not removed stops counting at its
 /// deadline.

@@ -18,7 +18,7 @@ use toolfleet_common::job::ProgressNotice;
 use toolfleet_common::turn::{turn_codes, CancelOutcome};
 use toolfleet_common::{CallState, FinalEvent, TurnEvent};
 use toolfleet_coordinator::config::{TenantPolicies, TenantPolicy};
-use toolfleet_tests::fleet::{call, read_ack, read_to_end, timed_turn, Fleet, Running};
+use toolfleet_tests::fleet::{call, named_turn, read_ack, read_to_end, timed_turn, Fleet, Running};
 
 const HEAVY: &str = "heavy";
 const LIGHT: &str = "light";
@@ -358,6 +358,65 @@ async fn cancelled_turns_release_their_lane_slots_at_once() -> anyhow::Result<()
     match again {
         Ok(fin) => all_ok(&fin, 2),
         Err(code) => anyhow::bail!("the tenant's next turn was refused: {code}"),
+    }
+    Ok(())
+}
+
+/// A turn refused as it is stored (its id names another request's turn) gives back the
+/// place among its tenant's turns in flight it took when admitted, and so does a
+/// cancelled one: a tenant limited to one turn in flight is let in again at once, not
+/// at those turns' deadlines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_and_cancelled_turns_give_back_their_place_in_flight() -> anyhow::Result<()> {
+    let fleet = Fleet::start().await?;
+    let tenants = TenantPolicies {
+        tenants: BTreeMap::from([(
+            HEAVY.to_string(),
+            TenantPolicy {
+                max_turns_in_flight: Some(1),
+                ..TenantPolicy::default()
+            },
+        )]),
+        ..TenantPolicies::default()
+    };
+    let (_c, _w) = start(&fleet, tenants).await?;
+    let quick = |value: &str| vec![call("c1", "test.behave", json!({"value": value}))];
+
+    // The turn `taken` ends; the same id with another decision is refused when stored.
+    let mut first = fleet
+        .client
+        .submit(named_turn("taken", HEAVY, 30_000, quick("first")))
+        .await?;
+    let events = read_to_end(&mut first, EVENT_WAIT).await?;
+    assert!(
+        matches!(events.last(), Some(TurnEvent::Final(_))),
+        "{events:?}"
+    );
+    let conflict = outcome(&fleet, named_turn("taken", HEAVY, 60_000, quick("other"))).await?;
+    assert_eq!(
+        conflict.err().as_deref(),
+        Some(turn_codes::TURN_ID_CONFLICT)
+    );
+    match outcome(&fleet, sleepy(HEAVY, "after-refusal", 1, 10, 5_000)).await? {
+        Ok(fin) => all_ok(&fin, 1),
+        Err(code) => anyhow::bail!("the tenant was refused after a refused turn: {code}"),
+    }
+
+    // A turn of a 5 s call (deadline 60 s), cancelled: the next turn goes in at once.
+    let mut long = fleet
+        .client
+        .submit(sleepy(HEAVY, "long", 1, 5_000, 60_000))
+        .await?;
+    read_ack(&mut long, EVENT_WAIT).await?;
+    let reply = fleet
+        .client
+        .cancel(long.turn_id(), None, EVENT_WAIT)
+        .await?;
+    assert_eq!(reply.outcome, CancelOutcome::Cancelled, "{reply:?}");
+    read_to_end(&mut long, EVENT_WAIT).await?;
+    match outcome(&fleet, sleepy(HEAVY, "after-cancel", 1, 10, 5_000)).await? {
+        Ok(fin) => all_ok(&fin, 1),
+        Err(code) => anyhow::bail!("the tenant was refused after a cancelled turn: {code}"),
     }
     Ok(())
 }
