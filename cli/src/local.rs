@@ -509,12 +509,23 @@ impl LocalGateway {
         toolfleet_packs::db::migrate(&mut admin).await?;
         let key = toolfleet_keys::create(&admin, "demo", "toolfleet up").await?;
         let log_filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
+        // One gateway, started and stopped with this command: a secret of its own signs
+        // its stream tokens (the gateway refuses to listen beyond loopback without one).
+        let stream_token_secret = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
         let child = Command::new(&bin)
             .envs([
                 ("TOOLFLEET_NATS_URL", fleet.nats_url.as_str()),
                 ("TOOLFLEET_PREFIX", prefix),
                 ("TOOLFLEET_DATABASE_URL", url.as_str()),
                 ("TOOLFLEET_GATEWAY_ADDR", &addr.to_string()),
+                (
+                    "TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET",
+                    &stream_token_secret,
+                ),
                 // The fleet's ops endpoints are the coordinator's and the worker's.
                 (HTTP_ADDR_VAR, "off"),
                 ("RUST_LOG", &log_filter),

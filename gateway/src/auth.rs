@@ -3,9 +3,11 @@
 //!
 //! Owns the [`Caller`] extractor: a handler that takes a `Caller` runs only for a known,
 //! unrevoked key whose bucket had a token. Before a key that is not in the known-key
-//! cache is looked up, the client address (the TCP peer; no forwarding header is
-//! trusted) must have a failure token left: a client that presented too many unknown
-//! keys gets 429 `rate_limited` with `Retry-After` and costs PostgreSQL nothing. The
+//! cache, and that PostgreSQL never confirmed, is looked up, the client address (the TCP
+//! peer; no forwarding header is trusted) must have a failure token left: a client that
+//! presented too many unknown keys gets 429 `rate_limited` with `Retry-After` and costs
+//! PostgreSQL nothing, while a key that worked before is looked up again whatever its
+//! address's failures (a guesser behind the same proxy never holds it back). The
 //! tenant comes from the key alone; a request body may repeat it but never choose it
 //! (`turns.rs` checks). Never logs a key.
 //!

@@ -45,6 +45,16 @@ pub const DEFAULT_AUTH_FAILURES_PER_MIN: u32 = 30;
 pub const DEFAULT_STREAM_TOKEN_TTL: Duration = Duration::from_secs(600);
 /// The shortest stream-token secret accepted, in bytes.
 pub const MIN_STREAM_TOKEN_SECRET: usize = 32;
+/// The variable holding the stream-token secret.
+pub const STREAM_TOKEN_SECRET_VAR: &str = "TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET";
+
+/// MCP sessions one API key may hold open when `TOOLFLEET_GATEWAY_MCP_SESSIONS_PER_KEY`
+/// is unset.
+pub const DEFAULT_MCP_SESSIONS_PER_KEY: usize = 32;
+/// How long an MCP session may stay idle when `TOOLFLEET_GATEWAY_MCP_SESSION_IDLE_MS` is
+/// unset: longer than the longest call (the 300 s turn cap plus the grace), so a session
+/// is never closed idle under a call still running.
+pub const DEFAULT_MCP_SESSION_IDLE: Duration = Duration::from_secs(600);
 
 /// How the gateway checks API keys: the cache of known keys, the cache of unknown keys,
 /// and the limit on failed checks per client address. Unknown keys never take a place
@@ -57,6 +67,8 @@ pub struct KeyCheckConfig {
     pub ttl: Duration,
     /// Known keys remembered at most (`TOOLFLEET_GATEWAY_KEY_CACHE_ENTRIES`, default
     /// 10,000); past it the least recently used key is forgotten, never the whole cache.
+    /// The keys PostgreSQL ever confirmed (spared the failure bucket below) are
+    /// remembered in as many entries of their own.
     pub entries: usize,
     /// How long a key PostgreSQL does not know (or knows as revoked) is answered 401
     /// without asking again (`TOOLFLEET_GATEWAY_UNKNOWN_KEY_CACHE_MS`, default 10 s; 0:
@@ -69,8 +81,10 @@ pub struct KeyCheckConfig {
     pub unknown_entries: usize,
     /// Failed key checks one client address (an IPv6 client: its /64) may make at once
     /// (`TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST`, default 20). Past it, every request of
-    /// that address whose key is not in the known-key cache gets 429 `rate_limited` with
-    /// `Retry-After`, before PostgreSQL is asked.
+    /// that address whose key is neither in the known-key cache nor one PostgreSQL has
+    /// confirmed before gets 429 `rate_limited` with `Retry-After`, before PostgreSQL is
+    /// asked; a key that worked before is looked up again whatever the address's
+    /// failures, so a valid key never waits behind another client of its address.
     pub failure_burst: u32,
     /// Failed key checks a client address earns back a minute
     /// (`TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN`, default 30).
@@ -181,9 +195,19 @@ pub struct GatewayConfig {
     /// default the loopback names): the MCP transport refuses others, against DNS
     /// rebinding. Add the gateway's public host names.
     pub mcp_allowed_hosts: Vec<String>,
+    /// MCP sessions one API key may hold open at once
+    /// (`TOOLFLEET_GATEWAY_MCP_SESSIONS_PER_KEY`, default 32). A key opening one more
+    /// loses its own least recently used session (its next request there gets 404 and
+    /// the client opens a new one); other keys' sessions are never touched.
+    pub mcp_sessions_per_key: usize,
+    /// How long an MCP session may go without a request before it is closed
+    /// (`TOOLFLEET_GATEWAY_MCP_SESSION_IDLE_MS`, default 10 min: longer than any call runs).
+    pub mcp_session_idle: Duration,
     /// The secret stream tokens are signed with (`TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET`,
-    /// at least 32 bytes; the same on every replica behind one address). Unset: a random
-    /// secret per process, so a token works only on the gateway that minted it.
+    /// at least 32 bytes; the same on every replica behind one address). Required by
+    /// [`GatewayConfig::from_env`] unless the gateway listens on a loopback address
+    /// only; `None` (a loopback gateway without it, or a config built in code): a random
+    /// secret per process, so a token works only on the process that minted it.
     pub stream_token_secret: Option<crate::stream_token::TokenSecret>,
     /// How long a stream token lives at least (`TOOLFLEET_GATEWAY_STREAM_TOKEN_TTL_MS`,
     /// default 10 min); a token minted with a turn lives past that turn's deadline.
@@ -301,6 +325,8 @@ impl GatewayConfig {
             upstream: UpstreamConfig::default(),
             ops_addr: None,
             mcp_allowed_hosts: ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec(),
+            mcp_sessions_per_key: DEFAULT_MCP_SESSIONS_PER_KEY,
+            mcp_session_idle: DEFAULT_MCP_SESSION_IDLE,
             stream_token_secret: None,
             stream_token_ttl: DEFAULT_STREAM_TOKEN_TTL,
         }
@@ -316,11 +342,12 @@ impl GatewayConfig {
             ..
         } = Endpoints::from_env()?;
         let addr_text = env_string("TOOLFLEET_GATEWAY_ADDR", DEFAULT_ADDR);
-        let addr = addr_text.parse().map_err(|e| ConfigError {
+        let addr: SocketAddr = addr_text.parse().map_err(|e| ConfigError {
             name: "TOOLFLEET_GATEWAY_ADDR".into(),
             value: addr_text.clone(),
             reason: format!("{e}"),
         })?;
+        let stream_token_secret = stream_token_secret(addr)?;
         Ok(Self {
             addr,
             nats_url,
@@ -368,7 +395,17 @@ impl GatewayConfig {
             .filter(|h| !h.is_empty())
             .map(String::from)
             .collect(),
-            stream_token_secret: stream_token_secret()?,
+            mcp_sessions_per_key: env_in(
+                "TOOLFLEET_GATEWAY_MCP_SESSIONS_PER_KEY",
+                d.mcp_sessions_per_key,
+                1..=10_000,
+            )?,
+            mcp_session_idle: env_ms_in(
+                "TOOLFLEET_GATEWAY_MCP_SESSION_IDLE_MS",
+                d.mcp_session_idle,
+                1000..=86_400_000,
+            )?,
+            stream_token_secret,
             stream_token_ttl: env_ms_in(
                 "TOOLFLEET_GATEWAY_STREAM_TOKEN_TTL_MS",
                 d.stream_token_ttl,
@@ -378,15 +415,33 @@ impl GatewayConfig {
     }
 }
 
-/// `TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET`: unset or empty is none, shorter than
-/// [`MIN_STREAM_TOKEN_SECRET`] bytes an error (the value is never repeated).
-fn stream_token_secret() -> Result<Option<crate::stream_token::TokenSecret>, ConfigError> {
-    const NAME: &str = "TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET";
-    let text = env_string(NAME, "");
+/// `TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET` for a gateway listening on `addr`: shorter than
+/// [`MIN_STREAM_TOKEN_SECRET`] bytes is an error (the value is never repeated); unset or
+/// empty is an error too unless `addr` is a loopback address. A gateway anyone else can
+/// reach may be one of several replicas behind one address, or restart under a browser's
+/// open `EventSource`: with a secret drawn per process, a token minted by one replica is
+/// refused by the next (401, on which an `EventSource` stops for good). A loopback-only
+/// gateway (`toolfleet up`, tests) has no neighbour: there `None` means a per-process
+/// secret.
+fn stream_token_secret(
+    addr: SocketAddr,
+) -> Result<Option<crate::stream_token::TokenSecret>, ConfigError> {
+    let text = env_string(STREAM_TOKEN_SECRET_VAR, "");
     match text.len() {
-        0 => Ok(None),
+        0 if addr.ip().is_loopback() => Ok(None),
+        0 => Err(ConfigError {
+            name: STREAM_TOKEN_SECRET_VAR.into(),
+            value: String::new(),
+            reason: format!(
+                "required when the gateway listens beyond loopback (TOOLFLEET_GATEWAY_ADDR={addr}): \
+                 every replica behind one address, and the same replica after a restart, must \
+                 sign stream tokens with the same secret; set at least \
+                 {MIN_STREAM_TOKEN_SECRET} bytes (e.g. `openssl rand -hex 32`), the same on \
+                 every replica"
+            ),
+        }),
         n if n < MIN_STREAM_TOKEN_SECRET => Err(ConfigError {
-            name: NAME.into(),
+            name: STREAM_TOKEN_SECRET_VAR.into(),
             value: "***".into(),
             reason: format!("at least {MIN_STREAM_TOKEN_SECRET} bytes are required"),
         }),
@@ -426,5 +481,22 @@ mod tests {
         let outcome = KeyCheckConfig::from_env();
         std::env::remove_var("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST");
         assert_eq!(outcome.ok().map(|c| c.failure_burst), Some(5));
+    }
+
+    #[test]
+    fn a_gateway_beyond_loopback_needs_a_shared_stream_token_secret() {
+        // No test sets the variable.
+        let at = |addr: &str| stream_token_secret(addr.parse().unwrap_or(([0; 4], 0).into()));
+        assert!(matches!(at("127.0.0.1:8080"), Ok(None)));
+        assert!(matches!(at("[::1]:8080"), Ok(None)));
+        for public in ["0.0.0.0:8080", "[::]:8080", "10.1.2.3:8080"] {
+            let refused = at(public).err();
+            assert_eq!(
+                refused.as_ref().map(|e| e.name.as_str()),
+                Some(STREAM_TOKEN_SECRET_VAR),
+                "{public}"
+            );
+            assert!(refused.is_some_and(|e| e.reason.contains("openssl rand")));
+        }
     }
 }

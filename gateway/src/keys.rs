@@ -1,5 +1,6 @@
 //! The gateway's view of API keys: lookups by hash through two bounded caches (known
-//! keys, unknown keys) behind a limit on failed checks per client address.
+//! keys, unknown keys) behind a limit on failed checks per client address, which a key
+//! PostgreSQL has confirmed before never waits behind.
 //!
 //! Owns the cached lookup ([`KeyStore`]) and what a check found ([`KeyCheck`]). The key
 //! format, the table's rows and the admin operations live in `toolfleet-keys`
@@ -112,16 +113,25 @@ impl<V: Clone> Lru<V> {
     }
 }
 
+/// How long a key PostgreSQL confirmed is remembered as one (not trusted: only spared the
+/// failure bucket of its address when it is looked up again).
+const CONFIRMED_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The gateway's view of `api_keys`: lookups by hash, known keys remembered for the
 /// cache period in a bounded cache of their own, unknown keys in another (so a flood of
 /// bad keys neither reaches PostgreSQL each time nor pushes a good key out), and a
-/// bucket of failed checks per client address taken before PostgreSQL is asked.
+/// bucket of failed checks per client address taken before PostgreSQL is asked about a
+/// key it never confirmed. Keys it confirmed are remembered apart (bounded like the
+/// known keys, least recently used forgotten first): when their cache period ends they
+/// are asked about again without a failure token, so a valid key never waits behind
+/// the failures of another client of its address (behind one proxy, every client).
 pub struct KeyStore {
     url: String,
     settings: KeyCheckConfig,
     client: tokio::sync::Mutex<Option<Arc<Connection>>>,
     known: Mutex<Lru<KeyRecord>>,
     unknown: Mutex<Lru<()>>,
+    confirmed: Mutex<Lru<()>>,
     failures: FailureLimiter,
     queries: AtomicU64,
 }
@@ -143,35 +153,56 @@ impl KeyStore {
             client: tokio::sync::Mutex::new(None),
             known: Mutex::new(Lru::new(settings.entries, settings.ttl)),
             unknown: Mutex::new(Lru::new(settings.unknown_entries, settings.unknown_ttl)),
+            confirmed: Mutex::new(Lru::new(settings.entries, CONFIRMED_FOR)),
             failures: FailureLimiter::new(settings.failures_per_min, settings.failure_burst),
             queries: AtomicU64::new(0),
         }
     }
 
     /// Checks `key` presented by the client at `peer`. A key in the known-key cache
-    /// answers at once; otherwise the check takes one of the address's failure tokens
-    /// (none left: [`KeyCheck::TooManyFailures`], and PostgreSQL is not asked), and a
-    /// known key gives it back.
+    /// answers at once. A key PostgreSQL confirmed before is asked about again without
+    /// touching the address's failures (turned out revoked: it counts as a failure
+    /// then). Any other key takes one of the address's failure tokens first (none left:
+    /// [`KeyCheck::TooManyFailures`], and PostgreSQL is not asked), and gives it back
+    /// when it is known.
     pub async fn check(&self, peer: IpAddr, key: &str) -> Result<KeyCheck, KeyError> {
         let hash = hash_key(key);
         if let Some(record) = self.cached_known(&hash) {
             return Ok(KeyCheck::Known(record));
         }
-        if let Err(wait) = self.failures.take(peer) {
-            return Ok(KeyCheck::TooManyFailures(wait));
+        let confirmed = self.was_confirmed(&hash);
+        if !confirmed {
+            if let Err(wait) = self.failures.take(peer) {
+                return Ok(KeyCheck::TooManyFailures(wait));
+            }
         }
         match self.lookup_hash(&hash).await {
             Ok(Some(record)) => {
-                self.failures.refund(peer);
+                if !confirmed {
+                    self.failures.refund(peer);
+                }
                 Ok(KeyCheck::Known(record))
             }
-            Ok(None) => Ok(KeyCheck::Unknown),
+            Ok(None) => {
+                if confirmed {
+                    // Revoked since: a failure like any unknown key's from now on.
+                    let _ = self.failures.take(peer);
+                }
+                Ok(KeyCheck::Unknown)
+            }
             Err(error) => {
                 // Not the client's failure.
-                self.failures.refund(peer);
+                if !confirmed {
+                    self.failures.refund(peer);
+                }
                 Err(error)
             }
         }
+    }
+
+    fn was_confirmed(&self, hash: &str) -> bool {
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(|p| p.into_inner());
+        confirmed.get(hash, Instant::now()).is_some()
     }
 
     /// The key's record, `None` for an unknown or revoked key (through the caches, with
@@ -215,17 +246,26 @@ impl KeyStore {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(hash);
+                self.confirmed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(hash, (), now);
                 self.known.lock().unwrap_or_else(|p| p.into_inner()).insert(
                     hash,
                     record.clone(),
                     now,
                 );
             }
-            None => self
-                .unknown
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(hash, (), now),
+            None => {
+                self.confirmed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(hash);
+                self.unknown
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(hash, (), now)
+            }
         }
         Ok(found)
     }

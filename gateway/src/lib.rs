@@ -24,6 +24,7 @@
 //! | `page` | the live turn page at `/` (plain HTML, CSS and JS, no build step) |
 //! | `trace` | the server span with HTTP semantic conventions, `traceparent` in and out |
 //! | `turns` | `POST /v1/turns`, SSE and JSON |
+//! | `turn_scope` | turn ids scoped by tenant: the client's id ↔ the stored id, one 404 for any id not the tenant's |
 //! | `stream_token` | short-lived, turn-scoped tokens that let a browser's `EventSource` read one turn |
 //! | `sse` | a turn's events as Server-Sent Events, shared by `turns` and `stored` |
 //! | `stored` | `GET /v1/turns/{id}`, `GET /v1/turns/{id}/events` (resumed after `Last-Event-ID`), `DELETE /v1/turns/{id}` |
@@ -50,6 +51,7 @@ pub mod sse;
 pub mod stored;
 pub mod stream_token;
 pub mod trace;
+pub mod turn_scope;
 pub mod turns;
 
 use std::net::SocketAddr;
@@ -117,10 +119,18 @@ impl Gateway {
             upstream: openai::Upstream::new(&config.upstream)?,
             chat_catalogs: openai::CatalogCache::new(config.upstream.catalog_cache),
             stream_tokens: stream_token::StreamTokens::new(
-                config
-                    .stream_token_secret
-                    .clone()
-                    .unwrap_or_else(stream_token::TokenSecret::random),
+                config.stream_token_secret.clone().unwrap_or_else(|| {
+                    let why = "no TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET: stream tokens are \
+                               signed with a secret of this process only and stop working \
+                               when it restarts";
+                    // Expected of a loopback-only gateway (`toolfleet up`, tests).
+                    if config.addr.ip().is_loopback() {
+                        tracing::info!("{why}");
+                    } else {
+                        tracing::warn!("{why}");
+                    }
+                    stream_token::TokenSecret::random()
+                }),
                 config.stream_token_ttl,
             ),
             client,

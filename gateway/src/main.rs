@@ -25,6 +25,8 @@ Settings come from environment variables only; the main ones:
                           (default {DEFAULT_DATABASE_URL})
   TOOLFLEET_HTTP_ADDR     metrics, /healthz /readyz /metrics on a port of their own
                           (default off)
+  TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET  signs stream tokens, the same on every replica
+                          (required unless TOOLFLEET_GATEWAY_ADDR is a loopback address)
   TOOLFLEET_UPSTREAM_BASE_URL  the model server of /v1/chat/completions (default none)
   TOOLFLEET_LOG_FORMAT    text or json (default text)
   OTEL_EXPORTER_OTLP_ENDPOINT  OTLP export of traces and metrics (default none)

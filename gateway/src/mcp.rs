@@ -11,10 +11,13 @@
 //! reaches the MCP layer (401 otherwise, as on every other route); the tenant then rides
 //! in the request's extensions. A session belongs to the key that opened it
 //! (`SessionOwners`): a request naming a session opened by another key is answered
-//! 404, as for a session that does not exist, and never reaches the session. Never
-//! decides anything about a tool: the coordinator does.
+//! 404, as for a session that does not exist, and never reaches the session. A key holds
+//! at most `TOOLFLEET_GATEWAY_MCP_SESSIONS_PER_KEY` sessions: opening one more closes
+//! that key's least recently used one (never another key's), and a session idle for
+//! `TOOLFLEET_GATEWAY_MCP_SESSION_IDLE_MS` is closed. Never decides anything about a
+//! tool: the coordinator does.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +31,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Value};
@@ -53,12 +57,17 @@ pub fn service(gateway: Arc<Gateway>) -> axum::Router<Arc<Gateway>> {
     let handler = FleetMcp {
         gateway: Arc::clone(&gateway),
     };
-    let sessions = Arc::new(LocalSessionManager::default());
+    let mut sessions = LocalSessionManager::default();
+    // A session without a request for this long ends (its worker quits and the manager
+    // forgets it).
+    sessions.session_config.keep_alive = Some(gateway.config.mcp_session_idle);
+    let sessions = Arc::new(sessions);
     let mcp =
         StreamableHttpService::new(move || Ok(handler.clone()), Arc::clone(&sessions), config);
+    let per_key = gateway.config.mcp_sessions_per_key;
     let guard = McpGuard {
         gateway,
-        owners: Arc::new(SessionOwners::new(sessions)),
+        owners: Arc::new(SessionOwners::new(sessions, per_key)),
     };
     axum::Router::new()
         .nest_service("/mcp", mcp)
@@ -72,69 +81,173 @@ struct McpGuard {
     owners: Arc<SessionOwners>,
 }
 
-/// Which API key opened each MCP session. The session ids come from the SDK's session
-/// manager (random UUIDs); an owner is recorded when the response to the request that
-/// opened the session names it, forgotten when its key deletes the session, and swept
-/// once the manager no longer holds the session, so the map stays as large as the live
-/// sessions (twice at most between sweeps).
+/// Which API key opened each MCP session, and each key's sessions by last use. The
+/// session ids come from the SDK's session manager (random UUIDs); an owner is recorded
+/// when the response to the request that opened the session names it, forgotten when
+/// its key deletes the session or the key opens one session too many (then its least
+/// recently used session is closed), and swept once the manager no longer holds the
+/// session (it ended idle), so the map stays as large as the live sessions (twice at
+/// most between sweeps) and no key ever holds more than `per_key` of them.
 struct SessionOwners {
     sessions: Arc<LocalSessionManager>,
+    per_key: usize,
     owners: Mutex<Owners>,
 }
 
 #[derive(Default)]
 struct Owners {
-    by_session: HashMap<String, String>,
+    /// Session → (owning key, its last use).
+    by_session: HashMap<String, (String, u64)>,
+    /// Key → its sessions by last use, oldest first.
+    by_key: HashMap<String, BTreeMap<u64, String>>,
+    tick: u64,
     sweep_at: usize,
 }
 
+impl Owners {
+    fn forget(&mut self, id: &str) {
+        let Some((key, used)) = self.by_session.remove(id) else {
+            return;
+        };
+        if let Some(sessions) = self.by_key.get_mut(&key) {
+            sessions.remove(&used);
+            if sessions.is_empty() {
+                self.by_key.remove(&key);
+            }
+        }
+    }
+
+    /// Marks `id` (of `key`) used now.
+    fn touch(&mut self, id: &str, key: &str) {
+        self.tick += 1;
+        let tick = self.tick;
+        let Some((_, used)) = self.by_session.get_mut(id) else {
+            return;
+        };
+        let before = std::mem::replace(used, tick);
+        let sessions = self.by_key.entry(key.to_string()).or_default();
+        sessions.remove(&before);
+        sessions.insert(tick, id.to_string());
+    }
+}
+
 impl SessionOwners {
-    fn new(sessions: Arc<LocalSessionManager>) -> Self {
+    fn new(sessions: Arc<LocalSessionManager>, per_key: usize) -> Self {
         Self {
             sessions,
+            per_key: per_key.max(1),
             owners: Mutex::new(Owners {
-                by_session: HashMap::new(),
                 sweep_at: FIRST_SWEEP,
+                ..Owners::default()
             }),
         }
     }
 
-    /// Whether session `id` was opened by key `key_id`. A session nobody opened through
-    /// this gateway belongs to nobody.
-    fn owned_by(&self, id: &str, key_id: &str) -> bool {
-        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        owners
-            .by_session
-            .get(id)
-            .is_some_and(|owner| owner == key_id)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Owners> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records that key `key_id` opened session `id`; sweeps ended sessions when the
-    /// map has doubled since the last sweep.
+    /// Whether session `id` was opened by key `key_id`; marks it used when it was. A
+    /// session nobody opened through this gateway belongs to nobody.
+    fn used_by(&self, id: &str, key_id: &str) -> bool {
+        let mut owners = self.lock();
+        let owned = owners
+            .by_session
+            .get(id)
+            .is_some_and(|(owner, _)| owner == key_id);
+        if owned {
+            owners.touch(id, key_id);
+        }
+        owned
+    }
+
+    /// The sessions the manager still holds.
+    async fn live(&self) -> HashSet<String> {
+        self.sessions
+            .sessions
+            .read()
+            .await
+            .keys()
+            .map(|id| id.to_string())
+            .collect()
+    }
+
+    /// Records that key `key_id` opened session `id`. Past the key's bound, the key's
+    /// sessions that ended are forgotten and then its least recently used ones closed
+    /// until it holds the bound; sweeps ended sessions when the map has doubled since
+    /// the last sweep.
     async fn opened(&self, id: &str, key_id: &str) {
-        let sweep = {
-            let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-            owners.by_session.insert(id.to_string(), key_id.to_string());
-            owners.by_session.len() >= owners.sweep_at
+        let (over, sweep) = {
+            let mut owners = self.lock();
+            owners.forget(id);
+            owners
+                .by_session
+                .insert(id.to_string(), (key_id.to_string(), 0));
+            owners.touch(id, key_id);
+            let held = owners.by_key.get(key_id).map_or(0, BTreeMap::len);
+            (
+                held > self.per_key,
+                owners.by_session.len() >= owners.sweep_at,
+            )
         };
+        if over {
+            let live = self.live().await;
+            let evicted: Vec<String> = {
+                let mut owners = self.lock();
+                let ended: Vec<String> = owners
+                    .by_key
+                    .get(key_id)
+                    .into_iter()
+                    .flat_map(BTreeMap::values)
+                    .filter(|s| !live.contains(*s) && s.as_str() != id)
+                    .cloned()
+                    .collect();
+                for session in &ended {
+                    owners.forget(session);
+                }
+                let held = owners.by_key.get(key_id).map_or(0, BTreeMap::len);
+                let oldest: Vec<String> = owners
+                    .by_key
+                    .get(key_id)
+                    .into_iter()
+                    .flat_map(BTreeMap::values)
+                    .filter(|s| s.as_str() != id)
+                    .take(held.saturating_sub(self.per_key))
+                    .cloned()
+                    .collect();
+                for session in &oldest {
+                    owners.forget(session);
+                }
+                oldest
+            };
+            for session in evicted {
+                tracing::debug!(
+                    key_id,
+                    "MCP session bound reached: closing the key's least recently used session"
+                );
+                if let Err(error) = self.sessions.close_session(&session.into()).await {
+                    tracing::warn!(%error, "closing an MCP session past its key's bound");
+                }
+            }
+        }
         if sweep {
-            let live: std::collections::HashSet<String> = self
-                .sessions
-                .sessions
-                .read()
-                .await
+            let live = self.live().await;
+            let mut owners = self.lock();
+            let ended: Vec<String> = owners
+                .by_session
                 .keys()
-                .map(|id| id.to_string())
+                .filter(|s| !live.contains(*s))
+                .cloned()
                 .collect();
-            let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-            owners.by_session.retain(|id, _| live.contains(id));
+            for session in &ended {
+                owners.forget(session);
+            }
             owners.sweep_at = (owners.by_session.len() * 2).max(FIRST_SWEEP);
         }
     }
 
     fn closed(&self, id: &str) {
-        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        owners.by_session.remove(id);
+        self.lock().forget(id);
     }
 }
 
@@ -161,7 +274,7 @@ async fn authenticate(State(guard): State<McpGuard>, request: Request, next: Nex
     let key_id = caller.key_id.clone();
     let named = session_of(&parts.headers);
     if let Some(id) = &named {
-        if !guard.owners.owned_by(id, &key_id) {
+        if !guard.owners.used_by(id, &key_id) {
             return ApiError::not_found("no such MCP session").into_response();
         }
     }

@@ -20,6 +20,7 @@ use toolfleet_common::client::TurnStream;
 use toolfleet_common::{CallError, TurnEvent};
 
 use crate::error::codes;
+use crate::turn_scope::ShownTurn;
 use crate::Gateway;
 
 /// The content type of an event stream.
@@ -45,6 +46,15 @@ pub fn sse_frame(event: &TurnEvent, seq: Option<u64>) -> String {
     let data = serde_json::to_string(event).unwrap_or_else(|_| "{}".into());
     let id = seq.map(|seq| format!("id: {seq}\n")).unwrap_or_default();
     format!("{id}event: {}\ndata: {data}\n\n", event.kind())
+}
+
+/// The deadline an `ack` says the coordinator applied to its turn (a turn without calls
+/// has no `ack`: its `final` follows at once).
+pub fn ack_deadline_ms(event: &TurnEvent) -> Option<u64> {
+    match event {
+        TurnEvent::Ack { deadline_ms, .. } => *deadline_ms,
+        _ => None,
+    }
 }
 
 /// Cancels a turn when dropped before its last event went out: the HTTP client of its
@@ -87,20 +97,22 @@ impl Drop for CancelOnDrop {
 
 /// The event stream of a turn whose first event is `first`; the turn slot is held until
 /// the stream ends or the client goes away, and `on_drop` (if any) cancels the turn when
-/// the client goes away before its last event.
+/// the client goes away before its last event. Every event goes out as `turn`'s client
+/// sees it (its own turn id).
 pub fn event_stream(
     first: TurnEvent,
     stream: TurnStream,
     wait: Duration,
     slot: OwnedSemaphorePermit,
     on_drop: Option<CancelOnDrop>,
+    turn: ShownTurn,
 ) -> axum::response::Response {
     // The seq handed out before the first event: the first's own when it was stored.
     let before = stream.last_seq().saturating_sub(1);
     let state = (Some(first), Some(stream), (slot, on_drop), before);
-    let frames = futures::stream::unfold(
-        state,
-        move |(pending, stream, mut held, before)| async move {
+    let frames = futures::stream::unfold(state, move |(pending, stream, mut held, before)| {
+        let turn = turn.clone();
+        async move {
             let mut stream = stream?;
             let event = match pending {
                 Some(event) => event,
@@ -125,10 +137,10 @@ pub fn event_stream(
                     armed.turn_id.clear();
                 }
             }
-            let frame = Ok::<_, std::convert::Infallible>(sse_frame(&event, seq));
+            let frame = Ok::<_, std::convert::Infallible>(sse_frame(&turn.show(event), seq));
             Some((frame, (None, next, held, after)))
-        },
-    );
+        }
+    });
     let mut response = Body::from_stream(frames.boxed()).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(EVENT_STREAM));

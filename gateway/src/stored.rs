@@ -5,8 +5,11 @@
 //! (a short-lived token with which a browser's `EventSource` reads that turn's events).
 //!
 //! Owns reading a stored turn through the client's attach (with the key's tenant, so a
-//! key never reads or cancels another tenant's turn) and answering in JSON or SSE.
-//! Never talks to Redis: the coordinators do.
+//! key never reads or cancels another tenant's turn) and answering in JSON or SSE. The
+//! path's id is the client's: the turn read is the one stored under that id scoped by
+//! the key's tenant (`turn_scope`), so another tenant's id is just an id this tenant
+//! never used, answered with the same 404 bytes. Never talks to Redis: the coordinators
+//! do.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +28,9 @@ use toolfleet_common::TurnEvent;
 use crate::auth::{Caller, Reader};
 use crate::error::{described, documented_responses, media, ApiError};
 use crate::extract::ApiQuery;
-use crate::sse::{event_stream, sse_event, EVENT_STREAM};
+use crate::sse::{ack_deadline_ms, event_stream, sse_event, EVENT_STREAM};
 use crate::stream_token::StreamToken;
+use crate::turn_scope::{self, ShownTurn};
 use crate::Gateway;
 
 /// How long the gateway waits for the first stored event of a turn it attaches to.
@@ -67,10 +71,7 @@ pub async fn stream_token(
     Path(path): Path<TurnPath>,
 ) -> Result<axum::Json<StreamToken>, ApiError> {
     if !toolfleet_common::turn::valid_turn_id(&path.turn_id) {
-        return Err(ApiError::invalid_request(format!(
-            "turn id {:?} must be 1-64 characters of [A-Za-z0-9_-]",
-            path.turn_id
-        )));
+        return Err(turn_scope::invalid_turn_id(&path.turn_id));
     }
     Ok(axum::Json(StreamToken::mint(
         &gateway.stream_tokens,
@@ -106,25 +107,27 @@ pub struct StoredTurn {
     pub final_event: Option<TurnEvent>,
 }
 
-/// The next event of an attached stream, a turn-level `error` mapped to its HTTP status.
-async fn next(stream: &mut TurnStream, wait: Duration) -> Result<TurnEvent, ApiError> {
-    let event = stream.next_event(wait).await?;
+/// The next event of an attached stream, a turn-level `error` mapped to its HTTP status
+/// (a turn this tenant does not hold: the one 404 of `turn_scope::unknown_turn`).
+async fn next(
+    stream: &mut TurnStream,
+    wait: Duration,
+    turn: &ShownTurn,
+) -> Result<TurnEvent, ApiError> {
+    let event = stream.next_event(wait).await.map_err(|e| turn.error(e))?;
     if let TurnEvent::Error { error, .. } = &event {
-        return Err(refusal(stream.turn_id(), error));
+        return Err(turn.refusal(error));
     }
     Ok(event)
 }
 
-/// The HTTP error of a turn-level `error`, in the words of the key's view: the
-/// coordinator's `unknown_turn` speaks of NATS frontends, an HTTP client has a tenant.
-fn refusal(turn_id: &str, error: &toolfleet_common::CallError) -> ApiError {
-    let mut refused = ApiError::from_turn_error(error);
-    if error.code == toolfleet_common::turn::turn_codes::UNKNOWN_TURN {
-        refused.message = format!(
-            "no turn {turn_id} is stored for this key's tenant (never submitted, or past its retention)"
-        );
-    }
-    refused
+/// Attaches to `turn` of `tenant` from its first event.
+async fn attach(gateway: &Gateway, turn: &ShownTurn, tenant: &str) -> Result<TurnStream, ApiError> {
+    gateway
+        .client
+        .attach_from(&turn.stored, Some(tenant), 0)
+        .await
+        .map_err(|e| turn.error(e))
 }
 
 /// `GET /v1/turns/{turn_id}`.
@@ -133,22 +136,20 @@ pub async fn get(
     caller: Caller,
     Path(path): Path<TurnPath>,
 ) -> Result<TurnJson<StoredTurn>, ApiError> {
+    let turn = turn_scope::scope(&caller.tenant, &path.turn_id)?;
     gateway.nats_connected()?;
-    let mut stream = gateway
-        .client
-        .attach_from(&path.turn_id, Some(&caller.tenant), 0)
-        .await?;
-    let mut events = vec![next(&mut stream, FIRST_EVENT_WAIT).await?];
+    let mut stream = attach(&gateway, &turn, &caller.tenant).await?;
+    let mut events = vec![turn.show(next(&mut stream, FIRST_EVENT_WAIT, &turn).await?)];
     while !events.last().is_some_and(TurnEvent::is_last) {
         match stream.next_event(REPLAY_IDLE).await {
-            Ok(TurnEvent::Error { error, .. }) => return Err(refusal(&path.turn_id, &error)),
-            Ok(event) => events.push(event),
+            Ok(TurnEvent::Error { error, .. }) => return Err(turn.refusal(&error)),
+            Ok(event) => events.push(turn.show(event)),
             Err(_) => break,
         }
     }
     let final_event = events.last().filter(|e| e.is_last()).cloned();
     Ok(TurnJson(StoredTurn {
-        turn_id: path.turn_id,
+        turn_id: turn.shown,
         status: if final_event.is_some() {
             TurnStatus::Ended
         } else {
@@ -206,15 +207,13 @@ pub async fn events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<ResumedEvents, ApiError> {
     let after = resume_after(&headers, &query)?;
+    let turn = turn_scope::scope(&caller.tenant, &path.turn_id)?;
     let slot = gateway.slots.try_take().ok_or_else(ApiError::overloaded)?;
     gateway.nats_connected()?;
     // The whole turn is replayed and what the client holds skipped here, so a client
     // that already has the `final` is told so (204) instead of waiting for nothing.
-    let mut stream = gateway
-        .client
-        .attach_from(&path.turn_id, Some(&caller.tenant), 0)
-        .await?;
-    let mut event = next(&mut stream, FIRST_EVENT_WAIT).await?;
+    let mut stream = attach(&gateway, &turn, &caller.tenant).await?;
+    let mut event = next(&mut stream, FIRST_EVENT_WAIT, &turn).await?;
     // The replayed `ack` names the turn's own deadline: a long turn is waited for as
     // long as its submitter was, not for the default deadline.
     let wait = gateway.event_wait(ack_deadline_ms(&event));
@@ -222,20 +221,11 @@ pub async fn events(
         if event.is_last() {
             return Ok(ResumedEvents::Done);
         }
-        event = next(&mut stream, wait).await?;
+        event = next(&mut stream, wait, &turn).await?;
     }
     Ok(ResumedEvents::Stream(event_stream(
-        event, stream, wait, slot, None,
+        event, stream, wait, slot, None, turn,
     )))
-}
-
-/// The turn's deadline as its `ack` states it (a turn without calls has no `ack`: its
-/// `final` follows at once).
-fn ack_deadline_ms(event: &TurnEvent) -> Option<u64> {
-    match event {
-        TurnEvent::Ack { deadline_ms, .. } => *deadline_ms,
-        _ => None,
-    }
 }
 
 /// What `GET /v1/turns/{turn_id}/events` answers.
@@ -280,16 +270,12 @@ impl aide::OperationOutput for ResumedEvents {
 }
 
 /// The errors of an operation on a turn by id.
-const TURN_ERRORS: [(u16, &str); 2] = [
-    (
-        403,
-        "The turn belongs to another tenant than the key's (`tenant_not_allowed`).",
-    ),
-    (
-        404,
-        "No turn with this id is stored (`unknown_turn`), or it is past its retention.",
-    ),
-];
+const TURN_ERRORS: [(u16, &str); 1] = [(
+    404,
+    "This key's tenant has no turn with this id (`unknown_turn`): never submitted, past \
+     its retention, or another tenant's id (turn ids are scoped by tenant; the answer is \
+     the same bytes whatever the reason).",
+)];
 
 /// `DELETE /v1/turns/{turn_id}`: cancels the turn.
 pub async fn cancel(
@@ -297,22 +283,20 @@ pub async fn cancel(
     caller: Caller,
     Path(path): Path<TurnPath>,
 ) -> Result<TurnJson<CancelReply>, ApiError> {
+    let turn = turn_scope::scope(&caller.tenant, &path.turn_id)?;
     gateway.nats_connected()?;
-    let reply = gateway
+    let mut reply = gateway
         .client
-        .cancel(&path.turn_id, Some(&caller.tenant), CANCEL_WAIT)
-        .await?;
+        .cancel(&turn.stored, Some(&caller.tenant), CANCEL_WAIT)
+        .await
+        .map_err(|e| turn.error(e))?;
     match reply.outcome {
-        CancelOutcome::Cancelled | CancelOutcome::AlreadyEnded => Ok(TurnJson(reply)),
-        CancelOutcome::UnknownTurn => Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            toolfleet_common::turn::turn_codes::UNKNOWN_TURN,
-            format!("no turn {} is stored for this key's tenant", path.turn_id),
-        )),
-        CancelOutcome::InvalidRequest => Err(ApiError::invalid_request(format!(
-            "turn id {:?} must be 1-64 characters of [A-Za-z0-9_-]",
-            path.turn_id
-        ))),
+        CancelOutcome::Cancelled | CancelOutcome::AlreadyEnded => {
+            reply.turn_id = turn.shown;
+            Ok(TurnJson(reply))
+        }
+        CancelOutcome::UnknownTurn => Err(turn_scope::unknown_turn()),
+        CancelOutcome::InvalidRequest => Err(turn_scope::invalid_turn_id(&path.turn_id)),
         CancelOutcome::Unavailable => Err(ApiError::unavailable("the turn store is unavailable")),
     }
 }

@@ -6,8 +6,10 @@
 //! Owns turning an HTTP body into a [`TurnRequest`] for the key's tenant, following the
 //! turn through [`toolfleet_common::FleetClient`], and writing its events in either mode.
 //! Both modes serialize the same [`TurnEvent`] value, so the `final` object is the same
-//! bytes in an SSE `data:` line and in the JSON body. Never talks to Redis or the join:
-//! the coordinator does; never chooses the tenant from the body.
+//! bytes in an SSE `data:` line and in the JSON body. The body's `turn_id` is the
+//! client's name for the turn within its tenant: the fleet stores it under an id derived
+//! from both (`turn_scope`), and the client sees its own id everywhere. Never talks to
+//! Redis or the join: the coordinator does; never chooses the tenant from the body.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,12 +30,16 @@ use toolfleet_common::{TurnEvent, TurnRequest};
 use crate::auth::Caller;
 use crate::error::{described, documented_responses, media, string_header, ApiError};
 use crate::extract::{ApiJson, ApiQuery};
-use crate::sse::{event_stream, sse_event, CancelOnDrop, EVENT_STREAM};
+use crate::sse::{ack_deadline_ms, event_stream, sse_event, CancelOnDrop, EVENT_STREAM};
 use crate::stream_token::StreamToken;
+use crate::turn_scope::{self, ShownTurn};
 use crate::Gateway;
 
-/// The longest deadline the gateway waits for, whatever a turn asks.
-const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// The longest a turn runs, whatever it asks: the coordinator's own cap
+/// (`TOOLFLEET_MAX_DEADLINE_MS` is at most 300,000 ms, `coordinator::config::ranges`).
+/// The gateway waits no longer than this (plus the grace) for an event, and a stream
+/// token minted with a turn outlives it by no more than the grace.
+pub const MAX_TURN_DEADLINE: Duration = Duration::from_secs(300);
 
 /// A decision the demo pack runs: the simple form with two calls, as a model that was
 /// asked "Show me my appointments and my billing" might decide.
@@ -53,7 +59,8 @@ pub fn example_decision() -> Value {
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TurnBody {
-    /// Turn id (`[A-Za-z0-9_-]{1,64}`); generated when absent.
+    /// Turn id (`[A-Za-z0-9_-]{1,64}`); generated when absent. Scoped by the key's
+    /// tenant: another tenant's turn of the same id is another turn.
     #[serde(default)]
     pub turn_id: Option<String>,
     /// The tenant; when given it must be the API key's tenant (the key decides).
@@ -104,9 +111,9 @@ pub struct TurnAnswer {
 }
 
 impl TurnBody {
-    /// The turn request for `caller`'s tenant; a body naming another tenant, or a bad
-    /// turn id, is refused.
-    pub fn into_request(self, caller: &Caller) -> Result<TurnRequest, ApiError> {
+    /// The turn request for `caller`'s tenant, stored under the id scoped by that tenant,
+    /// and the turn's two ids; a body naming another tenant, or a bad turn id, is refused.
+    pub fn into_request(self, caller: &Caller) -> Result<(TurnRequest, ShownTurn), ApiError> {
         if let Some(named) = &self.tenant_id {
             if normalize_tenant(named) != caller.tenant {
                 return Err(ApiError::new(
@@ -122,12 +129,12 @@ impl TurnBody {
             ));
         }
         if let Some(id) = self.turn_id.as_deref().filter(|id| !valid_turn_id(id)) {
-            return Err(ApiError::invalid_request(format!(
-                "turn id {id:?} must be 1-64 characters of [A-Za-z0-9_-]"
-            )));
+            return Err(turn_scope::invalid_turn_id(id));
         }
-        Ok(TurnRequest {
-            turn_id: self.turn_id,
+        let client_id = self.turn_id.unwrap_or_else(turn_scope::new_client_turn_id);
+        let turn = turn_scope::scope(&caller.tenant, &client_id)?;
+        let request = TurnRequest {
+            turn_id: Some(turn.stored.clone()),
             tenant_id: caller.tenant.clone(),
             session_id: self.session_id,
             user_message: self.user_message,
@@ -135,7 +142,8 @@ impl TurnBody {
             deadline_ms: self.deadline_ms,
             options: self.options,
             context: self.context,
-        })
+        };
+        Ok((request, turn))
     }
 }
 
@@ -167,28 +175,34 @@ pub async fn submit(
     ApiQuery(query): ApiQuery<TurnQuery>,
     ApiJson(body): ApiJson<TurnBody>,
 ) -> Result<TurnReply, ApiError> {
-    let request = body.into_request(&caller)?;
+    let (request, turn) = body.into_request(&caller)?;
     let wait = gateway.event_wait(request.deadline_ms);
     let slot = gateway.slots.try_take().ok_or_else(ApiError::overloaded)?;
     gateway.nats_connected()?;
-    let mut stream = gateway.client.submit(request).await?;
-    let first = stream.next_event(wait).await?;
+    let mut stream = gateway
+        .client
+        .submit(request)
+        .await
+        .map_err(|e| turn.error(e))?;
+    let first = stream.next_event(wait).await.map_err(|e| turn.error(e))?;
     if let TurnEvent::Error { error, .. } = &first {
-        return Err(ApiError::from_turn_error(error));
+        return Err(turn.error(ApiError::from_turn_error(error)));
     }
-    // A token to follow this turn with, living past its deadline.
+    // A token to follow this turn with, living past the deadline the coordinator
+    // applied (its `ack` names it), never past the fleet's cap on any turn.
+    let life = ack_deadline_ms(&first).map_or(wait, |applied| gateway.event_wait(Some(applied)));
     let token = StreamToken::mint(
         &gateway.stream_tokens,
-        stream.turn_id(),
+        &turn.shown,
         &caller.key_id,
         &caller.tenant,
-        wait,
+        life,
     );
     if wants_async(&headers) {
         return Ok(TurnReply::Accepted(token));
     }
     let reply = reply(
-        &gateway, &caller, &headers, &query, first, stream, wait, slot,
+        &gateway, &caller, &headers, &query, first, stream, wait, slot, turn,
     )
     .await?;
     Ok(TurnReply::WithToken(Box::new(reply), token.token))
@@ -205,6 +219,7 @@ async fn reply(
     mut stream: TurnStream,
     wait: Duration,
     slot: OwnedSemaphorePermit,
+    turn: ShownTurn,
 ) -> Result<TurnReply, ApiError> {
     if wants_events(headers) {
         // A client that goes away mid-stream cancels the turn when so configured;
@@ -217,42 +232,50 @@ async fn reply(
             )
         });
         return Ok(TurnReply::Events(event_stream(
-            first, stream, wait, slot, on_drop,
+            first, stream, wait, slot, on_drop, turn,
         )));
     }
-    let answer = read_to_final(first, &mut stream, wait, query.events).await?;
+    let answer = read_to_final(first, &mut stream, wait, query.events, &turn).await?;
     Ok(TurnReply::Json(answer))
 }
 
 impl Gateway {
-    /// How long the gateway waits for any one event of a turn with `deadline_ms`.
+    /// How long the gateway waits for any one event of a turn with `deadline_ms` (never
+    /// past [`MAX_TURN_DEADLINE`], whatever the request asked, plus the grace); also the
+    /// least life of a stream token minted with such a turn.
     pub fn event_wait(&self, deadline_ms: Option<u64>) -> Duration {
         let deadline = deadline_ms.map_or(self.config.default_deadline, Duration::from_millis);
-        deadline.min(MAX_WAIT) + self.config.final_grace
+        deadline.min(MAX_TURN_DEADLINE) + self.config.final_grace
     }
 }
 
-/// Reads the turn to its `final`, keeping every event when `keep` is set.
+/// Reads the turn to its `final`, keeping every event when `keep` is set; the events as
+/// the client sees them (its own turn id).
 async fn read_to_final(
     first: TurnEvent,
     stream: &mut TurnStream,
     wait: Duration,
     keep: bool,
+    turn: &ShownTurn,
 ) -> Result<TurnAnswer, ApiError> {
-    let turn_id = stream.turn_id().to_string();
-    let mut events = vec![first];
+    let mut events = vec![turn.show(first)];
     loop {
         let last = events.last().cloned();
         match last {
-            Some(TurnEvent::Error { error, .. }) => return Err(ApiError::from_turn_error(&error)),
+            Some(TurnEvent::Error { error, .. }) => {
+                return Err(turn.error(ApiError::from_turn_error(&error)))
+            }
             Some(event @ TurnEvent::Final(_)) => {
                 return Ok(TurnAnswer {
-                    turn_id,
+                    turn_id: turn.shown.clone(),
                     final_event: event,
                     events: keep.then_some(events),
                 })
             }
-            _ => events.push(stream.next_event(wait).await?),
+            _ => {
+                let event = stream.next_event(wait).await.map_err(|e| turn.error(e))?;
+                events.push(turn.show(event));
+            }
         }
     }
 }
@@ -381,7 +404,7 @@ mod tests {
     #[test]
     fn the_key_decides_the_tenant() {
         let request = body(json!({"decision": {}})).into_request(&caller());
-        assert_eq!(request.map(|r| r.tenant_id).ok().as_deref(), Some("acme"));
+        assert_eq!(request.map(|r| r.0.tenant_id).ok().as_deref(), Some("acme"));
         let same = body(json!({"decision": {}, "tenant_id": " ACME"})).into_request(&caller());
         assert!(same.is_ok());
         let other = body(json!({"decision": {}, "tenant_id": "globex"})).into_request(&caller());

@@ -347,9 +347,10 @@ async fn turns_by_id_are_read_and_cancelled_for_their_tenant_only() -> Result<()
     let running: Value = get(&key, "/v1/turns/by-id-1").await?.json().await?;
     assert_eq!(running["status"], "running", "{running}");
     assert!(running.get("final").is_none());
+    // Turn ids are scoped by tenant: to another tenant this id is one it never used.
     assert_eq!(
         error_code(get(&other, "/v1/turns/by-id-1").await?).await?,
-        (403, "tenant_not_allowed".into())
+        (404, "unknown_turn".into())
     );
     assert_eq!(
         error_code(delete(&other, "/v1/turns/by-id-1").await?).await?,
@@ -385,11 +386,14 @@ async fn an_http_retry_of_the_same_turn_id_attaches_and_runs_the_calls_once() ->
     assert_eq!(first["final"], second["final"]);
     assert_eq!(first["final"]["summary"]["ok"], 3, "{first}");
     let mut starts = 0;
+    // The fleet stores the client's id scoped by its tenant.
+    let stored = toolfleet_gateway::turn_scope::stored_turn_id(TENANT, "http-retry-1");
+    assert_eq!(first["turn_id"], "http-retry-1");
     let until = tokio::time::Instant::now() + Duration::from_millis(500);
     while let Ok(Some(message)) =
         tokio::time::timeout_at(until, futures::StreamExt::next(&mut progress)).await
     {
-        if message.subject.contains(".http-retry-1.")
+        if message.subject.contains(&format!(".{stored}."))
             && String::from_utf8_lossy(&message.payload).contains("\"started\"")
         {
             starts += 1;

@@ -1,7 +1,9 @@
-//! The gateway from the attacker's seat: a flood of guessed API keys from one address,
-//! a cache filled with other keys, and an MCP session taken over with another key. Each
-//! test runs a real `gateway-node` in front of a real fleet, with its keys in a real
-//! PostgreSQL database; the honest client sends from another loopback address
+//! The gateway from the attacker's seat: a flood of guessed API keys from one address
+//! (and from the address honest clients share behind a proxy), a cache filled with other
+//! keys, an MCP session taken over with another key, one key opening sessions without
+//! end, and another tenant's turn ids probed and taken. Each test runs a real
+//! `gateway-node` in front of a real fleet, with its keys in a real PostgreSQL database;
+//! where the honest client must sit apart, it sends from another loopback address
 //! (127.0.0.2), which Linux routes to `lo` like 127.0.0.1.
 
 use std::net::{IpAddr, Ipv4Addr};
@@ -199,11 +201,88 @@ async fn a_flood_of_guessed_keys_from_one_address_is_refused_before_postgres() -
     for (status, _) in &honest_seen {
         assert_eq!(*status, 200, "honest answers: {honest_seen:?}");
     }
-    // The flooding address itself waits, even with a good key it has not used before
-    // (the key cache is off in this test), and says how long.
-    assert_eq!(tools(&attacker, &gateway, &key).await, (429, true));
+    // The flooding address itself waits with a good key this gateway never saw work
+    // (PostgreSQL is not asked about it), and says how long.
+    let unseen = create_key(&db, "acme").await?;
+    assert_eq!(tools(&attacker, &gateway, &unseen).await, (429, true));
     // The honest address still works after the flood.
     reconnected(&honest, &gateway, &key).await?;
+    // And a key that worked before is never held back by its address's failures, even
+    // from the flooding address itself (the key cache is off in this test: it is looked
+    // up again).
+    assert_eq!(tools(&attacker, &gateway, &key).await.0, 200);
+    Ok(())
+}
+
+/// Behind the shipped Ingress every client reaches the gateway from the ingress
+/// controller's address. A guesser there used up that address's failures and, once the
+/// honest tenants' keys fell out of the key cache (5 s), their requests drew from the
+/// guesser's empty bucket: 176 of 308 answered 429. Here everyone is 127.0.0.1, the
+/// cache lasts 1 s and the address may fail 5 times (one earned back a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guesser_behind_the_same_address_never_holds_back_a_valid_key() -> Result<()> {
+    const CACHE_MS: u64 = 1000;
+    let cache_ms = CACHE_MS.to_string();
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[
+        ("TOOLFLEET_GATEWAY_KEY_CACHE_MS", &cache_ms),
+        ("TOOLFLEET_GATEWAY_AUTH_FAILURE_BURST", "5"),
+        ("TOOLFLEET_GATEWAY_AUTH_FAILURES_PER_MIN", "1"),
+    ])
+    .await?;
+    let shared = client_from(Ipv4Addr::LOCALHOST)?;
+    let mut keys = Vec::new();
+    for tenant in ["acme", "globex", "initech"] {
+        let key = create_key(&db, tenant).await?;
+        // Each tenant's key is in use before the guesser starts.
+        assert_eq!(tools(&shared, &gateway, &key).await.0, 200, "{tenant}");
+        keys.push(key);
+    }
+    // The guesser, from the same address, until the address is out of failures.
+    let mut guessed = Vec::new();
+    while !guessed.contains(&429) && guessed.len() < 50 {
+        let guess = toolfleet_gateway::keys::generate_key();
+        guessed.push(tools(&shared, &gateway, &guess).await.0);
+    }
+    assert!(
+        guessed.contains(&429),
+        "the address never ran out: {guessed:?}"
+    );
+
+    // Then both go on for 3.5 cache periods: a guess every 50 ms, and a request of each
+    // tenant every 250 ms.
+    let until = Instant::now() + Duration::from_millis(CACHE_MS * 7 / 2);
+    let guessing = async {
+        let mut seen = Vec::new();
+        while Instant::now() < until {
+            let guess = toolfleet_gateway::keys::generate_key();
+            seen.push(tools(&shared, &gateway, &guess).await.0);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        seen
+    };
+    let honest = async {
+        let mut seen = Vec::new();
+        while Instant::now() < until {
+            for (i, key) in keys.iter().enumerate() {
+                seen.push((i, tools(&shared, &gateway, key).await.0));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        seen
+    };
+    let (guesses, answers) = tokio::join!(guessing, honest);
+    eprintln!(
+        "{} guesses ({} × 429), {} honest requests",
+        guesses.len(),
+        guesses.iter().filter(|s| **s == 429).count(),
+        answers.len()
+    );
+    // The guesser pays for its guesses ...
+    assert!(!guesses.is_empty());
+    assert!(guesses.iter().all(|s| *s == 429), "{guesses:?}");
+    // ... and no tenant's valid key is ever refused for them, across the cache periods.
+    assert!(answers.len() >= 3 * 12, "{answers:?}");
+    assert!(answers.iter().all(|(_, s)| *s == 200), "{answers:?}");
     Ok(())
 }
 
@@ -382,5 +461,213 @@ async fn an_mcp_session_answers_only_the_key_that_opened_it() -> Result<()> {
     assert!(end.status().is_success(), "{}", end.status());
     let gone = mcp_post(&gateway, &owner, Some(&session), &ping).await?;
     assert_eq!(gone.status(), StatusCode::NOT_FOUND);
+    Ok(())
+}
+
+/// Opens an MCP session with `key` (`initialize`, then `notifications/initialized`);
+/// its id.
+async fn open_session(gateway: &GatewayNode, key: &str) -> Result<String> {
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "gateway-attacks", "version": "0"}}});
+    let opened = mcp_post(gateway, key, None, &initialize).await?;
+    assert_eq!(opened.status(), StatusCode::OK);
+    let session = opened
+        .headers()
+        .get("mcp-session-id")
+        .context("initialize named no session")?
+        .to_str()?
+        .to_string();
+    let text = body_text(opened).await?;
+    assert!(text.contains("\"result\""), "{text}");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let notified = mcp_post(gateway, key, Some(&session), &initialized).await?;
+    assert_eq!(notified.status(), StatusCode::ACCEPTED);
+    Ok(session)
+}
+
+/// `ping` in `session` under `key`: the status (a 200 must carry the answer).
+async fn ping(gateway: &GatewayNode, key: &str, session: &str) -> Result<u16> {
+    let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
+    let answered = mcp_post(gateway, key, Some(session), &ping).await?;
+    let status = answered.status().as_u16();
+    if status == 200 {
+        let text = body_text(answered).await?;
+        assert!(text.contains("\"result\""), "{text}");
+    }
+    Ok(status)
+}
+
+/// One key opened 3,632 MCP sessions in 180 s at its own rate, ~78 KB each, until the
+/// gateway passed its memory limit. Now a key holds at most its bound (3 here): each
+/// session it opens past it closes that key's least recently used one, and another
+/// key's session is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_holds_at_most_its_bound_of_mcp_sessions_and_loses_only_its_own_oldest(
+) -> Result<()> {
+    const BOUND: usize = 3;
+    let bound = BOUND.to_string();
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[
+        ("TOOLFLEET_GATEWAY_MCP_SESSIONS_PER_KEY", &bound),
+        ("TOOLFLEET_GATEWAY_RATE_PER_S", "1000"),
+        ("TOOLFLEET_GATEWAY_BURST", "1000"),
+    ])
+    .await?;
+    let key = create_key(&db, "acme").await?;
+    let neighbour = create_key(&db, "globex").await?;
+    let same_tenant = create_key(&db, "acme").await?;
+    let theirs = open_session(&gateway, &neighbour).await?;
+    let colleagues = open_session(&gateway, &same_tenant).await?;
+
+    let mut opened: Vec<String> = Vec::new();
+    for round in 0..4 * BOUND {
+        opened.push(open_session(&gateway, &key).await?);
+        // Only the newest `BOUND` sessions answer; every older one is gone (404, on
+        // which an MCP client opens a new session). The live ones are used oldest
+        // first, so their order of use stays their order of opening.
+        let (gone, live) = opened.split_at(opened.len().saturating_sub(BOUND));
+        for (i, session) in gone.iter().enumerate() {
+            assert_eq!(
+                ping(&gateway, &key, session).await?,
+                404,
+                "round {round}: session {i} should be closed"
+            );
+        }
+        for (i, session) in live.iter().enumerate() {
+            assert_eq!(
+                ping(&gateway, &key, session).await?,
+                200,
+                "round {round}: live session {i}"
+            );
+        }
+    }
+    // The least recently *used* session goes, not the oldest opened: the oldest live
+    // one, used now, outlives the next opening.
+    let live: Vec<String> = opened[opened.len() - BOUND..].to_vec();
+    assert_eq!(ping(&gateway, &key, &live[0]).await?, 200);
+    let newest = open_session(&gateway, &key).await?;
+    assert_eq!(ping(&gateway, &key, &live[1]).await?, 404);
+    for session in [&live[0], &live[2], &newest] {
+        assert_eq!(ping(&gateway, &key, session).await?, 200);
+    }
+    // Other keys' sessions, another tenant's and the same tenant's, were never touched.
+    assert_eq!(ping(&gateway, &neighbour, &theirs).await?, 200);
+    assert_eq!(ping(&gateway, &same_tenant, &colleagues).await?, 200);
+    Ok(())
+}
+
+/// A turn id through the gateway, as tenant `key` asks for it: the status and the body.
+async fn turn_answer(
+    gateway: &GatewayNode,
+    method: reqwest::Method,
+    path: &str,
+    key: &str,
+) -> Result<(u16, String)> {
+    let response = gateway
+        .http
+        .request(method, gateway.url(path))
+        .bearer_auth(key)
+        .send()
+        .await?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+/// Turn ids shared one namespace across tenants: another tenant's id answered 403 on
+/// GET (404 for an id nobody used), and a POST could take an id first. Now a turn id is
+/// the client's name within its tenant: another tenant's id is an id this tenant never
+/// used, answered with the same bytes, and posting it makes a turn of one's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_turn_id_answers_as_an_unknown_one_and_cannot_be_taken() -> Result<()> {
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[]).await?;
+    let owner = create_key(&db, "acme").await?;
+    let prober = create_key(&db, "globex").await?;
+    const ID: &str = "order-1001";
+
+    let body = json!({"turn_id": ID, "decision": {"type": "tool_calls", "calls": [
+        {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 10}}
+    ]}});
+    let answered = gateway.json_turn(&owner, &body).await?;
+    assert_eq!(answered.status(), StatusCode::OK);
+    let answered: Value = answered.json().await?;
+    // The owner sees its own id everywhere.
+    assert_eq!(answered["turn_id"], ID, "{answered}");
+    assert_eq!(answered["final"]["turn_id"], ID, "{answered}");
+    for event in answered["events"].as_array().context("no events")? {
+        assert_eq!(event["turn_id"], ID, "{event}");
+    }
+    let stored_id = toolfleet_gateway::turn_scope::stored_turn_id("acme", ID);
+    assert!(!answered.to_string().contains(&stored_id), "{answered}");
+    let (status, stored) = turn_answer(
+        &gateway,
+        reqwest::Method::GET,
+        &format!("/v1/turns/{ID}"),
+        &owner,
+    )
+    .await?;
+    assert_eq!(status, 200, "{stored}");
+    let stored: Value = serde_json::from_str(&stored)?;
+    assert_eq!(stored["status"], "ended");
+    assert_eq!(stored["turn_id"], ID);
+
+    // The other tenant asks about that id and about an id nobody used: the same answer,
+    // byte for byte, on every operation.
+    let nobodys = format!("never-{}", uuid::Uuid::new_v4().simple());
+    for (method, suffix) in [
+        (reqwest::Method::GET, ""),
+        (reqwest::Method::GET, "/events"),
+        (reqwest::Method::DELETE, ""),
+    ] {
+        let theirs = turn_answer(
+            &gateway,
+            method.clone(),
+            &format!("/v1/turns/{ID}{suffix}"),
+            &prober,
+        )
+        .await?;
+        let unknown = turn_answer(
+            &gateway,
+            method.clone(),
+            &format!("/v1/turns/{nobodys}{suffix}"),
+            &prober,
+        )
+        .await?;
+        assert_eq!(theirs, unknown, "{method} {suffix}");
+        assert_eq!(theirs.0, 404, "{method} {suffix}: {}", theirs.1);
+    }
+
+    // Posting the owner's id makes the prober's own turn; the owner's is untouched.
+    let taken = json!({"turn_id": ID, "decision": {"type": "final", "text": "globex's own"}});
+    let posted = gateway.json_turn(&prober, &taken).await?;
+    assert_eq!(posted.status(), StatusCode::OK);
+    let posted: Value = posted.json().await?;
+    assert_eq!(posted["turn_id"], ID);
+    assert_eq!(posted["final"]["text"], "globex's own", "{posted}");
+    let (status, again) = turn_answer(
+        &gateway,
+        reqwest::Method::GET,
+        &format!("/v1/turns/{ID}"),
+        &owner,
+    )
+    .await?;
+    assert_eq!(status, 200);
+    let again: Value = serde_json::from_str(&again)?;
+    assert_eq!(again, stored, "the owner's turn changed");
+    assert_eq!(again["final"]["results"][0]["state"], "done");
+    // The owner's retry of its own id still attaches to its own turn.
+    let retried: Value = gateway.json_turn(&owner, &body).await?.json().await?;
+    assert_eq!(retried["final"], answered["final"]);
+    // And each tenant reads its own turn under the one id.
+    let (_, prober_view) = turn_answer(
+        &gateway,
+        reqwest::Method::GET,
+        &format!("/v1/turns/{ID}"),
+        &prober,
+    )
+    .await?;
+    let prober_view: Value = serde_json::from_str(&prober_view)?;
+    assert_eq!(
+        prober_view["final"]["text"], "globex's own",
+        "{prober_view}"
+    );
     Ok(())
 }

@@ -1,12 +1,15 @@
 //! The gateway at the seams a frontend meets: stream tokens for clients that cannot send
-//! headers, and a resumed stream of a turn longer than the default deadline. A real
-//! `gateway-node` process in front of a real fleet, keys in a real PostgreSQL.
+//! headers (across replicas, and never outliving the turn cap), and a resumed stream of
+//! a turn longer than the default deadline. A real `gateway-node` process in front of a
+//! real fleet, keys in a real PostgreSQL.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
-use toolfleet_tests::gateway::{create_key, read_events, read_first_events, stack, SseEvent};
+use toolfleet_tests::gateway::{
+    create_key, gateway_node_path, read_events, read_first_events, stack, GatewayNode, SseEvent,
+};
 
 fn seq(event: &SseEvent) -> Result<u64> {
     Ok(event
@@ -169,13 +172,14 @@ async fn a_stream_token_reads_its_one_turn_and_nothing_else() -> Result<()> {
         .await?;
     assert_eq!(code(forged).await?, (401, "unauthorized".into()));
 
-    // A stream token minted by another tenant's key reads nothing of this tenant's turn.
+    // A stream token minted by another tenant's key reads nothing of this tenant's turn:
+    // under that tenant the id names no turn.
     let minted = gateway
         .post_for_json("/v1/turns/token-1/stream-token", &other_tenant)
         .await?;
     let foreign = minted["events_url"].as_str().context("no url")?;
     let refused = http.get(gateway.url(foreign)).send().await?;
-    assert_eq!(code(refused).await?.0, 403);
+    assert_eq!(code(refused).await?, (404, "unknown_turn".into()));
 
     // A minted token expires after the configured TTL (1 s here).
     let minted = gateway
@@ -275,5 +279,182 @@ async fn every_refusal_is_in_the_json_error_shape() -> Result<()> {
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(!message.contains("frontend"), "{message}");
     assert_eq!(body["error"]["retryable"], false);
+    Ok(())
+}
+
+/// The stream-token secret both replicas of these tests share (at least 32 bytes).
+const SHARED_SECRET: &str = "one-stream-token-secret-for-every-replica";
+const SECRET_VAR: &str = "TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET";
+
+/// A quick turn with id `id`.
+fn quick_turn(id: &str) -> Value {
+    json!({
+        "turn_id": id,
+        "decision": {"type": "tool_calls", "calls": [
+            {"id": "c1", "toolName": "test.behave", "arguments": {"sleep_ms": 200}}
+        ]}
+    })
+}
+
+/// `POST /v1/turns` with `Prefer: respond-async` on `gateway`: the 202's body.
+async fn submit_async(gateway: &GatewayNode, key: &str, body: &Value) -> Result<Value> {
+    let accepted = gateway
+        .http
+        .post(gateway.url("/v1/turns"))
+        .bearer_auth(key)
+        .header("prefer", "respond-async")
+        .json(body)
+        .send()
+        .await?;
+    anyhow::ensure!(accepted.status() == 202, "{}", accepted.status());
+    Ok(accepted.json().await?)
+}
+
+/// Behind one address (the Service, the Ingress) a browser's `EventSource` reaches any
+/// replica, and reconnects to any: a token minted by one must read on every other.
+/// Each replica drew a secret of its own before, so the other answered 401, on which
+/// an `EventSource` stops for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_token_minted_by_one_replica_reads_on_another() -> Result<()> {
+    let shared = [(SECRET_VAR, SHARED_SECRET)];
+    let (fleet, _coordinator, _worker, db, first) = stack(&shared).await?;
+    let second = GatewayNode::start(&fleet, &db, &shared).await?;
+    let stranger = GatewayNode::start(
+        &fleet,
+        &db,
+        &[(SECRET_VAR, "a-secret-of-another-deployment-entirely")],
+    )
+    .await?;
+    let key = create_key(&db, "demo").await?;
+
+    // Minted by the first replica with the turn, followed on the second, key-less, from
+    // the first event to the final.
+    let accepted = submit_async(&first, &key, &quick_turn("replicas-1")).await?;
+    let events_url = accepted["events_url"].as_str().context("no url")?;
+    let followed = second.http.get(second.url(events_url)).send().await?;
+    assert_eq!(followed.status(), 200);
+    let events = read_events(followed).await?;
+    assert_eq!(events.first().map(|e| e.event.as_str()), Some("ack"));
+    assert_eq!(events.last().map(|e| e.event.as_str()), Some("final"));
+    assert_eq!(events[0].data["turn_id"], "replicas-1");
+
+    // Minted by the second (`POST /v1/turns/{id}/stream-token`), read on the first.
+    let minted = second
+        .post_for_json("/v1/turns/replicas-1/stream-token", &key)
+        .await?;
+    let url = minted["events_url"].as_str().context("no url")?;
+    let replayed = first.http.get(first.url(url)).send().await?;
+    assert_eq!(replayed.status(), 200);
+    let replayed = read_events(replayed).await?;
+    assert_eq!(replayed.last().map(|e| e.event.as_str()), Some("final"));
+
+    // A gateway with another secret (what every other replica was) refuses both.
+    for url in [events_url, url] {
+        let refused = stranger.http.get(stranger.url(url)).send().await?;
+        assert_eq!(code(refused).await?, (401, "unauthorized".into()), "{url}");
+    }
+    Ok(())
+}
+
+/// A gateway that anyone else can reach (it listens beyond loopback, as every shipped
+/// one does) refuses to start without the shared secret, naming the variable, instead
+/// of drawing a secret of its own that its neighbours would refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_beyond_loopback_without_a_stream_token_secret_refuses_to_start() -> Result<()> {
+    for (secret, says) in [
+        (None, "openssl rand"),
+        (Some("too-short"), "at least 32 bytes"),
+    ] {
+        let port = toolfleet_tests::free_port()?;
+        let mut command = tokio::process::Command::new(gateway_node_path()?);
+        command
+            .env("TOOLFLEET_GATEWAY_ADDR", format!("0.0.0.0:{port}"))
+            // Never reached: the settings are refused first.
+            .env("TOOLFLEET_NATS_URL", "nats://127.0.0.1:1")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove(SECRET_VAR)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(secret) = secret {
+            command.env(SECRET_VAR, secret);
+        }
+        let out = tokio::time::timeout(Duration::from_secs(20), command.output())
+            .await
+            .context("the gateway kept running without a usable stream-token secret")??;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{secret:?}: {stderr}");
+        assert!(stderr.contains(SECRET_VAR), "{secret:?}: {stderr}");
+        assert!(stderr.contains(says), "{secret:?}: {stderr}");
+        assert!(!stderr.contains("too-short"), "the value is never repeated");
+        // It never listened.
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+    }
+    Ok(())
+}
+
+/// The expiry inside a stream token (`tfs_` + hex(`v1|expiry|…`) + `_` + mac).
+fn token_expiry(token: &str) -> Result<u64> {
+    let payload = token
+        .strip_prefix("tfs_")
+        .and_then(|t| t.split_once('_'))
+        .map(|(payload, _)| payload)
+        .context("not a stream token")?;
+    let bytes = (0..payload.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&payload[i..i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()?;
+    let text = String::from_utf8(bytes)?;
+    Ok(text.split('|').nth(1).context("no expiry")?.parse()?)
+}
+
+/// A token minted with a turn lived as long as the turn *asked* (`deadline_ms`
+/// 3,605,000: an hour), though no turn runs past the fleet's cap of 300 s. Now it lives
+/// the turn's real deadline plus the grace, at most the cap plus the grace (the TTL here
+/// is 1 s, so the turn's life is what counts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_token_lives_no_longer_than_the_turn_cap_whatever_the_deadline_asked() -> Result<()>
+{
+    let (_fleet, _coordinator, _worker, db, gateway) = stack(&[
+        ("TOOLFLEET_GATEWAY_STREAM_TOKEN_TTL_MS", "1000"),
+        ("TOOLFLEET_GATEWAY_FINAL_GRACE_MS", "5000"),
+    ])
+    .await?;
+    let key = create_key(&db, "demo").await?;
+    let cap = toolfleet_gateway::turns::MAX_TURN_DEADLINE.as_secs() + 5;
+    let mut asked = quick_turn("asks-an-hour-1");
+    asked["deadline_ms"] = json!(3_605_000);
+
+    let accepted = submit_async(&gateway, &key, &asked).await?;
+    let now = toolfleet_gateway::stream_token::now_s();
+    let expires_at = accepted["expires_at"].as_u64().context("no expiry")?;
+    assert!(
+        expires_at <= now + cap,
+        "the token expires {} s from now, past the {cap} s a turn can last",
+        expires_at.saturating_sub(now)
+    );
+    let token = accepted["token"].as_str().context("no token")?;
+    assert_eq!(token_expiry(token)?, expires_at);
+    // It reads its turn all the same.
+    let url = accepted["events_url"].as_str().context("no url")?;
+    let followed = gateway.http.get(gateway.url(url)).send().await?;
+    assert_eq!(followed.status(), 200);
+    let events = read_events(followed).await?;
+    assert_eq!(events.last().map(|e| e.event.as_str()), Some("final"));
+
+    // The token of every other answer (`Toolfleet-Stream-Token`) alike.
+    asked["turn_id"] = json!("asks-an-hour-2");
+    let answered = gateway.json_turn(&key, &asked).await?;
+    assert_eq!(answered.status(), 200);
+    let header = answered
+        .headers()
+        .get("toolfleet-stream-token")
+        .and_then(|v| v.to_str().ok())
+        .context("no token header")?
+        .to_string();
+    let now = toolfleet_gateway::stream_token::now_s();
+    let expiry = token_expiry(&header)?;
+    assert!(expiry <= now + cap, "{} s", expiry.saturating_sub(now));
     Ok(())
 }

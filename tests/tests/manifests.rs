@@ -172,6 +172,63 @@ fn compose_jaeger_takes_otlp_and_shows_its_ui() -> Result<()> {
     Ok(())
 }
 
+/// The host of an OTLP endpoint URL (`http://jaeger:4318` → `jaeger`).
+fn endpoint_host(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host)
+}
+
+/// Jaeger takes OTLP traces only and answers `/v1/metrics` with 404, which every
+/// process would log as an ERROR once a minute: each compose service, and the
+/// Kubernetes config, whose OTLP endpoint is Jaeger (compose's `jaeger` service, the
+/// cluster's `jaeger-collector`) turns metrics export off; Prometheus scrapes `/metrics`.
+#[test]
+fn whatever_exports_to_jaeger_pushes_no_metrics() -> Result<()> {
+    let compose = yaml("docker-compose.yml")?;
+    let services = at(&compose, &["services"])
+        .and_then(Value::as_mapping)
+        .context("no services")?;
+    let jaeger: Vec<&str> = services
+        .iter()
+        .filter(|(_, s)| str_at(s, &["image"]).is_some_and(|i| i.starts_with("jaegertracing/")))
+        .filter_map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(jaeger, ["jaeger"]);
+    let mut to_jaeger = Vec::new();
+    for (name, service) in services {
+        let name = name.as_str().unwrap_or_default();
+        let Some(endpoint) = compose_env(service, "OTEL_EXPORTER_OTLP_ENDPOINT") else {
+            continue;
+        };
+        if jaeger.contains(&endpoint_host(endpoint)) {
+            assert_eq!(
+                compose_env(service, "OTEL_METRICS_EXPORTER"),
+                Some("none"),
+                "{name} exports to Jaeger"
+            );
+            to_jaeger.push(name);
+        }
+    }
+    for expected in ["coordinator", "worker", "gateway", "cli"] {
+        assert!(to_jaeger.contains(&expected), "{expected}: {to_jaeger:?}");
+    }
+    let config = yaml("deploy/k8s/config.yaml")?;
+    let endpoint =
+        str_at(&config, &["data", "OTEL_EXPORTER_OTLP_ENDPOINT"]).context("k8s endpoint")?;
+    assert!(
+        endpoint_host(endpoint).starts_with("jaeger-collector."),
+        "{endpoint}"
+    );
+    assert_eq!(
+        str_at(&config, &["data", "OTEL_METRICS_EXPORTER"]),
+        Some("none")
+    );
+    Ok(())
+}
+
 #[test]
 fn compose_servers_use_the_deploy_configs() -> Result<()> {
     let compose = yaml("docker-compose.yml")?;
@@ -1850,5 +1907,220 @@ fn the_shipped_gateway_reads_its_keys_as_a_least_privilege_user() -> Result<()> 
         Some("toolfleet_gateway_login"),
         "{url}"
     );
+    Ok(())
+}
+
+/// Every shipped gateway replica signs stream tokens with the one secret of its
+/// deployment (a token minted by one replica reads on another and after a restart):
+/// compose refuses to start without it, and k8s takes it from the credentials Secret.
+#[test]
+fn the_shipped_gateways_share_one_stream_token_secret() -> Result<()> {
+    const SECRET: &str = "TOOLFLEET_GATEWAY_STREAM_TOKEN_SECRET";
+    let compose = yaml("docker-compose.yml")?;
+    let gateway = compose_service(&compose, "gateway")?;
+    let value = compose_env(gateway, SECRET).unwrap_or_default();
+    assert!(
+        value.starts_with("${TOOLFLEET_GATEWAY_STREAM_TOKEN_PASSWORD:?"),
+        "{value:?}"
+    );
+    let objects = k8s_objects()?;
+    let deployment = named(&objects, "Deployment", "gateway")?;
+    let reference = containers(deployment)
+        .into_iter()
+        .filter_map(|c| at(c, &["env"]).and_then(Value::as_sequence))
+        .flatten()
+        .find(|var| str_at(var, &["name"]) == Some(SECRET))
+        .and_then(|var| at(var, &["valueFrom", "secretKeyRef"]))
+        .context("the k8s gateway takes no stream-token secret from a Secret")?;
+    assert_eq!(str_at(reference, &["name"]), Some("toolfleet-credentials"));
+    let key = str_at(reference, &["key"]).context("no key")?;
+    let credentials = named(&objects, "Secret", "toolfleet-credentials")?;
+    let secret = str_at(credentials, &["stringData", key]).unwrap_or_default();
+    assert!(secret.len() >= 32, "{key} must hold at least 32 bytes");
+    Ok(())
+}
+
+// ----- .dockerignore ------------------------------------------------------------------------
+
+/// Whether one `.dockerignore` pattern, split at `/`, matches the path `segments`
+/// whole: `**` spans any number of segments, `*` and `?` stay within one.
+fn pattern_matches(pattern: &[&str], segments: &[&str]) -> bool {
+    match pattern.split_first() {
+        None => segments.is_empty(),
+        Some((&"**", rest)) => {
+            (0..=segments.len()).any(|skip| pattern_matches(rest, &segments[skip..]))
+        }
+        Some((first, rest)) => segments.split_first().is_some_and(|(segment, others)| {
+            glob_segment(first.as_bytes(), segment.as_bytes()) && pattern_matches(rest, others)
+        }),
+    }
+}
+
+/// `*` and `?` wildcards within one path segment.
+fn glob_segment(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) => (0..=text.len()).any(|skip| glob_segment(rest, &text[skip..])),
+        Some((b'?', rest)) => !text.is_empty() && glob_segment(rest, &text[1..]),
+        Some((c, rest)) => text.first() == Some(c) && glob_segment(rest, &text[1..]),
+    }
+}
+
+/// The patterns of `.dockerignore`: (excludes, pattern), `!` patterns re-including.
+fn dockerignore() -> Result<Vec<(bool, String)>> {
+    Ok(repo_file(".dockerignore")?
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.strip_prefix('!') {
+            Some(p) => (false, p.trim_matches('/').to_string()),
+            None => (true, l.trim_matches('/').to_string()),
+        })
+        .collect())
+}
+
+/// Whether Docker leaves `path` (relative to the context) out of the build context: the
+/// last pattern matching it or a folder above it decides.
+fn left_out(patterns: &[(bool, String)], path: &str) -> bool {
+    let segments: Vec<&str> = path.split('/').collect();
+    let mut out = false;
+    for (excludes, pattern) in patterns {
+        let pattern: Vec<&str> = pattern.split('/').collect();
+        if (1..=segments.len()).any(|n| pattern_matches(&pattern, &segments[..n])) {
+            out = *excludes;
+        }
+    }
+    out
+}
+
+/// The sources of each `COPY`/`ADD` of `dockerfile` that reads the build context (not
+/// `--from` another stage), options left out.
+fn context_sources(dockerfile: &str) -> Vec<String> {
+    let mut sources = Vec::new();
+    for line in dockerfile.lines() {
+        let mut words = line.split_whitespace();
+        let Some(instruction) = words.next() else {
+            continue;
+        };
+        if !["COPY", "ADD"].contains(&instruction.to_ascii_uppercase().as_str()) {
+            continue;
+        }
+        let args: Vec<&str> = words.collect();
+        if args.iter().any(|a| a.starts_with("--from=")) {
+            continue;
+        }
+        let paths: Vec<&str> = args.into_iter().filter(|a| !a.starts_with("--")).collect();
+        if let Some((_, from)) = paths.split_last() {
+            sources.extend(from.iter().map(|s| s.to_string()));
+        }
+    }
+    sources
+}
+
+#[test]
+fn dockerignore_matching_follows_docker() {
+    let patterns = vec![
+        (true, "**/target".to_string()),
+        (true, ".env".to_string()),
+        (true, "**/*.log".to_string()),
+        (true, "docs".to_string()),
+        (false, "docs/keep.md".to_string()),
+    ];
+    for path in [
+        "target",
+        "target/release/toolfleet",
+        "examples/tool-crate/target/debug/x",
+        ".env",
+        "a.log",
+        "deep/er/b.log",
+        "docs/other.md",
+    ] {
+        assert!(left_out(&patterns, path), "{path}");
+    }
+    for path in [
+        "targets",
+        "src/target.rs",
+        ".env.example/x",
+        "docs/keep.md",
+        "a.logs",
+    ] {
+        assert!(!left_out(&patterns, path), "{path}");
+    }
+    assert_eq!(
+        context_sources(
+            "FROM a AS b\nCOPY . .\nCOPY --from=b /out/ /usr/bin/\nCOPY --chmod=0755 x.sh /y\n"
+        ),
+        [".", "x.sh"]
+    );
+}
+
+/// A checkout that has built holds `target/` (gigabytes) and a `.env` of passwords:
+/// `.dockerignore` keeps both out of the build context, and nothing the Dockerfile that
+/// compose builds from the repository root copies: with `COPY . .`, no file git tracks
+/// or would track (untracked, not ignored).
+#[test]
+fn dockerignore_leaves_out_target_and_env_and_nothing_the_dockerfile_copies() -> Result<()> {
+    let patterns = dockerignore()?;
+    for path in [
+        "target",
+        "target/release/toolfleet-coordinator",
+        "examples/tool-crate/target/debug/tool",
+        ".env",
+        ".git/config",
+    ] {
+        assert!(left_out(&patterns, path), "{path} is in the build context");
+    }
+    let compose = yaml("docker-compose.yml")?;
+    let mut dockerfiles = BTreeSet::new();
+    for (name, service) in at(&compose, &["services"])
+        .and_then(Value::as_mapping)
+        .context("no services")?
+    {
+        let Some(build) = service.get("build") else {
+            continue;
+        };
+        assert_eq!(str_at(build, &["context"]), Some("."), "{name:?}");
+        dockerfiles.insert(
+            str_at(build, &["dockerfile"])
+                .context("dockerfile")?
+                .to_string(),
+        );
+    }
+    assert!(!dockerfiles.is_empty());
+    let listed = std::process::Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(toolfleet_tests::repo_path(""))
+        .output()
+        .context("running git ls-files")?;
+    anyhow::ensure!(listed.status.success(), "git ls-files failed");
+    let files: Vec<String> = String::from_utf8(listed.stdout)?
+        .lines()
+        .map(String::from)
+        .collect();
+    assert!(
+        files.iter().any(|f| f == "Cargo.lock"),
+        "{} files",
+        files.len()
+    );
+    for dockerfile in &dockerfiles {
+        let sources = context_sources(&repo_file(dockerfile)?);
+        assert!(
+            sources.iter().any(|s| s == "."),
+            "{dockerfile}: {sources:?}"
+        );
+        for source in sources {
+            let source = source.trim_end_matches('/');
+            let copied: Vec<&String> = files
+                .iter()
+                .filter(|f| source == "." || *f == source || f.starts_with(&format!("{source}/")))
+                .collect();
+            assert!(!copied.is_empty(), "{dockerfile}: nothing at {source}");
+            let lost: Vec<&&String> = copied.iter().filter(|f| left_out(&patterns, f)).collect();
+            assert!(
+                lost.is_empty(),
+                "{dockerfile} copies {source}, which loses {lost:?}"
+            );
+        }
+    }
     Ok(())
 }
