@@ -12,6 +12,13 @@ use serde_json::{json, Value};
 pub const DEFAULT_TOOL_TIMEOUT_MS: u64 = 10_000;
 /// Default number of deliveries for an idempotent tool.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// The largest tool definition (its JSON, the `definition` field of
+/// `<p>:{registry}:tool:<tool>`) coordinators read, in bytes: a larger one is refused by
+/// its length alone, never fetched, and the worker SDK refuses to register it.
+pub const MAX_DEFINITION_BYTES: usize = 64 * 1024;
+/// The largest `by` field (`<redis user>/<worker id>`) beside a definition coordinators
+/// read, in bytes; a definition with a longer one is refused like an oversize one.
+pub const MAX_REGISTERED_BY_BYTES: usize = 1024;
 
 /// What a worker announces about one tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -10,6 +10,10 @@
 //! its own tools) once its definition key holds a definition, and removing a name whose
 //! definition is gone. So a refresh reads as many names as there are tools, whatever
 //! anyone publishes. A definition whose `name` is not the tool its key names is refused.
+//! A refresh reads each definition's length first (`HSTRLEN`) and fetches only those
+//! within [`MAX_DEFINITION_BYTES`] (and a `by` within [`MAX_REGISTERED_BY_BYTES`]): a
+//! larger one is refused by its length, never read, decoded or listed, and costs the
+//! other tools nothing.
 //! Never writes a definition or a liveness entry (workers announce themselves); it
 //! writes back its verdict on a definition it cannot use
 //! (`<p>:{registry}:rejected:definitions`, PROTOCOL §2.6), once per change, so the
@@ -20,7 +24,7 @@ use std::sync::{Arc, RwLock};
 
 use toolfleet_common::call::unix_ms;
 use toolfleet_common::redis_client::RedisConnection;
-use toolfleet_common::tool::Rejection;
+use toolfleet_common::tool::{Rejection, MAX_DEFINITION_BYTES, MAX_REGISTERED_BY_BYTES};
 use toolfleet_common::{Names, ToolDefinition};
 use tracing::{info, warn};
 
@@ -180,6 +184,46 @@ struct StoredTool {
     by: String,
     /// Workers alive now.
     live: usize,
+    /// A field over its bound, which was not read (`source` then only names its length).
+    oversize: Option<Oversize>,
+}
+
+/// A field of a definition key longer than coordinators read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Oversize {
+    /// The field: `definition` or `by`.
+    field: &'static str,
+    /// Its length in bytes.
+    bytes: usize,
+    /// The bound it is over.
+    limit: usize,
+}
+
+impl Oversize {
+    /// The field of `definition_bytes` and `by_bytes` over its bound, if any.
+    fn of(definition_bytes: usize, by_bytes: usize) -> Option<Self> {
+        if definition_bytes > MAX_DEFINITION_BYTES {
+            Some(Self {
+                field: "definition",
+                bytes: definition_bytes,
+                limit: MAX_DEFINITION_BYTES,
+            })
+        } else if by_bytes > MAX_REGISTERED_BY_BYTES {
+            Some(Self {
+                field: "by",
+                bytes: by_bytes,
+                limit: MAX_REGISTERED_BY_BYTES,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// What stands for the unread definition in the snapshot: it changes with the
+    /// length, so a refusal is written once per change like any other.
+    fn source(&self) -> String {
+        format!("(not read: {} is {} bytes)", self.field, self.bytes)
+    }
 }
 
 /// What one refresh read: the tools with a definition, in the names set's order, and
@@ -219,6 +263,7 @@ impl Registry {
                 source: source.clone(),
                 by: "test".into(),
                 live: 1,
+                oversize: None,
             })
             .collect();
         let stored = Stored {
@@ -232,8 +277,9 @@ impl Registry {
     }
 }
 
-/// Reads the names set, then each name's definition and live-worker count (one
-/// pipeline).
+/// Reads the names set, then each name's definition lengths and live-worker count (one
+/// pipeline), then the definitions within their bounds (a second one). A definition
+/// over its bound is never fetched: it is refused by its length.
 async fn read_stored(
     redis: &mut RedisConnection,
     names: &Names,
@@ -248,27 +294,70 @@ async fn read_stored(
     }
     let mut pipe = redis::pipe();
     for name in &announced {
-        pipe.cmd("HMGET")
-            .arg(names.tool_definition_key(name))
-            .arg("definition")
-            .arg("by");
+        let key = names.tool_definition_key(name);
+        pipe.cmd("HSTRLEN").arg(&key).arg("definition");
+        pipe.cmd("HSTRLEN").arg(&key).arg("by");
         pipe.cmd("ZCOUNT")
             .arg(names.tool_workers_key(name))
             .arg(now)
             .arg("+inf");
     }
-    let read: Vec<redis::Value> = pipe.query_async(redis).await?;
+    // Read value by value: a key of another type (a worker may `ZADD` its tool key)
+    // counts as empty, never failing the refresh of every other tool.
+    let sizes: Vec<redis::Value> = pipe.query_async(redis).await?;
+    let size = |value: &redis::Value| redis::from_redis_value_ref::<usize>(value).unwrap_or(0);
     let mut stored = Stored::default();
-    for (name, pair) in announced.into_iter().zip(read.chunks(2)) {
-        let [fields, count] = pair else { continue };
-        match redis::from_redis_value_ref::<(Option<String>, Option<String>)>(fields) {
-            Ok((Some(source), writer)) => stored.tools.push(StoredTool {
-                name,
-                source,
-                by: writer.unwrap_or_default(),
-                live: redis::from_redis_value_ref::<usize>(count).unwrap_or(0),
-            }),
+    let mut fetch = Vec::new();
+    for (name, read) in announced.into_iter().zip(sizes.chunks(3)) {
+        let [definition_bytes, by_bytes, live] = read else {
+            continue;
+        };
+        let (definition_bytes, by_bytes, live) =
+            (size(definition_bytes), size(by_bytes), size(live));
+        if definition_bytes == 0 {
             // A name without a definition is no tool.
+            stored.gone.push(name);
+        } else if let Some(oversize) = Oversize::of(definition_bytes, by_bytes) {
+            stored.tools.push(StoredTool {
+                source: oversize.source(),
+                name,
+                by: String::new(),
+                live,
+                oversize: Some(oversize),
+            });
+        } else {
+            fetch.push((name, live));
+        }
+    }
+    if fetch.is_empty() {
+        return Ok(stored);
+    }
+    let mut pipe = redis::pipe();
+    for (name, _) in &fetch {
+        pipe.cmd("HMGET")
+            .arg(names.tool_definition_key(name))
+            .arg("definition")
+            .arg("by");
+    }
+    let read: Vec<redis::Value> = pipe.query_async(redis).await?;
+    for ((name, live), fields) in fetch.into_iter().zip(read) {
+        match redis::from_redis_value_ref::<(Option<String>, Option<String>)>(&fields) {
+            Ok((Some(source), writer)) => {
+                let by = writer.unwrap_or_default();
+                // Rewritten longer between the two reads: refused all the same.
+                let oversize = Oversize::of(source.len(), by.len());
+                stored.tools.push(StoredTool {
+                    source: oversize.map_or(source, |o| o.source()),
+                    by: if oversize.is_some() {
+                        String::new()
+                    } else {
+                        by
+                    },
+                    name,
+                    live,
+                    oversize,
+                });
+            }
             _ => stored.gone.push(name),
         }
     }
@@ -290,6 +379,7 @@ fn reconcile(previous: &Snapshot, stored: Stored, now: u64) -> Reconciled {
         source,
         by,
         live,
+        oversize,
     } in stored.tools
     {
         let known = match previous.get(&name) {
@@ -305,7 +395,7 @@ fn reconcile(previous: &Snapshot, stored: Stored, now: u64) -> Reconciled {
                 rejected.insert(name, source);
                 continue;
             }
-            _ => match decode_definition(&name, &source) {
+            _ => match checked_definition(&name, &source, oversize) {
                 Ok(definition) => {
                     info!(tool = %name, by = %by, "tool definition registered");
                     verdicts.push(Verdict::Accepted(name.clone()));
@@ -345,10 +435,27 @@ fn reconcile(previous: &Snapshot, stored: Stored, now: u64) -> Reconciled {
     }
 }
 
-/// The definition stored under tool `name`'s key, or why it is refused: it does not
-/// decode, or it names another tool than its key (a worker may write only its own
-/// tools' keys, so a definition claiming another name would take that tool's place).
+/// The definition stored under tool `name`'s key, or why it is refused: a field over its
+/// bound (not read), or [`decode_definition`]'s refusal.
+fn checked_definition(
+    name: &str,
+    source: &str,
+    oversize: Option<Oversize>,
+) -> Result<ToolDefinition, DefinitionRefused> {
+    match oversize {
+        Some(oversize) => Err(DefinitionRefused::TooLarge(oversize)),
+        None => decode_definition(name, source),
+    }
+}
+
+/// The definition stored under tool `name`'s key, or why it is refused: it is longer than
+/// [`MAX_DEFINITION_BYTES`], it does not decode, or it names another tool than its key (a
+/// worker may write only its own tools' keys, so a definition claiming another name would
+/// take that tool's place).
 fn decode_definition(name: &str, source: &str) -> Result<ToolDefinition, DefinitionRefused> {
+    if let Some(oversize) = Oversize::of(source.len(), 0) {
+        return Err(DefinitionRefused::TooLarge(oversize));
+    }
     let definition = serde_json::from_str::<ToolDefinition>(source)?;
     if definition.name != name {
         return Err(DefinitionRefused::OtherName {
@@ -363,6 +470,9 @@ fn decode_definition(name: &str, source: &str) -> Result<ToolDefinition, Definit
 /// back (`Rejection::reason`).
 #[derive(Debug, thiserror::Error)]
 enum DefinitionRefused {
+    /// A field of the definition key is longer than coordinators read.
+    #[error("the {} field is {} bytes, over the bound of {} bytes: coordinators do not read it (a tool definition is at most {MAX_DEFINITION_BYTES} bytes of JSON)", .0.field, .0.bytes, .0.limit)]
+    TooLarge(Oversize),
     /// The definition is not a tool definition.
     #[error("the definition does not decode: {0}")]
     Decode(#[from] serde_json::Error),
@@ -386,6 +496,7 @@ mod tests {
             source: source.into(),
             by: "worker/w1".into(),
             live,
+            oversize: None,
         }
     }
 
@@ -442,5 +553,78 @@ mod tests {
         assert!(matches!(claimed, Err(DefinitionRefused::OtherName { .. })));
         let junk = decode_definition("x", "not json");
         assert!(matches!(junk, Err(DefinitionRefused::Decode(_))));
+    }
+
+    #[test]
+    fn a_definition_over_the_bound_is_refused_by_its_length_alone() {
+        let good = serde_json::json!({"name": "crm.a", "description": "d", "input_schema": {"type": "object"}})
+            .to_string();
+        let long = serde_json::json!({
+            "name": "crm.big",
+            "description": "x".repeat(MAX_DEFINITION_BYTES),
+            "input_schema": {"type": "object"}
+        })
+        .to_string();
+        assert!(matches!(
+            decode_definition("crm.big", &long),
+            Err(DefinitionRefused::TooLarge(Oversize {
+                field: "definition",
+                ..
+            }))
+        ));
+        assert_eq!(
+            Oversize::of(MAX_DEFINITION_BYTES, MAX_REGISTERED_BY_BYTES),
+            None
+        );
+        let oversize = |bytes: usize| {
+            let oversize = Oversize::of(bytes, 10);
+            StoredTool {
+                name: "crm.big".into(),
+                source: oversize.map(|o| o.source()).unwrap_or_default(),
+                by: String::new(),
+                live: 1,
+                oversize,
+            }
+        };
+        let first = reconcile(
+            &Snapshot::default(),
+            Stored {
+                tools: vec![stored("crm.a", &good, 1), oversize(9_000_000)],
+                gone: Vec::new(),
+            },
+            1,
+        );
+        assert!(first.snapshot.get("crm.a").is_some());
+        assert!(first.snapshot.get("crm.big").is_none() && first.snapshot.knows("crm.big"));
+        let Some(Verdict::Refused(name, rejection)) = first.verdicts.get(1) else {
+            panic!("no refusal: {:?}", first.verdicts);
+        };
+        assert_eq!(name, "crm.big");
+        assert!(
+            rejection.reason.contains("9000000 bytes"),
+            "{}",
+            rejection.reason
+        );
+        assert!(rejection.reason.contains(&MAX_DEFINITION_BYTES.to_string()));
+        // Refused once per change: the same length again writes nothing back, another
+        // length is refused anew.
+        let again = reconcile(
+            &first.snapshot,
+            Stored {
+                tools: vec![stored("crm.a", &good, 1), oversize(9_000_000)],
+                gone: Vec::new(),
+            },
+            2,
+        );
+        assert!(again.verdicts.is_empty(), "{:?}", again.verdicts);
+        let grown = reconcile(
+            &again.snapshot,
+            Stored {
+                tools: vec![stored("crm.a", &good, 1), oversize(9_000_001)],
+                gone: Vec::new(),
+            },
+            3,
+        );
+        assert!(matches!(&grown.verdicts[..], [Verdict::Refused(name, _)] if name == "crm.big"));
     }
 }

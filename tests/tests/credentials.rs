@@ -384,6 +384,20 @@ async fn the_redis_worker_user_writes_only_its_own_tools_registry_and_cache_keys
             "PX",
             "1000",
         ]),
+        // its own cache keys are read-only: no hash or sorted set there either, whose
+        // values would have no size bound and no TTL
+        command(&[
+            "HSET",
+            &names.tool_cache_key("acme", own, "d1"),
+            "f",
+            &"x".repeat(1024),
+        ]),
+        command(&[
+            "ZADD",
+            &names.tool_cache_key("acme", own, "d1"),
+            "1",
+            &"x".repeat(1024),
+        ]),
         // the names set: coordinators only (a worker announces on NATS)
         command(&["SADD", &names.tool_names_key(), own]),
         command(&["SREM", &names.tool_names_key(), own]),

@@ -11,7 +11,10 @@
 //!   and names left in the set from before are pruned, so a refresh reads only tools;
 //! - a worker writes, under the key of a tool it serves, a definition naming another
 //!   tool (with an injected description);
-//! - a worker stores huge or everlasting values under its cache keys (it may not `SET`);
+//! - a worker stores huge or everlasting values under its cache keys (it may not `SET`,
+//!   `HSET` or `ZADD` them: its cache keys are read-only to it);
+//! - a worker writes a 9 MB definition under its own tool's key: refused by its length,
+//!   never fetched, and the catalog of the other tools answers at once;
 //! - a frontend reuses a turn id with another decision;
 //! - a frontend sends turn requests carrying 20,000 headers each: each is refused
 //!   `invalid_request` before any work, and another tenant's turns still run, during the
@@ -425,6 +428,28 @@ async fn a_worker_cannot_store_values_in_the_fleets_redis() -> Result<()> {
         let code = stored.err().and_then(|e| e.code().map(String::from));
         assert_eq!(code.as_deref(), Some("NOPERM"));
     }
+    // Nor under another type: a hash field or a sorted-set member of 8 MiB, which has no
+    // TTL at all.
+    let large = "x".repeat(8 << 20);
+    let writes = [
+        (
+            "HSET",
+            redis::cmd("HSET").arg(&own).arg("f").arg(&large).clone(),
+        ),
+        (
+            "ZADD",
+            redis::cmd("ZADD").arg(&own).arg(1).arg(&large).clone(),
+        ),
+    ];
+    for (name, write) in writes {
+        let stored: redis::RedisResult<redis::Value> = write.query_async(&mut worker_redis).await;
+        let code = stored.err().and_then(|e| e.code().map(String::from));
+        assert_eq!(
+            code.as_deref(),
+            Some("NOPERM"),
+            "{name} on its own cache key"
+        );
+    }
     let admin = servers.redis.client()?;
     let mut admin = admin.get_multiplexed_async_connection().await?;
     let exists: bool = redis::cmd("EXISTS")
@@ -432,6 +457,110 @@ async fn a_worker_cannot_store_values_in_the_fleets_redis() -> Result<()> {
         .query_async(&mut admin)
         .await?;
     assert!(!exists);
+    Ok(())
+}
+
+/// The definition a worker wrote into its own tool's key in the incident: 9 MB.
+const HUGE_DEFINITION: usize = 9_000_000;
+
+/// The Redis server's bytes sent to clients so far (`INFO stats`).
+async fn redis_bytes_sent(admin: &mut redis::aio::MultiplexedConnection) -> Result<u64> {
+    let info: String = redis::cmd("INFO").arg("stats").query_async(admin).await?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_net_output_bytes:"))
+        .and_then(|n| n.trim().parse().ok())
+        .context("INFO stats has no total_net_output_bytes")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_over_the_bound_is_refused_unread_and_the_catalog_answers() -> Result<()> {
+    let servers = SecuredServers::start().await?;
+    let names = &servers.names;
+    // A long heartbeat: the worker does not write its definitions back during the test.
+    let _worker = demo_worker(&servers, Duration::from_secs(20))?;
+    // Refreshes every 100 ms: a refresh that fetched the definition would send 9 MB each.
+    let (_coordinator, _, frontend) =
+        coordinator_up(&servers, &[("TOOLFLEET_REGISTRY_REFRESH_MS", "100")]).await?;
+    wait_for_catalog(&frontend, "three tools", |tools| tools.len() == 3).await?;
+
+    // The worker user writes a valid definition of its own tool, 9 MB long.
+    let tool = "crm.getNextAppointment";
+    let huge = json!({
+        "name": tool,
+        "description": "x".repeat(HUGE_DEFINITION),
+        "input_schema": {"type": "object"}
+    })
+    .to_string();
+    assert!(huge.len() > toolfleet_common::tool::MAX_DEFINITION_BYTES);
+    let worker_redis = redis::Client::open(servers.worker_redis_url.as_str())?;
+    let mut worker_redis = worker_redis.get_multiplexed_async_connection().await?;
+    let _: () = redis::cmd("HSET")
+        .arg(names.tool_definition_key(tool))
+        .arg("definition")
+        .arg(&huge)
+        .query_async(&mut worker_redis)
+        .await?;
+    let worker_nats = RoleConnection::open(&servers.nats, &worker_credentials()).await?;
+    worker_nats
+        .client
+        .publish(names.registry_changed(), "".into())
+        .await?;
+    worker_nats.client.flush().await?;
+
+    // Its refusal is written back where its workers read it, naming the bound.
+    let admin = servers.redis.client()?;
+    let mut admin = admin.get_multiplexed_async_connection().await?;
+    let verdict = eventually_named("the oversize definition refused", EVENT_WAIT, || {
+        let mut admin = admin.clone();
+        async move {
+            let verdict: Option<String> = redis::cmd("HGET")
+                .arg(names.rejected_definitions_key())
+                .arg(tool)
+                .query_async(&mut admin)
+                .await
+                .ok()?;
+            verdict
+        }
+    })
+    .await?;
+    let rejection: toolfleet_common::tool::Rejection = serde_json::from_str(&verdict)?;
+    assert!(
+        rejection.reason.contains(&huge.len().to_string())
+            && rejection
+                .reason
+                .contains(&toolfleet_common::tool::MAX_DEFINITION_BYTES.to_string()),
+        "{}",
+        rejection.reason
+    );
+
+    // The catalog answers at once, with the other tools and without the oversize one.
+    for _ in 0..10 {
+        let asked = std::time::Instant::now();
+        let tools = frontend
+            .catalog(CatalogFormat::Native, None, CATALOG_REQUEST)
+            .await?;
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            asked.elapsed()
+        );
+        let mut listed = listed(&tools);
+        listed.sort();
+        assert_eq!(
+            listed,
+            ["crm.getOpenInvoices", "crm.listUpcomingAppointments"]
+        );
+    }
+
+    // Ten refreshes later Redis has sent its clients far less than the definition once:
+    // no refresh fetched it.
+    let before = redis_bytes_sent(&mut admin).await?;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let sent = redis_bytes_sent(&mut admin).await? - before;
+    assert!(
+        sent < HUGE_DEFINITION as u64 / 10,
+        "Redis sent {sent} bytes in 10 refreshes"
+    );
     Ok(())
 }
 

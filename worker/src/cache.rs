@@ -13,6 +13,14 @@
 //!
 //! The cache is best effort: a Redis failure or a slow answer (more than
 //! [`CacheConfig::op_timeout`]) counts as a miss and the tool runs.
+//!
+//! It is bounded whatever it is configured with: an entry is written only with
+//! `SET key value PX ttl` (no other write command), a result whose entry is longer than
+//! [`CacheConfig::MAX_VALUE_BYTES`] is not stored (counted in [`CacheStats::too_large`]),
+//! and no entry lives longer than [`CacheConfig::MAX_TTL`]. The shipped worker user of
+//! `deploy/redis/users.acl` may only read its tools' cache keys in the fleet's Redis
+//! (`%R~`), so a pack that caches points [`CacheConfig::redis_url`] at a Redis of the
+//! cache's own (`TOOLFLEET_CACHE_REDIS_URL`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,7 +45,8 @@ pub struct CacheConfig {
     pub redis_tls: toolfleet_common::tls::TlsFiles,
     /// Key names.
     pub names: Names,
-    /// How long a result is served from the cache (`TOOLFLEET_CACHE_TTL_MS`).
+    /// How long a result is served from the cache (`TOOLFLEET_CACHE_TTL_MS`); at most
+    /// [`CacheConfig::MAX_TTL`], a longer one is shortened to it.
     pub ttl: Duration,
     /// Longest wait for one Redis command before the cache is skipped.
     pub op_timeout: Duration,
@@ -48,6 +57,10 @@ impl CacheConfig {
     pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
     /// Default bound of one Redis command.
     pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_millis(50);
+    /// The longest an entry lives, whatever [`CacheConfig::ttl`] asks.
+    pub const MAX_TTL: Duration = Duration::from_secs(600);
+    /// The largest entry stored (its JSON, in bytes); a larger result is not cached.
+    pub const MAX_VALUE_BYTES: usize = 64 * 1024;
 
     /// Settings with the default TTL and command bound.
     pub fn new(redis_url: impl Into<String>, names: Names) -> Self {
@@ -80,6 +93,8 @@ pub struct CacheStats {
     pub stores: u64,
     /// Redis failures or timeouts (each also counted as a miss or a failed store).
     pub errors: u64,
+    /// Results not stored because their entry is over [`CacheConfig::MAX_VALUE_BYTES`].
+    pub too_large: u64,
 }
 
 /// A Redis-backed cache of tool results. Cheap to clone; connects on first use.
@@ -104,6 +119,7 @@ struct Inner {
     misses: AtomicU64,
     stores: AtomicU64,
     errors: AtomicU64,
+    too_large: AtomicU64,
 }
 
 /// What is stored per call.
@@ -128,6 +144,7 @@ impl ResultCache {
                 misses: AtomicU64::new(0),
                 stores: AtomicU64::new(0),
                 errors: AtomicU64::new(0),
+                too_large: AtomicU64::new(0),
             }),
         })
     }
@@ -139,6 +156,7 @@ impl ResultCache {
             misses: self.inner.misses.load(Ordering::Relaxed),
             stores: self.inner.stores.load(Ordering::Relaxed),
             errors: self.inner.errors.load(Ordering::Relaxed),
+            too_large: self.inner.too_large.load(Ordering::Relaxed),
         }
     }
 
@@ -256,16 +274,15 @@ impl ResultCache {
             value: output.value.clone(),
             summary: output.summary.clone(),
         };
-        let Ok(text) = serde_json::to_string(&entry) else {
+        let Some(text) = bounded_entry(&entry) else {
+            self.inner.too_large.fetch_add(1, Ordering::Relaxed);
             return;
         };
         let Some(mut conn) = self.connection().await else {
             self.inner.errors.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        let ttl_ms = u64::try_from(self.inner.config.ttl.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let ttl_ms = bounded_ttl_ms(self.inner.config.ttl);
         let mut cmd = redis::cmd("SET");
         cmd.arg(key).arg(text).arg("PX").arg(ttl_ms);
         let set = cmd.query_async::<()>(&mut conn);
@@ -282,6 +299,22 @@ impl ResultCache {
             }
         }
     }
+}
+
+/// The JSON of `entry`, or `None` when it does not serialize or is longer than
+/// [`CacheConfig::MAX_VALUE_BYTES`].
+fn bounded_entry(entry: &Entry) -> Option<String> {
+    serde_json::to_string(entry)
+        .ok()
+        .filter(|text| text.len() <= CacheConfig::MAX_VALUE_BYTES)
+}
+
+/// The TTL an entry is stored with: `ttl`, at least 1 ms and at most
+/// [`CacheConfig::MAX_TTL`].
+fn bounded_ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.min(CacheConfig::MAX_TTL).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// `value` with every object's keys sorted, so equal arguments give equal keys whatever
@@ -365,6 +398,42 @@ mod tests {
         let stats = cache.stats();
         assert_eq!((stats.hits, stats.misses, stats.stores), (0, 1, 0));
         assert!(stats.errors >= 1);
+        Ok(())
+    }
+
+    #[test]
+    fn entries_are_bounded_in_size_and_lifetime() {
+        let small = Entry {
+            value: json!({"a": "x".repeat(100)}),
+            summary: None,
+        };
+        assert!(bounded_entry(&small).is_some());
+        let large = Entry {
+            value: json!("x".repeat(64 << 20)),
+            summary: None,
+        };
+        assert_eq!(bounded_entry(&large), None);
+        assert_eq!(bounded_ttl_ms(Duration::from_secs(30)), 30_000);
+        assert_eq!(bounded_ttl_ms(Duration::ZERO), 1);
+        assert_eq!(bounded_ttl_ms(Duration::MAX), 600_000);
+    }
+
+    #[tokio::test]
+    async fn a_result_too_large_to_cache_is_counted_and_returned() -> Result<(), CacheError> {
+        let cache = ResultCache::new(CacheConfig::new("redis://127.0.0.1:1/", Names::default()))?;
+        let tool = Tool::builder("t.big", "big").idempotent(2).handler(
+            |_ctx: ToolContext, _args: Value| async move {
+                Ok::<_, crate::ToolError>(ToolOutput::new(json!("x".repeat(1 << 20))))
+            },
+        );
+        let wrapped = cache.wrap(tool, &[]);
+        let out = wrapped.call(ctx("t1", "+1"), json!({})).await;
+        assert_eq!(
+            out.ok().and_then(|o| o.value.as_str().map(str::len)),
+            Some(1 << 20)
+        );
+        let stats = cache.stats();
+        assert_eq!((stats.stores, stats.too_large), (0, 1));
         Ok(())
     }
 }

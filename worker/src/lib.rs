@@ -115,6 +115,17 @@ pub enum WorkerError {
     /// Two tools share a name, or there are none.
     #[error("tools: {0}")]
     Tools(String),
+    /// A tool's definition is longer than coordinators read
+    /// ([`toolfleet_common::tool::MAX_DEFINITION_BYTES`]): they would refuse it.
+    #[error("tool {tool}: its definition is {bytes} bytes of JSON, over the bound of {limit} bytes coordinators read (MAX_DEFINITION_BYTES): shorten its description or schemas")]
+    DefinitionTooLarge {
+        /// The tool.
+        tool: String,
+        /// The definition's JSON length.
+        bytes: usize,
+        /// The bound.
+        limit: usize,
+    },
     /// A tool's output schema does not compile.
     #[error("tool {tool}: output schema: {message}")]
     OutputSchema {
@@ -339,12 +350,22 @@ async fn withdraw(
     let _ = tokio::time::timeout(Duration::from_secs(2), nats.flush()).await;
 }
 
-/// Checks `tool` (name usable, output schema compiles) and pairs it with its compiled
+/// Checks `tool` (name usable, definition within the bound coordinators read, output
+/// schema compiles) and pairs it with its compiled
 /// output schema and the consumer settings it asks for (replaced by the bound
 /// consumer's once bound).
 fn checked(tool: Tool, config: &WorkerConfig) -> Result<ServedTool, WorkerError> {
     let def = tool.definition();
     validate_tool_name(&def.name)?;
+    let bytes = serde_json::to_string(def)?.len();
+    let limit = toolfleet_common::tool::MAX_DEFINITION_BYTES;
+    if bytes > limit {
+        return Err(WorkerError::DefinitionTooLarge {
+            tool: def.name.clone(),
+            bytes,
+            limit,
+        });
+    }
     let output = output::OutputCheck::compile(def.output_schema.as_ref()).map_err(|message| {
         WorkerError::OutputSchema {
             tool: def.name.clone(),
@@ -372,4 +393,42 @@ async fn drain_calls(shared: &Shared, calls: &TaskTracker, grace_ends: tokio::ti
     warn!("in-flight calls did not finish within the grace period; handing them back");
     shared.abandon.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(2), calls.wait()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn described(description: String) -> Tool {
+        Tool::builder("t.described", description).handler(
+            |_ctx: ToolContext, args: Value| async move { Ok::<_, ToolError>(ToolOutput::new(args)) },
+        )
+    }
+
+    #[tokio::test]
+    async fn a_definition_over_the_bound_is_refused_at_start() {
+        let limit = toolfleet_common::tool::MAX_DEFINITION_BYTES;
+        assert!(checked(described("fits".into()), &WorkerConfig::local()).is_ok());
+        let started = tokio::time::timeout(
+            Duration::from_secs(5),
+            run(
+                WorkerConfig::local(),
+                vec![described("x".repeat(limit))],
+                CancellationToken::new(),
+            ),
+        )
+        .await;
+        match started {
+            Ok(Err(WorkerError::DefinitionTooLarge {
+                tool,
+                bytes,
+                limit: bound,
+            })) => {
+                assert_eq!(tool, "t.described");
+                assert!(bytes > limit && bound == limit);
+            }
+            other => panic!("an oversize definition was not refused at start: {other:?}"),
+        }
+    }
 }
