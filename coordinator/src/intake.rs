@@ -377,18 +377,7 @@ async fn take_turn(
     let config = &replica.config;
     let decision = match read_decision(config, &request) {
         Ok(decision) => decision,
-        Err(Ok(text)) => {
-            let end = TurnEnd::NoTools {
-                taken,
-                tenant: request.tenant_id.clone(),
-                text,
-                trace,
-            };
-            return finish(&replica, end).await;
-        }
-        Err(Err(error)) => {
-            return reject(&replica, Some(taken.turn_id), taken.reply, error, trace).await
-        }
+        Err(end) => return end_without_calls(&replica, taken, &request, trace, end).await,
     };
     let Taken {
         turn_id,
@@ -581,6 +570,29 @@ fn read_decision(
 }
 
 /// Ends a turn refused before any call ran.
+/// Ends a turn whose decision runs no call: the model's text is its answer (`Ok`), or
+/// the decision is refused (`Err`).
+async fn end_without_calls(
+    replica: &Arc<Replica>,
+    taken: Taken,
+    request: &TurnRequest,
+    trace: Option<TurnTrace>,
+    end: Result<String, CallError>,
+) {
+    match end {
+        Ok(text) => {
+            let end = TurnEnd::NoTools {
+                taken,
+                tenant: request.tenant_id.clone(),
+                text,
+                trace,
+            };
+            finish(replica, end).await;
+        }
+        Err(error) => reject(replica, Some(taken.turn_id), taken.reply, error, trace).await,
+    }
+}
+
 async fn reject(
     replica: &Arc<Replica>,
     turn_id: Option<String>,

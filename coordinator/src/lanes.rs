@@ -593,6 +593,12 @@ impl LaneStore {
         for member in members {
             invocation.arg(member);
         }
+        self.freed(&invocation).await
+    }
+
+    /// Runs a script that frees slots: `RELEASE` or `FORGET`, whose replies both end
+    /// with {waiting, in flight, handed out}.
+    async fn freed(&self, invocation: &redis::ScriptInvocation<'_>) -> Result<Freed, LaneError> {
         let mut redis = self.redis.clone();
         let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
         Ok(Freed {
@@ -617,13 +623,7 @@ impl LaneStore {
         for member in members {
             invocation.arg(member);
         }
-        let mut redis = self.redis.clone();
-        let reply: Vec<RedisValue> = invocation.invoke_async(&mut redis).await?;
-        Ok(Freed {
-            waiting: number_at(&reply, 1)?,
-            in_flight: number_at(&reply, 2)?,
-            handed_out: handed_out(&strings_at(&reply, 3)?)?,
-        })
+        self.freed(&invocation).await
     }
 
     /// Notes that the handed-out calls `members` of `tool` were published, so no tick

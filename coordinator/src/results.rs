@@ -53,7 +53,7 @@ use crate::lanes::LaneError;
 use crate::registry::Registry;
 use crate::replica::Replica;
 use crate::sharing;
-use crate::store::redis::{ClosingAhead, JoinError, Recorded};
+use crate::store::redis::{Closing, ClosingAhead, JoinError, Recorded};
 use crate::trace;
 use crate::turns::TurnGate;
 
@@ -431,26 +431,48 @@ async fn record_and_report(
         Recorded::Complete { closing, seq, .. } => {
             count_result(&replica.registry, &replica.metrics, &result);
             drop(recording);
-            sharing::turn_ended(replica.sharing(), traced.tenant, turn_id).await;
-            // Every other recording of this turn in flight here publishes its state first.
-            let _ending = gate.recording.write().await;
-            let _publishing = gate.publishing.lock().await;
-            events::publish_kept(
-                &replica.nats,
-                &closing.reply,
-                seq,
-                std::slice::from_ref(&state),
-            )
-            .instrument(span.clone())
-            .await;
-            let end = TurnEnd::AllResultsIn {
-                turn_id: turn_id.to_string(),
-                closing,
-            };
-            finish(replica, end).await;
+            let last = LastState { seq, state };
+            close_after_last(replica, &gate, turn_id, traced, closing, last).await;
         }
     }
     Ok((kind, laned, unpublished))
+}
+
+/// The stored state event of a turn's last result and its seq.
+struct LastState {
+    seq: u64,
+    state: String,
+}
+
+/// Ends the turn whose last result was just recorded, its closing events not built
+/// ahead: its place among its tenant's turns in flight given back, the result's state
+/// published after every other recording of the turn in flight here, then the turn
+/// finished (`finalize.rs`).
+async fn close_after_last(
+    replica: &Arc<Replica>,
+    gate: &TurnGate,
+    turn_id: &str,
+    traced: Traced<'_>,
+    closing: Closing,
+    last: LastState,
+) {
+    // Before the `final` goes out: a frontend that reads it may submit at once.
+    sharing::turn_ended(replica.sharing(), traced.tenant, turn_id).await;
+    let _ending = gate.recording.write().await;
+    let _publishing = gate.publishing.lock().await;
+    events::publish_kept(
+        &replica.nats,
+        &closing.reply,
+        last.seq,
+        std::slice::from_ref(&last.state),
+    )
+    .instrument(traced.span.clone())
+    .await;
+    let end = TurnEnd::AllResultsIn {
+        turn_id: turn_id.to_string(),
+        closing,
+    };
+    finish(replica, end).await;
 }
 
 /// Runs `RECORD` for `result` (stored as `body`, or encoded when there is none), with

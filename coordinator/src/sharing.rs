@@ -35,7 +35,7 @@ use tracing::{debug, warn};
 use crate::config::TenantPolicy;
 use crate::dispatch::{publish, Dispatched, Jobs, Unpublished};
 use crate::fault;
-use crate::lanes::{self, HandedOut, LaneClock, LaneEntry, LaneError, SlotFreed};
+use crate::lanes::{self, Freed, HandedOut, LaneClock, LaneEntry, LaneError, SlotFreed};
 use crate::replica::Sharing;
 use crate::store::redis::Released;
 use crate::trace::TurnTrace;
@@ -367,6 +367,12 @@ pub(crate) async fn release(
         // The call that ran the script publishes what it handed out.
         SlotFreed::Joined => return Ok(Vec::new()),
     };
+    Ok(hand_out_freed(sharing, tool, freed).await)
+}
+
+/// Notes what a script that freed slots of `tool`'s lane found there, and publishes the
+/// calls it handed out; returns those that could not be published.
+async fn hand_out_freed(sharing: Sharing<'_>, tool: &str, freed: Freed) -> Vec<Unpublished> {
     sharing
         .lanes
         .pressure
@@ -376,7 +382,7 @@ pub(crate) async fn release(
         .into_iter()
         .map(|out| (tool.to_string(), out))
         .collect();
-    Ok(publish_handed_out(sharing, calls).await)
+    publish_handed_out(sharing, calls).await
 }
 
 /// Releases what a turn that ended without all its results (cancelled, or past its
@@ -421,16 +427,7 @@ pub(crate) async fn turn_closed(
                 continue;
             }
         };
-        sharing
-            .lanes
-            .pressure
-            .note(tool, freed.waiting, freed.in_flight);
-        let calls = freed
-            .handed_out
-            .into_iter()
-            .map(|out| (tool.to_string(), out))
-            .collect();
-        for unpublished in publish_handed_out(sharing, calls).await {
+        for unpublished in hand_out_freed(sharing, tool, freed).await {
             debug!(turn_id = %unpublished.turn_id, call = %unpublished.key, "a handed-out call not published; the lane's tick hands it out again");
         }
     }
