@@ -398,22 +398,7 @@ async fn an_mcp_session_answers_only_the_key_that_opened_it() -> Result<()> {
     let same_tenant = create_key(&db, "acme").await?;
     let other_tenant = create_key(&db, "globex").await?;
 
-    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "gateway-attacks", "version": "0"}}});
-    let opened = mcp_post(&gateway, &owner, None, &initialize).await?;
-    assert_eq!(opened.status(), StatusCode::OK);
-    let session = opened
-        .headers()
-        .get("mcp-session-id")
-        .context("initialize named no session")?
-        .to_str()?
-        .to_string();
-    let text = body_text(opened).await?;
-    assert!(text.contains("\"result\""), "{text}");
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let notified = mcp_post(&gateway, &owner, Some(&session), &initialized).await?;
-    assert_eq!(notified.status(), StatusCode::ACCEPTED);
+    let session = open_session(&gateway, &owner).await?;
 
     let ping = json!({"jsonrpc": "2.0", "id": 2, "method": "ping"});
     let tools_list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"});
