@@ -194,12 +194,7 @@ async fn a_stream_token_reads_its_one_turn_and_nothing_else() -> Result<()> {
     // Every answer of POST /v1/turns carries a token for its turn.
     let answered = gateway.json_turn(&key, &turn("token-3")).await?;
     assert_eq!(answered.status(), 200);
-    let header = answered
-        .headers()
-        .get("toolfleet-stream-token")
-        .and_then(|v| v.to_str().ok())
-        .context("no token header")?
-        .to_string();
+    let header = token_header(&answered)?;
     let stored = http
         .get(gateway.url(&format!("/v1/turns/token-3/events?token={header}")))
         .send()
@@ -447,14 +442,19 @@ async fn a_stream_token_lives_no_longer_than_the_turn_cap_whatever_the_deadline_
     asked["turn_id"] = json!("asks-an-hour-2");
     let answered = gateway.json_turn(&key, &asked).await?;
     assert_eq!(answered.status(), 200);
-    let header = answered
-        .headers()
-        .get("toolfleet-stream-token")
-        .and_then(|v| v.to_str().ok())
-        .context("no token header")?
-        .to_string();
+    let header = token_header(&answered)?;
     let now = toolfleet_gateway::stream_token::now_s();
     let expiry = token_expiry(&header)?;
     assert!(expiry <= now + cap, "{} s", expiry.saturating_sub(now));
     Ok(())
+}
+
+/// The stream token an answer of `POST /v1/turns` carries (`Toolfleet-Stream-Token`).
+fn token_header(answered: &reqwest::Response) -> Result<String> {
+    Ok(answered
+        .headers()
+        .get("toolfleet-stream-token")
+        .and_then(|v| v.to_str().ok())
+        .context("no token header")?
+        .to_string())
 }

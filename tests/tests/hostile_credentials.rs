@@ -144,18 +144,7 @@ async fn catalog_requests_are_answered_only_inside_the_callers_inbox() -> Result
     .await?;
 
     // The flood that filled the jobs stream: every request dropped, nothing published.
-    let job_subject = names.job_subject("crm.getOpenInvoices");
-    for _ in 0..FLOOD {
-        attacker
-            .client
-            .publish_with_reply(
-                names.catalog_as("frontend"),
-                job_subject.clone(),
-                "{}".into(),
-            )
-            .await?;
-    }
-    attacker.client.flush().await?;
+    flood_catalog_into_jobs(&attacker, names, FLOOD).await?;
     let all = (targets.len() + FLOOD) as f64;
     eventually_named("the flood refused", Duration::from_secs(20), || async {
         let count = refused_turns(port, code).await.ok()?;
@@ -731,18 +720,7 @@ async fn a_flood_of_foreign_replies_is_counted_whole_and_logged_sampled() -> Res
     let attacker = RoleConnection::open(&servers.nats, &frontend_credentials()).await?;
     let code = turn_codes::REPLY_NOT_ALLOWED;
     let before = lines.load(Ordering::Relaxed);
-    let job_subject = names.job_subject("crm.getOpenInvoices");
-    for _ in 0..LOG_FLOOD {
-        attacker
-            .client
-            .publish_with_reply(
-                names.catalog_as("frontend"),
-                job_subject.clone(),
-                "{}".into(),
-            )
-            .await?;
-    }
-    attacker.client.flush().await?;
+    flood_catalog_into_jobs(&attacker, names, LOG_FLOOD).await?;
     eventually_named("the flood refused", Duration::from_secs(30), || async {
         let count = refused_turns(port, code).await.ok()?;
         (count >= LOG_FLOOD as f64).then_some(())
@@ -763,5 +741,27 @@ async fn a_flood_of_foreign_replies_is_counted_whole_and_logged_sampled() -> Res
         "{written} log lines for {LOG_FLOOD} refusals"
     );
     assert_eq!(servers.messages_in(&names.jobs_stream()).await?, 0);
+    Ok(())
+}
+
+/// Sends `n` catalog requests as the frontend `frontend` whose reply subject is a tool's
+/// jobs subject (a reply outside its inbox), and flushes them.
+async fn flood_catalog_into_jobs(
+    attacker: &RoleConnection,
+    names: &toolfleet_common::Names,
+    n: usize,
+) -> Result<()> {
+    let job_subject = names.job_subject("crm.getOpenInvoices");
+    for _ in 0..n {
+        attacker
+            .client
+            .publish_with_reply(
+                names.catalog_as("frontend"),
+                job_subject.clone(),
+                "{}".into(),
+            )
+            .await?;
+    }
+    attacker.client.flush().await?;
     Ok(())
 }
